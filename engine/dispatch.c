@@ -1,0 +1,58 @@
+/*
+ * Grid dispatch: each Metal threadgroup of an nx * ny * nz grid becomes one
+ * iteration of an OpenMP dynamic loop over the flattened grid.
+ *
+ * Why a `parallel for schedule(dynamic)` and not one `omp task` per group:
+ * both give the same semantics (independent groups, any order, any thread),
+ * but the loop costs one atomic increment per group where tasks cost an
+ * allocation and a queue push; dynamic scheduling balances groups of unequal
+ * cost (causal attention) just as tasks would.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include <omp.h>
+
+#include "engine.h"
+
+/* Grows ctx's scratch to `total` bytes (64-byte aligned). */
+static tg_status reserve_scratch(tg_ctx *ctx, size_t total) {
+  if (total <= ctx->scratch_bytes) return TG_OK;
+  void *p = aligned_alloc(64, tg_align64(total));
+  if (!p)
+    return tg_fail(ctx, TG_ERR_NO_MEMORY, "engine: cannot allocate %zu bytes of scratch",
+                   total);
+  free(ctx->scratch);
+  ctx->scratch = p;
+  ctx->scratch_bytes = total;
+  return TG_OK;
+}
+
+tg_status tg_dispatch(tg_ctx *ctx, int64_t nx, int64_t ny, int64_t nz,
+                      size_t scratch_bytes, tg_group_fn fn, const void *args) {
+  int64_t groups;
+  if (!tg_mul_ok(&groups, 3, nx, ny, nz))
+    return tg_fail(ctx, TG_ERR_OVERFLOW, "engine: grid %lld x %lld x %lld overflows",
+                   (long long)nx, (long long)ny, (long long)nz);
+  if (groups == 0) return TG_OK;
+  int nthreads = tg_threads(ctx);
+  if ((int64_t)nthreads > groups) nthreads = (int)groups;
+  const size_t stride = tg_align64(scratch_bytes);
+  size_t total;
+  if (__builtin_mul_overflow(stride, (size_t)nthreads, &total))
+    return tg_fail(ctx, TG_ERR_OVERFLOW, "engine: scratch size overflows");
+  tg_status st = reserve_scratch(ctx, total);
+  if (st != TG_OK) return st;
+  char *const base = ctx->scratch;
+
+#pragma omp parallel num_threads(nthreads)
+  {
+    void *mine = base + (size_t)omp_get_thread_num() * stride;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t g = 0; g < groups; g++) {
+      const int64_t x = g % nx, yz = g / nx;
+      fn(args, x, yz % ny, yz / ny, mine);
+    }
+  }
+  return TG_OK;
+}

@@ -1,0 +1,82 @@
+/*
+ * The tilegrad engine: what every kernel uses.
+ *
+ *   - the context (threads, determinism, ISA) and error reporting,
+ *   - checked 64-bit shape arithmetic,
+ *   - grid dispatch: a Metal grid of threadgroups run as OpenMP work items,
+ *     each with its own aligned scratch,
+ *   - atomic f32 adds for what Metal threadgroups did to each other.
+ *
+ * Internal header: not installed.
+ */
+#ifndef TG_ENGINE_H
+#define TG_ENGINE_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tilegrad.h"
+#include "micro.h"
+
+#define TG_ERRMSG_LEN 512
+
+struct tg_ctx {
+  int threads;        /* 0 = OpenMP default */
+  int deterministic;  /* fixed-order accumulation */
+  tg_isa isa;         /* resolved: never TG_ISA_AUTO */
+  const tg_micro_ops *ops;
+  void *scratch;      /* per-thread scratch, reused across calls */
+  size_t scratch_bytes;
+  char err[TG_ERRMSG_LEN];
+};
+
+/* Records a formatted message on ctx and returns s (for `return tg_fail(...)`). */
+tg_status tg_fail(tg_ctx *ctx, tg_status s, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Clears the last error; every entry point calls it first. */
+void tg_begin(tg_ctx *ctx);
+
+/* Number of OpenMP threads a kernel launched on ctx will use. */
+int tg_threads(const tg_ctx *ctx);
+
+/* --- checked arithmetic ----------------------------------------------------
+ * Product of n non-negative int64 factors into *out; 0 on overflow. */
+int tg_mul_ok(int64_t *out, int n, ...);
+
+/* Element count of a contiguous tensor called `name` whose dims are given;
+ * refuses a zero dim (TG_ERR_BAD_SHAPE) and a count whose size in bytes
+ * overflows int64 (TG_ERR_OVERFLOW). */
+tg_status tg_shape_count(tg_ctx *ctx, const char *name, size_t elem_bytes,
+                         int64_t *count, int ndims, ...);
+
+/* --- grid dispatch -----------------------------------------------------------
+ * Runs fn(args, x, y, z, scratch) for every (x, y, z) of an nx * ny * nz grid
+ * -- one call per Metal threadgroup -- on tg_threads(ctx) OpenMP threads, in
+ * dynamic order. x varies fastest. scratch points to scratch_bytes of 64-byte
+ * aligned memory private to the calling thread. Scratch is reserved before
+ * any work starts, so TG_ERR_NO_MEMORY is returned with nothing written. */
+typedef void (*tg_group_fn)(const void *args, int64_t x, int64_t y, int64_t z,
+                            void *scratch);
+tg_status tg_dispatch(tg_ctx *ctx, int64_t nx, int64_t ny, int64_t nz,
+                      size_t scratch_bytes, tg_group_fn fn, const void *args);
+
+/* --- accumulation ----------------------------------------------------------
+ * dst[i] += src[i] for n elements; atomically (one `omp atomic` per element)
+ * when `atomic` is set, which is how cross-threadgroup Metal atomics map. */
+static inline void tg_add_f32(float *dst, const float *src, int64_t n, int atomic) {
+  if (atomic) {
+    for (int64_t i = 0; i < n; i++) {
+#pragma omp atomic
+      dst[i] += src[i];
+    }
+  } else {
+    for (int64_t i = 0; i < n; i++) dst[i] += src[i];
+  }
+}
+
+/* Rounds n up to a multiple of 64 bytes (for carving scratch). */
+static inline size_t tg_align64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+#endif /* TG_ENGINE_H */

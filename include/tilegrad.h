@@ -1,0 +1,181 @@
+/*
+ * tilegrad — Metal-style training kernels on multicore CPUs (OpenMP).
+ *
+ * This header is the C side of the contract in docs/KERNELS.md (which follows
+ * the project spec). Conventions that hold for every entry point:
+ *
+ *   - The first argument is a tg_ctx. Then the buffers in Metal buffer-index
+ *     order, then the parameters.
+ *   - Every entry point validates all of its arguments before it writes
+ *     anything. On failure it returns a non-zero tg_status, leaves every output
+ *     byte unchanged, and tg_ctx_last_error() says which argument was wrong.
+ *   - "writes" outputs are overwritten; "accumulates" outputs get out += value
+ *     (zero-fill first for a fresh result).
+ *   - tg_bf16 holds raw bfloat16 bits. float -> bf16 rounds to nearest even,
+ *     any NaN becomes 0x7FC0, +-Inf stay +-Inf.
+ *   - A tg_ctx is not thread-safe: use one per calling thread. The kernels
+ *     themselves run on OpenMP threads (OMP_NUM_THREADS, or
+ *     tg_ctx_set_threads).
+ */
+#ifndef TILEGRAD_H
+#define TILEGRAD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TG_VERSION_MAJOR 0
+#define TG_VERSION_MINOR 1
+#define TG_VERSION_PATCH 0
+
+typedef uint16_t tg_bf16;
+
+typedef enum {
+  TG_OK = 0,
+  TG_ERR_NULL_ARG = 1,    /* a required pointer is NULL */
+  TG_ERR_BAD_SHAPE = 2,   /* a size is 0 or sizes disagree */
+  TG_ERR_UNSUPPORTED = 3, /* valid, but not implemented (e.g. head dim) */
+  TG_ERR_BAD_INDEX = 4,   /* an id / target is out of range */
+  TG_ERR_BAD_PARAMS = 5,  /* params struct fields are inconsistent */
+  TG_ERR_OVERFLOW = 6,    /* an element count / byte size overflows int64 */
+  TG_ERR_NO_MEMORY = 7    /* scratch allocation failed */
+} tg_status;
+
+typedef struct tg_ctx tg_ctx;
+
+/* One-line English description of a status code (never NULL). */
+const char *tg_status_str(tg_status s);
+
+/* --- context ------------------------------------------------------------ */
+tg_status tg_ctx_create(tg_ctx **out);
+void tg_ctx_destroy(tg_ctx *ctx); /* NULL is a no-op */
+/* n > 0: use n OpenMP threads; 0: OpenMP's default (OMP_NUM_THREADS);
+ * n < 0: TG_ERR_BAD_PARAMS. */
+tg_status tg_ctx_set_threads(tg_ctx *ctx, int n);
+/* on != 0: every kernel's output is bitwise identical across runs and across
+ * thread counts (atomically accumulated outputs use a fixed-order schedule). */
+tg_status tg_ctx_set_deterministic(tg_ctx *ctx, int on);
+/* Detailed message of the last failure on this context ("" if none). */
+const char *tg_ctx_last_error(const tg_ctx *ctx);
+
+/* Which vector microkernels a context uses. TG_ISA_AUTO picks the best the
+ * CPU supports (the environment variable TG_ISA=portable|avx512 overrides it
+ * at tg_ctx_create). TG_ISA_PORTABLE is plain C and always available. */
+typedef enum { TG_ISA_AUTO = 0, TG_ISA_PORTABLE = 1, TG_ISA_AVX512 = 2 } tg_isa;
+/* TG_ERR_UNSUPPORTED if the CPU (or this build) lacks the ISA. */
+tg_status tg_ctx_set_isa(tg_ctx *ctx, tg_isa isa);
+tg_isa tg_ctx_get_isa(const tg_ctx *ctx);
+const char *tg_isa_name(tg_isa isa);
+
+/* --- attention parameter ABI (byte-identical to Metal's AttnParams) ------ */
+typedef struct {
+  int32_t B, H, D, qL, kL, gqa_factor; /* H = query heads; H_kv = H / gqa_factor */
+  float scale, softcapping;            /* softcapping 1.0 = off */
+  int32_t NQ, NK, NQ_aligned, NK_aligned, qL_rem, kL_rem, qL_off, _pad;
+  /* batch, head, row strides in elements; the innermost stride is 1 */
+  int64_t Q_strides[3], K_strides[3], V_strides[3], O_strides[3];
+} tg_attn_params;
+
+typedef struct {
+  int64_t M_strides[3]; /* batch, head, row; 0 = broadcast */
+} tg_attn_mask_params;
+
+/* Fills *p for contiguous [B, heads, L, D] tensors: Metal tiling fields
+ * (BQ=32, BK=16), qL_off = kL - qL, softcapping = 1.0. */
+tg_status tg_attn_params_init(tg_attn_params *p, int B, int H, int H_kv, int qL,
+                              int kL, int D, float scale);
+
+/* --- 1. FA-2 backward pre-pass ------------------------------------------
+ * D_out[b,h,i] = sum_d O[b,h,i,d] * dO[b,h,i,d]; O, dO contiguous
+ * [B,H,qL,D] bf16; D_out [B,H,qL] f32 (writes). */
+tg_status tg_flash_attn_train_bwd_compute_d_bf16(tg_ctx *ctx, const tg_bf16 *O,
+                                                 const tg_bf16 *dO, float *D_out,
+                                                 uint32_t batch, uint32_t n_q_heads,
+                                                 uint32_t q_seq_len, uint32_t head_dim);
+
+/* --- 2. FA-2 backward main kernel ----------------------------------------
+ * Q [B,H,qL,D] bf16 (Q_strides), K/V [B,H_kv,kL,D] bf16 (K_/V_strides),
+ * L [B,H,qL] f32 natural-log logsumexp, dO bf16 (O_strides), D_vec [B,H,qL],
+ * dQ [B,H,qL,D] f32 contiguous (writes), dK/dV [B,H_kv,kL,D] f32 contiguous
+ * (accumulate). mask: additive bf16, element [b,h,q,k] at
+ * b*M0 + h*M1 + q*M2 + k; mp and mask both NULL when there is none.
+ * causal: key k is visible to query i iff k <= i + qL_off.
+ * softcapping c != 1: scores are c*tanh(s/c) (s = scale*Q.K) before the mask. */
+tg_status tg_flash_attn_train_bwd_bf16(tg_ctx *ctx, const tg_bf16 *Q, const tg_bf16 *K,
+                                       const tg_bf16 *V, const float *L,
+                                       const tg_bf16 *dO, const float *D_vec, float *dQ,
+                                       float *dK, float *dV, const tg_attn_params *p,
+                                       const tg_attn_mask_params *mp,
+                                       const tg_bf16 *mask, int causal);
+
+/* --- 3. f32 -> bf16 cast (round to nearest even) -------------------------- */
+tg_status tg_f32_to_bf16_cast(tg_ctx *ctx, const float *src, tg_bf16 *dst, uint64_t n);
+
+/* --- 4. RMSNorm backward, three-kernel split (f32, rows x dim row-major) --
+ * r[b] = 1/sqrt(mean_j x[b,j]^2 + eps) (writes) */
+tg_status tg_rms_norm_compute_rms_inv_f32(tg_ctx *ctx, const float *x, float *r_out,
+                                          uint32_t rows, uint32_t dim, float eps);
+/* s[b] = sum_i dy*x*w; dx[b,k] = r[b]*(dy[b,k]*w[k] - x[b,k]*s[b]*r[b]^2/dim) (writes) */
+tg_status tg_rms_norm_backward_dx_f32(tg_ctx *ctx, const float *x, const float *w,
+                                      const float *dy, const float *r, float *dx,
+                                      uint32_t rows, uint32_t dim);
+/* dw[i] = sum_b dy[b,i]*x[b,i]*r[b] (writes) */
+tg_status tg_rms_norm_backward_dw_f32(tg_ctx *ctx, const float *x, const float *dy,
+                                      const float *r, float *dw, uint32_t rows,
+                                      uint32_t dim);
+
+/* --- 5. fused RMSNorm backward: grad_input writes, grad_weight accumulates */
+tg_status tg_rms_norm_backward(tg_ctx *ctx, const float *input, const float *weight,
+                               const float *grad_out, float *grad_input,
+                               float *grad_weight, uint32_t n_groups, uint32_t dim,
+                               float eps);
+
+/* --- 6. softmax backward: grad_in = sm*(grad_out - sum_j sm*grad_out) ---- */
+tg_status tg_softmax_backward(tg_ctx *ctx, const float *sm, const float *grad_out,
+                              float *grad_in, uint32_t n_rows, uint32_t row_len);
+
+/* --- 7. embedding backward: grad_weight[ids[t],:] += grad_out[t,:] -------- */
+tg_status tg_embedding_backward(tg_ctx *ctx, const float *grad_out, const uint32_t *ids,
+                                float *grad_weight, uint32_t vocab_size,
+                                uint32_t seq_len, uint32_t dim);
+
+/* --- 8. cross-entropy forward + backward ----------------------------------
+ * non-pad t: loss_out[0] += -log softmax(logits[t])[target]/count (accumulates),
+ * grad row = (softmax - onehot)/count (writes); pad rows: grad row = 0. */
+tg_status tg_cross_entropy_fwd_bwd(tg_ctx *ctx, const float *logits,
+                                   const uint32_t *targets, float *grad, float *loss_out,
+                                   uint32_t n_pos, uint32_t vocab, uint32_t pad_id,
+                                   uint32_t count);
+
+/* --- 9. transpose: output[c,r] = input[r,c] -------------------------------- */
+tg_status tg_transpose_2d(tg_ctx *ctx, const float *input, float *output, uint32_t rows,
+                          uint32_t cols);
+
+/* --- 10. naive causal attention backward (token-major, f32) ---------------
+ * Q, grad_out, grad_Q [seq, n_heads*head_dim]; K, V, grad_K, grad_V
+ * [seq, n_kv_heads*head_dim]; grad_Q writes, grad_K/grad_V accumulate. */
+tg_status tg_causal_attention_backward(tg_ctx *ctx, const float *grad_out, const float *Q,
+                                       const float *K, const float *V, float *grad_Q,
+                                       float *grad_K, float *grad_V, uint32_t seq_len,
+                                       uint32_t n_heads, uint32_t n_kv_heads,
+                                       uint32_t head_dim);
+
+/* --- 11. decode reduce of split-KV partials ------------------------------- */
+tg_status tg_flash_attn_vec_reduce(tg_ctx *ctx, const float *htmp, float *dst,
+                                   uint32_t nrows, uint32_t head_dim, uint32_t nwg);
+/* reduce, then normalised Walsh-Hadamard transform and D1 sign undo;
+ * head_dim 256 or 512 */
+tg_status tg_flash_attn_vec_reduce_tq_hb_undo(tg_ctx *ctx, const float *htmp,
+                                              float *output, uint32_t nrows,
+                                              uint32_t head_dim, uint32_t nwg);
+/* in place: FWHT, * 1/sqrt(head_dim), sign undo; head_dim 256 or 512 */
+tg_status tg_fwht_sign_undo_f32(tg_ctx *ctx, float *data, uint32_t num_heads,
+                                uint32_t head_dim);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TILEGRAD_H */

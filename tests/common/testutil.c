@@ -1,0 +1,109 @@
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bf16.h"
+
+uint64_t tu_seed(void) {
+  static uint64_t seed;
+  static int have;
+  if (!have) {
+    const char *env = getenv("TG_TEST_SEED");
+    seed = env ? strtoull(env, NULL, 0)
+               : (uint64_t)time(NULL) * 2654435761u ^ (uint64_t)clock();
+    have = 1;
+    printf("[ seed     ] TG_TEST_SEED=%llu\n", (unsigned long long)seed);
+    fflush(stdout);
+  }
+  return seed;
+}
+
+tu_rng tu_rng_make(uint64_t seed) { return (tu_rng){seed ^ 0x9E3779B97F4A7C15ull}; }
+
+uint64_t tu_next(tu_rng *r) { /* splitmix64 */
+  uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+double tu_uniform(tu_rng *r, double lo, double hi) {
+  return lo + (hi - lo) * (double)(tu_next(r) >> 11) * 0x1.0p-53;
+}
+
+int tu_int(tu_rng *r, int lo, int hi) {
+  return lo + (int)(tu_next(r) % (uint64_t)(hi - lo + 1));
+}
+
+void tu_fill_f32(tu_rng *r, float *x, int64_t n, double lo, double hi) {
+  for (int64_t i = 0; i < n; i++) x[i] = (float)tu_uniform(r, lo, hi);
+}
+
+void tu_fill_bf16(tu_rng *r, tg_bf16 *x, int64_t n, double lo, double hi) {
+  for (int64_t i = 0; i < n; i++) x[i] = tg_f32_to_bf16((float)tu_uniform(r, lo, hi));
+}
+
+void *tu_alloc(size_t bytes) {
+  void *p = malloc(bytes ? bytes : 1);
+  if (!p) fail_msg("tu_alloc: out of memory (%zu bytes)", bytes);
+  return p;
+}
+
+void tu_poison_f32(float *x, int64_t n) {
+  for (int64_t i = 0; i < n; i++) x[i] = NAN;
+}
+
+int tu_all_finite(const float *x, int64_t n) {
+  for (int64_t i = 0; i < n; i++)
+    if (!isfinite(x[i])) return 0;
+  return 1;
+}
+
+const int tu_thread_counts[] = {1, 2, 3};
+const int tu_n_thread_counts = 3;
+
+int tu_isas(tg_isa out[4]) {
+  int n = 0;
+  tg_ctx *ctx;
+  if (tg_ctx_create(&ctx) != TG_OK) fail_msg("tg_ctx_create failed");
+  out[n++] = TG_ISA_PORTABLE;
+  if (tg_ctx_set_isa(ctx, TG_ISA_AVX512) == TG_OK) out[n++] = TG_ISA_AVX512;
+  tg_ctx_destroy(ctx);
+  return n;
+}
+
+tg_ctx *tu_ctx(int threads, tg_isa isa) {
+  tg_ctx *ctx;
+  if (tg_ctx_create(&ctx) != TG_OK) fail_msg("tg_ctx_create failed");
+  if (tg_ctx_set_threads(ctx, threads) != TG_OK) fail_msg("set_threads(%d)", threads);
+  if (tg_ctx_set_isa(ctx, isa) != TG_OK) fail_msg("set_isa(%s)", tg_isa_name(isa));
+  return ctx;
+}
+
+int tu_check_bound(const char *what, const float *got, const double *want,
+                   const double *bound, int64_t n) {
+  int64_t worst = -1, bad = 0;
+  double worst_ratio = 0;
+  for (int64_t i = 0; i < n; i++) {
+    double err = fabs((double)got[i] - want[i]);
+    double ratio = err / (bound[i] > 0 ? bound[i] : 1e-300);
+    if (isnan(got[i]) || isnan(want[i])) ratio = INFINITY;
+    if (!(ratio <= 1.0)) bad++;
+    if (!(ratio <= worst_ratio)) {
+      worst_ratio = ratio;
+      worst = i;
+    }
+  }
+  if (bad) {
+    printf("  %s: %lld of %lld elements out of bound; worst [%lld] got %.9g want %.9g "
+           "bound %.3g (err/bound %.3g)\n",
+           what, (long long)bad, (long long)n, (long long)worst, (double)got[worst],
+           want[worst], bound[worst], worst_ratio);
+    return 0;
+  }
+  return 1;
+}

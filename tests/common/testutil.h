@@ -1,0 +1,64 @@
+/*
+ * Test helpers shared by every suite: a seeded RNG (fresh seed per run,
+ * printed so a failure can be replayed with TG_TEST_SEED=<seed>), NaN
+ * poisoning, snapshots for "nothing written on failure", the thread counts
+ * and ISAs every kernel is run at, and an error-bound comparison.
+ */
+#ifndef TG_TESTUTIL_H
+#define TG_TESTUTIL_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "tilegrad.h"
+
+/* --- RNG ---------------------------------------------------------------- */
+typedef struct { uint64_t s; } tu_rng;
+/* Seed from TG_TEST_SEED if set, else from the clock; prints it once. */
+uint64_t tu_seed(void);
+tu_rng tu_rng_make(uint64_t seed);
+uint64_t tu_next(tu_rng *r);
+double tu_uniform(tu_rng *r, double lo, double hi); /* [lo, hi) */
+int tu_int(tu_rng *r, int lo, int hi);              /* [lo, hi] */
+void tu_fill_f32(tu_rng *r, float *x, int64_t n, double lo, double hi);
+void tu_fill_bf16(tu_rng *r, tg_bf16 *x, int64_t n, double lo, double hi);
+
+/* --- buffers -------------------------------------------------------------- */
+void *tu_alloc(size_t bytes);     /* aborts the test on failure */
+void tu_poison_f32(float *x, int64_t n); /* fills with quiet NaN */
+int tu_all_finite(const float *x, int64_t n);
+
+/* --- contexts -------------------------------------------------------------
+ * Every kernel is tested at these thread counts and on every ISA this CPU
+ * has (portable always). */
+extern const int tu_thread_counts[];
+extern const int tu_n_thread_counts;
+int tu_isas(tg_isa out[4]); /* returns how many */
+tg_ctx *tu_ctx(int threads, tg_isa isa); /* fails the test on error */
+
+/* --- comparison ----------------------------------------------------------
+ * Passes iff |got[i] - want[i]| <= bound[i] for every i (and got[i] is not
+ * NaN). On failure prints the worst element (index, got, want, bound) with
+ * `what` and returns 0. */
+int tu_check_bound(const char *what, const float *got, const double *want,
+                   const double *bound, int64_t n);
+
+/* Fails the current test with a printf-style message. */
+#define TU_FAIL(...) fail_msg(__VA_ARGS__)
+
+/* Asserts a call returns `status` and leaves a non-empty message. */
+#define TU_EXPECT_STATUS(ctx, call, status)                                        \
+  do {                                                                             \
+    tg_status got_ = (call);                                                       \
+    if (got_ != (status))                                                          \
+      fail_msg("%s: got status %d (%s), want %d; last error: %s", #call, (int)got_,  \
+               tg_status_str(got_), (int)(status), tg_ctx_last_error(ctx));        \
+    if ((status) != TG_OK && tg_ctx_last_error(ctx)[0] == '\0')                    \
+      fail_msg("%s: failed without a message", #call);                             \
+  } while (0)
+
+#endif
