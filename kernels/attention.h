@@ -1,0 +1,76 @@
+/*
+ * What the attention kernels (training forward and backward) share: the
+ * validated view of a tg_attn_params / mask pair, and the score definition
+ * S[i,k] of the contract, so forward and backward cannot drift apart.
+ */
+#ifndef TG_ATTENTION_H
+#define TG_ATTENTION_H
+
+#include <math.h>
+#include <stdint.h>
+
+#include "bf16.h"
+#include "engine.h"
+
+/* Metal tiling that the params struct describes (BQ x BK threadgroup tiles). */
+enum { TG_METAL_BQ = 32, TG_METAL_BK = 16 };
+
+/* Head dims the CPU kernels take: multiples of 8 up to 512. */
+enum { TG_ATTN_MAX_D = 512 };
+
+/* A validated attention problem: sizes as int64, strides copied out. */
+typedef struct {
+  int64_t B, H, H_kv, gqa, qL, kL, D, qL_off;
+  float scale;
+  float softcap; /* 0 = off (params softcapping == 1.0), else the cap c */
+  const int64_t *Qs, *Ks, *Vs, *Os; /* batch, head, row strides */
+  const int64_t *Ms;                /* NULL when there is no mask */
+  int causal;
+} tg_attn_problem;
+
+/* Validates p (+ mask params) for entry point `fn` and fills *out. Checks:
+ * NULL struct, sizes >= 1, H % gqa_factor, head dim, Metal tiling fields,
+ * scale / softcapping finite, strides >= 0 and every addressed element's
+ * offset within int64, mask pointer/params pairing, output sizes. */
+tg_status tg_attn_validate(tg_ctx *ctx, const char *fn, const tg_attn_params *p,
+                           const tg_attn_mask_params *mp, const tg_bf16 *mask,
+                           int causal, tg_attn_problem *out);
+
+/* Offset of row `row` of head `head` in batch `b` for a [batch, head, row]
+ * stride triple. */
+static inline int64_t tg_attn_offset(const int64_t s[3], int64_t b, int64_t head,
+                                     int64_t row) {
+  return b * s[0] + head * s[1] + row * s[2];
+}
+
+/* The score S[i,k] from the raw product qk = Q[i].K[k] (f32), per contract:
+ * s = scale * qk; with softcapping c: s = c * tanh(s / c) (*tanh_out gets the
+ * tanh for the backward); causal keys k > i + qL_off and mask entries of -inf
+ * give -inf; otherwise the additive mask m is added. */
+static inline float tg_attn_score(const tg_attn_problem *pr, float qk, int64_t i,
+                                  int64_t k, const tg_bf16 *mask_row, float *tanh_out) {
+  float s = pr->scale * qk;
+  float t = 0.0f;
+  if (pr->softcap != 0.0f) {
+    t = tanhf(s / pr->softcap);
+    s = pr->softcap * t;
+  }
+  *tanh_out = t;
+  if (pr->causal && k > i + pr->qL_off) return -INFINITY;
+  if (mask_row) {
+    const float m = tg_bf16_to_f32(mask_row[k]);
+    if (m == -INFINITY) return -INFINITY;
+    s += m;
+  }
+  return s;
+}
+
+/* Keys [0, end) can be visible to query rows [q0, q0 + nq): kL, or fewer
+ * under the causal limit k <= i + qL_off. May be 0. */
+static inline int64_t tg_attn_key_end(const tg_attn_problem *pr, int64_t q0, int64_t nq) {
+  if (!pr->causal) return pr->kL;
+  const int64_t end = q0 + nq + pr->qL_off; /* last row's limit + 1 */
+  return end < 0 ? 0 : (end > pr->kL ? pr->kL : end);
+}
+
+#endif /* TG_ATTENTION_H */
