@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs what tilegrad needs to build, test and benchmark, from Debian's
+# packages (idempotent: does nothing when everything is there).
+set -euo pipefail
+pkgs=(cmake make gcc pkg-config libcmocka-dev
+      python3 python3-numpy python3-pytest python3-hypothesis python3-torch)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+echo "setup: installing ${missing[*]}"
+SUDO=""
+[ "$(id -u)" -ne 0 ] && SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
