@@ -23,75 +23,75 @@
 /* Lanes of the partial sums in reductions: one zmm of f32. */
 enum { LANES = 16 };
 
-/* C[M,N] (+)= A[M,K] . B[K,N]; four rows of C share each B row load. */
-static void TG_NAME(mm_nn)(int M, int N, int K, const float *restrict A, int64_t lda,
-                           const float *restrict B, int64_t ldb, float *restrict C,
-                           int64_t ldc, int accumulate) {
-  int i = 0;
-  for (; i + 4 <= M; i += 4) {
-    float *restrict c0 = C + (int64_t)i * ldc, *restrict c1 = c0 + ldc;
-    float *restrict c2 = c1 + ldc, *restrict c3 = c2 + ldc;
-    if (!accumulate) {
-      memset(c0, 0, sizeof(float) * (size_t)N);
-      memset(c1, 0, sizeof(float) * (size_t)N);
-      memset(c2, 0, sizeof(float) * (size_t)N);
-      memset(c3, 0, sizeof(float) * (size_t)N);
-    }
-    const float *a0 = A + (int64_t)i * lda, *a1 = a0 + lda, *a2 = a1 + lda, *a3 = a2 + lda;
-    for (int k = 0; k < K; k++) {
-      const float *restrict b = B + (int64_t)k * ldb;
-      const float x0 = a0[k], x1 = a1[k], x2 = a2[k], x3 = a3[k];
+/*
+ * Register-blocked GEMM core shared by both shapes: a 4 x 32 block of C is
+ * held in registers (8 zmm at AVX-512) while k runs; A is addressed as
+ * A[r * a_rs + k * a_ks], so the same core serves A (row-major, nn) and A^T
+ * (tn). Edges fall back to a plain loop.
+ */
+enum { MR = 4, NR = 32 };
+
+static inline void block_4x32(int K, const float *restrict A, int64_t a_rs, int64_t a_ks,
+                              const float *restrict B, int64_t ldb, float *restrict C,
+                              int64_t ldc, int accumulate) {
+  float acc[MR][NR];
+  for (int r = 0; r < MR; r++)
+    for (int j = 0; j < NR; j++) acc[r][j] = accumulate ? C[r * ldc + j] : 0.0f;
+  for (int k = 0; k < K; k++) {
+    const float *restrict b = B + (int64_t)k * ldb;
+    for (int r = 0; r < MR; r++) {
+      const float x = A[r * a_rs + (int64_t)k * a_ks];
 #pragma omp simd
-      for (int j = 0; j < N; j++) {
-        const float bj = b[j];
-        c0[j] += x0 * bj;
-        c1[j] += x1 * bj;
-        c2[j] += x2 * bj;
-        c3[j] += x3 * bj;
-      }
+      for (int j = 0; j < NR; j++) acc[r][j] += x * b[j];
     }
   }
-  for (; i < M; i++) {
-    float *restrict c = C + (int64_t)i * ldc;
-    if (!accumulate) memset(c, 0, sizeof(float) * (size_t)N);
-    const float *a = A + (int64_t)i * lda;
+  for (int r = 0; r < MR; r++)
+    for (int j = 0; j < NR; j++) C[r * ldc + j] = acc[r][j];
+}
+
+/* Any-size edge block: rows x cols of C. */
+static inline void block_edge(int rows, int cols, int K, const float *restrict A, int64_t a_rs,
+                              int64_t a_ks, const float *restrict B, int64_t ldb,
+                              float *restrict C, int64_t ldc, int accumulate) {
+  for (int r = 0; r < rows; r++) {
+    float *restrict c = C + r * ldc;
+    if (!accumulate)
+      for (int j = 0; j < cols; j++) c[j] = 0.0f;
     for (int k = 0; k < K; k++) {
+      const float x = A[r * a_rs + (int64_t)k * a_ks];
       const float *restrict b = B + (int64_t)k * ldb;
-      const float x = a[k];
 #pragma omp simd
-      for (int j = 0; j < N; j++) c[j] += x * b[j];
+      for (int j = 0; j < cols; j++) c[j] += x * b[j];
     }
   }
 }
 
-/* C[M,N] += A[K,M]^T . B[K,N]; four k-steps per pass over a C row. */
+static void gemm(int M, int N, int K, const float *A, int64_t a_rs, int64_t a_ks,
+                 const float *B, int64_t ldb, float *C, int64_t ldc, int accumulate) {
+  for (int i = 0; i < M; i += MR) {
+    const int rows = M - i < MR ? M - i : MR;
+    const float *Ai = A + (int64_t)i * a_rs;
+    float *Ci = C + (int64_t)i * ldc;
+    int j = 0;
+    if (rows == MR)
+      for (; j + NR <= N; j += NR)
+        block_4x32(K, Ai, a_rs, a_ks, B + j, ldb, Ci + j, ldc, accumulate);
+    if (j < N) block_edge(rows, N - j, K, Ai, a_rs, a_ks, B + j, ldb, Ci + j, ldc, accumulate);
+  }
+}
+
+/* C[M,N] (+)= A[M,K] . B[K,N] */
+static void TG_NAME(mm_nn)(int M, int N, int K, const float *restrict A, int64_t lda,
+                           const float *restrict B, int64_t ldb, float *restrict C,
+                           int64_t ldc, int accumulate) {
+  gemm(M, N, K, A, lda, 1, B, ldb, C, ldc, accumulate);
+}
+
+/* C[M,N] += A[K,M]^T . B[K,N] */
 static void TG_NAME(mm_tn_acc)(int M, int N, int K, const float *restrict A, int64_t lda,
                                const float *restrict B, int64_t ldb, float *restrict C,
                                int64_t ldc) {
-  int k = 0;
-  for (; k + 4 <= K; k += 4) {
-    const float *a0 = A + (int64_t)k * lda, *a1 = a0 + lda, *a2 = a1 + lda, *a3 = a2 + lda;
-    const float *restrict b0 = B + (int64_t)k * ldb, *restrict b1 = b0 + ldb;
-    const float *restrict b2 = b1 + ldb, *restrict b3 = b2 + ldb;
-    for (int i = 0; i < M; i++) {
-      const float x0 = a0[i], x1 = a1[i], x2 = a2[i], x3 = a3[i];
-      if (x0 == 0.0f && x1 == 0.0f && x2 == 0.0f && x3 == 0.0f) continue;
-      float *restrict c = C + (int64_t)i * ldc;
-#pragma omp simd
-      for (int j = 0; j < N; j++) c[j] += x0 * b0[j] + x1 * b1[j] + x2 * b2[j] + x3 * b3[j];
-    }
-  }
-  for (; k < K; k++) {
-    const float *a = A + (int64_t)k * lda;
-    const float *restrict b = B + (int64_t)k * ldb;
-    for (int i = 0; i < M; i++) {
-      const float x = a[i];
-      if (x == 0.0f) continue;
-      float *restrict c = C + (int64_t)i * ldc;
-#pragma omp simd
-      for (int j = 0; j < N; j++) c[j] += x * b[j];
-    }
-  }
+  gemm(M, N, K, A, 1, lda, B, ldb, C, ldc, 1);
 }
 
 static void TG_NAME(bf16_to_f32)(const uint16_t *restrict src, float *restrict dst,
