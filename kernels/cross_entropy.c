@@ -1,0 +1,162 @@
+/*
+ * 8. Cross-entropy forward + backward (seed 004). logits and grad are
+ * [n_pos, vocab] f32 row-major, targets [n_pos]. For a position t with
+ * target y = targets[t]:
+ *
+ *   pad (y == pad_id):  grad[t,:] = 0                                  (writes)
+ *   otherwise:          m        = max_j logits[t,j]
+ *                       S        = sum_j exp(logits[t,j] - m)
+ *                       p_j      = exp(logits[t,j] - m) / S            (softmax)
+ *                       loss_t   = log S - (logits[t,y] - m)           (= -log p_y)
+ *                       grad[t,j] = (p_j - [j == y]) / count           (writes)
+ *   loss_out[0] += sum_t loss_t / count                                (accumulates)
+ *
+ * count is the caller's number of non-pad positions (it may differ from the
+ * number in this call, e.g. for a mean over several micro-batches); count == 0
+ * returns TG_OK having read no target and written nothing, as the seed does.
+ * A non-pad target >= vocab is TG_ERR_BAD_INDEX; all targets are checked
+ * before anything is written.
+ *
+ * Numerics: the max subtraction keeps exp in range for logits of any finite
+ * magnitude (+-1e30 included); -inf logits contribute exp(-inf) = 0. A -inf
+ * target logit gives loss_t = +inf (its probability is 0) and a finite grad.
+ * A row whose logits are all -inf has no defined softmax: tilegrad takes the
+ * limit of equal logits (p_j = 1/vocab) for the grad, and loss_t = +inf. +inf
+ * or NaN logits give NaN in that row's grad and in the loss.
+ * m, S, log S, p and grad are f32 (S is a 16-lane f32 sum with a fixed lane
+ * tree). loss_t is f32; the sum over positions is a double sum in position
+ * order, divided by count and added to loss_out[0] with one final rounding
+ * to f32. That order never depends on the thread count or on the
+ * deterministic flag: loss_out is bitwise reproducible in every mode.
+ *
+ * Metal grid: one threadgroup per position, with loss_out added atomically.
+ * Here one group runs a block of consecutive positions (enough for ~8 Ki
+ * elements, at least one row) and leaves each loss_t in a buffer; the
+ * serial fixed-order sum replaces the atomic add.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "engine.h"
+
+enum { LANES = 16, GROUP_ELEMS = 8192 };
+
+typedef struct {
+  const float *logits;
+  const uint32_t *targets;
+  float *grad;
+  double *row_loss; /* [n_pos], loss_t (0 for pad rows) */
+  int64_t n_pos, vocab, rpg;
+  uint32_t pad_id;
+  float inv_count;
+} ce_args;
+
+/* m = max_j l[j] (lane maxima, then a lane tree) */
+static float row_max(const float *l, int64_t n) {
+  float acc[LANES];
+  for (int k = 0; k < LANES; k++) acc[k] = -INFINITY;
+  int64_t j = 0;
+  for (; j + LANES <= n; j += LANES) {
+#pragma omp simd
+    for (int k = 0; k < LANES; k++) acc[k] = l[j + k] > acc[k] ? l[j + k] : acc[k];
+  }
+  for (int k = 0; j < n; j++, k++) acc[k] = l[j] > acc[k] ? l[j] : acc[k];
+  for (int w = LANES / 2; w > 0; w /= 2)
+    for (int k = 0; k < w; k++) acc[k] = acc[k + w] > acc[k] ? acc[k + w] : acc[k];
+  return acc[0];
+}
+
+/* e[j] = exp(l[j] - m); returns S = sum_j e[j] (16 lanes, fixed lane tree). */
+static float row_exp_sum(const float *l, float m, float *e, int64_t n) {
+  float acc[LANES] = {0};
+  int64_t j = 0;
+  for (; j + LANES <= n; j += LANES)
+    for (int k = 0; k < LANES; k++) {
+      e[j + k] = expf(l[j + k] - m);
+      acc[k] += e[j + k];
+    }
+  for (int k = 0; j < n; j++, k++) {
+    e[j] = expf(l[j] - m);
+    acc[k] += e[j];
+  }
+  for (int w = LANES / 2; w > 0; w /= 2)
+    for (int k = 0; k < w; k++) acc[k] += acc[k + w];
+  return acc[0];
+}
+
+static void ce_row(const ce_args *a, int64_t t) {
+  const float *l = a->logits + t * a->vocab;
+  float *g = a->grad + t * a->vocab;
+  const int64_t V = a->vocab;
+  const uint32_t y = a->targets[t];
+  if (y == a->pad_id) {
+    for (int64_t j = 0; j < V; j++) g[j] = 0.0f;
+    a->row_loss[t] = 0.0;
+    return;
+  }
+  const float m = row_max(l, V);
+  if (m == -INFINITY) { /* no logit above -inf: all -inf, or NaN among them */
+    int has_nan = 0;
+    for (int64_t j = 0; j < V; j++) has_nan |= isnan(l[j]);
+    const float p = has_nan ? NAN : 1.0f / (float)V; /* all -inf: p_j = 1/vocab */
+    for (int64_t j = 0; j < V; j++) g[j] = (p - (float)(j == y)) * a->inv_count;
+    a->row_loss[t] = has_nan ? NAN : INFINITY;
+    return;
+  }
+  const float ly = l[y] - m;                /* read before g is written */
+  const float S = row_exp_sum(l, m, g, V); /* g[j] = exp(l[j] - m) */
+  a->row_loss[t] = (double)(logf(S) - ly);
+  const float inv_S = 1.0f / S;
+  for (int64_t j = 0; j < V; j++) g[j] = (g[j] * inv_S - (float)(j == y)) * a->inv_count;
+}
+
+static void ce_group(const void *vargs, int64_t grp, int64_t y, int64_t z,
+                     void *scratch) {
+  const ce_args *a = vargs;
+  const int64_t t1 = (grp + 1) * a->rpg < a->n_pos ? (grp + 1) * a->rpg : a->n_pos;
+  for (int64_t t = grp * a->rpg; t < t1; t++) ce_row(a, t);
+}
+
+tg_status tg_cross_entropy_fwd_bwd(tg_ctx *ctx, const float *logits,
+                                   const uint32_t *targets, float *grad, float *loss_out,
+                                   uint32_t n_pos, uint32_t vocab, uint32_t pad_id,
+                                   uint32_t count) {
+  static const char fn[] = "tg_cross_entropy_fwd_bwd";
+  if (!ctx) return TG_ERR_NULL_ARG;
+  tg_begin(ctx);
+  const char *null = !logits    ? "logits"
+                     : !targets ? "targets"
+                     : !grad    ? "grad"
+                     : !loss_out ? "loss_out"
+                                 : NULL;
+  if (null) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: %s is NULL", fn, null);
+  char name[160];
+  snprintf(name, sizeof name, "%s: logits[n_pos = %u, vocab = %u]", fn, n_pos, vocab);
+  int64_t n;
+  tg_status st =
+      tg_shape_count(ctx, name, sizeof(float), &n, 2, (int64_t)n_pos, (int64_t)vocab);
+  if (st != TG_OK) return st;
+  if (count == 0) return TG_OK; /* the seed's early return: nothing read or written */
+  for (int64_t t = 0; t < n_pos; t++)
+    if (targets[t] != pad_id && targets[t] >= vocab)
+      return tg_fail(ctx, TG_ERR_BAD_INDEX,
+                     "%s: targets[%lld] = %u is >= vocab = %u and is not pad_id = %u", fn,
+                     (long long)t, targets[t], vocab, pad_id);
+
+  ce_args a = {logits, targets, grad, NULL, n_pos, vocab,
+               vocab >= GROUP_ELEMS ? 1 : GROUP_ELEMS / vocab, pad_id,
+               1.0f / (float)count};
+  a.row_loss = malloc((size_t)n_pos * sizeof(double));
+  if (!a.row_loss)
+    return tg_fail(ctx, TG_ERR_NO_MEMORY, "%s: cannot allocate %u per-position losses",
+                   fn, n_pos);
+  st = tg_dispatch(ctx, (a.n_pos + a.rpg - 1) / a.rpg, 1, 1, 0, ce_group, &a);
+  if (st == TG_OK) {
+    double total = 0.0; /* position order, whatever the thread count */
+    for (int64_t t = 0; t < n_pos; t++) total += a.row_loss[t];
+    loss_out[0] = (float)((double)loss_out[0] + total / (double)count);
+  }
+  free(a.row_loss);
+  return st;
+}

@@ -1,0 +1,305 @@
+/*
+ * 4. and 5. RMSNorm backward (seeds 002 and 004). All f32; x, dy, dx are
+ * [rows, dim] row-major, w, dw are [dim], r is [rows].
+ *
+ *   r[b]    = 1 / sqrt(mean_j x[b,j]^2 + eps)
+ *   s[b]    = sum_i dy[b,i] * x[b,i] * w[i]
+ *   dx[b,k] = r[b] * (dy[b,k] * w[k] - x[b,k] * s[b] * r[b]^2 / dim)
+ *   dw[i]   = sum_b dy[b,i] * x[b,i] * r[b]
+ *
+ * Metal grid -> CPU groups:
+ *   - rms_inv, dx (seed 002) and the fused kernel (seed 004) run one
+ *     threadgroup per row; here one group runs a block of consecutive rows
+ *     (enough rows for ~8 Ki elements) so small rows do not pay one dispatch
+ *     each. Every row is computed the same way whatever the block, so the
+ *     result does not depend on the thread count.
+ *   - dw (seed 002) runs one threadgroup per feature, striding over rows; here
+ *     one group owns a block of columns of dw and walks the rows top to
+ *     bottom, reading each row's slice contiguously (streams x and dy, the
+ *     inner loop vectorizes over columns). Each dw[i] is summed in row order
+ *     0..rows-1 whatever the block width, so it is bitwise identical for any
+ *     thread count.
+ *   - fused grad_weight: Metal adds every row's x*r*dy atomically. Here the
+ *     rows are cut into blocks of consecutive rows; each block sums its rows
+ *     in order into a dim-long partial (grad_input is written on the way).
+ *     Deterministic mode: the blocks are fixed by `rows` alone (never by the
+ *     thread count), the partials live in a malloc'd [nblocks, dim] buffer,
+ *     and a second pass over column blocks adds them to grad_weight in block
+ *     order -- bitwise identical across runs and thread counts. Otherwise:
+ *     at most two blocks per thread, each adding its partial (in per-thread
+ *     scratch) with `omp atomic` -- last-bit differences between runs, as on
+ *     the GPU.
+ *
+ * Row reductions (sum x^2, sum dy*x*w) are f32 with 16 lane partial sums and a
+ * fixed pairwise tree over the lanes, the CPU stand-in for the threadgroup
+ * tree; the order depends only on dim.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+
+enum {
+  LANES = 16,
+  GROUP_ELEMS = 8192, /* elements per row-block group (at least one row) */
+  DW_MAX_BLOCKS = 256, /* fused, deterministic: at most this many row blocks */
+  DW_MIN_ROWS = 16,    /* fused: about one row block per this many rows */
+  COL_BLOCK = 256      /* columns per group of the column passes */
+};
+
+/* --- row reductions ------------------------------------------------------ */
+static float lane_tree(float acc[LANES]) {
+  for (int w = LANES / 2; w > 0; w /= 2)
+    for (int l = 0; l < w; l++) acc[l] += acc[l + w];
+  return acc[0];
+}
+
+/* sum_i a[i] * b[i] */
+static float dot2(const float *a, const float *b, int64_t n) {
+  float acc[LANES] = {0};
+  int64_t i = 0;
+  for (; i + LANES <= n; i += LANES) {
+#pragma omp simd
+    for (int l = 0; l < LANES; l++) acc[l] += a[i + l] * b[i + l];
+  }
+  for (int l = 0; i < n; i++, l++) acc[l] += a[i] * b[i];
+  return lane_tree(acc);
+}
+
+/* sum_i a[i] * b[i] * c[i] */
+static float dot3(const float *a, const float *b, const float *c, int64_t n) {
+  float acc[LANES] = {0};
+  int64_t i = 0;
+  for (; i + LANES <= n; i += LANES) {
+#pragma omp simd
+    for (int l = 0; l < LANES; l++) acc[l] += a[i + l] * b[i + l] * c[i + l];
+  }
+  for (int l = 0; i < n; i++, l++) acc[l] += a[i] * b[i] * c[i];
+  return lane_tree(acc);
+}
+
+/* r = 1 / sqrt(sum_j x[j]^2 / dim + eps) for one row */
+static float row_rms_inv(const float *x, int64_t dim, float eps) {
+  return 1.0f / sqrtf(dot2(x, x, dim) / (float)dim + eps);
+}
+
+/* One row of dx: s = sum dy*x*w; dx[k] = r * (dy[k]*w[k] - x[k] * s*r^2/dim). */
+static void row_dx(const float *x, const float *w, const float *dy, float r, float *dx,
+                   int64_t dim) {
+  const float s = dot3(dy, x, w, dim);
+  const float coeff = s * r * r / (float)dim;
+  for (int64_t k = 0; k < dim; k++) dx[k] = r * (dy[k] * w[k] - x[k] * coeff);
+}
+
+static int64_t rows_per_group(int64_t dim) {
+  return dim >= GROUP_ELEMS ? 1 : GROUP_ELEMS / dim;
+}
+
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* --- validation ------------------------------------------------------------ */
+/* rows x dim must be non-zero and its byte size must fit int64. */
+static tg_status check_shape(tg_ctx *ctx, const char *fn, const char *tensor,
+                             uint32_t rows, uint32_t dim) {
+  char name[160];
+  snprintf(name, sizeof name, "%s: %s[rows = %u, dim = %u]", fn, tensor, rows, dim);
+  int64_t n;
+  return tg_shape_count(ctx, name, sizeof(float), &n, 2, (int64_t)rows, (int64_t)dim);
+}
+
+static tg_status check_eps(tg_ctx *ctx, const char *fn, float eps) {
+  if (!isfinite(eps) || eps < 0.0f)
+    return tg_fail(ctx, TG_ERR_BAD_PARAMS,
+                   "%s: eps = %g; it must be finite and >= 0", fn, (double)eps);
+  return TG_OK;
+}
+
+/* --- 4a. r[b] = 1/sqrt(mean_j x[b,j]^2 + eps) (writes) --------------------- */
+typedef struct {
+  const float *x;
+  float *r;
+  int64_t rows, dim, rpg;
+  float eps;
+} rms_inv_args;
+
+static void rms_inv_group(const void *vargs, int64_t g, int64_t y, int64_t z,
+                          void *scratch) {
+  const rms_inv_args *a = vargs;
+  const int64_t b1 = min64((g + 1) * a->rpg, a->rows);
+  for (int64_t b = g * a->rpg; b < b1; b++)
+    a->r[b] = row_rms_inv(a->x + b * a->dim, a->dim, a->eps);
+}
+
+tg_status tg_rms_norm_compute_rms_inv_f32(tg_ctx *ctx, const float *x, float *r_out,
+                                          uint32_t rows, uint32_t dim, float eps) {
+  static const char fn[] = "tg_rms_norm_compute_rms_inv_f32";
+  if (!ctx) return TG_ERR_NULL_ARG;
+  tg_begin(ctx);
+  if (!x || !r_out)
+    return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: %s is NULL", fn, !x ? "x" : "r_out");
+  tg_status st = check_shape(ctx, fn, "x", rows, dim);
+  if (st == TG_OK) st = check_eps(ctx, fn, eps);
+  if (st != TG_OK) return st;
+  const rms_inv_args a = {x, r_out, rows, dim, rows_per_group(dim), eps};
+  return tg_dispatch(ctx, (a.rows + a.rpg - 1) / a.rpg, 1, 1, 0, rms_inv_group, &a);
+}
+
+/* --- 4b. dx[b,k] = r[b]*(dy[b,k]*w[k] - x[b,k]*s[b]*r[b]^2/dim) (writes) ---- */
+typedef struct {
+  const float *x, *w, *dy, *r;
+  float *dx;
+  int64_t rows, dim, rpg;
+} dx_args;
+
+static void dx_group(const void *vargs, int64_t g, int64_t y, int64_t z, void *scratch) {
+  const dx_args *a = vargs;
+  const int64_t b1 = min64((g + 1) * a->rpg, a->rows);
+  for (int64_t b = g * a->rpg; b < b1; b++) {
+    const int64_t o = b * a->dim;
+    row_dx(a->x + o, a->w, a->dy + o, a->r[b], a->dx + o, a->dim);
+  }
+}
+
+tg_status tg_rms_norm_backward_dx_f32(tg_ctx *ctx, const float *x, const float *w,
+                                      const float *dy, const float *r, float *dx,
+                                      uint32_t rows, uint32_t dim) {
+  static const char fn[] = "tg_rms_norm_backward_dx_f32";
+  if (!ctx) return TG_ERR_NULL_ARG;
+  tg_begin(ctx);
+  const char *null = !x ? "x" : !w ? "w" : !dy ? "dy" : !r ? "r" : !dx ? "dx" : NULL;
+  if (null) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: %s is NULL", fn, null);
+  tg_status st = check_shape(ctx, fn, "x", rows, dim);
+  if (st != TG_OK) return st;
+  const dx_args a = {x, w, dy, r, dx, rows, dim, rows_per_group(dim)};
+  return tg_dispatch(ctx, (a.rows + a.rpg - 1) / a.rpg, 1, 1, 0, dx_group, &a);
+}
+
+/* --- 4c. dw[i] = sum_b dy[b,i]*x[b,i]*r[b] (writes) ------------------------- */
+typedef struct {
+  const float *x, *dy, *r;
+  float *dw;
+  int64_t rows, dim;
+} dw_args;
+
+/* Group c owns dw[c*COL_BLOCK ..) and sums it over rows 0..rows-1 in order. */
+static void dw_group(const void *vargs, int64_t c, int64_t y, int64_t z, void *scratch) {
+  const dw_args *a = vargs;
+  const int64_t c0 = c * COL_BLOCK, n = min64(COL_BLOCK, a->dim - c0);
+  float *restrict dw = a->dw + c0;
+  for (int64_t j = 0; j < n; j++) dw[j] = 0.0f;
+  for (int64_t b = 0; b < a->rows; b++) {
+    const float *restrict x = a->x + b * a->dim + c0;
+    const float *restrict dy = a->dy + b * a->dim + c0;
+    const float rb = a->r[b];
+#pragma omp simd
+    for (int64_t j = 0; j < n; j++) dw[j] += dy[j] * x[j] * rb;
+  }
+}
+
+tg_status tg_rms_norm_backward_dw_f32(tg_ctx *ctx, const float *x, const float *dy,
+                                      const float *r, float *dw, uint32_t rows,
+                                      uint32_t dim) {
+  static const char fn[] = "tg_rms_norm_backward_dw_f32";
+  if (!ctx) return TG_ERR_NULL_ARG;
+  tg_begin(ctx);
+  const char *null = !x ? "x" : !dy ? "dy" : !r ? "r" : !dw ? "dw" : NULL;
+  if (null) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: %s is NULL", fn, null);
+  tg_status st = check_shape(ctx, fn, "x", rows, dim);
+  if (st != TG_OK) return st;
+  const dw_args a = {x, dy, r, dw, rows, dim};
+  return tg_dispatch(ctx, (a.dim + COL_BLOCK - 1) / COL_BLOCK, 1, 1, 0, dw_group, &a);
+}
+
+/* --- 5. fused: grad_input writes, grad_weight accumulates ------------------- */
+typedef struct {
+  const float *x, *w, *dy;
+  float *dx;
+  float *dw;       /* grad_weight */
+  float *partials; /* deterministic: [nblocks, dim] row-block partials; else NULL */
+  int64_t rows, dim, rows_per_block, nblocks;
+  float eps;
+} fused_args;
+
+/* Row block g: for each of its rows, r and dx as in 4a/4b, and
+ * partial[i] += x[b,i] * r[b] * dy[b,i] (rows in order). */
+static void fused_group(const void *vargs, int64_t g, int64_t y, int64_t z,
+                        void *scratch) {
+  const fused_args *a = vargs;
+  const int64_t dim = a->dim;
+  float *restrict part = a->partials ? a->partials + g * dim : scratch;
+  for (int64_t i = 0; i < dim; i++) part[i] = 0.0f;
+  const int64_t b1 = min64((g + 1) * a->rows_per_block, a->rows);
+  for (int64_t b = g * a->rows_per_block; b < b1; b++) {
+    const float *x = a->x + b * dim, *dy = a->dy + b * dim;
+    const float r = row_rms_inv(x, dim, a->eps);
+    for (int64_t i = 0; i < dim; i++) part[i] += x[i] * r * dy[i];
+    row_dx(x, a->w, dy, r, a->dx + b * dim, dim);
+  }
+  if (!a->partials) tg_add_f32(a->dw, part, dim, 1);
+}
+
+/* Deterministic reduce, group c owns columns c*COL_BLOCK..:
+ * grad_weight[i] += sum_g partial[g, i], blocks in order 0..nblocks-1. */
+static void fused_reduce_group(const void *vargs, int64_t c, int64_t y, int64_t z,
+                               void *scratch) {
+  const fused_args *a = vargs;
+  const int64_t c0 = c * COL_BLOCK, n = min64(COL_BLOCK, a->dim - c0);
+  float acc[COL_BLOCK] = {0};
+  for (int64_t g = 0; g < a->nblocks; g++) {
+    const float *restrict p = a->partials + g * a->dim + c0;
+#pragma omp simd
+    for (int64_t j = 0; j < n; j++) acc[j] += p[j];
+  }
+  for (int64_t j = 0; j < n; j++) a->dw[c0 + j] += acc[j];
+}
+
+tg_status tg_rms_norm_backward(tg_ctx *ctx, const float *input, const float *weight,
+                               const float *grad_out, float *grad_input,
+                               float *grad_weight, uint32_t n_groups, uint32_t dim,
+                               float eps) {
+  static const char fn[] = "tg_rms_norm_backward";
+  if (!ctx) return TG_ERR_NULL_ARG;
+  tg_begin(ctx);
+  const char *null = !input        ? "input"
+                     : !weight     ? "weight"
+                     : !grad_out   ? "grad_out"
+                     : !grad_input ? "grad_input"
+                     : !grad_weight ? "grad_weight"
+                                    : NULL;
+  if (null) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: %s is NULL", fn, null);
+  tg_status st = check_shape(ctx, fn, "input", n_groups, dim);
+  if (st == TG_OK) st = check_eps(ctx, fn, eps);
+  if (st != TG_OK) return st;
+
+  /* Blocks of rpb consecutive rows (the last may be shorter): about one per
+   * DW_MIN_ROWS rows, at most max_blocks. Deterministic: max_blocks =
+   * DW_MAX_BLOCKS, so the partition depends on `rows` alone. Otherwise two
+   * per thread, so the atomic adds (dim per block) stay few next to the
+   * rows * dim work. */
+  const int64_t rows = n_groups;
+  const int64_t max_blocks =
+      ctx->deterministic ? DW_MAX_BLOCKS : 2 * (int64_t)tg_threads(ctx);
+  int64_t nblocks = min64((rows + DW_MIN_ROWS - 1) / DW_MIN_ROWS, max_blocks);
+  const int64_t rpb = (rows + nblocks - 1) / nblocks;
+  nblocks = (rows + rpb - 1) / rpb;
+  fused_args a = {input, weight, grad_out, grad_input, grad_weight, NULL,
+                  rows,  dim,    rpb,      nblocks,    eps};
+
+  if (!ctx->deterministic) /* partial in per-thread scratch, atomic add */
+    return tg_dispatch(ctx, nblocks, 1, 1, (size_t)dim * sizeof(float), fused_group, &a);
+
+  /* nblocks * dim <= 256 * dim floats, at most the size of the input. */
+  a.partials = malloc((size_t)nblocks * dim * sizeof(float));
+  if (!a.partials)
+    return tg_fail(ctx, TG_ERR_NO_MEMORY,
+                   "%s: cannot allocate %lld x %u floats of grad_weight partials", fn,
+                   (long long)nblocks, dim);
+  st = tg_dispatch(ctx, nblocks, 1, 1, 0, fused_group, &a);
+  if (st == TG_OK)
+    st = tg_dispatch(ctx, (a.dim + COL_BLOCK - 1) / COL_BLOCK, 1, 1, 0,
+                     fused_reduce_group, &a);
+  free(a.partials);
+  return st;
+}
