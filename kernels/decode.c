@@ -1,0 +1,181 @@
+/* 11. Decode: reduce of split-KV flash-attention partials, and the TurboQuant
+ * Hadamard/sign undo (mlx-native flash_attn_vec family).
+ *
+ * htmp, for nrows rows, nwg workgroups, value dim DV (= head_dim):
+ *   partials  nrows*DV*nwg floats, interleaved in fours: part[r, w, 4c+k] at
+ *             ((r*(DV/4) + c)*nwg + w)*4 + k
+ *   (S, M)    nrows*nwg pairs after them: S[r,w] at nrows*DV*nwg + (r*nwg + w)*2,
+ *             M[r,w] one float later (S = sum of exp weights, M = running max)
+ *
+ * Reduce, per row r:
+ *   Mg  = max_w M[w]
+ *   a_w = exp(M[w] - Mg)
+ *   St  = sum_w S[w] * a_w
+ *   dst[r, d] = (sum_w part[w, d] * a_w) / St,    0 where St == 0
+ * A workgroup that saw no keys has M = -inf (a_w = 0): it is skipped, so
+ * whatever its partials hold cannot turn into NaN (0 * inf), and a row of only
+ * empty workgroups is 0.
+ *
+ * Hadamard/sign undo, per row x of D = 256 or 512:
+ *   y = H x / sqrt(D)    H the Sylvester Hadamard matrix, H[i][j] = (-1)^popcount(i & j)
+ *   y[j] *= sign(j)      sign(j) = -1 where bit j of the D1 table is set
+ *
+ * Metal: one threadgroup per row (32*nwg threads for the fused kernel, nwg
+ * capped at 32). CPU: one group per row; the fused kernel reduces into
+ * per-thread scratch and transforms it there, with the very same f32
+ * operations as tg_flash_attn_vec_reduce followed by tg_fwht_sign_undo_f32,
+ * so fused and unfused results are bitwise equal. nwg is unbounded.
+ */
+#include <math.h>
+
+#include "engine.h"
+
+/* The TurboQuant D1 sign table: bit j = (T[j >> 3] >> (j & 7)) & 1, 1 -> -1.
+ * D = 256 uses the first 32 bytes, D = 512 all 64.
+ * sha256(first 32) = 3ef1038e6c232e9519101daa2d6efd637d4c6bfdb29f4ee7101625c39d0ddc89
+ * sha256(all 64)   = 44f13ce9f6db1edac62f558ee054f9de29cd474fd051362cadcaa98a55745f17
+ * (checked by tests/test_decode.c). */
+static const uint8_t tq_d1_signs[64] = {
+    0xa7, 0x3b, 0x91, 0xf4, 0x6d, 0xc2, 0x58, 0x0e, 0xb3, 0x7f, 0x24, 0xd6, 0x89,
+    0x45, 0xea, 0x1c, 0x63, 0xaf, 0xd8, 0x52, 0x97, 0x0b, 0xe1, 0x3d, 0x76, 0xc4,
+    0x19, 0xfe, 0x4a, 0x85, 0x2c, 0xdb, 0xd3, 0x4e, 0xa8, 0x17, 0x9c, 0x5b, 0xe6,
+    0x31, 0x72, 0xb9, 0x0d, 0xf5, 0x43, 0x8a, 0x6e, 0xc7, 0x58, 0x2f, 0x94, 0xe1,
+    0xb6, 0x3d, 0x0a, 0x7c, 0xc5, 0x61, 0xd8, 0x4f, 0xa3, 0x97, 0x1e, 0x85};
+
+typedef struct {
+  const float *htmp;
+  float *out;
+  int64_t nrows, DV, nwg;
+} dec_args;
+
+/* dst[0:DV] = reduce of row r (see the header). a: nwg floats of scratch. */
+static void reduce_row(const dec_args *g, int64_t r, float *dst, float *a) {
+  const int64_t DV = g->DV, nwg = g->nwg;
+  const float *SM = g->htmp + g->nrows * DV * nwg + r * nwg * 2;
+  float Mg = -INFINITY;
+  for (int64_t w = 0; w < nwg; w++)
+    if (SM[2 * w + 1] > Mg) Mg = SM[2 * w + 1];
+  float St = 0.0f;
+  for (int64_t w = 0; w < nwg; w++) {
+    const float M = SM[2 * w + 1];
+    a[w] = M == -INFINITY ? 0.0f : expf(M - Mg); /* empty workgroup: weight 0 */
+    if (a[w] != 0.0f) St += SM[2 * w] * a[w];
+  }
+  if (St == 0.0f) {
+    for (int64_t d = 0; d < DV; d++) dst[d] = 0.0f;
+    return;
+  }
+  /* part[w, 4c+k] = htmp[((r*(DV/4) + c)*nwg + w)*4 + k] */
+  for (int64_t c = 0; c < DV / 4; c++) {
+    const float *part = g->htmp + (r * (DV / 4) + c) * nwg * 4;
+    float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int64_t w = 0; w < nwg; w++) {
+      if (a[w] == 0.0f) continue;
+      for (int k = 0; k < 4; k++) o[k] += part[w * 4 + k] * a[w];
+    }
+    for (int k = 0; k < 4; k++) dst[4 * c + k] = o[k] / St;
+  }
+}
+
+/* x[0:D] <- sign .* (H x) / sqrt(D), D a power of two <= 512, in place. */
+static void fwht_sign_row(float *x, int64_t D) {
+  for (int64_t len = 1; len < D; len *= 2)       /* butterflies, natural order */
+    for (int64_t i = 0; i < D; i += 2 * len)
+      for (int64_t j = i; j < i + len; j++) {
+        const float u = x[j], v = x[j + len];
+        x[j] = u + v;
+        x[j + len] = u - v;
+      }
+  const float inv_sqrt_d = (float)(1.0 / sqrt((double)D));
+  for (int64_t j = 0; j < D; j++) {
+    const float y = x[j] * inv_sqrt_d;
+    x[j] = (tq_d1_signs[j >> 3] >> (j & 7)) & 1 ? -y : y;
+  }
+}
+
+static void reduce_group(const void *vargs, int64_t r, int64_t y, int64_t z, void *scratch) {
+  const dec_args *g = vargs;
+  reduce_row(g, r, g->out + r * g->DV, scratch);
+}
+
+static void reduce_undo_group(const void *vargs, int64_t r, int64_t y, int64_t z,
+                              void *scratch) {
+  const dec_args *g = vargs;
+  float *x = scratch;                           /* [DV]: the staged row */
+  float *a = x + g->DV;                         /* [nwg]: weights */
+  reduce_row(g, r, x, a);
+  fwht_sign_row(x, g->DV);
+  float *dst = g->out + r * g->DV;
+  for (int64_t d = 0; d < g->DV; d++) dst[d] = x[d];
+}
+
+static void undo_group(const void *vargs, int64_t r, int64_t y, int64_t z, void *scratch) {
+  const dec_args *g = vargs;
+  fwht_sign_row(g->out + r * g->DV, g->DV);
+}
+
+/* Shared validation of (htmp, out, nrows, head_dim, nwg). */
+static tg_status check_reduce(tg_ctx *ctx, const char *fn, const float *htmp,
+                              const float *out, const char *out_name, uint32_t nrows,
+                              uint32_t head_dim, uint32_t nwg) {
+  if (!htmp) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: htmp is NULL", fn);
+  if (!out) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: %s is NULL", fn, out_name);
+  if (nrows == 0) return tg_fail(ctx, TG_ERR_BAD_SHAPE, "%s: nrows is 0; it must be >= 1", fn);
+  if (head_dim == 0)
+    return tg_fail(ctx, TG_ERR_BAD_SHAPE, "%s: head_dim is 0; it must be >= 1", fn);
+  if (nwg == 0) return tg_fail(ctx, TG_ERR_BAD_SHAPE, "%s: nwg is 0; it must be >= 1", fn);
+  /* htmp holds nrows*nwg*(head_dim + 2) floats. */
+  return tg_shape_count(ctx, fn, sizeof(float), NULL, 3, (int64_t)nrows, (int64_t)nwg,
+                        (int64_t)head_dim + 2);
+}
+
+tg_status tg_flash_attn_vec_reduce(tg_ctx *ctx, const float *htmp, float *dst,
+                                   uint32_t nrows, uint32_t head_dim, uint32_t nwg) {
+  if (!ctx) return TG_ERR_NULL_ARG;
+  tg_begin(ctx);
+  static const char fn[] = "tg_flash_attn_vec_reduce";
+  tg_status st = check_reduce(ctx, fn, htmp, dst, "dst", nrows, head_dim, nwg);
+  if (st) return st;
+  if (head_dim % 4 != 0)
+    return tg_fail(ctx, TG_ERR_UNSUPPORTED,
+                   "%s: head_dim = %u; it must be a multiple of 4", fn, head_dim);
+  const dec_args g = {htmp, dst, nrows, head_dim, nwg};
+  return tg_dispatch(ctx, nrows, 1, 1, (size_t)nwg * sizeof(float), reduce_group, &g);
+}
+
+tg_status tg_flash_attn_vec_reduce_tq_hb_undo(tg_ctx *ctx, const float *htmp,
+                                              float *output, uint32_t nrows,
+                                              uint32_t head_dim, uint32_t nwg) {
+  if (!ctx) return TG_ERR_NULL_ARG;
+  tg_begin(ctx);
+  static const char fn[] = "tg_flash_attn_vec_reduce_tq_hb_undo";
+  tg_status st = check_reduce(ctx, fn, htmp, output, "output", nrows, head_dim, nwg);
+  if (st) return st;
+  if (head_dim != 256 && head_dim != 512)
+    return tg_fail(ctx, TG_ERR_UNSUPPORTED, "%s: head_dim = %u; it must be 256 or 512", fn,
+                   head_dim);
+  const dec_args g = {htmp, output, nrows, head_dim, nwg};
+  return tg_dispatch(ctx, nrows, 1, 1, ((size_t)head_dim + nwg) * sizeof(float),
+                     reduce_undo_group, &g);
+}
+
+tg_status tg_fwht_sign_undo_f32(tg_ctx *ctx, float *data, uint32_t num_heads,
+                                uint32_t head_dim) {
+  if (!ctx) return TG_ERR_NULL_ARG;
+  tg_begin(ctx);
+  static const char fn[] = "tg_fwht_sign_undo_f32";
+  if (!data) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: data is NULL", fn);
+  if (num_heads == 0)
+    return tg_fail(ctx, TG_ERR_BAD_SHAPE, "%s: num_heads is 0; it must be >= 1", fn);
+  if (head_dim == 0)
+    return tg_fail(ctx, TG_ERR_BAD_SHAPE, "%s: head_dim is 0; it must be >= 1", fn);
+  tg_status st = tg_shape_count(ctx, "tg_fwht_sign_undo_f32: data [num_heads, head_dim]",
+                                sizeof(float), NULL, 2, (int64_t)num_heads,
+                                (int64_t)head_dim);
+  if (st) return st;
+  if (head_dim != 256 && head_dim != 512)
+    return tg_fail(ctx, TG_ERR_UNSUPPORTED, "%s: head_dim = %u; it must be 256 or 512", fn,
+                   head_dim);
+  const dec_args g = {NULL, data, num_heads, head_dim, 1};
+  return tg_dispatch(ctx, num_heads, 1, 1, 0, undo_group, &g);
+}

@@ -1,0 +1,105 @@
+/* 7. Embedding backward.
+ *
+ *   grad_out    [seq_len, dim]      f32
+ *   ids         [seq_len]           u32, each < vocab_size
+ *   grad_weight [vocab_size, dim]   f32, accumulates
+ *
+ *   grad_weight[ids[t], d] += grad_out[t, d]     for every t, d
+ *
+ * Repeated ids add up. Every id is checked before anything is written.
+ *
+ * Metal: one thread per token t, adding its whole row into grad_weight with
+ * atomic_fetch_add, so tokens that share an id race on the same row.
+ *
+ * CPU: atomic-free. The grid is (column block, vocab block). Group (cb, vb)
+ * owns grad_weight[vb's rows, cb's columns] outright and walks t = 0, 1, ...,
+ * seq_len-1 in order, applying the tokens whose id falls in its rows. Every
+ * element of grad_weight therefore receives its additions in token order,
+ * one after the other:
+ *
+ *   grad_weight[v, d] = ((gw + grad_out[t1, d]) + grad_out[t2, d]) + ...
+ *                       (t1 < t2 < ... the tokens with id v)
+ *
+ * whatever the blocking or thread count, so the result is bitwise identical
+ * across runs and thread counts in both modes (ctx->deterministic needs
+ * nothing extra). Heavy id repetition costs nothing special: a hot row is
+ * split across the column blocks. Vocab blocks only exist to give threads
+ * work when dim is too narrow for enough column blocks; each one rescans ids
+ * (4 bytes per token), which is cheap next to the dim-wide row adds.
+ */
+#include "engine.h"
+
+enum {
+  EMB_COLS = 64,             /* columns per block: 256 bytes of each row */
+  EMB_GROUPS_PER_THREAD = 4  /* aim for this many groups per thread */
+};
+
+typedef struct {
+  const float *grad_out;
+  const uint32_t *ids;
+  float *grad_weight;
+  int64_t seq_len, dim, vocab;
+  int64_t cols_per_block, rows_per_block;
+} emb_args;
+
+/* Group (cb, vb): grad_weight[v, c0:c1] += grad_out[t, c0:c1] for every t in
+ * order whose id v lies in [v0, v1). */
+static void embedding_backward_group(const void *vargs, int64_t cb, int64_t vb, int64_t z,
+                                     void *scratch) {
+  const emb_args *a = vargs;
+  const int64_t c0 = cb * a->cols_per_block;
+  const int64_t c1 = c0 + a->cols_per_block < a->dim ? c0 + a->cols_per_block : a->dim;
+  const int64_t v0 = vb * a->rows_per_block;
+  const int64_t v1 = v0 + a->rows_per_block < a->vocab ? v0 + a->rows_per_block : a->vocab;
+  for (int64_t t = 0; t < a->seq_len; t++) {
+    const int64_t v = a->ids[t];
+    if (v < v0 || v >= v1) continue;
+    float *dst = a->grad_weight + v * a->dim;
+    const float *src = a->grad_out + t * a->dim;
+    for (int64_t c = c0; c < c1; c++) dst[c] += src[c];
+  }
+}
+
+tg_status tg_embedding_backward(tg_ctx *ctx, const float *grad_out, const uint32_t *ids,
+                                float *grad_weight, uint32_t vocab_size, uint32_t seq_len,
+                                uint32_t dim) {
+  if (!ctx) return TG_ERR_NULL_ARG;
+  tg_begin(ctx);
+  static const char fn[] = "tg_embedding_backward";
+  if (!grad_out) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: grad_out is NULL", fn);
+  if (!ids) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: ids is NULL", fn);
+  if (!grad_weight) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: grad_weight is NULL", fn);
+  if (vocab_size == 0)
+    return tg_fail(ctx, TG_ERR_BAD_SHAPE, "%s: vocab_size is 0; it must be >= 1", fn);
+  if (seq_len == 0)
+    return tg_fail(ctx, TG_ERR_BAD_SHAPE, "%s: seq_len is 0; it must be >= 1", fn);
+  if (dim == 0) return tg_fail(ctx, TG_ERR_BAD_SHAPE, "%s: dim is 0; it must be >= 1", fn);
+  tg_status st;
+  if ((st = tg_shape_count(ctx, "tg_embedding_backward: grad_out [seq_len, dim]",
+                           sizeof(float), NULL, 2, (int64_t)seq_len, (int64_t)dim)))
+    return st;
+  if ((st = tg_shape_count(ctx, "tg_embedding_backward: grad_weight [vocab_size, dim]",
+                           sizeof(float), NULL, 2, (int64_t)vocab_size, (int64_t)dim)))
+    return st;
+  /* Every id before any write: the first bad one is reported. */
+  for (int64_t t = 0; t < (int64_t)seq_len; t++)
+    if (ids[t] >= vocab_size)
+      return tg_fail(ctx, TG_ERR_BAD_INDEX,
+                     "%s: ids[%lld] = %u is out of range; vocab_size is %u", fn,
+                     (long long)t, ids[t], vocab_size);
+
+  /* Blocking changes speed only, never bits (see the header comment). */
+  const int64_t target = (int64_t)tg_threads(ctx) * EMB_GROUPS_PER_THREAD;
+  const int64_t ncb = ((int64_t)dim + EMB_COLS - 1) / EMB_COLS;
+  int64_t nvb = 1;
+  if (ncb < target) {
+    nvb = (target + ncb - 1) / ncb;
+    if (nvb > (int64_t)vocab_size) nvb = vocab_size;
+  }
+  const int64_t rows_per_block = ((int64_t)vocab_size + nvb - 1) / nvb;
+  nvb = ((int64_t)vocab_size + rows_per_block - 1) / rows_per_block;
+  const emb_args a = {.grad_out = grad_out, .ids = ids, .grad_weight = grad_weight,
+                      .seq_len = seq_len, .dim = dim, .vocab = vocab_size,
+                      .cols_per_block = EMB_COLS, .rows_per_block = rows_per_block};
+  return tg_dispatch(ctx, ncb, nvb, 1, 0, embedding_backward_group, &a);
+}

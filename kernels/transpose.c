@@ -1,0 +1,63 @@
+/* 9. 2-D transpose.
+ *
+ *   input  [rows, cols]  f32
+ *   output [cols, rows]  f32, writes
+ *
+ *   output[c, r] = input[r, c]
+ *
+ * Metal: one thread per element (gid.x = c, gid.y = r).
+ *
+ * CPU: cache-blocked. The matrix is cut into TR_TILE x TR_TILE tiles; group
+ * (x, y) takes tile row y (input rows y*T .. y*T+T-1) and a stripe of up to
+ * TR_STRIPE tiles along it, copying tile by tile so that both the rows read
+ * from input and the rows written to output stay in L1. A pure copy: exact.
+ */
+#include "engine.h"
+
+enum {
+  TR_TILE = 32,  /* 32 x 32 floats = 4 KiB per tile */
+  TR_STRIPE = 8  /* tiles per group along a tile row */
+};
+
+typedef struct {
+  const float *in;
+  float *out;
+  int64_t rows, cols;
+} tr_args;
+
+static void transpose_group(const void *vargs, int64_t stripe, int64_t tile_row, int64_t z,
+                            void *scratch) {
+  const tr_args *a = vargs;
+  const int64_t r0 = tile_row * TR_TILE;
+  const int64_t r1 = r0 + TR_TILE < a->rows ? r0 + TR_TILE : a->rows;
+  const int64_t cs0 = stripe * (TR_TILE * TR_STRIPE);
+  const int64_t cs1 =
+      cs0 + TR_TILE * TR_STRIPE < a->cols ? cs0 + TR_TILE * TR_STRIPE : a->cols;
+  for (int64_t c0 = cs0; c0 < cs1; c0 += TR_TILE) {
+    const int64_t c1 = c0 + TR_TILE < cs1 ? c0 + TR_TILE : cs1;
+    /* one tile: output[c, r0:r1] = input[r0:r1, c] for c in [c0, c1) */
+    for (int64_t c = c0; c < c1; c++) {
+      float *dst = a->out + c * a->rows;
+      const float *src = a->in + c;
+      for (int64_t r = r0; r < r1; r++) dst[r] = src[r * a->cols];
+    }
+  }
+}
+
+tg_status tg_transpose_2d(tg_ctx *ctx, const float *input, float *output, uint32_t rows,
+                          uint32_t cols) {
+  if (!ctx) return TG_ERR_NULL_ARG;
+  tg_begin(ctx);
+  static const char fn[] = "tg_transpose_2d";
+  if (!input) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: input is NULL", fn);
+  if (!output) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: output is NULL", fn);
+  if (rows == 0) return tg_fail(ctx, TG_ERR_BAD_SHAPE, "%s: rows is 0; it must be >= 1", fn);
+  if (cols == 0) return tg_fail(ctx, TG_ERR_BAD_SHAPE, "%s: cols is 0; it must be >= 1", fn);
+  tg_status st = tg_shape_count(ctx, "tg_transpose_2d: input [rows, cols]", sizeof(float),
+                                NULL, 2, (int64_t)rows, (int64_t)cols);
+  if (st) return st;
+  const tr_args a = {input, output, rows, cols};
+  const int64_t tile_rows = ((int64_t)rows + TR_TILE - 1) / TR_TILE;
+  const int64_t stripes = ((int64_t)cols + TR_TILE * TR_STRIPE - 1) / (TR_TILE * TR_STRIPE);
+  return tg_dispatch(ctx, stripes, tile_rows, 1, 0, transpose_group, &a);
+}

@@ -1,0 +1,329 @@
+/* tg_causal_attention_backward (contract section 10): token-major, GQA,
+ * scale 1/sqrt(D), causal, softmax recomputed from Q and K; grad_Q writes,
+ * grad_K / grad_V accumulate.
+ *
+ * Reference: f64, written from the equations, per (position i, head h):
+ *   s_j = scale q.k_j, P = softmax(s), dP_j = dO.v_j, delta = sum_j P_j dP_j,
+ *   dS_j = P_j (dP_j - delta), dQ = scale sum_j dS_j k_j,
+ *   dK_j += scale dS_j q, dV_j += P_j dO.
+ *
+ * Tolerance (u = 2^-24), a first-order forward error bound propagated through
+ * those steps and evaluated per element in f64 (gamma_n ~ n*u for a sum of n
+ * terms, applied to the sum of the terms' magnitudes):
+ *   es_j  = (D + 2) u A_j,  A_j = scale sum_d |q_d k_jd|
+ *           (dot of D terms, times the rounded f32 scale)
+ *   rho   = 2 max_j es_j + (2R + n + 5) u,  R = max_j (m - s_j)
+ *           relative error of P_j: softmax moves by <= 2 max|ds|; rounding of
+ *           s_j - m (relative R u after exp), expf, the n-term sum Z, division
+ *   edp_j = (D + 1) u sum_d |dO_d v_jd|
+ *   edelta= sum_j P_j (rho |dP_j| + edp_j) + (n + 1) u sum_j P_j |dP_j|
+ *   eds_j = rho P_j |dP_j - delta| + P_j (edp_j + edelta) + 2u P_j (|dP_j| + |delta|)
+ *   dQ_d: scale sum_j eds_j |k_jd|         + (n + 3) u scale sum_j |dS_j k_jd|
+ *   dK_d: scale sum eds |q_d|              + (N + 3) u (|prefill| + sum scale |dS q_d|)
+ *   dV_d: sum rho P |dO_d|                 + (N + 2) u (|prefill| + sum P |dO_d|)
+ * where N is the number of (i, h) contributions to that key row. We allow
+ * twice the first-order bound (second-order terms, the reference's own
+ * rounding). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+
+static const double U = 0x1p-24;
+
+typedef struct {
+  uint32_t S, H, Hkv, D;
+  double qk_range; /* Q and K uniform in +-qk_range */
+} ca_case;
+
+typedef struct {
+  float *dO, *Q, *K, *V, *preK, *preV;
+  double *wQ, *bQ, *wK, *bK, *wV, *bV;
+} ca_data;
+
+static void reference(const ca_case *c, ca_data *t) {
+  const int64_t S = c->S, H = c->H, Hkv = c->Hkv, D = c->D, hpk = H / Hkv;
+  const int64_t ldq = H * D, ldk = Hkv * D, nq = S * ldq, nk = S * ldk;
+  const double scale = 1.0 / sqrt((double)D);
+  double *s = tu_alloc(S * sizeof(double)), *P = tu_alloc(S * sizeof(double));
+  double *dP = tu_alloc(S * sizeof(double)), *dS = tu_alloc(S * sizeof(double));
+  double *eds = tu_alloc(S * sizeof(double)), *A = tu_alloc(S * sizeof(double));
+  double *edp = tu_alloc(S * sizeof(double));
+  /* dK/dV: value, sum of |terms| (prefill included), propagated error */
+  double *magK = tu_alloc(nk * sizeof(double)), *propK = tu_alloc(nk * sizeof(double));
+  double *magV = tu_alloc(nk * sizeof(double)), *propV = tu_alloc(nk * sizeof(double));
+  for (int64_t e = 0; e < nk; e++) {
+    t->wK[e] = t->preK[e];
+    t->wV[e] = t->preV[e];
+    magK[e] = fabs(t->preK[e]);
+    magV[e] = fabs(t->preV[e]);
+    propK[e] = propV[e] = 0.0;
+  }
+  for (int64_t i = 0; i < S; i++)
+    for (int64_t h = 0; h < H; h++) {
+      const int64_t g = h / hpk, n = i + 1;
+      const float *q = t->Q + i * ldq + h * D, *dO = t->dO + i * ldq + h * D;
+      double m = -INFINITY, Es = 0;
+      for (int64_t j = 0; j < n; j++) {
+        const float *k = t->K + j * ldk + g * D;
+        double acc = 0, mag = 0;
+        for (int64_t d = 0; d < D; d++) {
+          acc += (double)q[d] * k[d];
+          mag += fabs((double)q[d] * k[d]);
+        }
+        s[j] = scale * acc;
+        A[j] = scale * mag;
+        m = s[j] > m ? s[j] : m;
+        const double es = (D + 2) * U * A[j];
+        Es = es > Es ? es : Es;
+      }
+      double Z = 0, R = 0;
+      for (int64_t j = 0; j < n; j++) {
+        Z += exp(s[j] - m);
+        R = m - s[j] > R ? m - s[j] : R;
+      }
+      const double rho = 2 * Es + (2 * R + n + 5) * U;
+      double delta = 0, sum_pdp = 0;
+      for (int64_t j = 0; j < n; j++) {
+        const float *v = t->V + j * ldk + g * D;
+        double acc = 0, mag = 0;
+        for (int64_t d = 0; d < D; d++) {
+          acc += (double)dO[d] * v[d];
+          mag += fabs((double)dO[d] * v[d]);
+        }
+        P[j] = exp(s[j] - m) / Z;
+        dP[j] = acc;
+        edp[j] = (D + 1) * U * mag;
+        delta += P[j] * dP[j];
+        sum_pdp += P[j] * fabs(dP[j]);
+      }
+      double edelta = (n + 1) * U * sum_pdp;
+      for (int64_t j = 0; j < n; j++) edelta += P[j] * (rho * fabs(dP[j]) + edp[j]);
+      for (int64_t j = 0; j < n; j++) {
+        dS[j] = P[j] * (dP[j] - delta);
+        eds[j] = rho * P[j] * fabs(dP[j] - delta) + P[j] * (edp[j] + edelta) +
+                 2 * U * P[j] * (fabs(dP[j]) + fabs(delta));
+      }
+      /* dQ[i,h,:] */
+      for (int64_t d = 0; d < D; d++) {
+        double acc = 0, mag = 0, prop = 0;
+        for (int64_t j = 0; j < n; j++) {
+          const double kd = t->K[j * ldk + g * D + d];
+          acc += dS[j] * kd;
+          mag += fabs(dS[j] * kd);
+          prop += eds[j] * fabs(kd);
+        }
+        t->wQ[i * ldq + h * D + d] = scale * acc;
+        t->bQ[i * ldq + h * D + d] = 2.0 * (scale * prop + (n + 3) * U * scale * mag);
+      }
+      /* dK[j,g,:], dV[j,g,:] */
+      for (int64_t j = 0; j < n; j++)
+        for (int64_t d = 0; d < D; d++) {
+          const int64_t e = j * ldk + g * D + d;
+          t->wK[e] += scale * dS[j] * q[d];
+          magK[e] += scale * fabs(dS[j] * q[d]);
+          propK[e] += scale * eds[j] * fabs(q[d]);
+          t->wV[e] += P[j] * dO[d];
+          magV[e] += P[j] * fabs(dO[d]);
+          propV[e] += rho * P[j] * fabs(dO[d]);
+        }
+    }
+  for (int64_t j = 0; j < S; j++)
+    for (int64_t e = j * ldk; e < (j + 1) * ldk; e++) {
+      const double N = (double)(S - j) * hpk; /* contributions to key row j */
+      t->bK[e] = 2.0 * (propK[e] + (N + 3) * U * magK[e]);
+      t->bV[e] = 2.0 * (propV[e] + (N + 2) * U * magV[e]);
+    }
+  (void)nq;
+  free(s); free(P); free(dP); free(dS); free(eds); free(A); free(edp);
+  free(magK); free(propK); free(magV); free(propV);
+}
+
+static void make_data(const ca_case *c, uint64_t k, ca_data *t) {
+  tu_rng rng = tu_rng_make(tu_seed() + k);
+  const int64_t nq = (int64_t)c->S * c->H * c->D, nk = (int64_t)c->S * c->Hkv * c->D;
+  t->dO = tu_alloc(nq * sizeof(float));
+  t->Q = tu_alloc(nq * sizeof(float));
+  t->K = tu_alloc(nk * sizeof(float));
+  t->V = tu_alloc(nk * sizeof(float));
+  t->preK = tu_alloc(nk * sizeof(float));
+  t->preV = tu_alloc(nk * sizeof(float));
+  tu_fill_f32(&rng, t->dO, nq, -1.0, 1.0);
+  tu_fill_f32(&rng, t->Q, nq, -c->qk_range, c->qk_range);
+  tu_fill_f32(&rng, t->K, nk, -c->qk_range, c->qk_range);
+  tu_fill_f32(&rng, t->V, nk, -1.0, 1.0);
+  for (int64_t e = 0; e < nk; e++) { /* non-zero prefill, mixed signs */
+    t->preK[e] = (float)(tu_next(&rng) & 1 ? 1 : -1) * (float)tu_uniform(&rng, 0.1, 1.0);
+    t->preV[e] = (float)(tu_next(&rng) & 1 ? 1 : -1) * (float)tu_uniform(&rng, 0.1, 1.0);
+  }
+  t->wQ = t->bQ = t->wK = t->bK = t->wV = t->bV = NULL;
+}
+
+static void free_data(ca_data *t) {
+  free(t->dO); free(t->Q); free(t->K); free(t->V); free(t->preK); free(t->preV);
+  free(t->wQ); free(t->bQ); free(t->wK); free(t->bK); free(t->wV); free(t->bV);
+}
+
+static void run_case(const ca_case *c, uint64_t k) {
+  ca_data t;
+  make_data(c, k, &t);
+  const int64_t nq = (int64_t)c->S * c->H * c->D, nk = (int64_t)c->S * c->Hkv * c->D;
+  t.wQ = tu_alloc(nq * sizeof(double));
+  t.bQ = tu_alloc(nq * sizeof(double));
+  t.wK = tu_alloc(nk * sizeof(double));
+  t.bK = tu_alloc(nk * sizeof(double));
+  t.wV = tu_alloc(nk * sizeof(double));
+  t.bV = tu_alloc(nk * sizeof(double));
+  reference(c, &t);
+
+  float *gQ = tu_alloc(nq * sizeof(float));
+  float *gK = tu_alloc(nk * sizeof(float)), *gV = tu_alloc(nk * sizeof(float));
+  tg_isa isas[4];
+  const int n_isas = tu_isas(isas);
+  char what[200];
+  for (int ti = 0; ti < tu_n_thread_counts; ti++)
+    for (int ii = 0; ii < n_isas; ii++)
+      for (int det = 0; det < 2; det++) {
+        tg_ctx *ctx = tu_ctx(tu_thread_counts[ti], isas[ii]);
+        tg_ctx_set_deterministic(ctx, det);
+        tu_poison_f32(gQ, nq);
+        memcpy(gK, t.preK, nk * sizeof(float));
+        memcpy(gV, t.preV, nk * sizeof(float));
+        TU_EXPECT_STATUS(ctx,
+                         tg_causal_attention_backward(ctx, t.dO, t.Q, t.K, t.V, gQ, gK, gV,
+                                                      c->S, c->H, c->Hkv, c->D),
+                         TG_OK);
+        snprintf(what, sizeof what,
+                 "causal S=%u H=%u Hkv=%u D=%u range=%g threads=%d isa=%s det=%d", c->S,
+                 c->H, c->Hkv, c->D, c->qk_range, tu_thread_counts[ti],
+                 tg_isa_name(isas[ii]), det);
+        int ok = tu_check_bound("grad_Q", gQ, t.wQ, t.bQ, nq);
+        ok &= tu_check_bound("grad_K", gK, t.wK, t.bK, nk);
+        ok &= tu_check_bound("grad_V", gV, t.wV, t.bV, nk);
+        if (!ok) TU_FAIL("%s", what);
+        tg_ctx_destroy(ctx);
+      }
+  free(gQ);
+  free(gK);
+  free(gV);
+  free_data(&t);
+}
+
+static void test_causal_small(void **state) {
+  const ca_case cases[] = {
+      {1, 1, 1, 1, 1.0},    /* one position: P = 1, dS = 0 */
+      {7, 4, 2, 5, 1.0},    /* GQA 2, head_dim not a multiple of 8 */
+      {33, 6, 3, 17, 1.0},  /* a key block boundary (32) crossed by one */
+      {64, 8, 1, 64, 1.0},  /* MQA */
+      {100, 3, 3, 24, 1.0}, /* MHA */
+      {40, 2, 1, 32, 4.0},  /* peaked softmax: scores spread over tens */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], 20 + i);
+}
+
+/* Longer than the Metal kernel's 2048-position threadgroup cap. */
+static void test_causal_long(void **state) {
+  const ca_case c = {2100, 2, 1, 4, 1.0};
+  run_case(&c, 40);
+}
+
+/* ctx->deterministic: grad_Q, grad_K, grad_V bitwise identical across thread
+ * counts 1, 2, 3, 5. */
+static void test_causal_deterministic(void **state) {
+  const ca_case c = {300, 4, 2, 16, 1.0};
+  ca_data t;
+  make_data(&c, 50, &t);
+  const int64_t nq = (int64_t)c.S * c.H * c.D, nk = (int64_t)c.S * c.Hkv * c.D;
+  float *gQ = tu_alloc(nq * sizeof(float)), *gK = tu_alloc(nk * sizeof(float));
+  float *gV = tu_alloc(nk * sizeof(float)), *fQ = tu_alloc(nq * sizeof(float));
+  float *fK = tu_alloc(nk * sizeof(float)), *fV = tu_alloc(nk * sizeof(float));
+  const int threads[] = {1, 2, 3, 5};
+  tg_isa isas[4];
+  const int n_isas = tu_isas(isas);
+  for (int ii = 0; ii < n_isas; ii++)
+    for (int ti = 0; ti < 4; ti++) {
+      tg_ctx *ctx = tu_ctx(threads[ti], isas[ii]);
+      tg_ctx_set_deterministic(ctx, 1);
+      tu_poison_f32(gQ, nq);
+      memcpy(gK, t.preK, nk * sizeof(float));
+      memcpy(gV, t.preV, nk * sizeof(float));
+      TU_EXPECT_STATUS(ctx,
+                       tg_causal_attention_backward(ctx, t.dO, t.Q, t.K, t.V, gQ, gK, gV, c.S,
+                                                    c.H, c.Hkv, c.D),
+                       TG_OK);
+      if (ti == 0) {
+        memcpy(fQ, gQ, nq * sizeof(float));
+        memcpy(fK, gK, nk * sizeof(float));
+        memcpy(fV, gV, nk * sizeof(float));
+      } else {
+        if (memcmp(fQ, gQ, nq * sizeof(float)))
+          TU_FAIL("grad_Q with %d threads (isa %s) differs from 1 thread", threads[ti],
+                  tg_isa_name(isas[ii]));
+        if (memcmp(fK, gK, nk * sizeof(float)))
+          TU_FAIL("grad_K with %d threads (isa %s) differs from 1 thread", threads[ti],
+                  tg_isa_name(isas[ii]));
+        if (memcmp(fV, gV, nk * sizeof(float)))
+          TU_FAIL("grad_V with %d threads (isa %s) differs from 1 thread", threads[ti],
+                  tg_isa_name(isas[ii]));
+      }
+      tg_ctx_destroy(ctx);
+    }
+  free(gQ); free(gK); free(gV); free(fQ); free(fK); free(fV);
+  free_data(&t);
+}
+
+static void test_causal_bad_input(void **state) {
+  tg_ctx *ctx = tu_ctx(2, TG_ISA_PORTABLE);
+  enum { S = 3, H = 4, HKV = 2, D = 2, NQ = S * H * D, NK = S * HKV * D };
+  float dO[NQ], Q[NQ], K[NK], V[NK], gQ[NQ], gK[NK], gV[NK];
+  float sQ[NQ], sK[NK], sV[NK];
+  for (int i = 0; i < NQ; i++) dO[i] = Q[i] = gQ[i] = (float)i * 0.25f;
+  for (int i = 0; i < NK; i++) K[i] = V[i] = gK[i] = (float)i, gV[i] = -(float)i;
+  memcpy(sQ, gQ, sizeof gQ);
+  memcpy(sK, gK, sizeof gK);
+  memcpy(sV, gV, sizeof gV);
+#define CALL(c, a0, a1, a2, a3, a4, a5, a6, s, h, hk, d) \
+  tg_causal_attention_backward(c, a0, a1, a2, a3, a4, a5, a6, s, h, hk, d)
+  assert_int_equal(CALL(NULL, dO, Q, K, V, gQ, gK, gV, S, H, HKV, D), TG_ERR_NULL_ARG);
+  TU_EXPECT_STATUS(ctx, CALL(ctx, NULL, Q, K, V, gQ, gK, gV, S, H, HKV, D), TG_ERR_NULL_ARG);
+  TU_EXPECT_STATUS(ctx, CALL(ctx, dO, NULL, K, V, gQ, gK, gV, S, H, HKV, D), TG_ERR_NULL_ARG);
+  TU_EXPECT_STATUS(ctx, CALL(ctx, dO, Q, NULL, V, gQ, gK, gV, S, H, HKV, D), TG_ERR_NULL_ARG);
+  TU_EXPECT_STATUS(ctx, CALL(ctx, dO, Q, K, NULL, gQ, gK, gV, S, H, HKV, D), TG_ERR_NULL_ARG);
+  TU_EXPECT_STATUS(ctx, CALL(ctx, dO, Q, K, V, NULL, gK, gV, S, H, HKV, D), TG_ERR_NULL_ARG);
+  TU_EXPECT_STATUS(ctx, CALL(ctx, dO, Q, K, V, gQ, NULL, gV, S, H, HKV, D), TG_ERR_NULL_ARG);
+  TU_EXPECT_STATUS(ctx, CALL(ctx, dO, Q, K, V, gQ, gK, NULL, S, H, HKV, D), TG_ERR_NULL_ARG);
+  assert_non_null(strstr(tg_ctx_last_error(ctx), "grad_V"));
+  TU_EXPECT_STATUS(ctx, CALL(ctx, dO, Q, K, V, gQ, gK, gV, 0, H, HKV, D), TG_ERR_BAD_SHAPE);
+  TU_EXPECT_STATUS(ctx, CALL(ctx, dO, Q, K, V, gQ, gK, gV, S, 0, HKV, D), TG_ERR_BAD_SHAPE);
+  TU_EXPECT_STATUS(ctx, CALL(ctx, dO, Q, K, V, gQ, gK, gV, S, H, 0, D), TG_ERR_BAD_SHAPE);
+  TU_EXPECT_STATUS(ctx, CALL(ctx, dO, Q, K, V, gQ, gK, gV, S, H, HKV, 0), TG_ERR_BAD_SHAPE);
+  /* GQA: n_heads must be a multiple of n_kv_heads */
+  TU_EXPECT_STATUS(ctx, CALL(ctx, dO, Q, K, V, gQ, gK, gV, S, 6, 4, 1), TG_ERR_BAD_SHAPE);
+  assert_non_null(strstr(tg_ctx_last_error(ctx), "n_kv_heads = 4"));
+  TU_EXPECT_STATUS(ctx, CALL(ctx, dO, Q, K, V, gQ, gK, gV, S, 2, 4, D), TG_ERR_BAD_SHAPE);
+  /* Q [2^32-1, (2^32-1)*(2^32-1)] overflows; so does the [seq, n_heads, 3]
+   * side table for seq = n_heads = 2^30, head_dim = 1 although Q fits. */
+  TU_EXPECT_STATUS(ctx,
+                   CALL(ctx, dO, Q, K, V, gQ, gK, gV, 0xFFFFFFFFu, 0xFFFFFFFFu, 1, 0xFFFFFFFFu),
+                   TG_ERR_OVERFLOW);
+  TU_EXPECT_STATUS(ctx, CALL(ctx, dO, Q, K, V, gQ, gK, gV, 1u << 30, 1u << 30, 1, 1),
+                   TG_ERR_OVERFLOW);
+#undef CALL
+  assert_memory_equal(gQ, sQ, sizeof gQ);
+  assert_memory_equal(gK, sK, sizeof gK);
+  assert_memory_equal(gV, sV, sizeof gV);
+  tg_ctx_destroy(ctx);
+}
+
+int main(void) {
+  tu_seed();
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_causal_small),
+      cmocka_unit_test(test_causal_long),
+      cmocka_unit_test(test_causal_deterministic),
+      cmocka_unit_test(test_causal_bad_input),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
