@@ -1,0 +1,88 @@
+"""pytest configuration for the PyTorch-autograd oracle suite.
+
+* Locates libtilegrad.so: $TILEGRAD_LIB, else <repo>/build/libtilegrad.so.
+* Skips the whole suite (with a clear message) only when torch is not
+  importable (the test modules also guard their top-level torch import with
+  pytest.importorskip); a missing library is a hard error, not a skip.
+* Hypothesis profiles: "ci" (default; derandomized, no deadline) and
+  "explore" (random draws). Select with HYPOTHESIS_PROFILE=explore; the test
+  modules scale their per-test example counts by TG_ORACLE_EXAMPLES (default
+  1, e.g. 10 for a longer bug hunt). Neither profile writes an example
+  database (.hypothesis/) into the working tree; a failure prints the
+  @reproduce_failure blob instead.
+"""
+import os
+import sys
+
+import pytest
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
+
+try:
+    import torch  # noqa: F401
+    HAVE_TORCH = True
+    _TORCH_ERR = ""
+except Exception as e:  # pragma: no cover - depends on the machine
+    HAVE_TORCH = False
+    _TORCH_ERR = f"{type(e).__name__}: {e}"
+
+try:
+    from hypothesis import HealthCheck, settings
+
+    settings.register_profile(
+        "ci", deadline=None, derandomize=True, print_blob=True, database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    settings.register_profile(
+        "explore", deadline=None, derandomize=False, print_blob=True, database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+except ImportError:  # pragma: no cover
+    pass
+
+
+def pytest_report_header(config):
+    import tilegrad_ctypes as tgc
+    lines = [f"tilegrad library: {tgc.default_lib_path()}"]
+    if not HAVE_TORCH:
+        lines.append(f"torch not importable ({_TORCH_ERR}): the oracle suite is skipped")
+    return lines
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAVE_TORCH:
+        return
+    skip = pytest.mark.skip(reason=f"torch is not importable ({_TORCH_ERR})")
+    for item in items:
+        item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def lib():
+    import tilegrad_ctypes as tgc
+    path = tgc.default_lib_path()
+    if not os.path.exists(path):
+        pytest.fail(f"tilegrad library not found at {path}: build it "
+                    "(cmake -S . -B build && cmake --build build) or set TILEGRAD_LIB")
+    return tgc.Lib(path)
+
+
+@pytest.fixture(scope="session")
+def ctx_factory(lib):
+    """ctx_factory(threads, deterministic=False, isa=None) -> a cached tg_ctx.
+    isa: None / TG_ISA_AUTO = the best the CPU has, TG_ISA_PORTABLE = the
+    plain-C microkernels (the tests draw both, so each path meets the oracle)."""
+    import tilegrad_ctypes as tgc
+    cache = {}
+
+    def make(threads=None, deterministic=False, isa=None):
+        key = (threads, deterministic, isa)
+        if key not in cache:
+            cache[key] = tgc.Ctx(lib, threads=threads, deterministic=deterministic, isa=isa)
+        return cache[key]
+
+    yield make
+    for c in cache.values():
+        c.close()
+
