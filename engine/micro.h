@@ -27,6 +27,9 @@ typedef struct {
   void (*f32_to_bf16)(const float *src, uint16_t *dst, int64_t n);
   /* sum_i float(a[i]) * float(b[i]), f32 accumulation */
   float (*dot_bf16)(const uint16_t *a, const uint16_t *b, int64_t n);
+  /* y[i] = exp(x[i]) within 2 ulp (subnormal results included; -inf -> 0,
+   * NaN -> NaN); y may alias x */
+  void (*exp_f32)(const float *x, float *y, int64_t n);
 } tg_micro_ops;
 
 extern const tg_micro_ops tg_micro_portable;

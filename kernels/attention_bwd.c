@@ -120,15 +120,16 @@ static void bwd_qtile(const bwd_args *a, int64_t b, int64_t h, int64_t qt, bwd_s
     for (int64_t i = 0; i < nq; i++) {
       const int64_t qi = q0 + i;
       const tg_bf16 *mrow = pr->Ms ? a->mask + tg_attn_offset(pr->Ms, b, h, qi) : NULL;
-      float *S = w->S + i * BK, *dS = w->dS + i * BK;
+      float *P = w->S + i * BK, *dS = w->dS + i * BK;
+      float tanh_row[BK]; /* softcap: d(c tanh(x/c))/dx = 1 - tanh^2 */
+      /* A fully masked row has L = -inf: P = exp(S - L) is 0 for every key. */
+      const float Li = L[i] == -INFINITY ? INFINITY : L[i];
+      for (int64_t k = 0; k < nk; k++)
+        P[k] = tg_attn_score(pr, P[k], qi, k0 + k, mrow, &tanh_row[k]) - Li;
+      ops->exp_f32(P, P, nk); /* exp(-inf) = 0 for masked keys */
       for (int64_t k = 0; k < nk; k++) {
-        float t;
-        const float s = tg_attn_score(pr, S[k], qi, k0 + k, mrow, &t);
-        /* A fully masked row has L = -inf; it contributes nothing. */
-        const float P = (s == -INFINITY || L[i] == -INFINITY) ? 0.0f : expf(s - L[i]);
-        float g = P * (dS[k] - Dv[i]); /* dL/d(score) */
-        if (pr->softcap != 0.0f) g *= 1.0f - t * t; /* d(c tanh(x/c))/dx */
-        S[k] = P;
+        float g = P[k] * (dS[k] - Dv[i]); /* dL/d(score) */
+        if (pr->softcap != 0.0f) g *= 1.0f - tanh_row[k] * tanh_row[k];
         dS[k] = pr->scale * g; /* dL/d(Q.K) */
       }
     }

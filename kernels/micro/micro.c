@@ -143,7 +143,44 @@ static float TG_NAME(dot_bf16)(const uint16_t *restrict a, const uint16_t *restr
   return acc[0];
 }
 
+/*
+ * exp(x) for a whole row, in a form the compiler vectorizes: x = n ln2 + r
+ * with |r| <= ln2/2 (ln2 split in two for an exact n ln2), e^r by a degree-7
+ * polynomial (the Cephes expf minimax coefficients), 2^n applied as two
+ * exponent-field scalings so results down to the subnormal range stay right.
+ */
+static void TG_NAME(exp_f32)(const float *x, float *y, int64_t n) {
+  const float log2e = 1.44269504088896341f, ln2_hi = 0.693359375f,
+              ln2_lo = -2.12194440e-4f, round_magic = 12582912.0f; /* 1.5 * 2^23 */
+#pragma omp simd
+  for (int64_t i = 0; i < n; i++) {
+    const float v = x[i];
+    const float xc = v < -104.0f ? -104.0f : (v > 89.0f ? 89.0f : v);
+    const float k = (xc * log2e + round_magic) - round_magic; /* nearest integer */
+    float r = xc - k * ln2_hi;
+    r = r - k * ln2_lo;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    const float er = p * (r * r) + r + 1.0f;
+    const int32_t ki = (int32_t)k, k1 = ki / 2, k2 = ki - k1; /* each in [-52, 45] */
+    const uint32_t b1 = (uint32_t)(k1 + 127) << 23, b2 = (uint32_t)(k2 + 127) << 23;
+    float s1, s2;
+    memcpy(&s1, &b1, sizeof s1);
+    memcpy(&s2, &b2, sizeof s2);
+    float out = (er * s1) * s2;
+    if (v > 88.7228394f) out = __builtin_inff();
+    if (v < -103.972084f) out = 0.0f;
+    if (v != v) out = v;
+    y[i] = out;
+  }
+}
+
 const tg_micro_ops TG_NAME(tg_micro) = {
     TG_STR(TG_MICRO_SUFFIX), TG_NAME(mm_nn),       TG_NAME(mm_tn_acc),
     TG_NAME(bf16_to_f32),    TG_NAME(f32_to_bf16), TG_NAME(dot_bf16),
+    TG_NAME(exp_f32),
 };
