@@ -1,1 +1,61 @@
-int main(void){return 0;}
+/*
+ * The `tilegrad` command:
+ *   tilegrad run <kernel> ...   run one kernel on .npy buffers (cli/run.c)
+ *   tilegrad bench ...          benchmarks (bench/, tg_bench_main)
+ *   tilegrad --version | --help
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "bench.h"
+#include "run.h"
+#include "tilegrad.h"
+
+static void usage(FILE *out) {
+  fprintf(out,
+          "usage: tilegrad <command> [args]\n"
+          "\n"
+          "commands:\n"
+          "  run <kernel> --in NAME=file.npy ... --out NAME=file.npy ... [--param k=v ...]\n"
+          "               [--threads N] [--deterministic] [--isa auto|portable|avx512]\n"
+          "        run one kernel on .npy buffers (e.g. dumped from the Metal kernels)\n"
+          "        and write its outputs; `tilegrad run --help` lists the kernels,\n"
+          "        `tilegrad run <kernel> --help` its buffers and params\n"
+          "  bench [args]   benchmarks (`tilegrad bench --help`)\n"
+          "\n"
+          "options:\n"
+          "  --version      print the version and the ISA this CPU gets\n"
+          "  --help         this text\n"
+          "\n"
+          "kernels:\n");
+  tg_cli_run_list(out);
+}
+
+static int version(void) {
+  printf("tilegrad %d.%d.%d\n", TG_VERSION_MAJOR, TG_VERSION_MINOR, TG_VERSION_PATCH);
+  tg_ctx *ctx = NULL;
+  if (tg_ctx_create(&ctx) == TG_OK) {
+    printf("isa: %s\n", tg_isa_name(tg_ctx_get_isa(ctx)));
+    tg_ctx_destroy(ctx);
+  }
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return 2;
+  }
+  const char *cmd = argv[1];
+  if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
+    usage(stdout);
+    return 0;
+  }
+  if (!strcmp(cmd, "--version") || !strcmp(cmd, "-V") || !strcmp(cmd, "version"))
+    return version();
+  if (!strcmp(cmd, "run")) return tg_cli_run_main(argc - 1, argv + 1);
+  if (!strcmp(cmd, "bench")) return tg_bench_main(argc - 1, argv + 1);
+  fprintf(stderr, "tilegrad: unknown command '%s'\n\n", cmd);
+  usage(stderr);
+  return 2;
+}

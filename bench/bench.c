@@ -1,0 +1,1263 @@
+/*
+ * `tilegrad bench`: throughput of the FlashAttention-2 backward step (and of
+ * the memory-bound kernels) as a fraction of this machine's measured ceilings.
+ *
+ *   attention  one timed step = tg_flash_attn_train_bwd_compute_d_bf16
+ *              + tg_flash_attn_train_bwd_bf16 + three tg_f32_to_bf16_cast
+ *              (dQ, dK, dV) -- what a training step pays. dK/dV are
+ *              zero-filled before every repetition, outside the timed region.
+ *              FLOPs = 10*B*H*qL*kL*D, halved for causal (qL == kL).
+ *   memory     kernels 3-11, each with the minimum bytes it must move (every
+ *              input read once, every output written once; an accumulated
+ *              output counts read + write), as GB/s and % of the triad.
+ *
+ * See bench/README.md for the definitions. The ceilings come from peak.c.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <omp.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <emmintrin.h> /* _mm_clflush, _mm_mfence: SSE2, baseline on x86-64 */
+#endif
+
+#include "bench.h"
+#include "peak.h"
+#include "tilegrad.h"
+
+/* ------------------------------------------------------------------------ */
+/* small helpers                                                              */
+/* ------------------------------------------------------------------------ */
+
+static void *xalloc(size_t bytes) {
+  size_t b = (bytes + 63) & ~(size_t)63;
+  return aligned_alloc(64, b ? b : 64);
+}
+
+/* Counter-based random numbers (splitmix64 of seed + index), so buffers can
+ * be filled in parallel and are the same for every thread count. */
+static uint64_t mix64(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+/* uniform in [lo, hi) */
+static float urand(uint64_t seed, int64_t i, float lo, float hi) {
+  uint64_t r = mix64(seed * 0x100000001B3ull + (uint64_t)i);
+  return lo + (hi - lo) * (float)((r >> 40) * (1.0 / 16777216.0));
+}
+static void fill_f32(float *x, int64_t n, uint64_t seed, float lo, float hi) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; i++) x[i] = urand(seed, i, lo, hi);
+}
+static void fill_zero(float *x, int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; i++) x[i] = 0.0f;
+}
+static float bf16_to_f32(tg_bf16 h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+static double median(const double *v, int n) {
+  if (n <= 0) return 0.0;
+  double *s = malloc((size_t)n * sizeof *s);
+  if (!s) return v[0];
+  memcpy(s, v, (size_t)n * sizeof *s);
+  qsort(s, (size_t)n, sizeof *s, cmp_double);
+  double m = (n & 1) ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
+  free(s);
+  return m;
+}
+static double minimum(const double *v, int n) {
+  double m = n > 0 ? v[0] : 0.0;
+  for (int i = 1; i < n; i++)
+    if (v[i] < m) m = v[i];
+  return m;
+}
+
+/* CPU model from /proc/cpuinfo ("model name", else "Processor"/"Hardware"). */
+static void cpu_model(char *out, size_t cap) {
+  snprintf(out, cap, "unknown");
+  FILE *f = fopen("/proc/cpuinfo", "r");
+  if (!f) return;
+  char line[512];
+  const char *keys[] = {"model name", "Processor", "Hardware", "cpu model"};
+  int found = 0;
+  while (!found && fgets(line, sizeof line, f)) {
+    for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
+      size_t kl = strlen(keys[k]);
+      if (strncmp(line, keys[k], kl) != 0) continue;
+      char *colon = strchr(line, ':');
+      if (!colon) continue;
+      char *v = colon + 1;
+      while (*v == ' ' || *v == '\t') v++;
+      size_t n = strlen(v);
+      while (n > 0 && (v[n - 1] == '\n' || v[n - 1] == ' ' || v[n - 1] == '\r')) v[--n] = 0;
+      if (n > 0) {
+        snprintf(out, cap, "%s", v);
+        found = 1;
+        break;
+      }
+    }
+  }
+  fclose(f);
+}
+
+static void json_str(FILE *f, const char *s) {
+  fputc('"', f);
+  for (; *s; s++) {
+    unsigned char c = (unsigned char)*s;
+    if (c == '"' || c == '\\')
+      fprintf(f, "\\%c", c);
+    else if (c < 0x20)
+      fprintf(f, "\\u%04x", c);
+    else
+      fputc(c, f);
+  }
+  fputc('"', f);
+}
+
+/* JSON has no inf/nan */
+static void json_num(FILE *f, double v) {
+  if (isfinite(v))
+    fprintf(f, "%.6g", v);
+  else
+    fprintf(f, "null");
+}
+
+/* ------------------------------------------------------------------------ */
+/* options                                                                    */
+/* ------------------------------------------------------------------------ */
+
+typedef struct {
+  int B, H, Hkv, L, D, causal;
+} attn_shape;
+
+/* Default FA-2 backward shapes: L 512..4096, D 64/128/256, causal and full,
+ * one GQA. B*H shrinks as L grows so every shape is 10-170 GFLOP and the whole
+ * list (6 runs per shape at 5 reps) takes ~2-4 min at 20-60 GFLOP/s on 2
+ * threads. Total per repetition: ~505 GFLOP. */
+static const attn_shape k_default_shapes[] = {
+    {4, 16, 16, 512, 64, 0},   /*  10.7 GFLOP */
+    {2, 16, 16, 1024, 128, 1}, /*  21.5 */
+    {2, 16, 16, 1024, 128, 0}, /*  42.9 */
+    {1, 16, 16, 2048, 64, 0},  /*  42.9 */
+    {1, 32, 8, 2048, 128, 1},  /*  85.9  GQA 4:1 (Llama-style) */
+    {1, 8, 8, 2048, 256, 1},   /*  42.9 */
+    {1, 8, 8, 4096, 128, 1},   /*  85.9 */
+    {1, 4, 4, 4096, 256, 0},   /* 171.8 */
+};
+/* --quick: ~2.9 GFLOP per repetition. */
+static const attn_shape k_quick_shapes[] = {
+    {1, 4, 4, 256, 64, 0},   /* 0.17 GFLOP */
+    {1, 4, 2, 512, 128, 1},  /* 0.67  GQA 2:1 */
+    {1, 2, 2, 512, 256, 0},  /* 1.34 */
+    {1, 2, 2, 1024, 64, 1},  /* 0.67 */
+};
+
+enum { SECTION_ATTN = 1, SECTION_MEM = 2 };
+
+typedef struct {
+  int threads; /* 0 = OpenMP default */
+  int quick;
+  int reps;
+  const char *json;
+  int isa_set;
+  tg_isa isa;
+  int deterministic;
+  int sections;
+  size_t triad_mib;
+  attn_shape *shapes;
+  int nshapes;
+} bench_opts;
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: tilegrad bench [options]\n"
+          "\n"
+          "Times the FlashAttention-2 backward step (compute_d + bwd + 3 bf16 casts)\n"
+          "and the memory-bound kernels, as a fraction of this machine's measured\n"
+          "ceilings (f32 FMA peak, bf16 dot peak, triad bandwidth) at the same\n"
+          "thread count.\n"
+          "\n"
+          "options:\n"
+          "  --threads N        OpenMP threads for kernels and ceilings (default:\n"
+          "                     OpenMP's default, i.e. OMP_NUM_THREADS or all cores)\n"
+          "  --quick            small shapes (< 20 s in all)\n"
+          "  --shapes LIST      custom attention shapes 'B,H,Hkv,L,D,causal;...'\n"
+          "                     (qL = kL = L, causal 0 or 1), e.g. '1,8,8,2048,128,1'\n"
+          "  --reps N           timed repetitions per case, median reported (default 5;\n"
+          "                     one untimed warm-up run comes first)\n"
+          "  --json FILE        also write all results as JSON to FILE\n"
+          "  --isa I            portable | avx512 | auto (default: auto, or $TG_ISA)\n"
+          "  --deterministic    run the kernels in deterministic mode\n"
+          "  --section S        attn | mem | all (default all); peaks: the ceilings only\n"
+          "  --triad-mib N      size of each of the 3 triad arrays in MiB (default 256;\n"
+          "                     keep the 3 arrays well above the L3 size)\n"
+          "  --help             this text\n");
+}
+
+static int parse_int(const char *s, long lo, long hi, long *out) {
+  if (!s || !*s) return -1;
+  char *end = NULL;
+  long v = strtol(s, &end, 10);
+  if (*end != '\0' || v < lo || v > hi) return -1;
+  *out = v;
+  return 0;
+}
+
+/* "B,H,Hkv,L,D,causal;..." -> shapes; returns count or -1 (message printed). */
+static int parse_shapes(const char *spec, attn_shape **out) {
+  int cap = 1;
+  for (const char *c = spec; *c; c++) cap += (*c == ';');
+  attn_shape *v = calloc((size_t)cap, sizeof *v);
+  if (!v) return -1;
+  int n = 0;
+  const char *p = spec;
+  while (*p) {
+    const char *semi = strchr(p, ';');
+    size_t len = semi ? (size_t)(semi - p) : strlen(p);
+    char item[256];
+    if (len >= sizeof item) goto bad;
+    memcpy(item, p, len);
+    item[len] = 0;
+    p += len + (semi ? 1 : 0);
+    /* skip empty items ("a;b;") */
+    int blank = 1;
+    for (char *c = item; *c; c++)
+      if (*c != ' ') blank = 0;
+    if (blank) continue;
+    long f[6];
+    int nf = 0;
+    char *q = item;
+    while (nf < 6) {
+      char *end = NULL;
+      long x = strtol(q, &end, 10);
+      if (end == q) goto bad_item;
+      f[nf++] = x;
+      while (*end == ' ') end++;
+      if (*end == ',') {
+        q = end + 1;
+        continue;
+      }
+      if (*end == '\0') break;
+      goto bad_item;
+    }
+    if (nf != 6) goto bad_item;
+    for (int k = 0; k < 5; k++)
+      if (f[k] < 1 || f[k] > (1L << 30)) goto bad_item;
+    if (f[5] != 0 && f[5] != 1) goto bad_item;
+    if (f[1] % f[2] != 0) {
+      fprintf(stderr, "tilegrad bench: shape '%s': H=%ld is not a multiple of Hkv=%ld\n",
+              item, f[1], f[2]);
+      free(v);
+      return -1;
+    }
+    v[n++] = (attn_shape){(int)f[0], (int)f[1], (int)f[2], (int)f[3], (int)f[4], (int)f[5]};
+    continue;
+  bad_item:
+    fprintf(stderr,
+            "tilegrad bench: bad shape '%s' (want B,H,Hkv,L,D,causal with positive "
+            "sizes and causal 0 or 1)\n",
+            item);
+    free(v);
+    return -1;
+  }
+  if (n == 0) {
+  bad:
+    fprintf(stderr, "tilegrad bench: --shapes: no usable shape in '%s'\n", spec);
+    free(v);
+    return -1;
+  }
+  *out = v;
+  return n;
+}
+
+/* Returns 0 to run, 1 for --help (exit 0), -1 on a usage error. */
+static int parse_args(int argc, char **argv, bench_opts *o) {
+  memset(o, 0, sizeof *o);
+  o->reps = 5;
+  o->sections = SECTION_ATTN | SECTION_MEM;
+  o->triad_mib = 256;
+  o->isa = TG_ISA_AUTO;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    const char *val = NULL;
+    char name[64];
+    const char *eq = strchr(a, '=');
+    if (strncmp(a, "--", 2) == 0 && eq && (size_t)(eq - a) < sizeof name) {
+      memcpy(name, a, (size_t)(eq - a));
+      name[eq - a] = 0;
+      val = eq + 1;
+    } else {
+      snprintf(name, sizeof name, "%s", a);
+    }
+#define NEED_VALUE()                                                           \
+  do {                                                                         \
+    if (!val) {                                                                \
+      if (i + 1 >= argc) {                                                     \
+        fprintf(stderr, "tilegrad bench: %s needs a value\n", name);           \
+        return -1;                                                             \
+      }                                                                        \
+      val = argv[++i];                                                         \
+    }                                                                          \
+  } while (0)
+    long v;
+    if (!strcmp(name, "--help") || !strcmp(name, "-h")) {
+      return 1;
+    } else if (!strcmp(name, "--quick")) {
+      o->quick = 1;
+    } else if (!strcmp(name, "--deterministic")) {
+      o->deterministic = 1;
+    } else if (!strcmp(name, "--threads")) {
+      NEED_VALUE();
+      if (parse_int(val, 1, 4096, &v)) {
+        fprintf(stderr, "tilegrad bench: --threads '%s': want an integer >= 1\n", val);
+        return -1;
+      }
+      o->threads = (int)v;
+    } else if (!strcmp(name, "--reps")) {
+      NEED_VALUE();
+      if (parse_int(val, 1, 100000, &v)) {
+        fprintf(stderr, "tilegrad bench: --reps '%s': want an integer >= 1\n", val);
+        return -1;
+      }
+      o->reps = (int)v;
+    } else if (!strcmp(name, "--triad-mib")) {
+      NEED_VALUE();
+      if (parse_int(val, 1, 1L << 20, &v)) {
+        fprintf(stderr, "tilegrad bench: --triad-mib '%s': want an integer >= 1\n", val);
+        return -1;
+      }
+      o->triad_mib = (size_t)v;
+    } else if (!strcmp(name, "--json")) {
+      NEED_VALUE();
+      o->json = val;
+    } else if (!strcmp(name, "--isa")) {
+      NEED_VALUE();
+      o->isa_set = 1;
+      if (!strcmp(val, "portable"))
+        o->isa = TG_ISA_PORTABLE;
+      else if (!strcmp(val, "avx512"))
+        o->isa = TG_ISA_AVX512;
+      else if (!strcmp(val, "auto"))
+        o->isa = TG_ISA_AUTO;
+      else {
+        fprintf(stderr, "tilegrad bench: --isa '%s': want portable, avx512 or auto\n", val);
+        return -1;
+      }
+    } else if (!strcmp(name, "--section")) {
+      NEED_VALUE();
+      if (!strcmp(val, "attn"))
+        o->sections = SECTION_ATTN;
+      else if (!strcmp(val, "mem"))
+        o->sections = SECTION_MEM;
+      else if (!strcmp(val, "all"))
+        o->sections = SECTION_ATTN | SECTION_MEM;
+      else if (!strcmp(val, "peaks"))
+        o->sections = 0;
+      else {
+        fprintf(stderr, "tilegrad bench: --section '%s': want attn, mem, peaks or all\n",
+                val);
+        return -1;
+      }
+    } else if (!strcmp(name, "--shapes")) {
+      NEED_VALUE();
+      free(o->shapes);
+      o->shapes = NULL;
+      int n = parse_shapes(val, &o->shapes);
+      if (n < 0) return -1;
+      o->nshapes = n;
+    } else {
+      fprintf(stderr, "tilegrad bench: unknown option '%s'\n", a);
+      return -1;
+    }
+#undef NEED_VALUE
+  }
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* attention backward                                                         */
+/* ------------------------------------------------------------------------ */
+
+typedef struct {
+  attn_shape s;
+  double gflop; /* per step */
+  int ok;
+  char err[400];
+  int nreps;
+  double *ms;                               /* [nreps] whole step */
+  double ms_med, ms_min;                    /* whole step */
+  double ms_d_med, ms_bwd_med, ms_cast_med; /* parts (medians) */
+  double gflops, pct_fma, pct_ceil;
+  int finite; /* dQ, dK, dV all finite after the last rep */
+} attn_result;
+
+static double attn_gflop(const attn_shape *s) {
+  double f = 10.0 * s->B * (double)s->H * (double)s->L * (double)s->L * s->D;
+  return (s->causal ? 0.5 * f : f) * 1e-9;
+}
+
+/* Scores of one query row against nk keys: s[k] = scale * q . K[k].
+ * Cloned per ISA where the toolchain supports ifunc dispatch; only used to
+ * build the logsumexp input, never timed. */
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__linux__) && defined(__GNUC__) && \
+    !defined(__clang__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+static void row_scores(const float *q, const float *K, int64_t nk, int D, float scale,
+                       float *s) {
+  for (int64_t k = 0; k < nk; k++) {
+    const float *kr = K + k * D;
+    float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+    for (int d = 0; d < D; d++) acc += q[d] * kr[d];
+    s[k] = acc * scale;
+  }
+}
+
+/* Exact natural-log logsumexp of every score row (what the forward would
+ * leave in L), from the bf16 inputs widened to f32. Returns 0, or -1 when a
+ * row buffer cannot be allocated. */
+static int exact_logsumexp(const attn_shape *s, const float *Qf, const float *Kf,
+                           float scale, float *Lse) {
+  const int64_t L = s->L, H = s->H, D = s->D, gqa = s->H / s->Hkv;
+  const int64_t rows = (int64_t)s->B * H * L;
+  int failed = 0;
+#pragma omp parallel
+  {
+    float *buf = malloc((size_t)L * sizeof(float));
+    if (!buf) {
+#pragma omp atomic write
+      failed = 1;
+    }
+#pragma omp for schedule(dynamic, 16)
+    for (int64_t row = 0; row < rows; row++) {
+      if (!buf) continue;
+      const int64_t bh = row / L, i = row % L;
+      const int64_t b = bh / H, h = bh % H;
+      const float *Kb = Kf + ((b * s->Hkv + h / gqa) * L) * D;
+      const int64_t nvis = s->causal ? i + 1 : L;
+      row_scores(Qf + row * D, Kb, nvis, (int)D, scale, buf);
+      float m = -INFINITY;
+      for (int64_t k = 0; k < nvis; k++) m = buf[k] > m ? buf[k] : m;
+      double sum = 0.0;
+      for (int64_t k = 0; k < nvis; k++) sum += exp((double)(buf[k] - m));
+      Lse[row] = m + (float)log(sum);
+    }
+    free(buf);
+  }
+  return failed ? -1 : 0;
+}
+
+static int all_finite(const float *x, int64_t n) {
+  int bad = 0;
+#pragma omp parallel for schedule(static) reduction(| : bad)
+  for (int64_t i = 0; i < n; i++) bad |= !isfinite(x[i]);
+  return !bad;
+}
+
+#define CHECK_TG(call, what)                                                       \
+  do {                                                                             \
+    tg_status st_ = (call);                                                        \
+    if (st_ != TG_OK) {                                                            \
+      snprintf(r->err, sizeof r->err, "%s: %s (%s)", what, tg_status_str(st_),    \
+               tg_ctx_last_error(ctx));                                            \
+      goto done;                                                                   \
+    }                                                                              \
+  } while (0)
+
+static void run_attn_shape(tg_ctx *ctx, const bench_opts *o, attn_result *r) {
+  const attn_shape *s = &r->s;
+  const int64_t nq = (int64_t)s->B * s->H * s->L * s->D;   /* Q, O, dO, dQ */
+  const int64_t nk = (int64_t)s->B * s->Hkv * s->L * s->D; /* K, V, dK, dV */
+  const int64_t nrow = (int64_t)s->B * s->H * s->L;        /* L, D_vec */
+  const float scale = 1.0f / sqrtf((float)s->D);
+  r->gflop = attn_gflop(s);
+  r->nreps = o->reps;
+  r->ms = calloc((size_t)o->reps, sizeof(double));
+  double *ms_d = calloc((size_t)o->reps, sizeof(double));
+  double *ms_b = calloc((size_t)o->reps, sizeof(double));
+  double *ms_c = calloc((size_t)o->reps, sizeof(double));
+
+  tg_bf16 *Q = xalloc((size_t)nq * 2), *K = xalloc((size_t)nk * 2),
+          *V = xalloc((size_t)nk * 2), *O = xalloc((size_t)nq * 2),
+          *dO = xalloc((size_t)nq * 2);
+  tg_bf16 *dQb = xalloc((size_t)nq * 2), *dKb = xalloc((size_t)nk * 2),
+          *dVb = xalloc((size_t)nk * 2);
+  float *Lse = xalloc((size_t)nrow * 4), *Dv = xalloc((size_t)nrow * 4);
+  float *dQ = xalloc((size_t)nq * 4), *dK = xalloc((size_t)nk * 4), *dV = xalloc((size_t)nk * 4);
+  float *Qf = xalloc((size_t)nq * 4), *Kf = xalloc((size_t)nk * 4);
+  if (!r->ms || !ms_d || !ms_b || !ms_c || !Q || !K || !V || !O || !dO || !dQb || !dKb ||
+      !dVb || !Lse || !Dv || !dQ || !dK || !dV || !Qf || !Kf) {
+    snprintf(r->err, sizeof r->err, "out of memory allocating the buffers");
+    goto done;
+  }
+
+  /* Inputs: uniform in [-1, 1), rounded to bf16 by the library's cast. Q and
+   * K are then widened back so the logsumexp sees exactly the bf16 values. */
+  fill_f32(Qf, nq, 1, -1.0f, 1.0f);
+  CHECK_TG(tg_f32_to_bf16_cast(ctx, Qf, Q, (uint64_t)nq), "cast Q");
+  fill_f32(Kf, nk, 2, -1.0f, 1.0f);
+  CHECK_TG(tg_f32_to_bf16_cast(ctx, Kf, K, (uint64_t)nk), "cast K");
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < nq; i++) Qf[i] = bf16_to_f32(Q[i]);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < nk; i++) Kf[i] = bf16_to_f32(K[i]);
+  if (exact_logsumexp(s, Qf, Kf, scale, Lse)) {
+    snprintf(r->err, sizeof r->err, "out of memory computing the logsumexp");
+    goto done;
+  }
+  /* Qf (nq >= nk floats) becomes the scratch for the other inputs. */
+  fill_f32(Qf, nk, 3, -1.0f, 1.0f);
+  CHECK_TG(tg_f32_to_bf16_cast(ctx, Qf, V, (uint64_t)nk), "cast V");
+  fill_f32(Qf, nq, 4, -1.0f, 1.0f);
+  CHECK_TG(tg_f32_to_bf16_cast(ctx, Qf, O, (uint64_t)nq), "cast O");
+  fill_f32(Qf, nq, 5, -1.0f, 1.0f);
+  CHECK_TG(tg_f32_to_bf16_cast(ctx, Qf, dO, (uint64_t)nq), "cast dO");
+  free(Qf);
+  free(Kf);
+  Qf = Kf = NULL;
+  fill_zero(dQ, nq);
+
+  tg_attn_params p;
+  CHECK_TG(tg_attn_params_init(&p, s->B, s->H, s->Hkv, s->L, s->L, s->D, scale),
+           "tg_attn_params_init");
+
+  /* rep -1 is the untimed warm-up (first touch, scratch arenas, caches) */
+  for (int rep = -1; rep < o->reps; rep++) {
+    fill_zero(dK, nk); /* dK/dV accumulate: zero-filled, not timed */
+    fill_zero(dV, nk);
+    double t0 = omp_get_wtime();
+    CHECK_TG(tg_flash_attn_train_bwd_compute_d_bf16(ctx, O, dO, Dv, (uint32_t)s->B,
+                                                    (uint32_t)s->H, (uint32_t)s->L,
+                                                    (uint32_t)s->D),
+             "tg_flash_attn_train_bwd_compute_d_bf16");
+    double t1 = omp_get_wtime();
+    CHECK_TG(tg_flash_attn_train_bwd_bf16(ctx, Q, K, V, Lse, dO, Dv, dQ, dK, dV, &p, NULL,
+                                          NULL, s->causal),
+             "tg_flash_attn_train_bwd_bf16");
+    double t2 = omp_get_wtime();
+    CHECK_TG(tg_f32_to_bf16_cast(ctx, dQ, dQb, (uint64_t)nq), "tg_f32_to_bf16_cast dQ");
+    CHECK_TG(tg_f32_to_bf16_cast(ctx, dK, dKb, (uint64_t)nk), "tg_f32_to_bf16_cast dK");
+    CHECK_TG(tg_f32_to_bf16_cast(ctx, dV, dVb, (uint64_t)nk), "tg_f32_to_bf16_cast dV");
+    double t3 = omp_get_wtime();
+    if (rep >= 0) {
+      r->ms[rep] = (t3 - t0) * 1e3;
+      ms_d[rep] = (t1 - t0) * 1e3;
+      ms_b[rep] = (t2 - t1) * 1e3;
+      ms_c[rep] = (t3 - t2) * 1e3;
+    }
+  }
+  r->ok = 1;
+  r->finite = all_finite(dQ, nq) && all_finite(dK, nk) && all_finite(dV, nk);
+  r->ms_med = median(r->ms, o->reps);
+  r->ms_min = minimum(r->ms, o->reps);
+  r->ms_d_med = median(ms_d, o->reps);
+  r->ms_bwd_med = median(ms_b, o->reps);
+  r->ms_cast_med = median(ms_c, o->reps);
+  r->gflops = r->ms_med > 0 ? r->gflop / (r->ms_med * 1e-3) : 0.0;
+
+done:
+  free(ms_d);
+  free(ms_b);
+  free(ms_c);
+  free(Q);
+  free(K);
+  free(V);
+  free(O);
+  free(dO);
+  free(dQb);
+  free(dKb);
+  free(dVb);
+  free(Lse);
+  free(Dv);
+  free(dQ);
+  free(dK);
+  free(dV);
+  free(Qf);
+  free(Kf);
+}
+#undef CHECK_TG
+
+/* ------------------------------------------------------------------------ */
+/* memory-bound kernels: the hook table                                       */
+/* ------------------------------------------------------------------------ */
+/*
+ * To add a kernel: write a setup function that allocates its buffers with
+ * mc_f32()/mc_u32() (freed for you), fills in shape, bytes (the minimum
+ * bytes one call must move: inputs read once, outputs written once,
+ * accumulated outputs read + written) and, for a kernel that is compute-bound
+ * rather than memory-bound, flops; a run function that makes the one call;
+ * and a row in k_mem_kernels. Only reference entry points the library really
+ * exports (nm -D libtilegrad.so | grep ' T tg_').
+ */
+#define MC_MAX_BUFS 8
+typedef struct {
+  void *buf[MC_MAX_BUFS];
+  size_t size[MC_MAX_BUFS]; /* bytes of each buffer */
+  int nbuf;
+  uint32_t u[4]; /* sizes, kernel-specific */
+  double bytes;  /* minimum bytes moved per call */
+  double flops;  /* > 0 for compute-bound entries */
+  char shape[96];
+} mem_case;
+
+typedef struct {
+  const char *name;                         /* the library entry point */
+  int (*setup)(mem_case *c, int quick);     /* 0 on success */
+  tg_status (*run)(tg_ctx *ctx, mem_case *c);
+} mem_kernel;
+
+static void *mc_alloc(mem_case *c, size_t bytes) {
+  if (c->nbuf >= MC_MAX_BUFS) return NULL;
+  void *p = xalloc(bytes);
+  if (p) {
+    c->size[c->nbuf] = bytes;
+    c->buf[c->nbuf++] = p;
+  }
+  return p;
+}
+static float *mc_f32(mem_case *c, int64_t n, uint64_t seed, float lo, float hi) {
+  float *p = mc_alloc(c, (size_t)n * sizeof(float));
+  if (p) fill_f32(p, n, seed, lo, hi);
+  return p;
+}
+static uint32_t *mc_u32(mem_case *c, int64_t n, uint64_t seed, uint32_t mod) {
+  uint32_t *p = mc_alloc(c, (size_t)n * sizeof(uint32_t));
+  if (p) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) p[i] = (uint32_t)(mix64(seed * 0x9E37ull + (uint64_t)i) % mod);
+  }
+  return p;
+}
+static void mc_free(mem_case *c) {
+  for (int i = 0; i < c->nbuf; i++) free(c->buf[i]);
+  c->nbuf = 0;
+}
+#define F4 4.0 /* bytes per f32 */
+
+/* 3. f32 -> bf16 cast: read n f32, write n bf16. */
+static int mb_cast_setup(mem_case *c, int quick) {
+  const int64_t n = quick ? (int64_t)1 << 24 : (int64_t)1 << 26;
+  c->u[0] = (uint32_t)n;
+  if (!mc_f32(c, n, 11, -2.0f, 2.0f) || !mc_alloc(c, (size_t)n * 2)) return -1;
+  c->bytes = 6.0 * n;
+  snprintf(c->shape, sizeof c->shape, "n=%lld", (long long)n);
+  return 0;
+}
+static tg_status mb_cast_run(tg_ctx *ctx, mem_case *c) {
+  return tg_f32_to_bf16_cast(ctx, c->buf[0], c->buf[1], c->u[0]);
+}
+
+/* RMSNorm shapes: rows x dim f32, 128 MiB per [rows, dim] array (32 MiB quick). */
+static void rms_dims(mem_case *c, int quick) {
+  c->u[0] = quick ? 2048 : 8192; /* rows */
+  c->u[1] = 4096;                /* dim */
+  snprintf(c->shape, sizeof c->shape, "rows=%u dim=%u", c->u[0], c->u[1]);
+}
+
+/* 4a. r[b] = 1/sqrt(mean x^2 + eps): read x, write r. */
+static int mb_rms_inv_setup(mem_case *c, int quick) {
+  rms_dims(c, quick);
+  const double R = c->u[0], Dm = c->u[1];
+  if (!mc_f32(c, (int64_t)c->u[0] * c->u[1], 21, -1, 1) || !mc_f32(c, c->u[0], 22, 0, 1))
+    return -1;
+  c->bytes = F4 * (R * Dm + R);
+  return 0;
+}
+static tg_status mb_rms_inv_run(tg_ctx *ctx, mem_case *c) {
+  return tg_rms_norm_compute_rms_inv_f32(ctx, c->buf[0], c->buf[1], c->u[0], c->u[1], 1e-6f);
+}
+
+/* 4b. dx: read x, dy, w, r; write dx. */
+static int mb_rms_dx_setup(mem_case *c, int quick) {
+  rms_dims(c, quick);
+  const int64_t n = (int64_t)c->u[0] * c->u[1];
+  const double R = c->u[0], Dm = c->u[1];
+  if (!mc_f32(c, n, 31, -1, 1) || !mc_f32(c, c->u[1], 32, 0.5f, 1.5f) ||
+      !mc_f32(c, n, 33, -1, 1) || !mc_f32(c, c->u[0], 34, 0.5f, 2.0f) ||
+      !mc_f32(c, n, 35, 0, 0))
+    return -1;
+  c->bytes = F4 * (3 * R * Dm + Dm + R);
+  return 0;
+}
+static tg_status mb_rms_dx_run(tg_ctx *ctx, mem_case *c) {
+  return tg_rms_norm_backward_dx_f32(ctx, c->buf[0], c->buf[1], c->buf[2], c->buf[3],
+                                     c->buf[4], c->u[0], c->u[1]);
+}
+
+/* 4c. dw: read x, dy, r; write dw. */
+static int mb_rms_dw_setup(mem_case *c, int quick) {
+  rms_dims(c, quick);
+  const int64_t n = (int64_t)c->u[0] * c->u[1];
+  const double R = c->u[0], Dm = c->u[1];
+  if (!mc_f32(c, n, 41, -1, 1) || !mc_f32(c, n, 42, -1, 1) ||
+      !mc_f32(c, c->u[0], 43, 0.5f, 2.0f) || !mc_f32(c, c->u[1], 44, 0, 0))
+    return -1;
+  c->bytes = F4 * (2 * R * Dm + R + Dm);
+  return 0;
+}
+static tg_status mb_rms_dw_run(tg_ctx *ctx, mem_case *c) {
+  return tg_rms_norm_backward_dw_f32(ctx, c->buf[0], c->buf[1], c->buf[2], c->buf[3], c->u[0],
+                                     c->u[1]);
+}
+
+/* 5. fused: read input, grad_out, weight; write grad_input; grad_weight
+ * accumulates (read + write). */
+static int mb_rms_fused_setup(mem_case *c, int quick) {
+  rms_dims(c, quick);
+  const int64_t n = (int64_t)c->u[0] * c->u[1];
+  const double R = c->u[0], Dm = c->u[1];
+  if (!mc_f32(c, n, 51, -1, 1) || !mc_f32(c, c->u[1], 52, 0.5f, 1.5f) ||
+      !mc_f32(c, n, 53, -1, 1) || !mc_f32(c, n, 54, 0, 0) || !mc_f32(c, c->u[1], 55, 0, 0))
+    return -1;
+  c->bytes = F4 * (3 * R * Dm + 3 * Dm);
+  return 0;
+}
+static tg_status mb_rms_fused_run(tg_ctx *ctx, mem_case *c) {
+  return tg_rms_norm_backward(ctx, c->buf[0], c->buf[1], c->buf[2], c->buf[3], c->buf[4],
+                              c->u[0], c->u[1], 1e-6f);
+}
+
+/* 6. softmax backward: read sm, grad_out; write grad_in. */
+static int mb_softmax_setup(mem_case *c, int quick) {
+  c->u[0] = quick ? 1024 : 4096; /* rows */
+  c->u[1] = 8192;                /* row_len */
+  const int64_t n = (int64_t)c->u[0] * c->u[1];
+  if (!mc_f32(c, n, 61, 0, 2.0f / 8192) || !mc_f32(c, n, 62, -1, 1) || !mc_f32(c, n, 63, 0, 0))
+    return -1;
+  c->bytes = F4 * 3.0 * (double)n;
+  snprintf(c->shape, sizeof c->shape, "rows=%u len=%u", c->u[0], c->u[1]);
+  return 0;
+}
+static tg_status mb_softmax_run(tg_ctx *ctx, mem_case *c) {
+  return tg_softmax_backward(ctx, c->buf[0], c->buf[1], c->buf[2], c->u[0], c->u[1]);
+}
+
+/* 7. embedding backward: read grad_out and ids; every distinct row of
+ * grad_weight that is hit is read and written once. */
+static int mb_embed_setup(mem_case *c, int quick) {
+  c->u[0] = 50257;                 /* vocab */
+  c->u[1] = quick ? 8192 : 32768;  /* seq_len (tokens) */
+  c->u[2] = 1024;                  /* dim */
+  const int64_t T = c->u[1], Dm = c->u[2];
+  if (!mc_f32(c, T * Dm, 71, -1, 1)) return -1;
+  uint32_t *ids = mc_u32(c, T, 72, c->u[0]);
+  if (!ids || !mc_f32(c, (int64_t)c->u[0] * Dm, 73, 0, 0)) return -1;
+  unsigned char *seen = calloc(c->u[0], 1);
+  if (!seen) return -1;
+  int64_t distinct = 0;
+  for (int64_t t = 0; t < T; t++)
+    if (!seen[ids[t]]) {
+      seen[ids[t]] = 1;
+      distinct++;
+    }
+  free(seen);
+  c->bytes = F4 * ((double)T * Dm + (double)T + 2.0 * (double)distinct * Dm);
+  snprintf(c->shape, sizeof c->shape, "vocab=%u tokens=%u dim=%u", c->u[0], c->u[1], c->u[2]);
+  return 0;
+}
+static tg_status mb_embed_run(tg_ctx *ctx, mem_case *c) {
+  return tg_embedding_backward(ctx, c->buf[0], c->buf[1], c->buf[2], c->u[0], c->u[1],
+                               c->u[2]);
+}
+
+/* 8. cross-entropy fwd+bwd: read logits and targets; write grad; loss
+ * accumulates (8 bytes). No padded positions (pad_id = vocab). */
+static int mb_ce_setup(mem_case *c, int quick) {
+  c->u[0] = quick ? 512 : 2048; /* positions */
+  c->u[1] = 32000;              /* vocab */
+  const int64_t n = (int64_t)c->u[0] * c->u[1];
+  if (!mc_f32(c, n, 81, -4, 4) || !mc_u32(c, c->u[0], 82, c->u[1]) || !mc_f32(c, n, 83, 0, 0) ||
+      !mc_f32(c, 1, 84, 0, 0))
+    return -1;
+  c->bytes = F4 * (2.0 * (double)n + c->u[0] + 2);
+  snprintf(c->shape, sizeof c->shape, "pos=%u vocab=%u", c->u[0], c->u[1]);
+  return 0;
+}
+static tg_status mb_ce_run(tg_ctx *ctx, mem_case *c) {
+  return tg_cross_entropy_fwd_bwd(ctx, c->buf[0], c->buf[1], c->buf[2], c->buf[3], c->u[0],
+                                  c->u[1], /*pad_id=*/c->u[1], /*count=*/c->u[0]);
+}
+
+/* 9. transpose: read and write rows x cols. */
+static int mb_transpose_setup(mem_case *c, int quick) {
+  c->u[0] = quick ? 2048 : 8192; /* rows */
+  c->u[1] = 4096 + 64;           /* cols: not a power of two (cache-set aliasing) */
+  const int64_t n = (int64_t)c->u[0] * c->u[1];
+  if (!mc_f32(c, n, 91, -1, 1) || !mc_f32(c, n, 92, 0, 0)) return -1;
+  c->bytes = F4 * 2.0 * (double)n;
+  snprintf(c->shape, sizeof c->shape, "%ux%u", c->u[0], c->u[1]);
+  return 0;
+}
+static tg_status mb_transpose_run(tg_ctx *ctx, mem_case *c) {
+  return tg_transpose_2d(ctx, c->buf[0], c->buf[1], c->u[0], c->u[1]);
+}
+
+/* 10. naive causal attention backward: compute-bound (FLOPs counted as the
+ * FA-2 backward, 10*H*T^2*D/2); bytes: read Q, dO, K, V; write dQ; dK, dV
+ * accumulate. */
+static int mb_causal_setup(mem_case *c, int quick) {
+  c->u[0] = quick ? 256 : 1024; /* seq */
+  c->u[1] = 8;                  /* heads */
+  c->u[2] = 2;                  /* kv heads */
+  c->u[3] = 64;                 /* head dim */
+  const int64_t T = c->u[0], nq = T * c->u[1] * c->u[3], nk = T * c->u[2] * c->u[3];
+  if (!mc_f32(c, nq, 101, -1, 1) || !mc_f32(c, nq, 102, -1, 1) || !mc_f32(c, nk, 103, -1, 1) ||
+      !mc_f32(c, nk, 104, -1, 1) || !mc_f32(c, nq, 105, 0, 0) || !mc_f32(c, nk, 106, 0, 0) ||
+      !mc_f32(c, nk, 107, 0, 0))
+    return -1;
+  c->bytes = F4 * (3.0 * nq + 2.0 * nk + 4.0 * nk);
+  c->flops = 10.0 * c->u[1] * (double)T * (double)T * c->u[3] * 0.5;
+  snprintf(c->shape, sizeof c->shape, "seq=%u H=%u Hkv=%u D=%u", c->u[0], c->u[1], c->u[2],
+           c->u[3]);
+  return 0;
+}
+static tg_status mb_causal_run(tg_ctx *ctx, mem_case *c) {
+  /* buffers: 0 grad_out, 1 Q, 2 K, 3 V, 4 grad_Q, 5 grad_K, 6 grad_V */
+  return tg_causal_attention_backward(ctx, c->buf[0], c->buf[1], c->buf[2], c->buf[3],
+                                      c->buf[4], c->buf[5], c->buf[6], c->u[0], c->u[1],
+                                      c->u[2], c->u[3]);
+}
+
+/* 11. decode reduce: read the partials and (S, M) pairs; write nrows x DV. */
+static int decode_setup(mem_case *c, int quick, uint32_t dv) {
+  c->u[0] = quick ? 2048 : 8192; /* nrows */
+  c->u[1] = dv;                  /* head_dim */
+  c->u[2] = 16;                  /* nwg */
+  const int64_t R = c->u[0], W = c->u[2];
+  const int64_t parts = R * dv * W;
+  float *h = mc_alloc(c, (size_t)(parts + 2 * R * W) * sizeof(float));
+  if (!h || !mc_f32(c, R * dv, 0, 0, 0)) return -1;
+  fill_f32(h, parts, 111, -1, 1);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < R * W; i++) {
+    h[parts + 2 * i] = urand(112, i, 0.5f, 1.5f);    /* S */
+    h[parts + 2 * i + 1] = urand(113, i, -2.0f, 2.0f); /* M */
+  }
+  c->bytes = F4 * ((double)parts + 2.0 * R * W + (double)R * dv);
+  snprintf(c->shape, sizeof c->shape, "rows=%u DV=%u nwg=%u", c->u[0], c->u[1], c->u[2]);
+  return 0;
+}
+static int mb_reduce_setup(mem_case *c, int quick) { return decode_setup(c, quick, 256); }
+static tg_status mb_reduce_run(tg_ctx *ctx, mem_case *c) {
+  return tg_flash_attn_vec_reduce(ctx, c->buf[0], c->buf[1], c->u[0], c->u[1], c->u[2]);
+}
+static tg_status mb_reduce_hb_run(tg_ctx *ctx, mem_case *c) {
+  return tg_flash_attn_vec_reduce_tq_hb_undo(ctx, c->buf[0], c->buf[1], c->u[0], c->u[1],
+                                             c->u[2]);
+}
+
+/* in-place FWHT + sign undo: read and write heads x D. */
+static int mb_fwht_setup(mem_case *c, int quick) {
+  c->u[0] = quick ? 32768 : 131072; /* heads */
+  c->u[1] = 256;
+  const int64_t n = (int64_t)c->u[0] * c->u[1];
+  if (!mc_f32(c, n, 121, -1, 1)) return -1;
+  c->bytes = F4 * 2.0 * (double)n;
+  snprintf(c->shape, sizeof c->shape, "heads=%u D=%u", c->u[0], c->u[1]);
+  return 0;
+}
+static tg_status mb_fwht_run(tg_ctx *ctx, mem_case *c) {
+  return tg_fwht_sign_undo_f32(ctx, c->buf[0], c->u[0], c->u[1]);
+}
+
+static const mem_kernel k_mem_kernels[] = {
+    {"tg_f32_to_bf16_cast", mb_cast_setup, mb_cast_run},
+    {"tg_rms_norm_compute_rms_inv_f32", mb_rms_inv_setup, mb_rms_inv_run},
+    {"tg_rms_norm_backward_dx_f32", mb_rms_dx_setup, mb_rms_dx_run},
+    {"tg_rms_norm_backward_dw_f32", mb_rms_dw_setup, mb_rms_dw_run},
+    {"tg_rms_norm_backward", mb_rms_fused_setup, mb_rms_fused_run},
+    {"tg_softmax_backward", mb_softmax_setup, mb_softmax_run},
+    {"tg_embedding_backward", mb_embed_setup, mb_embed_run},
+    {"tg_cross_entropy_fwd_bwd", mb_ce_setup, mb_ce_run},
+    {"tg_transpose_2d", mb_transpose_setup, mb_transpose_run},
+    {"tg_causal_attention_backward", mb_causal_setup, mb_causal_run},
+    {"tg_flash_attn_vec_reduce", mb_reduce_setup, mb_reduce_run},
+    {"tg_flash_attn_vec_reduce_tq_hb_undo", mb_reduce_setup, mb_reduce_hb_run},
+    {"tg_fwht_sign_undo_f32", mb_fwht_setup, mb_fwht_run},
+};
+#define N_MEM_KERNELS ((int)(sizeof k_mem_kernels / sizeof k_mem_kernels[0]))
+
+typedef struct {
+  const char *name;
+  char shape[96];
+  int ok;
+  char err[400];
+  double bytes, flops;
+  double ms_med, ms_min;
+  double gbs, pct_triad, gflops, pct_fma;
+} mem_result;
+
+/* Untimed eviction of a case's buffers before every repetition, so each
+ * repetition starts with its data in DRAM and no dirty lines pending (a plain
+ * read sweep of a big buffer does not do it: the adaptive L3 insertion of
+ * recent x86 parts can keep re-used lines through a one-pass scan). x86:
+ * clflush (SSE2, always present) of every line; elsewhere: nothing. */
+static void evict_buffers(const mem_case *c) {
+#if defined(__x86_64__) || defined(__i386__)
+  for (int b = 0; b < c->nbuf; b++) {
+    const char *p = c->buf[b];
+    const int64_t lines = (int64_t)((c->size[b] + 63) / 64);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < lines; i++) _mm_clflush(p + i * 64);
+  }
+  _mm_mfence();
+#else
+  (void)c;
+#endif
+}
+
+static void run_mem_kernel(tg_ctx *ctx, const bench_opts *o, const mem_kernel *k,
+                           mem_result *r) {
+  mem_case c;
+  memset(&c, 0, sizeof c);
+  r->name = k->name;
+  double *ms = calloc((size_t)o->reps, sizeof(double));
+  if (!ms || k->setup(&c, o->quick) != 0) {
+    snprintf(r->err, sizeof r->err, "out of memory setting up the case");
+    goto done;
+  }
+  snprintf(r->shape, sizeof r->shape, "%s", c.shape);
+  r->bytes = c.bytes;
+  r->flops = c.flops;
+  for (int rep = -1; rep < o->reps; rep++) {
+    evict_buffers(&c);
+    double t0 = omp_get_wtime();
+    tg_status st = k->run(ctx, &c);
+    double t = omp_get_wtime() - t0;
+    if (st != TG_OK) {
+      snprintf(r->err, sizeof r->err, "%s: %s (%s)", k->name, tg_status_str(st),
+               tg_ctx_last_error(ctx));
+      goto done;
+    }
+    if (rep >= 0) ms[rep] = t * 1e3;
+  }
+  r->ok = 1;
+  r->ms_med = median(ms, o->reps);
+  r->ms_min = minimum(ms, o->reps);
+  r->gbs = r->ms_med > 0 ? r->bytes / (r->ms_med * 1e-3) * 1e-9 : 0.0;
+  r->gflops = r->ms_med > 0 ? r->flops / (r->ms_med * 1e-3) * 1e-9 : 0.0;
+done:
+  free(ms);
+  mc_free(&c);
+}
+
+/* ------------------------------------------------------------------------ */
+/* report                                                                     */
+/* ------------------------------------------------------------------------ */
+
+static void fmt_shape(char *out, size_t cap, const attn_shape *s) {
+  snprintf(out, cap, "%d,%d,%d,%d,%d,%s", s->B, s->H, s->Hkv, s->L, s->D,
+           s->causal ? "causal" : "full");
+}
+
+static int write_json(const char *path, const bench_opts *o, const char *cpu,
+                      const char *isa, int threads, const tg_peaks *pk, double ceil,
+                      const attn_result *ar, int na, const mem_result *mr, int nm) {
+  FILE *f = fopen(path, "w");
+  if (!f) return -1;
+  char ts[64] = "";
+  time_t now = time(NULL);
+  struct tm *g = gmtime(&now);
+  if (g) strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", g);
+  fprintf(f, "{\n  \"tool\": \"tilegrad bench\",\n  \"version\": \"%d.%d.%d\",\n",
+          TG_VERSION_MAJOR, TG_VERSION_MINOR, TG_VERSION_PATCH);
+  fprintf(f, "  \"timestamp_utc\": ");
+  json_str(f, ts);
+  fprintf(f, ",\n  \"cpu\": ");
+  json_str(f, cpu);
+  fprintf(f, ",\n  \"threads\": %d,\n  \"isa\": ", threads);
+  json_str(f, isa);
+  fprintf(f, ",\n  \"deterministic\": %s,\n  \"quick\": %s,\n  \"reps\": %d,\n",
+          o->deterministic ? "true" : "false", o->quick ? "true" : "false", o->reps);
+  fprintf(f, "  \"statistic\": \"median of reps after one untimed warm-up\",\n");
+  fprintf(f, "  \"peaks\": {\n    \"fma_f32_gflops\": ");
+  json_num(f, pk->fma_gflops);
+  fprintf(f, ",\n    \"fma_variant\": ");
+  json_str(f, pk->fma_variant ? pk->fma_variant : "");
+  fprintf(f, ",\n    \"fma_avx512_gflops\": ");
+  json_num(f, pk->fma_avx512_gflops);
+  fprintf(f, ",\n    \"fma_avx2_gflops\": ");
+  json_num(f, pk->fma_avx2_gflops);
+  fprintf(f, ",\n    \"fma_portable_gflops\": ");
+  json_num(f, pk->fma_portable_gflops);
+  fprintf(f, ",\n    \"bf16_dot_gflops\": ");
+  json_num(f, pk->bf16_gflops);
+  fprintf(f, ",\n    \"triad_gbs\": ");
+  json_num(f, pk->triad_gbs);
+  fprintf(f, ",\n    \"triad_streams\": 3,\n    \"triad_array_mib\": %zu,\n",
+          pk->triad_array_bytes >> 20);
+  fprintf(f, "    \"attn_exact_ceiling_gflops\": ");
+  json_num(f, ceil);
+  fprintf(f, ",\n    \"attn_exact_ceiling_def\": \"1/(0.4/bf16_dot + 0.6/fma_f32)\"\n  },\n");
+
+  fprintf(f, "  \"attention_bwd\": {\n");
+  fprintf(f, "    \"timed\": \"compute_d + bwd + 3 casts (dK/dV zero-fill not timed)\",\n");
+  fprintf(f, "    \"flops\": \"10*B*H*qL*kL*D, x0.5 when causal\",\n    \"results\": [");
+  for (int i = 0; i < na; i++) {
+    const attn_result *r = &ar[i];
+    fprintf(f, "%s\n      {\"B\": %d, \"H\": %d, \"Hkv\": %d, \"qL\": %d, \"kL\": %d, "
+               "\"D\": %d, \"causal\": %s, \"gflop\": ",
+            i ? "," : "", r->s.B, r->s.H, r->s.Hkv, r->s.L, r->s.L, r->s.D,
+            r->s.causal ? "true" : "false");
+    json_num(f, r->gflop);
+    if (!r->ok) {
+      fprintf(f, ", \"ok\": false, \"error\": ");
+      json_str(f, r->err);
+      fprintf(f, "}");
+      continue;
+    }
+    fprintf(f, ", \"ok\": true, \"ms_median\": ");
+    json_num(f, r->ms_med);
+    fprintf(f, ", \"ms_min\": ");
+    json_num(f, r->ms_min);
+    fprintf(f, ", \"ms_compute_d\": ");
+    json_num(f, r->ms_d_med);
+    fprintf(f, ", \"ms_bwd\": ");
+    json_num(f, r->ms_bwd_med);
+    fprintf(f, ", \"ms_casts\": ");
+    json_num(f, r->ms_cast_med);
+    fprintf(f, ", \"ms_reps\": [");
+    for (int k = 0; k < r->nreps; k++) {
+      if (k) fprintf(f, ", ");
+      json_num(f, r->ms[k]);
+    }
+    fprintf(f, "], \"gflops\": ");
+    json_num(f, r->gflops);
+    fprintf(f, ", \"pct_fma_peak\": ");
+    json_num(f, r->pct_fma);
+    fprintf(f, ", \"pct_exact_ceiling\": ");
+    json_num(f, r->pct_ceil);
+    fprintf(f, ", \"outputs_finite\": %s}", r->finite ? "true" : "false");
+  }
+  fprintf(f, "%s]\n  },\n", na ? "\n    " : "");
+
+  fprintf(f, "  \"memory_bound\": {\n");
+  fprintf(f, "    \"bytes\": \"minimum moved per call: inputs read once, outputs written "
+             "once, accumulated outputs read+written\",\n    \"results\": [");
+  for (int i = 0; i < nm; i++) {
+    const mem_result *r = &mr[i];
+    fprintf(f, "%s\n      {\"kernel\": ", i ? "," : "");
+    json_str(f, r->name);
+    fprintf(f, ", \"shape\": ");
+    json_str(f, r->shape);
+    if (!r->ok) {
+      fprintf(f, ", \"ok\": false, \"error\": ");
+      json_str(f, r->err);
+      fprintf(f, "}");
+      continue;
+    }
+    fprintf(f, ", \"ok\": true, \"bytes\": ");
+    json_num(f, r->bytes);
+    fprintf(f, ", \"ms_median\": ");
+    json_num(f, r->ms_med);
+    fprintf(f, ", \"ms_min\": ");
+    json_num(f, r->ms_min);
+    fprintf(f, ", \"gbs\": ");
+    json_num(f, r->gbs);
+    fprintf(f, ", \"pct_triad\": ");
+    json_num(f, r->pct_triad);
+    if (r->flops > 0) {
+      fprintf(f, ", \"gflop\": ");
+      json_num(f, r->flops * 1e-9);
+      fprintf(f, ", \"gflops\": ");
+      json_num(f, r->gflops);
+      fprintf(f, ", \"pct_fma_peak\": ");
+      json_num(f, r->pct_fma);
+    }
+    fprintf(f, "}");
+  }
+  fprintf(f, "%s]\n  }\n}\n", nm ? "\n    " : "");
+  int bad = ferror(f);
+  if (fclose(f) != 0) bad = 1;
+  return bad ? -1 : 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* entry point                                                                */
+/* ------------------------------------------------------------------------ */
+
+int tg_bench_main(int argc, char **argv) {
+  bench_opts o;
+  int pa = parse_args(argc, argv, &o);
+  if (pa != 0) {
+    usage(pa > 0 ? stdout : stderr);
+    free(o.shapes);
+    return pa > 0 ? 0 : 2;
+  }
+
+  tg_ctx *ctx = NULL;
+  tg_status st = tg_ctx_create(&ctx);
+  if (st != TG_OK) {
+    fprintf(stderr, "tilegrad bench: tg_ctx_create: %s\n", tg_status_str(st));
+    free(o.shapes);
+    return 1;
+  }
+  int rc = 0;
+  attn_result *ar = NULL;
+  mem_result *mr = NULL;
+  int na = 0, nm = 0;
+  if (o.threads > 0 && (st = tg_ctx_set_threads(ctx, o.threads)) != TG_OK) {
+    fprintf(stderr, "tilegrad bench: --threads %d: %s\n", o.threads, tg_ctx_last_error(ctx));
+    rc = 2;
+    goto out;
+  }
+  if (o.isa_set && (st = tg_ctx_set_isa(ctx, o.isa)) != TG_OK) {
+    fprintf(stderr, "tilegrad bench: --isa %s: %s\n", tg_isa_name(o.isa),
+            tg_ctx_last_error(ctx));
+    rc = 2;
+    goto out;
+  }
+  if (o.deterministic && (st = tg_ctx_set_deterministic(ctx, 1)) != TG_OK) {
+    fprintf(stderr, "tilegrad bench: --deterministic: %s\n", tg_ctx_last_error(ctx));
+    rc = 2;
+    goto out;
+  }
+  /* The helpers' own parallel loops (input fill, logsumexp) use the same
+   * thread count as the kernels. */
+  const int threads = o.threads > 0 ? o.threads : omp_get_max_threads();
+  omp_set_num_threads(threads);
+  const char *isa = tg_isa_name(tg_ctx_get_isa(ctx));
+  char cpu[256];
+  cpu_model(cpu, sizeof cpu);
+
+  const attn_shape *shapes = o.shapes;
+  int nshapes = o.nshapes;
+  if (!shapes) {
+    shapes = o.quick ? k_quick_shapes : k_default_shapes;
+    nshapes = o.quick ? (int)(sizeof k_quick_shapes / sizeof k_quick_shapes[0])
+                      : (int)(sizeof k_default_shapes / sizeof k_default_shapes[0]);
+  }
+
+  /* --- ceilings ---------------------------------------------------------- */
+  fprintf(stderr, "measuring ceilings at %d thread%s ...\n", threads, threads == 1 ? "" : "s");
+  tg_peaks pk;
+  if (tg_peaks_measure(&pk, threads, o.triad_mib << 20) != 0)
+    fprintf(stderr, "tilegrad bench: could not allocate 3 x %zu MiB for the triad; "
+                    "bandwidth ceiling unavailable\n", o.triad_mib);
+  const double ceil = tg_peaks_attn_ceiling(&pk);
+
+  printf("tilegrad bench %d.%d.%d\n", TG_VERSION_MAJOR, TG_VERSION_MINOR, TG_VERSION_PATCH);
+  printf("cpu:      %s\n", cpu);
+  printf("threads:  %d    isa: %s    deterministic: %s    reps: %d (median; 1 warm-up)\n",
+         threads, isa, o.deterministic ? "on" : "off", o.reps);
+  printf("ceilings at %d thread%s:\n", threads, threads == 1 ? "" : "s");
+  printf("  f32 FMA peak     %8.1f GFLOP/s  (%s; avx512f %.1f, avx2+fma %.1f, portable %.1f)\n",
+         pk.fma_gflops, pk.fma_variant, pk.fma_avx512_gflops, pk.fma_avx2_gflops,
+         pk.fma_portable_gflops);
+  if (pk.bf16_gflops > 0)
+    printf("  bf16 dot peak    %8.1f GFLOP/s  (vdpbf16ps zmm, 64 FLOP/instruction)\n",
+           pk.bf16_gflops);
+  else
+    printf("  bf16 dot peak         n/a         (no AVX512_BF16 on this CPU)\n");
+  printf("  triad            %8.1f GB/s     (a = b + 2c, 3 x %zu MiB, 3 streams counted)\n",
+         pk.triad_gbs, o.triad_mib);
+  printf("  exact-mode ceil  %8.1f GFLOP/s  (FA-2 bwd: 0.4 F at bf16 dot + 0.6 F at FMA)\n",
+         ceil);
+  fflush(stdout);
+
+  /* --- attention backward -------------------------------------------------- */
+  if (o.sections & SECTION_ATTN) {
+    ar = calloc((size_t)nshapes, sizeof *ar);
+    if (!ar) {
+      fprintf(stderr, "tilegrad bench: out of memory\n");
+      rc = 1;
+      goto out;
+    }
+    printf("\nFlashAttention-2 backward step: compute_d + bwd + 3 casts "
+           "(dK/dV zero-fill untimed); FLOP = 10*B*H*L^2*D (x0.5 causal)\n");
+    printf("%-3s %-26s %9s %10s %10s %9s %7s %7s\n", "#", "B,H,Hkv,L,D,mask", "GFLOP",
+           "ms(med)", "ms(min)", "GFLOP/s", "%FMA", "%ceil");
+    fflush(stdout);
+    for (int i = 0; i < nshapes; i++) {
+      attn_result *r = &ar[na++];
+      r->s = shapes[i];
+      char sh[64];
+      fmt_shape(sh, sizeof sh, &r->s);
+      fprintf(stderr, "running shape %d/%d: %s (%.2f GFLOP per step) ...\n", i + 1, nshapes,
+              sh, attn_gflop(&r->s));
+      fflush(stderr);
+      run_attn_shape(ctx, &o, r);
+      if (!r->ok) {
+        printf("%-3d %-26s %9.2f  FAILED: %s\n", i + 1, sh, r->gflop, r->err);
+        rc = 1;
+      } else {
+        r->pct_fma = pk.fma_gflops > 0 ? 100.0 * r->gflops / pk.fma_gflops : 0.0;
+        r->pct_ceil = ceil > 0 ? 100.0 * r->gflops / ceil : 0.0;
+        printf("%-3d %-26s %9.2f %10.2f %10.2f %9.1f %7.1f %7.1f%s\n", i + 1, sh, r->gflop,
+               r->ms_med, r->ms_min, r->gflops, r->pct_fma, r->pct_ceil,
+               r->finite ? "" : "  [non-finite output]");
+      }
+      fflush(stdout);
+    }
+  }
+
+  /* --- memory-bound kernels -------------------------------------------------- */
+  if (o.sections & SECTION_MEM) {
+    mr = calloc((size_t)N_MEM_KERNELS, sizeof *mr);
+    if (!mr) {
+      fprintf(stderr, "tilegrad bench: out of memory\n");
+      rc = 1;
+      goto out;
+    }
+    printf("\nmemory-bound kernels: minimum bytes moved (inputs read once, outputs written "
+           "once,\naccumulated outputs read+written); %%triad of %.1f GB/s\n", pk.triad_gbs);
+    printf("%-3s %-36s %-30s %9s %9s %8s %7s %9s %6s\n", "#", "kernel", "shape", "MB",
+           "ms(med)", "GB/s", "%triad", "GFLOP/s", "%FMA");
+    fflush(stdout);
+    for (int i = 0; i < N_MEM_KERNELS; i++) {
+      mem_result *r = &mr[nm++];
+      fprintf(stderr, "running kernel %d/%d: %s ...\n", i + 1, N_MEM_KERNELS,
+              k_mem_kernels[i].name);
+      fflush(stderr);
+      run_mem_kernel(ctx, &o, &k_mem_kernels[i], r);
+      if (!r->ok) {
+        printf("%-3d %-36s %-30s  FAILED: %s\n", i + 1, r->name, r->shape, r->err);
+        rc = 1;
+      } else {
+        r->pct_triad = pk.triad_gbs > 0 ? 100.0 * r->gbs / pk.triad_gbs : 0.0;
+        r->pct_fma = pk.fma_gflops > 0 ? 100.0 * r->gflops / pk.fma_gflops : 0.0;
+        printf("%-3d %-36s %-30s %9.1f %9.3f %8.1f %7.1f", i + 1, r->name, r->shape,
+               r->bytes * 1e-6, r->ms_med, r->gbs, r->pct_triad);
+        if (r->flops > 0)
+          printf(" %9.1f %6.1f\n", r->gflops, r->pct_fma);
+        else
+          printf(" %9s %6s\n", "-", "-");
+      }
+      fflush(stdout);
+    }
+  }
+
+  if (o.json) {
+    if (write_json(o.json, &o, cpu, isa, threads, &pk, ceil, ar, na, mr, nm) != 0) {
+      fprintf(stderr, "tilegrad bench: cannot write %s\n", o.json);
+      rc = 1;
+    } else {
+      fprintf(stderr, "wrote %s\n", o.json);
+    }
+  }
+
+out:
+  if (ar)
+    for (int i = 0; i < na; i++) free(ar[i].ms);
+  free(ar);
+  free(mr);
+  free(o.shapes);
+  tg_ctx_destroy(ctx);
+  return rc;
+}

@@ -1,0 +1,24 @@
+/* `tilegrad run`: run one contract kernel on .npy buffers. */
+#ifndef TG_CLI_RUN_H
+#define TG_CLI_RUN_H
+
+#include <stdio.h>
+
+/* Exit codes of `tilegrad run`. */
+enum {
+  RUN_EXIT_OK = 0,
+  RUN_EXIT_KERNEL = 1, /* the library refused the call (status + last error printed) */
+  RUN_EXIT_USAGE = 2   /* bad command line, unreadable/mismatched .npy, write failure */
+};
+
+/* argv[0] is "run". Returns a process exit code. */
+int tg_cli_run_main(int argc, char **argv);
+
+/* Help for one kernel (name) or for all kernels (name NULL). Returns 0, or -1
+ * if name is not a known kernel. */
+int tg_cli_run_help(FILE *out, const char *name);
+
+/* One line per kernel: name and summary. */
+void tg_cli_run_list(FILE *out);
+
+#endif /* TG_CLI_RUN_H */
