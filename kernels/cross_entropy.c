@@ -39,8 +39,9 @@
 #include <stdlib.h>
 
 #include "engine.h"
+#include "reduce.h"
 
-enum { LANES = 16, GROUP_ELEMS = 8192 };
+enum { GROUP_ELEMS = 8192 };
 
 typedef struct {
   const float *logits;
@@ -50,39 +51,39 @@ typedef struct {
   int64_t n_pos, vocab, rpg;
   uint32_t pad_id;
   float inv_count;
+  const tg_micro_ops *ops;
 } ce_args;
 
 /* m = max_j l[j] (lane maxima, then a lane tree) */
 static float row_max(const float *l, int64_t n) {
-  float acc[LANES];
-  for (int k = 0; k < LANES; k++) acc[k] = -INFINITY;
+  float acc[TG_LANES];
+  for (int k = 0; k < TG_LANES; k++) acc[k] = -INFINITY;
   int64_t j = 0;
-  for (; j + LANES <= n; j += LANES) {
+  for (; j + TG_LANES <= n; j += TG_LANES) {
 #pragma omp simd
-    for (int k = 0; k < LANES; k++) acc[k] = l[j + k] > acc[k] ? l[j + k] : acc[k];
+    for (int k = 0; k < TG_LANES; k++) acc[k] = l[j + k] > acc[k] ? l[j + k] : acc[k];
   }
   for (int k = 0; j < n; j++, k++) acc[k] = l[j] > acc[k] ? l[j] : acc[k];
-  for (int w = LANES / 2; w > 0; w /= 2)
+  for (int w = TG_LANES / 2; w > 0; w /= 2)
     for (int k = 0; k < w; k++) acc[k] = acc[k + w] > acc[k] ? acc[k + w] : acc[k];
   return acc[0];
 }
 
-/* e[j] = exp(l[j] - m); returns S = sum_j e[j] (16 lanes, fixed lane tree). */
-static float row_exp_sum(const float *l, float m, float *e, int64_t n) {
-  float acc[LANES] = {0};
+/* e[j] = exp(l[j] - m) (the ISA layer's vector exp); returns S = sum_j e[j]
+ * (16 lanes, fixed lane tree). */
+static float row_exp_sum(const tg_micro_ops *ops, const float *l, float m, float *e,
+                         int64_t n) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; j++) e[j] = l[j] - m;
+  ops->exp_f32(e, e, n);
+  float acc[TG_LANES] = {0};
   int64_t j = 0;
-  for (; j + LANES <= n; j += LANES)
-    for (int k = 0; k < LANES; k++) {
-      e[j + k] = expf(l[j + k] - m);
-      acc[k] += e[j + k];
-    }
-  for (int k = 0; j < n; j++, k++) {
-    e[j] = expf(l[j] - m);
-    acc[k] += e[j];
+  for (; j + TG_LANES <= n; j += TG_LANES) {
+#pragma omp simd
+    for (int k = 0; k < TG_LANES; k++) acc[k] += e[j + k];
   }
-  for (int w = LANES / 2; w > 0; w /= 2)
-    for (int k = 0; k < w; k++) acc[k] += acc[k + w];
-  return acc[0];
+  for (int k = 0; j < n; j++, k++) acc[k] += e[j];
+  return tg_lane_tree(acc);
 }
 
 static void ce_row(const ce_args *a, int64_t t) {
@@ -105,7 +106,7 @@ static void ce_row(const ce_args *a, int64_t t) {
     return;
   }
   const float ly = l[y] - m;                /* read before g is written */
-  const float S = row_exp_sum(l, m, g, V); /* g[j] = exp(l[j] - m) */
+  const float S = row_exp_sum(a->ops, l, m, g, V); /* g[j] = exp(l[j] - m) */
   a->row_loss[t] = (double)(logf(S) - ly);
   const float inv_S = 1.0f / S;
   for (int64_t j = 0; j < V; j++) g[j] = (g[j] * inv_S - (float)(j == y)) * a->inv_count;
@@ -146,7 +147,7 @@ tg_status tg_cross_entropy_fwd_bwd(tg_ctx *ctx, const float *logits,
 
   ce_args a = {logits, targets, grad, NULL, n_pos, vocab,
                vocab >= GROUP_ELEMS ? 1 : GROUP_ELEMS / vocab, pad_id,
-               1.0f / (float)count};
+               1.0f / (float)count, ctx->ops};
   a.row_loss = malloc((size_t)n_pos * sizeof(double));
   if (!a.row_loss)
     return tg_fail(ctx, TG_ERR_NO_MEMORY, "%s: cannot allocate %u per-position losses",

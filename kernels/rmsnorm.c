@@ -40,55 +40,24 @@
 #include <string.h>
 
 #include "engine.h"
+#include "reduce.h"
 
 enum {
-  LANES = 16,
   GROUP_ELEMS = 8192, /* elements per row-block group (at least one row) */
   DW_MAX_BLOCKS = 256, /* fused, deterministic: at most this many row blocks */
   DW_MIN_ROWS = 16,    /* fused: about one row block per this many rows */
   COL_BLOCK = 256      /* columns per group of the column passes */
 };
 
-/* --- row reductions ------------------------------------------------------ */
-static float lane_tree(float acc[LANES]) {
-  for (int w = LANES / 2; w > 0; w /= 2)
-    for (int l = 0; l < w; l++) acc[l] += acc[l + w];
-  return acc[0];
-}
-
-/* sum_i a[i] * b[i] */
-static float dot2(const float *a, const float *b, int64_t n) {
-  float acc[LANES] = {0};
-  int64_t i = 0;
-  for (; i + LANES <= n; i += LANES) {
-#pragma omp simd
-    for (int l = 0; l < LANES; l++) acc[l] += a[i + l] * b[i + l];
-  }
-  for (int l = 0; i < n; i++, l++) acc[l] += a[i] * b[i];
-  return lane_tree(acc);
-}
-
-/* sum_i a[i] * b[i] * c[i] */
-static float dot3(const float *a, const float *b, const float *c, int64_t n) {
-  float acc[LANES] = {0};
-  int64_t i = 0;
-  for (; i + LANES <= n; i += LANES) {
-#pragma omp simd
-    for (int l = 0; l < LANES; l++) acc[l] += a[i + l] * b[i + l] * c[i + l];
-  }
-  for (int l = 0; i < n; i++, l++) acc[l] += a[i] * b[i] * c[i];
-  return lane_tree(acc);
-}
-
 /* r = 1 / sqrt(sum_j x[j]^2 / dim + eps) for one row */
 static float row_rms_inv(const float *x, int64_t dim, float eps) {
-  return 1.0f / sqrtf(dot2(x, x, dim) / (float)dim + eps);
+  return 1.0f / sqrtf(tg_dot_f32(x, x, dim) / (float)dim + eps);
 }
 
 /* One row of dx: s = sum dy*x*w; dx[k] = r * (dy[k]*w[k] - x[k] * s*r^2/dim). */
 static void row_dx(const float *x, const float *w, const float *dy, float r, float *dx,
                    int64_t dim) {
-  const float s = dot3(dy, x, w, dim);
+  const float s = tg_dot3_f32(dy, x, w, dim);
   const float coeff = s * r * r / (float)dim;
   for (int64_t k = 0; k < dim; k++) dx[k] = r * (dy[k] * w[k] - x[k] * coeff);
 }

@@ -14,22 +14,9 @@
 #include <stdio.h>
 
 #include "engine.h"
+#include "reduce.h"
 
-enum { LANES = 16, GROUP_ELEMS = 8192 };
-
-/* sum_i a[i] * b[i] */
-static float dot2(const float *a, const float *b, int64_t n) {
-  float acc[LANES] = {0};
-  int64_t i = 0;
-  for (; i + LANES <= n; i += LANES) {
-#pragma omp simd
-    for (int l = 0; l < LANES; l++) acc[l] += a[i + l] * b[i + l];
-  }
-  for (int l = 0; i < n; i++, l++) acc[l] += a[i] * b[i];
-  for (int w = LANES / 2; w > 0; w /= 2)
-    for (int l = 0; l < w; l++) acc[l] += acc[l + w];
-  return acc[0];
-}
+enum { GROUP_ELEMS = 8192 };
 
 typedef struct {
   const float *sm, *go;
@@ -44,7 +31,7 @@ static void softmax_bwd_group(const void *vargs, int64_t g, int64_t y, int64_t z
   for (int64_t b = g * a->rpg; b < b1; b++) {
     const float *sm = a->sm + b * a->len, *go = a->go + b * a->len;
     float *gi = a->gi + b * a->len;
-    const float dot = dot2(sm, go, a->len);
+    const float dot = tg_dot_f32(sm, go, a->len);
     for (int64_t j = 0; j < a->len; j++) gi[j] = sm[j] * (go[j] - dot);
   }
 }

@@ -287,7 +287,9 @@ static void test_ce_count_zero(void **state) {
 }
 
 /* loss_out and grad bitwise identical across thread counts 1, 2, 3, 5 and
- * repeated runs, in deterministic mode (and, as documented, also without). */
+ * repeated runs, in deterministic mode (and, as documented, also without),
+ * for each ISA (the vector exp of the ISA layer may round differently
+ * between ISAs). */
 static void test_ce_deterministic(void **state) {
   const uint32_t sizes[][2] = {{500, 200}, {12, 50257}, {3000, 5}};
   const int threads[] = {1, 2, 3, 5, 5};
@@ -304,8 +306,8 @@ static void test_ce_deterministic(void **state) {
     for (uint32_t i = 0; i < n_pos; i++) t[i] = (uint32_t)tu_int(&rng, 0, (int)V - 1);
     const float prefill = (float)tu_uniform(&rng, 0.5, 3);
     float loss0 = 0;
-    for (int det = 1; det >= 0; det--)
-      for (int ii = 0; ii < n_isas; ii++)
+    for (int ii = 0; ii < n_isas; ii++)
+      for (int det = 1; det >= 0; det--)
         for (size_t k = 0; k < sizeof threads / sizeof threads[0]; k++) {
           tg_ctx *ctx = tu_ctx(threads[k], isas[ii]);
           assert_int_equal(tg_ctx_set_deterministic(ctx, det), TG_OK);
@@ -313,7 +315,7 @@ static void test_ce_deterministic(void **state) {
           TU_EXPECT_STATUS(ctx, tg_cross_entropy_fwd_bwd(ctx, l, t, g, &loss, n_pos, V, V,
                                                          n_pos),
                            TG_OK);
-          if (det == 1 && ii == 0 && k == 0) {
+          if (det == 1 && k == 0) { /* first run of this ISA */
             loss0 = loss;
             memcpy(g0, g, n * sizeof(float));
           } else if (memcmp(&loss, &loss0, sizeof loss) || memcmp(g, g0, n * sizeof(float))) {
