@@ -25,48 +25,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "errbound.h"
 #include "testutil.h"
 
-/* --- running error bounds ---------------------------------------------------- */
-static const double U = 0x1p-24;
-static const double ETA = 0x1p-150;
-
-typedef struct {
-  double v; /* exact value of the formula */
-  double e; /* bound on |f32 evaluation - v| */
-} eb;
-
-static eb eb_in(float x) { return (eb){x, 0}; }
-static eb eb_round(double v, double e) { return (eb){v, e + U * (fabs(v) + e) + ETA}; }
-static eb eb_mul(eb a, eb b) {
-  return eb_round(a.v * b.v, fabs(a.v) * b.e + fabs(b.v) * a.e + a.e * b.e);
-}
-static eb eb_add(eb a, eb b) { return eb_round(a.v + b.v, a.e + b.e); }
-static eb eb_sub(eb a, eb b) { return eb_round(a.v - b.v, a.e + b.e); }
-static eb eb_div(eb a, eb b) { /* requires |b.v| > b.e */
-  const double q = a.v / b.v;
-  return eb_round(q, (a.e + fabs(q) * b.e) / (fabs(b.v) - b.e));
-}
-static eb eb_sqrt(eb a) { /* requires a.v > 0 */
-  const double s = sqrt(a.v);
-  return eb_round(s, a.e / s);
-}
-
-/* sum of n terms, any order */
-typedef struct {
-  double v, e, mag;
-  int64_t n;
-} eb_sum;
-static void eb_sum_add(eb_sum *s, eb t) {
-  s->v += t.v;
-  s->e += t.e;
-  s->mag += fabs(t.v) + t.e;
-  s->n++;
-}
-static eb eb_sum_get(const eb_sum *s) {
-  const double k = s->n > 1 ? (double)(s->n - 1) : 0.0;
-  return (eb){s->v, s->e + k * U / (1 - k * U) * s->mag + k * ETA};
-}
 
 /* --- reference -------------------------------------------------------------- */
 typedef struct {

@@ -14,21 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "errbound.h"
 #include "testutil.h"
 
 static const double U = 0x1p-24;
-static const double ETA = 0x1p-150;
-
-typedef struct {
-  double v, e; /* exact value; bound on |f32 evaluation - v| */
-} eb;
-
-static eb eb_in(float x) { return (eb){x, 0}; }
-static eb eb_round(double v, double e) { return (eb){v, e + U * (fabs(v) + e) + ETA}; }
-static eb eb_mul(eb a, eb b) {
-  return eb_round(a.v * b.v, fabs(a.v) * b.e + fabs(b.v) * a.e + a.e * b.e);
-}
-static eb eb_sub(eb a, eb b) { return eb_round(a.v - b.v, a.e + b.e); }
 
 /* reference for one row */
 static void ref_row(const float *sm, const float *go, int64_t n, double *out,
@@ -41,7 +30,7 @@ static void ref_row(const float *sm, const float *go, int64_t n, double *out,
     mag += fabs(t.v) + t.e;
   }
   const double k = (double)(n - 1);
-  const eb dot = {v, e + k * U / (1 - k * U) * mag + k * ETA};
+  const eb dot = {v, e + k * U / (1 - k * U) * mag + k * EB_ETA};
   for (int64_t j = 0; j < n; j++) {
     const eb g = eb_mul(eb_in(sm[j]), eb_sub(eb_in(go[j]), dot));
     out[j] = g.v;
