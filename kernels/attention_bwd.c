@@ -20,7 +20,7 @@
  * default whenever there are at least as many (kv head, batch) items as
  * threads: x86 has no f32 atomic add, so each `omp atomic` is a
  * compare-exchange loop, and measured at L = 1024, D = 128 on 2 threads the
- * atomic adds halve the throughput. The Metal-faithful q-tile grid with
+ * atomic adds halved the throughput (first, unblocked microkernels). The Metal-faithful q-tile grid with
  * atomics is kept for problems with too few heads to keep the threads busy.
  */
 #include <math.h>
