@@ -114,6 +114,17 @@ tg_status tg_flash_attn_train_bwd_bf16(tg_ctx *ctx, const tg_bf16 *Q, const tg_b
 /* --- 3. f32 -> bf16 cast (round to nearest even) -------------------------- */
 tg_status tg_f32_to_bf16_cast(tg_ctx *ctx, const float *src, tg_bf16 *dst, uint64_t n);
 
+/* --- training forward (produces what kernels 1-2 consume) -----------------
+ * O = softmax(S) . V with S exactly as in tg_flash_attn_train_bwd_bf16
+ * (same params, mask and causal rule); O bf16 through O_strides (writes;
+ * rows must not overlap), L [B,H,qL] f32 natural-log logsumexp (writes;
+ * -inf for a row that sees no key, whose O row is 0). */
+tg_status tg_flash_attn_train_fwd_bf16(tg_ctx *ctx, const tg_bf16 *Q, const tg_bf16 *K,
+                                       const tg_bf16 *V, tg_bf16 *O, float *L,
+                                       const tg_attn_params *p,
+                                       const tg_attn_mask_params *mp,
+                                       const tg_bf16 *mask, int causal);
+
 /* --- 4. RMSNorm backward, three-kernel split (f32, rows x dim row-major) --
  * r[b] = 1/sqrt(mean_j x[b,j]^2 + eps) (writes) */
 tg_status tg_rms_norm_compute_rms_inv_f32(tg_ctx *ctx, const float *x, float *r_out,

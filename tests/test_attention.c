@@ -1,5 +1,6 @@
 /*
- * FA-2 backward family (contract kernels 1-3) against an f64 reference.
+ * FA-2 family (contract kernels 1-3 and the training forward) against an f64
+ * reference.
  *
  * Tolerances. Every comparison uses a per-element bound computed in f64 next
  * to the reference: a first-order forward error bound of the f32 algorithm,
@@ -52,6 +53,7 @@ typedef struct {
   tg_bf16 *Q, *K, *V, *dO, *mask;
   float *L, *Dv, *dK0, *dV0;
   double *dQr, *dKr, *dVr, *dQe, *dKe, *dVe; /* reference and its error bound */
+  double *Or, *Oe, *Lr, *Le; /* forward: O [B,H,qL,D] and L [B,H,qL], bounds */
 } problem;
 
 static int64_t off3(const int64_t s[3], int64_t b, int64_t h, int64_t r) {
@@ -94,6 +96,51 @@ static double ref_score(const problem *pb, int64_t b, int64_t h, int64_t i, int6
   *err = fabs(p->scale) * gam(p->D) * aqk + 4 * U * (fabs(s) + fabs(p->scale * qk)) +
          U * fabs(s + madd);
   return s + madd;
+}
+
+/*
+ * Forward reference for row i: O = sum_k exp(s_k - m) V_k / l, L = m + log l.
+ * Bound of an f32 online softmax over key tiles of at least 16 keys (T tile
+ * steps): each final weight exp(s_k - m) carries a relative error of at most
+ * eps = se_k + E + (T + 2) 2u + 2u R (E = max score bound, R = max |s - m|;
+ * every rescale exp(m_old - m_new) adds u|dm| + 2u and the dm add up to <= R).
+ * O: (eps + gamma(kL)) (sum P|V| / l + |O|) + u|O|, doubled for second-order
+ * terms, plus the bf16 rounding of the output, 2^-8 (|O| + e).
+ * L: 2 (E + eps + gamma(kL) + u|L| + 2u|log l|).
+ */
+static void forward_reference(problem *pb, int64_t b, int64_t h, int64_t i, const double *s,
+                              const double *se, const int *vis, double mx, double sum) {
+  const tg_attn_params *p = &pb->p;
+  const int64_t D = p->D, kL = p->kL, hk = h / p->gqa_factor;
+  const int64_t row = (b * p->H + h) * p->qL + i;
+  if (!(sum > 0)) { /* no visible key: O = 0 exactly, L = -inf */
+    pb->Lr[row] = -INFINITY;
+    return;
+  }
+  double E = 0, R = 0;
+  for (int64_t k = 0; k < kL; k++)
+    if (vis[k]) {
+      E = fmax(E, se[k]);
+      R = fmax(R, mx - s[k]);
+    }
+  const double T = (double)((kL + 15) / 16);
+  const double eps = 2 * E + (T + 2) * 2 * U + 2 * U * R + gam(kL);
+  double *O = pb->Or + row * D, *Oe = pb->Oe + row * D;
+  for (int64_t k = 0; k < kL; k++) {
+    if (!vis[k]) continue;
+    const double w = exp(s[k] - mx) / sum;
+    const tg_bf16 *Vk = pb->V + off3(p->V_strides, b, hk, k);
+    for (int64_t d = 0; d < D; d++) {
+      O[d] += w * tg_bf16_to_f32(Vk[d]);
+      Oe[d] += w * fabs(tg_bf16_to_f32(Vk[d]));
+    }
+  }
+  for (int64_t d = 0; d < D; d++) {
+    const double e = 2 * (eps * (Oe[d] + fabs(O[d])) + U * fabs(O[d]));
+    Oe[d] = e + 0x1p-8 * (fabs(O[d]) + e); /* bf16: p = 8, u = 2^-8 */
+  }
+  pb->Lr[row] = mx + log(sum);
+  pb->Le[row] = 2 * (E + eps + U * fabs(pb->Lr[row]) + 2 * U * fabs(log(sum)));
 }
 
 /* Builds inputs, L (exact logsumexp rounded to f32) and D_vec (from a bf16
@@ -149,6 +196,10 @@ static void build(problem *pb, const cfg *c, tu_rng *r) {
   tu_fill_f32(r, pb->dK0, pb->nKout, -1, 1);
   tu_fill_f32(r, pb->dV0, pb->nKout, -1, 1);
 
+  pb->Or = calloc(pb->nOut, sizeof(double));
+  pb->Oe = calloc(pb->nOut, sizeof(double));
+  pb->Lr = calloc(pb->nL, sizeof(double));
+  pb->Le = calloc(pb->nL, sizeof(double));
   pb->dQr = calloc(pb->nOut, sizeof(double));
   pb->dQe = calloc(pb->nOut, sizeof(double));
   pb->dKr = calloc(pb->nKout, sizeof(double));
@@ -177,6 +228,7 @@ static void build(problem *pb, const cfg *c, tu_rng *r) {
         double sum = 0;
         for (int64_t k = 0; k < kL; k++) sum += vis[k] ? exp(s[k] - mx) : 0;
         const float L = sum > 0 ? (float)(mx + log(sum)) : -INFINITY;
+        forward_reference(pb, b, h, i, s, se, vis, mx, sum);
         pb->L[row] = L;
         /* O = softmax . V, rounded to bf16 as the forward would store it */
         for (int64_t d = 0; d < D; d++) O[d] = 0;
@@ -237,7 +289,8 @@ static void build(problem *pb, const cfg *c, tu_rng *r) {
 static void destroy(problem *pb) {
   free(pb->Q), free(pb->K), free(pb->V), free(pb->dO), free(pb->mask), free(pb->L);
   free(pb->Dv), free(pb->dK0), free(pb->dV0), free(pb->dQr), free(pb->dKr), free(pb->dVr);
-  free(pb->dQe), free(pb->dKe), free(pb->dVe);
+  free(pb->dQe), free(pb->dKe), free(pb->dVe), free(pb->Or), free(pb->Oe), free(pb->Lr);
+  free(pb->Le);
 }
 
 typedef struct { float *dQ, *dK, *dV; } outputs;
@@ -464,6 +517,113 @@ static void test_bwd_bad_input_writes_nothing(void **state) {
   destroy(&pb);
 }
 
+/* --- training forward ------------------------------------------------------ */
+/* Runs the forward with O (through O_strides) and L poisoned; checks both. */
+static int check_forward(tg_ctx *ctx, const problem *pb, const char *what) {
+  const tg_attn_params *p = &pb->p;
+  const int64_t B = p->B, H = p->H, qL = p->qL, D = p->D;
+  const int64_t nO = pb->c.strided ? pb->nQ : pb->nOut; /* strided O as [B,qL,H,D] */
+  tg_bf16 *O = tu_alloc(2 * nO);
+  float *L = tu_alloc(sizeof(float) * pb->nL), *Of = tu_alloc(sizeof(float) * pb->nOut);
+  for (int64_t e = 0; e < nO; e++) O[e] = 0xFFFF; /* bf16 NaN */
+  tu_poison_f32(L, pb->nL);
+  TU_EXPECT_STATUS(ctx,
+                   tg_flash_attn_train_fwd_bf16(ctx, pb->Q, pb->K, pb->V, O, L, p,
+                                                pb->mask ? &pb->mp : NULL, pb->mask,
+                                                pb->c.causal),
+                   TG_OK);
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < H; h++)
+      for (int64_t i = 0; i < qL; i++)
+        for (int64_t d = 0; d < D; d++)
+          Of[((b * H + h) * qL + i) * D + d] =
+              tg_bf16_to_f32(O[off3(p->O_strides, b, h, i) + d]);
+  int ok = tu_check_bound("O", Of, pb->Or, pb->Oe, pb->nOut);
+  /* L: -inf rows must be exactly -inf */
+  for (int64_t r = 0; r < pb->nL; r++)
+    if ((pb->Lr[r] == -INFINITY) != (L[r] == -INFINITY)) {
+      printf("  L[%lld] = %g, want %g\n", (long long)r, (double)L[r], pb->Lr[r]);
+      ok = 0;
+    }
+  double *Lr = tu_alloc(sizeof(double) * pb->nL), *Le = tu_alloc(sizeof(double) * pb->nL);
+  float *Lf = tu_alloc(sizeof(float) * pb->nL);
+  for (int64_t r = 0; r < pb->nL; r++) { /* compare the finite ones */
+    const int inf = pb->Lr[r] == -INFINITY;
+    Lr[r] = inf ? 0 : pb->Lr[r];
+    Le[r] = inf ? 0 : pb->Le[r];
+    Lf[r] = inf ? 0.0f : L[r];
+  }
+  ok &= tu_check_bound("L", Lf, Lr, Le, pb->nL);
+  if (!ok) printf("  ^ forward, %s\n", what);
+  free(O), free(L), free(Of), free(Lr), free(Le), free(Lf);
+  return ok;
+}
+
+static void test_fwd_against_reference(void **state) {
+  tu_rng r = tu_rng_make(tu_seed() + 8);
+  tg_isa isas[4];
+  const int nisa = tu_isas(isas);
+  int failures = 0;
+  for (size_t ci = 0; ci < sizeof configs / sizeof configs[0]; ci++) {
+    problem pb;
+    build(&pb, &configs[ci], &r);
+    for (int ii = 0; ii < nisa; ii++)
+      for (int ti = 0; ti < tu_n_thread_counts; ti++) {
+        tg_ctx *ctx = tu_ctx(tu_thread_counts[ti], isas[ii]);
+        char what[160];
+        snprintf(what, sizeof what, "%s [%s, %d threads]", pb.c.name, tg_isa_name(isas[ii]),
+                 tu_thread_counts[ti]);
+        failures += !check_forward(ctx, &pb, what);
+        tg_ctx_destroy(ctx);
+      }
+    destroy(&pb);
+  }
+  if (failures) TU_FAIL("%d forward runs out of bound", failures);
+}
+
+static void test_fwd_bad_input_writes_nothing(void **state) {
+  tu_rng r = tu_rng_make(tu_seed() + 9);
+  const cfg c = {"bad fwd", 1, 2, 1, 20, 17, 16, 0, 0, 1, 0, 1.0f};
+  problem pb;
+  build(&pb, &c, &r);
+  tg_bf16 *O = tu_alloc(2 * pb.nOut);
+  float *L = tu_alloc(sizeof(float) * pb.nL);
+  memset(O, 0x5A, 2 * pb.nOut);
+  memset(L, 0x5A, sizeof(float) * pb.nL);
+  tg_ctx *ctx = tu_ctx(2, TG_ISA_AUTO);
+  tg_attn_params q = pb.p;
+  q.D = 20;
+  assert_int_equal(tg_flash_attn_train_fwd_bf16(NULL, pb.Q, pb.K, pb.V, O, L, &pb.p, NULL,
+                                                NULL, 0),
+                   TG_ERR_NULL_ARG);
+  TU_EXPECT_STATUS(ctx, tg_flash_attn_train_fwd_bf16(ctx, pb.Q, pb.K, pb.V, NULL, L, &pb.p,
+                                                     NULL, NULL, 0),
+                   TG_ERR_NULL_ARG);
+  TU_EXPECT_STATUS(ctx, tg_flash_attn_train_fwd_bf16(ctx, pb.Q, pb.K, pb.V, O, NULL, &pb.p,
+                                                     NULL, NULL, 0),
+                   TG_ERR_NULL_ARG);
+  TU_EXPECT_STATUS(ctx, tg_flash_attn_train_fwd_bf16(ctx, pb.Q, pb.K, pb.V, O, L, &pb.p,
+                                                     &pb.mp, NULL, 0),
+                   TG_ERR_NULL_ARG);
+  TU_EXPECT_STATUS(ctx, tg_flash_attn_train_fwd_bf16(ctx, pb.Q, pb.K, pb.V, O, L, &q, NULL,
+                                                     NULL, 0),
+                   TG_ERR_UNSUPPORTED);
+  q = pb.p;
+  q.kL_rem = 0;
+  TU_EXPECT_STATUS(ctx, tg_flash_attn_train_fwd_bf16(ctx, pb.Q, pb.K, pb.V, O, L, &q, NULL,
+                                                     NULL, 0),
+                   TG_ERR_BAD_PARAMS);
+  for (int64_t e = 0; e < pb.nOut; e++) assert_int_equal(O[e], 0x5A5A);
+  for (int64_t e = 0; e < pb.nL; e++) {
+    uint32_t u;
+    memcpy(&u, &L[e], 4);
+    assert_int_equal(u, 0x5A5A5A5Au);
+  }
+  tg_ctx_destroy(ctx);
+  free(O), free(L);
+  destroy(&pb);
+}
+
 /* --- kernel 1: D = rowsum(O * dO) ----------------------------------------------- */
 static void test_compute_d(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 6);
@@ -637,6 +797,8 @@ int main(void) {
       cmocka_unit_test(test_bwd_fully_masked_rows_are_zero),
       cmocka_unit_test(test_bwd_deterministic_bitwise),
       cmocka_unit_test(test_bwd_bad_input_writes_nothing),
+      cmocka_unit_test(test_fwd_against_reference),
+      cmocka_unit_test(test_fwd_bad_input_writes_nothing),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,148 @@
+/*
+ * FlashAttention-2 training forward: O = softmax(S) . V and the natural-log
+ * logsumexp L that the backward consumes, with the score S exactly as the
+ * backward defines it (tg_attn_score: scale, softcap, causal qL_off, mask).
+ *
+ * One work item per (q-tile, query head, batch), as the backward's Metal
+ * grid. Each item streams the visible key tiles with an online softmax:
+ *
+ *   S = Q . K^T                              [nq, nk]
+ *   m' = max(m, rowmax S);  alpha = exp(m - m');  P = exp(S - m')
+ *   l  = alpha l + rowsum P;  acc = alpha acc + P . V     [nq, D]
+ *
+ * and finishes with O = acc / l (bf16, through O_strides) and L = m + log l.
+ * A row that sees no key (all -inf) gets O = 0 and L = -inf. Every row is
+ * computed by one item in a fixed order: the forward is deterministic for
+ * any thread count.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "attention.h"
+
+enum { FBQ = 64, FBK = 64 };
+
+typedef struct {
+  tg_attn_problem pr;
+  const tg_bf16 *Q, *K, *V, *mask;
+  tg_bf16 *O;
+  float *L;
+  const tg_micro_ops *ops;
+  int64_t n_qtiles;
+} fwd_args;
+
+typedef struct {
+  float *Q, *acc;  /* [FBQ, D] */
+  float *KT;       /* [D, FBK] */
+  float *V;        /* [FBK, D] */
+  float *S;        /* [FBQ, FBK] */
+  float *m, *l;    /* [FBQ] running max and sum */
+} fwd_scratch;
+
+static size_t fwd_scratch_bytes(int64_t D) {
+  return 2 * tg_align64(sizeof(float) * FBQ * (size_t)D) +
+         2 * tg_align64(sizeof(float) * FBK * (size_t)D) +
+         tg_align64(sizeof(float) * FBQ * FBK) + 2 * tg_align64(sizeof(float) * FBQ);
+}
+
+static fwd_scratch fwd_carve(void *base, int64_t D) {
+  char *p = base;
+  const size_t q = tg_align64(sizeof(float) * FBQ * (size_t)D);
+  const size_t k = tg_align64(sizeof(float) * FBK * (size_t)D);
+  fwd_scratch w;
+  w.Q = (float *)p, p += q;
+  w.acc = (float *)p, p += q;
+  w.KT = (float *)p, p += k;
+  w.V = (float *)p, p += k;
+  w.S = (float *)p, p += tg_align64(sizeof(float) * FBQ * FBK);
+  w.m = (float *)p, p += tg_align64(sizeof(float) * FBQ);
+  w.l = (float *)p;
+  return w;
+}
+
+static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *scratch) {
+  const fwd_args *a = vargs;
+  const tg_attn_problem *pr = &a->pr;
+  const tg_micro_ops *ops = a->ops;
+  fwd_scratch w = fwd_carve(scratch, pr->D);
+  const int64_t D = pr->D, h_kv = h / pr->gqa, qt = a->n_qtiles - 1 - x;
+  const int64_t q0 = qt * FBQ, nq = pr->qL - q0 < FBQ ? pr->qL - q0 : FBQ;
+
+  const tg_bf16 *Qh = a->Q + tg_attn_offset(pr->Qs, b, h, 0);
+  for (int64_t i = 0; i < nq; i++) {
+    ops->bf16_to_f32(Qh + (q0 + i) * pr->Qs[2], w.Q + i * D, D);
+    w.m[i] = -INFINITY;
+    w.l[i] = 0.0f;
+  }
+  memset(w.acc, 0, sizeof(float) * (size_t)(nq * D));
+
+  const tg_bf16 *Kh = a->K + tg_attn_offset(pr->Ks, b, h_kv, 0);
+  const tg_bf16 *Vh = a->V + tg_attn_offset(pr->Vs, b, h_kv, 0);
+  const int64_t key_end = tg_attn_key_end(pr, q0, nq);
+  for (int64_t k0 = 0; k0 < key_end; k0 += FBK) {
+    const int64_t nk = key_end - k0 < FBK ? key_end - k0 : FBK;
+    for (int64_t r = 0; r < nk; r++) {
+      float row[TG_ATTN_MAX_D];
+      ops->bf16_to_f32(Kh + (k0 + r) * pr->Ks[2], row, D);
+      for (int64_t d = 0; d < D; d++) w.KT[d * FBK + r] = row[d];
+      ops->bf16_to_f32(Vh + (k0 + r) * pr->Vs[2], w.V + r * D, D);
+    }
+    ops->mm_nn((int)nq, (int)nk, (int)D, w.Q, D, w.KT, FBK, w.S, FBK, 0); /* Q.K^T */
+
+    for (int64_t i = 0; i < nq; i++) {
+      const int64_t qi = q0 + i;
+      const tg_bf16 *mrow = pr->Ms ? a->mask + tg_attn_offset(pr->Ms, b, h, qi) : NULL;
+      float *P = w.S + i * FBK;
+      float m_new = w.m[i], unused;
+      for (int64_t k = 0; k < nk; k++) {
+        P[k] = tg_attn_score(pr, P[k], qi, k0 + k, mrow, &unused);
+        if (P[k] > m_new) m_new = P[k];
+      }
+      if (m_new == -INFINITY) { /* nothing visible yet: P = 0, state unchanged */
+        memset(P, 0, sizeof(float) * (size_t)nk);
+        continue;
+      }
+      const float alpha = w.m[i] == -INFINITY ? 0.0f : expf(w.m[i] - m_new);
+      for (int64_t k = 0; k < nk; k++) P[k] -= m_new;
+      ops->exp_f32(P, P, nk);
+      float sum = 0.0f;
+      for (int64_t k = 0; k < nk; k++) sum += P[k];
+      w.l[i] = alpha * w.l[i] + sum;
+      w.m[i] = m_new;
+      if (alpha != 1.0f)
+        for (int64_t d = 0; d < D; d++) w.acc[i * D + d] *= alpha;
+    }
+    ops->mm_nn((int)nq, (int)D, (int)nk, w.S, FBK, w.V, D, w.acc, D, 1); /* acc += P.V */
+  }
+
+  tg_bf16 *Oh = a->O + tg_attn_offset(pr->Os, b, h, 0);
+  float *L = a->L + (b * pr->H + h) * pr->qL + q0;
+  for (int64_t i = 0; i < nq; i++) {
+    const float l = w.l[i];
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    float *o = w.acc + i * D;
+    for (int64_t d = 0; d < D; d++) o[d] *= inv;
+    ops->f32_to_bf16(o, Oh + (q0 + i) * pr->Os[2], D);
+    L[i] = l > 0.0f ? w.m[i] + logf(l) : -INFINITY;
+  }
+}
+
+tg_status tg_flash_attn_train_fwd_bf16(tg_ctx *ctx, const tg_bf16 *Q, const tg_bf16 *K,
+                                       const tg_bf16 *V, tg_bf16 *O, float *L,
+                                       const tg_attn_params *p,
+                                       const tg_attn_mask_params *mp, const tg_bf16 *mask,
+                                       int causal) {
+  static const char fn[] = "tg_flash_attn_train_fwd_bf16";
+  if (!ctx) return TG_ERR_NULL_ARG;
+  tg_begin(ctx);
+  const void *bufs[] = {Q, K, V, O, L};
+  const char *names[] = {"Q", "K", "V", "O", "L"};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+    if (!bufs[i]) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: %s is NULL", fn, names[i]);
+  fwd_args a = {.Q = Q, .K = K, .V = V, .mask = mask, .O = O, .L = L, .ops = ctx->ops};
+  tg_status st = tg_attn_validate(ctx, fn, p, mp, mask, causal, &a.pr);
+  if (st != TG_OK) return st;
+  a.n_qtiles = (a.pr.qL + FBQ - 1) / FBQ;
+  return tg_dispatch(ctx, a.n_qtiles, a.pr.H, a.pr.B, fwd_scratch_bytes(a.pr.D), fwd_group,
+                     &a);
+}
