@@ -125,6 +125,11 @@ tg_status tg_flash_attn_train_fwd_bf16(tg_ctx *ctx, const tg_bf16 *Q, const tg_b
                                        const tg_attn_mask_params *mp,
                                        const tg_bf16 *mask, int causal);
 
+/* RMSNorm forward: y[b,k] = x[b,k] * r[b] * w[k] with r as in kernel 4
+ * (writes); r_out may be NULL, else it gets r [rows] for the backward. */
+tg_status tg_rms_norm_forward_f32(tg_ctx *ctx, const float *x, const float *w, float *y,
+                                  float *r_out, uint32_t rows, uint32_t dim, float eps);
+
 /* --- 4. RMSNorm backward, three-kernel split (f32, rows x dim row-major) --
  * r[b] = 1/sqrt(mean_j x[b,j]^2 + eps) (writes) */
 tg_status tg_rms_norm_compute_rms_inv_f32(tg_ctx *ctx, const float *x, float *r_out,

@@ -115,6 +115,40 @@ tg_status tg_rms_norm_compute_rms_inv_f32(tg_ctx *ctx, const float *x, float *r_
   return tg_dispatch(ctx, (a.rows + a.rpg - 1) / a.rpg, 1, 1, 0, rms_inv_group, &a);
 }
 
+/* --- forward: r[b] as in 4a, y[b,k] = x[b,k] * r[b] * w[k] (writes) ------- */
+typedef struct {
+  const float *x, *w;
+  float *y, *r; /* r may be NULL */
+  int64_t rows, dim, rpg;
+  float eps;
+} fwd_args;
+
+static void fwd_group(const void *vargs, int64_t g, int64_t y_, int64_t z, void *scratch) {
+  const fwd_args *a = vargs;
+  const int64_t b1 = min64((g + 1) * a->rpg, a->rows);
+  for (int64_t b = g * a->rpg; b < b1; b++) {
+    const float *x = a->x + b * a->dim;
+    float *y = a->y + b * a->dim;
+    const float r = row_rms_inv(x, a->dim, a->eps);
+    for (int64_t k = 0; k < a->dim; k++) y[k] = x[k] * r * a->w[k];
+    if (a->r) a->r[b] = r;
+  }
+}
+
+tg_status tg_rms_norm_forward_f32(tg_ctx *ctx, const float *x, const float *w, float *y,
+                                  float *r_out, uint32_t rows, uint32_t dim, float eps) {
+  static const char fn[] = "tg_rms_norm_forward_f32";
+  if (!ctx) return TG_ERR_NULL_ARG;
+  tg_begin(ctx);
+  const char *null = !x ? "x" : !w ? "w" : !y ? "y" : NULL;
+  if (null) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: %s is NULL", fn, null);
+  tg_status st = check_shape(ctx, fn, "x", rows, dim);
+  if (st == TG_OK) st = check_eps(ctx, fn, eps);
+  if (st != TG_OK) return st;
+  const fwd_args a = {x, w, y, r_out, rows, dim, rows_per_group(dim), eps};
+  return tg_dispatch(ctx, (a.rows + a.rpg - 1) / a.rpg, 1, 1, 0, fwd_group, &a);
+}
+
 /* --- 4b. dx[b,k] = r[b]*(dy[b,k]*w[k] - x[b,k]*s[b]*r[b]^2/dim) (writes) ---- */
 typedef struct {
   const float *x, *w, *dy, *r;

@@ -424,6 +424,73 @@ static void test_rmsnorm_zero_row(void **state) {
   tg_ctx_destroy(ctx);
 }
 
+/* Forward: y = x * r * w against the running-bound reference; r_out given or
+ * NULL; outputs poisoned; bad input leaves y and r untouched. */
+static void test_rmsnorm_forward(void **state) {
+  tu_rng rng = tu_rng_make(tu_seed() + 900);
+  const uint32_t shapes[][2] = {{1, 1}, {3, 17}, {64, 300}, {7, 4099}};
+  tg_isa isas[4];
+  const int n_isas = tu_isas(isas);
+  for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+    const uint32_t rows = shapes[si][0], dim = shapes[si][1];
+    const int64_t n = (int64_t)rows * dim;
+    float *x = tu_alloc(sizeof(float) * n), *w = tu_alloc(sizeof(float) * dim);
+    float *y = tu_alloc(sizeof(float) * n), *r = tu_alloc(sizeof(float) * rows);
+    double *yw = tu_alloc(sizeof(double) * n), *ye = tu_alloc(sizeof(double) * n);
+    double *rw = tu_alloc(sizeof(double) * rows), *re = tu_alloc(sizeof(double) * rows);
+    tu_fill_f32(&rng, x, n, -3, 3);
+    tu_fill_f32(&rng, w, dim, -2, 2);
+    const float eps = 1e-5f;
+    for (uint32_t b = 0; b < rows; b++) {
+      const eb rb = ref_r(x + (int64_t)b * dim, dim, eps);
+      rw[b] = rb.v;
+      re[b] = rb.e;
+      for (uint32_t k = 0; k < dim; k++) {
+        const eb yk = eb_mul(eb_mul(eb_in(x[(int64_t)b * dim + k]), rb), eb_in(w[k]));
+        yw[(int64_t)b * dim + k] = yk.v;
+        ye[(int64_t)b * dim + k] = yk.e;
+      }
+    }
+    for (int ii = 0; ii < n_isas; ii++)
+      for (int ti = 0; ti < tu_n_thread_counts; ti++)
+        for (int with_r = 0; with_r < 2; with_r++) {
+          tg_ctx *ctx = tu_ctx(tu_thread_counts[ti], isas[ii]);
+          tu_poison_f32(y, n);
+          tu_poison_f32(r, rows);
+          TU_EXPECT_STATUS(ctx, tg_rms_norm_forward_f32(ctx, x, w, y, with_r ? r : NULL, rows,
+                                                        dim, eps),
+                           TG_OK);
+          if (!tu_check_bound("y", y, yw, ye, n) ||
+              (with_r && !tu_check_bound("r", r, rw, re, rows)))
+            TU_FAIL("rms forward %ux%u threads=%d isa=%s", rows, dim, tu_thread_counts[ti],
+                    tg_isa_name(isas[ii]));
+          if (!with_r)
+            for (uint32_t b = 0; b < rows; b++) assert_true(isnan(r[b])); /* untouched */
+          tg_ctx_destroy(ctx);
+        }
+    free(x), free(w), free(y), free(r), free(yw), free(ye), free(rw), free(re);
+  }
+  /* bad input: status, message, nothing written */
+  float x[4] = {1, 2, 3, 4}, w[2] = {1, 1}, y[4] = {9, 9, 9, 9}, r[2] = {9, 9};
+  tg_ctx *ctx = tu_ctx(1, TG_ISA_PORTABLE);
+  assert_int_equal(tg_rms_norm_forward_f32(NULL, x, w, y, r, 2, 2, 1e-5f), TG_ERR_NULL_ARG);
+  TU_EXPECT_STATUS(ctx, tg_rms_norm_forward_f32(ctx, NULL, w, y, r, 2, 2, 1e-5f),
+                   TG_ERR_NULL_ARG);
+  TU_EXPECT_STATUS(ctx, tg_rms_norm_forward_f32(ctx, x, w, NULL, r, 2, 2, 1e-5f),
+                   TG_ERR_NULL_ARG);
+  TU_EXPECT_STATUS(ctx, tg_rms_norm_forward_f32(ctx, x, w, y, r, 0, 2, 1e-5f),
+                   TG_ERR_BAD_SHAPE);
+  TU_EXPECT_STATUS(ctx, tg_rms_norm_forward_f32(ctx, x, w, y, r, 2, 2, NAN),
+                   TG_ERR_BAD_PARAMS);
+  TU_EXPECT_STATUS(ctx, tg_rms_norm_forward_f32(ctx, x, w, y, r, 2, 2, -1.0f),
+                   TG_ERR_BAD_PARAMS);
+  TU_EXPECT_STATUS(ctx, tg_rms_norm_forward_f32(ctx, x, w, y, r, UINT32_MAX, UINT32_MAX, 0),
+                   TG_ERR_OVERFLOW);
+  for (int i = 0; i < 4; i++) assert_true(y[i] == 9);
+  assert_true(r[0] == 9 && r[1] == 9);
+  tg_ctx_destroy(ctx);
+}
+
 int main(void) {
   tu_seed();
   const struct CMUnitTest tests[] = {
@@ -431,6 +498,7 @@ int main(void) {
       cmocka_unit_test(test_rmsnorm_deterministic),
       cmocka_unit_test(test_rmsnorm_bad_input),
       cmocka_unit_test(test_rmsnorm_zero_row),
+      cmocka_unit_test(test_rmsnorm_forward),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
