@@ -252,6 +252,24 @@ static tg_status run_flash_attn_train_bwd_bf16(run_call *c) {
                                       (int)PI(c, "causal"));
 }
 
+/* training forward: O, L from Q, K, V */
+static tg_status run_flash_attn_train_fwd_bf16(run_call *c) {
+  tg_attn_params p;
+  tg_attn_mask_params mp;
+  const tg_status s = attn_params_from(c, &p);
+  if (s != TG_OK) return s;
+  const tg_bf16 *mask = attn_mask_from(c, &mp);
+  return tg_flash_attn_train_fwd_bf16(c->ctx, B(c, "Q"), B(c, "K"), B(c, "V"), B(c, "O"),
+                                      B(c, "L"), &p, mask ? &mp : NULL, mask,
+                                      (int)PI(c, "causal"));
+}
+
+/* RMSNorm forward (r_out always produced here) */
+static tg_status run_rms_norm_forward_f32(run_call *c) {
+  return tg_rms_norm_forward_f32(c->ctx, B(c, "x"), B(c, "w"), B(c, "y"), B(c, "r_out"),
+                                 U(c, "rows"), U(c, "dim"), (float)PF(c, "eps"));
+}
+
 /* 3. cast, any shape */
 static tg_status run_f32_to_bf16_cast(run_call *c) {
   return tg_f32_to_bf16_cast(c->ctx, B(c, "src"), B(c, "dst"), (uint64_t)A(c, "src")->count);
@@ -414,6 +432,33 @@ static const kernel_spec kernel_table[] = {
       {"qL_off", P_I32, "", "causal offset (default kL - qL; 0 = the seed's behaviour)"},
       END_PARAMS},
      run_flash_attn_train_bwd_bf16},
+
+    {"flash_attn_train_fwd_bf16",
+     "FA-2 training forward: O = softmax(S).V (bf16), L = logsumexp(S), S as in the backward",
+     {{"Q", ROLE_IN, BT_BF16, "B,H,qL,D", NULL},
+      {"K", ROLE_IN, BT_BF16, "B,H_kv,kL,D", NULL},
+      {"V", ROLE_IN, BT_BF16, "B,H_kv,kL,D", NULL},
+      {"O", ROLE_OUT, BT_BF16, "B,H,qL,D", "written as '<u2' bf16 bits"},
+      {"L", ROLE_OUT, BT_F32, "B,H,qL", "natural-log logsumexp (-inf: no visible key)"},
+      {"mask", ROLE_OPT_IN, BT_BF16, "B|1,H|1,qL,kL",
+       "additive; a dim of 1 (or left out) broadcasts"},
+      END_BUFS},
+     {{"causal", P_BOOL, "0", "1: key k is visible to query i iff k <= i + qL_off"},
+      {"scale", P_FLOAT, "", "score scale (default 1/sqrt(D))"},
+      {"softcapping", P_FLOAT, "1.0", "tanh softcap c (1.0 = off)"},
+      {"qL_off", P_I32, "", "causal offset (default kL - qL)"},
+      END_PARAMS},
+     run_flash_attn_train_fwd_bf16},
+
+    {"rms_norm_forward_f32",
+     "y[b,k] = x[b,k]*r[b]*w[k], r_out[b] = 1/sqrt(mean_j x[b,j]^2 + eps)",
+     {{"x", ROLE_IN, BT_F32, "rows,dim", NULL},
+      {"w", ROLE_IN, BT_F32, "dim", NULL},
+      {"y", ROLE_OUT, BT_F32, "rows,dim", NULL},
+      {"r_out", ROLE_OUT, BT_F32, "rows", "input r of the backward kernels"},
+      END_BUFS},
+     {{"eps", P_FLOAT, NULL, "added to mean(x^2), e.g. 1e-6"}, END_PARAMS},
+     run_rms_norm_forward_f32},
 
     {"f32_to_bf16_cast",
      "dst = bf16(src), round to nearest even (any shape; dst keeps src's shape)",

@@ -330,6 +330,36 @@ def test_rmsnorm(rng):
         check("rms fused grad_weight", out["grad_weight"], dw + g0, 4 * dwm + np.abs(g0))
 
 
+def test_forward(rng):
+    """Training forward (O, L) and RMSNorm forward against float64."""
+    B, H, H_kv, qL, kL, D = 2, 4, 2, 37, 50, 24
+    Q, K, V = (rand_bf16(rng, s) for s in ((B, H, qL, D), (B, H_kv, kL, D), (B, H_kv, kL, D)))
+    scale = 1.0 / np.sqrt(D)
+    L, _, _ = forward_lse_and_D(Q, K, V, np.zeros_like(Q), scale, True, kL - qL, None, 1.0)
+    Qf, Kf, Vf = (bf16_to_f64(a) for a in (Q, K, V))
+    Kh, Vh = np.repeat(Kf, H // H_kv, axis=1), np.repeat(Vf, H // H_kv, axis=1)
+    S = scale * np.einsum("bhid,bhkd->bhik", Qf, Kh)
+    S = np.where(np.arange(kL)[None, :] > np.arange(qL)[:, None] + kL - qL, -np.inf, S)
+    P = np.exp(S - L.astype(np.float64)[..., None])
+    O = np.einsum("bhik,bhkd->bhid", P, Vh)
+    Om = np.einsum("bhik,bhkd->bhid", P, np.abs(Vh))
+    out, _ = run("flash_attn_train_fwd_bf16", {"Q": Q, "K": K, "V": V}, ["O", "L"],
+                 {"causal": 1})
+    if out:
+        # O is bf16: rounding adds up to 2^-8 |O| (expressed in units of RTOL)
+        check("fwd O", bf16_to_f64(out["O"]).astype(np.float32), O,
+              Om + np.abs(O) * 2.0 ** -8 / RTOL)
+        check("fwd L", out["L"], L.astype(np.float64), np.abs(L) + 1.0)
+    rows, dim, eps = 5, 70, 1e-6
+    x, w = rand_f32(rng, (rows, dim)), rand_f32(rng, (dim,))
+    X, W = x.astype(np.float64), w.astype(np.float64)
+    r = 1.0 / np.sqrt((X * X).mean(-1) + eps)
+    out, _ = run("rms_norm_forward_f32", {"x": x, "w": w}, ["y", "r_out"], {"eps": eps})
+    if out:
+        check("rms fwd y", out["y"], X * r[:, None] * W, np.abs(X * r[:, None] * W))
+        check("rms fwd r_out", out["r_out"], r, r)
+
+
 def test_softmax_backward(rng):
     n, m = 9, 130
     z = rng.normal(size=(n, m))
@@ -570,7 +600,7 @@ def main():
     rng = np.random.default_rng(seed)
     with tempfile.TemporaryDirectory(prefix="tg_cli_check_") as d:
         TMP = d
-        tests = [test_cast, test_compute_d, test_attention, test_attention_pipeline,
+        tests = [test_cast, test_compute_d, test_attention, test_attention_pipeline, test_forward,
                  test_rmsnorm, test_softmax_backward, test_embedding, test_cross_entropy,
                  test_transpose, test_causal_attention, test_decode, test_errors]
         for t in tests:
