@@ -402,6 +402,18 @@ static tg_status run_fwht_sign_undo_f32(run_call *c) {
 #define END_BUFS {NULL, 0, 0, NULL, NULL}
 #define END_PARAMS {NULL, 0, NULL, NULL}
 
+/* What the attention forward and backward share: the optional mask and the
+ * parameters of the score S. */
+#define ATTN_MASK_BUF                                  \
+  {"mask", ROLE_OPT_IN, BT_BF16, "B|1,H|1,qL,kL",      \
+   "additive; a dim of 1 (or left out) broadcasts"}
+#define ATTN_SCORE_PARAMS                                                              \
+  {{"causal", P_BOOL, "0", "1: key k is visible to query i iff k <= i + qL_off"},      \
+   {"scale", P_FLOAT, "", "score scale (default 1/sqrt(D))"},                          \
+   {"softcapping", P_FLOAT, "1.0", "tanh softcap c (1.0 = off)"},                      \
+   {"qL_off", P_I32, "", "causal offset (default kL - qL; 0 = the seed's behaviour)"}, \
+   END_PARAMS}
+
 static const kernel_spec kernel_table[] = {
     {"flash_attn_train_bwd_compute_d_bf16",
      "FA-2 backward pre-pass: D_out[b,h,i] = sum_d O[b,h,i,d]*dO[b,h,i,d]",
@@ -423,14 +435,9 @@ static const kernel_spec kernel_table[] = {
       {"dQ", ROLE_OUT, BT_F32, "B,H,qL,D", NULL},
       {"dK", ROLE_ACC, BT_F32, "B,H_kv,kL,D", NULL},
       {"dV", ROLE_ACC, BT_F32, "B,H_kv,kL,D", NULL},
-      {"mask", ROLE_OPT_IN, BT_BF16, "B|1,H|1,qL,kL",
-       "additive; a dim of 1 (or left out) broadcasts"},
+      ATTN_MASK_BUF,
       END_BUFS},
-     {{"causal", P_BOOL, "0", "1: key k is visible to query i iff k <= i + qL_off"},
-      {"scale", P_FLOAT, "", "score scale (default 1/sqrt(D))"},
-      {"softcapping", P_FLOAT, "1.0", "tanh softcap c (1.0 = off)"},
-      {"qL_off", P_I32, "", "causal offset (default kL - qL; 0 = the seed's behaviour)"},
-      END_PARAMS},
+     ATTN_SCORE_PARAMS,
      run_flash_attn_train_bwd_bf16},
 
     {"flash_attn_train_fwd_bf16",
@@ -440,14 +447,9 @@ static const kernel_spec kernel_table[] = {
       {"V", ROLE_IN, BT_BF16, "B,H_kv,kL,D", NULL},
       {"O", ROLE_OUT, BT_BF16, "B,H,qL,D", "written as '<u2' bf16 bits"},
       {"L", ROLE_OUT, BT_F32, "B,H,qL", "natural-log logsumexp (-inf: no visible key)"},
-      {"mask", ROLE_OPT_IN, BT_BF16, "B|1,H|1,qL,kL",
-       "additive; a dim of 1 (or left out) broadcasts"},
+      ATTN_MASK_BUF,
       END_BUFS},
-     {{"causal", P_BOOL, "0", "1: key k is visible to query i iff k <= i + qL_off"},
-      {"scale", P_FLOAT, "", "score scale (default 1/sqrt(D))"},
-      {"softcapping", P_FLOAT, "1.0", "tanh softcap c (1.0 = off)"},
-      {"qL_off", P_I32, "", "causal offset (default kL - qL)"},
-      END_PARAMS},
+     ATTN_SCORE_PARAMS,
      run_flash_attn_train_fwd_bf16},
 
     {"rms_norm_forward_f32",
