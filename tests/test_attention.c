@@ -311,6 +311,14 @@ static outputs alloc_outputs(const problem *pb) {
 }
 static void free_outputs(outputs *o) { free(o->dQ), free(o->dK), free(o->dV); }
 
+/* dQ, dK, dV against the reference bounds (all three, reporting each). */
+static int check_grads(const problem *pb, const outputs *o) {
+  const int q = tu_check_bound("dQ", o->dQ, pb->dQr, pb->dQe, pb->nOut);
+  const int k = tu_check_bound("dK", o->dK, pb->dKr, pb->dKe, pb->nKout);
+  const int v = tu_check_bound("dV", o->dV, pb->dVr, pb->dVe, pb->nKout);
+  return q && k && v;
+}
+
 static const cfg configs[] = {
     /* name                    B  H Hkv qL  kL   D  causal off mask str softcap */
     {"single element",         1, 1, 1, 1,   1,   8, 0, 0, 0, 0, 1.0f},
@@ -346,10 +354,7 @@ static void test_bwd_against_reference(void **state) {
           char what[160];
           snprintf(what, sizeof what, "%s [%s, %d threads, det=%d]", pb.c.name,
                    tg_isa_name(isas[ii]), tu_thread_counts[ti], det);
-          int ok = tu_check_bound("dQ", o.dQ, pb.dQr, pb.dQe, pb.nOut) &
-                   tu_check_bound("dK", o.dK, pb.dKr, pb.dKe, pb.nKout) &
-                   tu_check_bound("dV", o.dV, pb.dVr, pb.dVe, pb.nKout);
-          if (!ok) {
+          if (!check_grads(&pb, &o)) {
             printf("  ^ in %s\n", what);
             failures++;
           }
@@ -383,9 +388,7 @@ static void test_bwd_random_configs(void **state) {
     outputs o = alloc_outputs(&pb);
     tg_ctx *ctx = tu_ctx(tu_int(&r, 1, 3), TG_ISA_AUTO);
     TU_EXPECT_STATUS(ctx, run_bwd(ctx, &pb, &o), TG_OK);
-    if (!(tu_check_bound("dQ", o.dQ, pb.dQr, pb.dQe, pb.nOut) &
-          tu_check_bound("dK", o.dK, pb.dKr, pb.dKe, pb.nKout) &
-          tu_check_bound("dV", o.dV, pb.dVr, pb.dVe, pb.nKout))) {
+    if (!check_grads(&pb, &o)) {
       printf("  ^ in B=%d H=%d H_kv=%d qL=%d kL=%d D=%d causal=%d off+%d mask=%d "
              "strided=%d softcap=%g\n",
              c.B, c.H, c.H_kv, c.qL, c.kL, c.D, c.causal, c.qL_off_delta, c.mask,
