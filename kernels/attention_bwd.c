@@ -28,9 +28,7 @@
 
 #include "attention.h"
 
-/* CPU tile sizes: a q-tile and a key tile of 64 rows keep the f32 working set
- * (Q, dO, dQ, K, V, K^T, V^T, dK, dV tiles) within ~1.2 MiB at D = 512. */
-enum { BQ = 64, BK = 64 };
+enum { BQ = TG_ATTN_BQ, BK = TG_ATTN_BK };
 
 typedef struct {
   tg_attn_problem pr;
@@ -78,17 +76,6 @@ static bwd_scratch carve(void *base, int64_t D) {
   return w;
 }
 
-/* rows [r0, r0 + n) of a strided bf16 head -> f32 [n, D]; also [D, BK]
- * transposed into `trans` when it is not NULL. */
-static void load_rows(const tg_micro_ops *ops, const tg_bf16 *head, int64_t row_stride,
-                      int64_t r0, int64_t n, int64_t D, float *dst, float *trans) {
-  for (int64_t r = 0; r < n; r++) {
-    ops->bf16_to_f32(head + (r0 + r) * row_stride, dst + r * D, D);
-    if (trans)
-      for (int64_t d = 0; d < D; d++) trans[d * BK + r] = dst[r * D + d];
-  }
-}
-
 /* One q-tile of query head h in batch b: the body of one Metal threadgroup. */
 static void bwd_qtile(const bwd_args *a, int64_t b, int64_t h, int64_t qt, bwd_scratch *w) {
   const tg_attn_problem *pr = &a->pr;
@@ -98,8 +85,8 @@ static void bwd_qtile(const bwd_args *a, int64_t b, int64_t h, int64_t qt, bwd_s
   const int64_t bh = b * pr->H + h;
   const float *L = a->L + bh * pr->qL + q0, *Dv = a->D_vec + bh * pr->qL + q0;
 
-  load_rows(ops, a->Q + tg_attn_offset(pr->Qs, b, h, 0), pr->Qs[2], q0, nq, D, w->Q, NULL);
-  load_rows(ops, a->dO + tg_attn_offset(pr->Os, b, h, 0), pr->Os[2], q0, nq, D, w->dO,
+  tg_attn_load_rows(ops, a->Q + tg_attn_offset(pr->Qs, b, h, 0), pr->Qs[2], q0, nq, D, w->Q, NULL);
+  tg_attn_load_rows(ops, a->dO + tg_attn_offset(pr->Os, b, h, 0), pr->Os[2], q0, nq, D, w->dO,
             NULL);
   memset(w->dQ, 0, sizeof(float) * (size_t)(nq * D));
 
@@ -111,8 +98,8 @@ static void bwd_qtile(const bwd_args *a, int64_t b, int64_t h, int64_t qt, bwd_s
 
   for (int64_t k0 = 0; k0 < key_end; k0 += BK) {
     const int64_t nk = key_end - k0 < BK ? key_end - k0 : BK;
-    load_rows(ops, Khead, pr->Ks[2], k0, nk, D, w->K, w->KT);
-    load_rows(ops, Vhead, pr->Vs[2], k0, nk, D, w->V, w->VT);
+    tg_attn_load_rows(ops, Khead, pr->Ks[2], k0, nk, D, w->K, w->KT);
+    tg_attn_load_rows(ops, Vhead, pr->Vs[2], k0, nk, D, w->V, w->VT);
 
     ops->mm_nn((int)nq, (int)nk, (int)D, w->Q, D, w->KT, BK, w->S, BK, 0);   /* Q.K^T  */
     ops->mm_nn((int)nq, (int)nk, (int)D, w->dO, D, w->VT, BK, w->dS, BK, 0); /* dO.V^T */

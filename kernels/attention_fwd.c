@@ -20,7 +20,7 @@
 
 #include "attention.h"
 
-enum { FBQ = 64, FBK = 64 };
+enum { BQ = TG_ATTN_BQ, BK = TG_ATTN_BK };
 
 typedef struct {
   tg_attn_problem pr;
@@ -32,30 +32,31 @@ typedef struct {
 } fwd_args;
 
 typedef struct {
-  float *Q, *acc;  /* [FBQ, D] */
-  float *KT;       /* [D, FBK] */
-  float *V;        /* [FBK, D] */
-  float *S;        /* [FBQ, FBK] */
-  float *m, *l;    /* [FBQ] running max and sum */
+  float *Q, *acc;  /* [BQ, D] */
+  float *K, *V;    /* [BK, D] */
+  float *KT;       /* [D, BK] */
+  float *S;        /* [BQ, BK] */
+  float *m, *l;    /* [BQ] running max and sum */
 } fwd_scratch;
 
 static size_t fwd_scratch_bytes(int64_t D) {
-  return 2 * tg_align64(sizeof(float) * FBQ * (size_t)D) +
-         2 * tg_align64(sizeof(float) * FBK * (size_t)D) +
-         tg_align64(sizeof(float) * FBQ * FBK) + 2 * tg_align64(sizeof(float) * FBQ);
+  return 2 * tg_align64(sizeof(float) * BQ * (size_t)D) +
+         3 * tg_align64(sizeof(float) * BK * (size_t)D) +
+         tg_align64(sizeof(float) * BQ * BK) + 2 * tg_align64(sizeof(float) * BQ);
 }
 
 static fwd_scratch fwd_carve(void *base, int64_t D) {
   char *p = base;
-  const size_t q = tg_align64(sizeof(float) * FBQ * (size_t)D);
-  const size_t k = tg_align64(sizeof(float) * FBK * (size_t)D);
+  const size_t q = tg_align64(sizeof(float) * BQ * (size_t)D);
+  const size_t k = tg_align64(sizeof(float) * BK * (size_t)D);
   fwd_scratch w;
   w.Q = (float *)p, p += q;
   w.acc = (float *)p, p += q;
+  w.K = (float *)p, p += k;
   w.KT = (float *)p, p += k;
   w.V = (float *)p, p += k;
-  w.S = (float *)p, p += tg_align64(sizeof(float) * FBQ * FBK);
-  w.m = (float *)p, p += tg_align64(sizeof(float) * FBQ);
+  w.S = (float *)p, p += tg_align64(sizeof(float) * BQ * BK);
+  w.m = (float *)p, p += tg_align64(sizeof(float) * BQ);
   w.l = (float *)p;
   return w;
 }
@@ -66,11 +67,11 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
   const tg_micro_ops *ops = a->ops;
   fwd_scratch w = fwd_carve(scratch, pr->D);
   const int64_t D = pr->D, h_kv = h / pr->gqa, qt = a->n_qtiles - 1 - x;
-  const int64_t q0 = qt * FBQ, nq = pr->qL - q0 < FBQ ? pr->qL - q0 : FBQ;
+  const int64_t q0 = qt * BQ, nq = pr->qL - q0 < BQ ? pr->qL - q0 : BQ;
 
   const tg_bf16 *Qh = a->Q + tg_attn_offset(pr->Qs, b, h, 0);
+  tg_attn_load_rows(ops, Qh, pr->Qs[2], q0, nq, D, w.Q, NULL);
   for (int64_t i = 0; i < nq; i++) {
-    ops->bf16_to_f32(Qh + (q0 + i) * pr->Qs[2], w.Q + i * D, D);
     w.m[i] = -INFINITY;
     w.l[i] = 0.0f;
   }
@@ -79,20 +80,16 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
   const tg_bf16 *Kh = a->K + tg_attn_offset(pr->Ks, b, h_kv, 0);
   const tg_bf16 *Vh = a->V + tg_attn_offset(pr->Vs, b, h_kv, 0);
   const int64_t key_end = tg_attn_key_end(pr, q0, nq);
-  for (int64_t k0 = 0; k0 < key_end; k0 += FBK) {
-    const int64_t nk = key_end - k0 < FBK ? key_end - k0 : FBK;
-    for (int64_t r = 0; r < nk; r++) {
-      float row[TG_ATTN_MAX_D];
-      ops->bf16_to_f32(Kh + (k0 + r) * pr->Ks[2], row, D);
-      for (int64_t d = 0; d < D; d++) w.KT[d * FBK + r] = row[d];
-      ops->bf16_to_f32(Vh + (k0 + r) * pr->Vs[2], w.V + r * D, D);
-    }
-    ops->mm_nn((int)nq, (int)nk, (int)D, w.Q, D, w.KT, FBK, w.S, FBK, 0); /* Q.K^T */
+  for (int64_t k0 = 0; k0 < key_end; k0 += BK) {
+    const int64_t nk = key_end - k0 < BK ? key_end - k0 : BK;
+    tg_attn_load_rows(ops, Kh, pr->Ks[2], k0, nk, D, w.K, w.KT);
+    tg_attn_load_rows(ops, Vh, pr->Vs[2], k0, nk, D, w.V, NULL);
+    ops->mm_nn((int)nq, (int)nk, (int)D, w.Q, D, w.KT, BK, w.S, BK, 0); /* Q.K^T */
 
     for (int64_t i = 0; i < nq; i++) {
       const int64_t qi = q0 + i;
       const tg_bf16 *mrow = pr->Ms ? a->mask + tg_attn_offset(pr->Ms, b, h, qi) : NULL;
-      float *P = w.S + i * FBK;
+      float *P = w.S + i * BK;
       float m_new = w.m[i], unused;
       for (int64_t k = 0; k < nk; k++) {
         P[k] = tg_attn_score(pr, P[k], qi, k0 + k, mrow, &unused);
@@ -112,7 +109,7 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
       if (alpha != 1.0f)
         for (int64_t d = 0; d < D; d++) w.acc[i * D + d] *= alpha;
     }
-    ops->mm_nn((int)nq, (int)D, (int)nk, w.S, FBK, w.V, D, w.acc, D, 1); /* acc += P.V */
+    ops->mm_nn((int)nq, (int)D, (int)nk, w.S, BK, w.V, D, w.acc, D, 1); /* acc += P.V */
   }
 
   tg_bf16 *Oh = a->O + tg_attn_offset(pr->Os, b, h, 0);
@@ -142,7 +139,7 @@ tg_status tg_flash_attn_train_fwd_bf16(tg_ctx *ctx, const tg_bf16 *Q, const tg_b
   fwd_args a = {.Q = Q, .K = K, .V = V, .mask = mask, .O = O, .L = L, .ops = ctx->ops};
   tg_status st = tg_attn_validate(ctx, fn, p, mp, mask, causal, &a.pr);
   if (st != TG_OK) return st;
-  a.n_qtiles = (a.pr.qL + FBQ - 1) / FBQ;
+  a.n_qtiles = (a.pr.qL + BQ - 1) / BQ;
   return tg_dispatch(ctx, a.n_qtiles, a.pr.H, a.pr.B, fwd_scratch_bytes(a.pr.D), fwd_group,
                      &a);
 }
