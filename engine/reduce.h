@@ -11,6 +11,13 @@
 
 enum { TG_LANES = 16 };
 
+/* Row kernels hand each work item a block of whole rows of about this many
+ * elements (at least one row), so short rows do not cost a dispatch each. */
+enum { TG_ROW_BLOCK_ELEMS = 8192 };
+static inline int64_t tg_rows_per_block(int64_t row_len) {
+  return row_len >= TG_ROW_BLOCK_ELEMS ? 1 : TG_ROW_BLOCK_ELEMS / row_len;
+}
+
 static inline float tg_lane_tree(float acc[TG_LANES]) {
   for (int w = TG_LANES / 2; w > 0; w /= 2)
     for (int l = 0; l < w; l++) acc[l] += acc[l + w];

@@ -41,7 +41,6 @@
 #include "engine.h"
 #include "reduce.h"
 
-enum { GROUP_ELEMS = 8192 };
 
 typedef struct {
   const float *logits;
@@ -146,7 +145,7 @@ tg_status tg_cross_entropy_fwd_bwd(tg_ctx *ctx, const float *logits,
                      (long long)t, targets[t], vocab, pad_id);
 
   ce_args a = {logits, targets, grad, NULL, n_pos, vocab,
-               vocab >= GROUP_ELEMS ? 1 : GROUP_ELEMS / vocab, pad_id,
+               tg_rows_per_block(vocab), pad_id,
                1.0f / (float)count, ctx->ops};
   a.row_loss = malloc((size_t)n_pos * sizeof(double));
   if (!a.row_loss)

@@ -43,7 +43,6 @@
 #include "reduce.h"
 
 enum {
-  GROUP_ELEMS = 8192, /* elements per row-block group (at least one row) */
   DW_MAX_BLOCKS = 256, /* fused, deterministic: at most this many row blocks */
   DW_MIN_ROWS = 16,    /* fused: about one row block per this many rows */
   COL_BLOCK = 256      /* columns per group of the column passes */
@@ -60,10 +59,6 @@ static void row_dx(const float *x, const float *w, const float *dy, float r, flo
   const float s = tg_dot3_f32(dy, x, w, dim);
   const float coeff = s * r * r / (float)dim;
   for (int64_t k = 0; k < dim; k++) dx[k] = r * (dy[k] * w[k] - x[k] * coeff);
-}
-
-static int64_t rows_per_group(int64_t dim) {
-  return dim >= GROUP_ELEMS ? 1 : GROUP_ELEMS / dim;
 }
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -111,7 +106,7 @@ tg_status tg_rms_norm_compute_rms_inv_f32(tg_ctx *ctx, const float *x, float *r_
   tg_status st = check_shape(ctx, fn, "x", rows, dim);
   if (st == TG_OK) st = check_eps(ctx, fn, eps);
   if (st != TG_OK) return st;
-  const rms_inv_args a = {x, r_out, rows, dim, rows_per_group(dim), eps};
+  const rms_inv_args a = {x, r_out, rows, dim, tg_rows_per_block(dim), eps};
   return tg_dispatch(ctx, (a.rows + a.rpg - 1) / a.rpg, 1, 1, 0, rms_inv_group, &a);
 }
 
@@ -145,7 +140,7 @@ tg_status tg_rms_norm_forward_f32(tg_ctx *ctx, const float *x, const float *w, f
   tg_status st = check_shape(ctx, fn, "x", rows, dim);
   if (st == TG_OK) st = check_eps(ctx, fn, eps);
   if (st != TG_OK) return st;
-  const fwd_args a = {x, w, y, r_out, rows, dim, rows_per_group(dim), eps};
+  const fwd_args a = {x, w, y, r_out, rows, dim, tg_rows_per_block(dim), eps};
   return tg_dispatch(ctx, (a.rows + a.rpg - 1) / a.rpg, 1, 1, 0, fwd_group, &a);
 }
 
@@ -175,7 +170,7 @@ tg_status tg_rms_norm_backward_dx_f32(tg_ctx *ctx, const float *x, const float *
   if (null) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: %s is NULL", fn, null);
   tg_status st = check_shape(ctx, fn, "x", rows, dim);
   if (st != TG_OK) return st;
-  const dx_args a = {x, w, dy, r, dx, rows, dim, rows_per_group(dim)};
+  const dx_args a = {x, w, dy, r, dx, rows, dim, tg_rows_per_block(dim)};
   return tg_dispatch(ctx, (a.rows + a.rpg - 1) / a.rpg, 1, 1, 0, dx_group, &a);
 }
 

@@ -16,7 +16,6 @@
 #include "engine.h"
 #include "reduce.h"
 
-enum { GROUP_ELEMS = 8192 };
 
 typedef struct {
   const float *sm, *go;
@@ -49,7 +48,7 @@ tg_status tg_softmax_backward(tg_ctx *ctx, const float *sm, const float *grad_ou
   tg_status st =
       tg_shape_count(ctx, name, sizeof(float), &n, 2, (int64_t)n_rows, (int64_t)row_len);
   if (st != TG_OK) return st;
-  const int64_t rpg = row_len >= GROUP_ELEMS ? 1 : GROUP_ELEMS / row_len;
+  const int64_t rpg = tg_rows_per_block(row_len);
   const softmax_bwd_args a = {sm, grad_out, grad_in, n_rows, row_len, rpg};
   return tg_dispatch(ctx, (a.rows + rpg - 1) / rpg, 1, 1, 0, softmax_bwd_group, &a);
 }
