@@ -30,6 +30,13 @@ typedef struct {
   /* y[i] = exp(x[i]) within 2 ulp (subnormal results included; -inf -> 0,
    * NaN -> NaN); y may alias x */
   void (*exp_f32)(const float *x, float *y, int64_t n);
+  /* Attention score row without softcapping, in place on s[0..n) = Q.K^T:
+   * s[k] = scale*s[k] + m[k] - shift for k < n_vis (m = 0 without a mask;
+   * a mask entry of -inf gives -inf), and -inf for k >= n_vis (causal). */
+  void (*attn_score_row)(float *s, int64_t n, int64_t n_vis, float scale,
+                         const uint16_t *mask, float shift);
+  /* Attention dS row: dp[k] = scale * (p[k] * (dp[k] - d)) */
+  void (*attn_ds_row)(float *dp, const float *p, int64_t n, float d, float scale);
 } tg_micro_ops;
 
 extern const tg_micro_ops tg_micro_portable;

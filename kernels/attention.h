@@ -83,6 +83,15 @@ static inline float tg_attn_score(const tg_attn_problem *pr, float qk, int64_t i
   return s;
 }
 
+/* How many of the keys [k0, k0 + nk) query row i may see under causality
+ * (k <= i + qL_off): nk without it; 0 to nk. */
+static inline int64_t tg_attn_visible(const tg_attn_problem *pr, int64_t i, int64_t k0,
+                                      int64_t nk) {
+  if (!pr->causal) return nk;
+  const int64_t n = i + pr->qL_off + 1 - k0;
+  return n < 0 ? 0 : (n > nk ? nk : n);
+}
+
 /* Keys [0, end) can be visible to query rows [q0, q0 + nq): kL, or fewer
  * under the causal limit k <= i + qL_off. May be 0. */
 static inline int64_t tg_attn_key_end(const tg_attn_problem *pr, int64_t q0, int64_t nq) {

@@ -108,15 +108,21 @@ static void bwd_qtile(const bwd_args *a, int64_t b, int64_t h, int64_t qt, bwd_s
       const int64_t qi = q0 + i;
       const tg_bf16 *mrow = pr->Ms ? a->mask + tg_attn_offset(pr->Ms, b, h, qi) : NULL;
       float *P = w->S + i * BK, *dS = w->dS + i * BK;
-      float tanh_row[BK]; /* softcap: d(c tanh(x/c))/dx = 1 - tanh^2 */
       /* A fully masked row has L = -inf: P = exp(S - L) is 0 for every key. */
       const float Li = L[i] == -INFINITY ? INFINITY : L[i];
+      if (pr->softcap == 0.0f) {
+        ops->attn_score_row(P, nk, tg_attn_visible(pr, qi, k0, nk), pr->scale,
+                            mrow ? mrow + k0 : NULL, Li);
+        ops->exp_f32(P, P, nk); /* exp(-inf) = 0 for masked keys */
+        ops->attn_ds_row(dS, P, nk, Dv[i], pr->scale);
+        continue;
+      }
+      float tanh_row[BK]; /* softcap: d(c tanh(x/c))/dx = 1 - tanh^2 */
       for (int64_t k = 0; k < nk; k++)
         P[k] = tg_attn_score(pr, P[k], qi, k0 + k, mrow, &tanh_row[k]) - Li;
-      ops->exp_f32(P, P, nk); /* exp(-inf) = 0 for masked keys */
+      ops->exp_f32(P, P, nk);
       for (int64_t k = 0; k < nk; k++) {
-        float g = P[k] * (dS[k] - Dv[i]); /* dL/d(score) */
-        if (pr->softcap != 0.0f) g *= 1.0f - tanh_row[k] * tanh_row[k];
+        const float g = P[k] * (dS[k] - Dv[i]) * (1.0f - tanh_row[k] * tanh_row[k]);
         dS[k] = pr->scale * g; /* dL/d(Q.K) */
       }
     }

@@ -91,10 +91,12 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
       const tg_bf16 *mrow = pr->Ms ? a->mask + tg_attn_offset(pr->Ms, b, h, qi) : NULL;
       float *P = w.S + i * BK;
       float m_new = w.m[i], unused;
-      for (int64_t k = 0; k < nk; k++) {
-        P[k] = tg_attn_score(pr, P[k], qi, k0 + k, mrow, &unused);
-        if (P[k] > m_new) m_new = P[k];
-      }
+      if (pr->softcap == 0.0f)
+        ops->attn_score_row(P, nk, tg_attn_visible(pr, qi, k0, nk), pr->scale,
+                            mrow ? mrow + k0 : NULL, 0.0f);
+      else
+        for (int64_t k = 0; k < nk; k++) P[k] = tg_attn_score(pr, P[k], qi, k0 + k, mrow, &unused);
+      for (int64_t k = 0; k < nk; k++) m_new = P[k] > m_new ? P[k] : m_new;
       if (m_new == -INFINITY) { /* nothing visible yet: P = 0, state unchanged */
         memset(P, 0, sizeof(float) * (size_t)nk);
         continue;

@@ -4,7 +4,8 @@
  *
  * Tolerances: GEMMs |err| <= (K + 2) u sum_k |a b| (any summation order);
  * exp within 2 ulp of the correctly rounded result (the bound the attention
- * tests assume); conversions exact.
+ * tests assume); conversions exact; the attention row ops within the
+ * roundings of their 2-3 operations (3 u relative to the magnitudes).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -142,12 +143,58 @@ static void test_conversions_and_dot(void **state) {
   free(a), free(b), free(back), free(f);
 }
 
+/* attn_score_row / attn_ds_row on ragged rows: visible prefix, mask with
+ * -inf entries, the causal tail set to -inf. */
+static void test_attention_rows(void **state) {
+  const tg_micro_ops *tabs[2];
+  const int nt = n_tables(tabs);
+  tu_rng r = tu_rng_make(tu_seed() + 17);
+  enum { N = 77 };
+  float s0[N], s[N], p[N], dp0[N], dp[N];
+  tg_bf16 mask[N];
+  tu_fill_f32(&r, s0, N, -8, 8);
+  tu_fill_f32(&r, p, N, 0, 1);
+  tu_fill_f32(&r, dp0, N, -2, 2);
+  tu_fill_bf16(&r, mask, N, -3, 3);
+  mask[5] = mask[40] = 0xFF80; /* -inf */
+  const float scale = 0.37f, shift = 1.25f, d = 0.3f;
+  for (int t = 0; t < nt; t++) {
+    for (int with_mask = 0; with_mask < 2; with_mask++)
+      for (int64_t n_vis = -1; n_vis <= N + 1; n_vis += 13) {
+        memcpy(s, s0, sizeof s);
+        tabs[t]->attn_score_row(s, N, n_vis, scale, with_mask ? mask : NULL, shift);
+        for (int64_t k = 0; k < N; k++) {
+          const double m = with_mask ? tg_bf16_to_f32(mask[k]) : 0.0;
+          if (k >= n_vis || m == -INFINITY) {
+            assert_true(s[k] == -INFINITY);
+            continue;
+          }
+          const double want = (double)scale * s0[k] + m - shift;
+          const double mag = fabs((double)scale * s0[k]) + fabs(m) + fabs(shift);
+          if (fabs(s[k] - want) > 3 * U * mag)
+            TU_FAIL("%s attn_score_row k %lld: got %g want %g", tabs[t]->name, (long long)k,
+                    (double)s[k], want);
+        }
+      }
+    memcpy(dp, dp0, sizeof dp);
+    tabs[t]->attn_ds_row(dp, p, N, d, scale);
+    for (int64_t k = 0; k < N; k++) {
+      const double want = (double)scale * p[k] * ((double)dp0[k] - d);
+      const double mag = (double)scale * p[k] * (fabs(dp0[k]) + fabs(d));
+      if (fabs(dp[k] - want) > 3 * U * mag)
+        TU_FAIL("%s attn_ds_row k %lld: got %g want %g", tabs[t]->name, (long long)k,
+                (double)dp[k], want);
+    }
+  }
+}
+
 int main(void) {
   tu_seed();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_gemms),
       cmocka_unit_test(test_exp),
       cmocka_unit_test(test_conversions_and_dot),
+      cmocka_unit_test(test_attention_rows),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

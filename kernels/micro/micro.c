@@ -179,8 +179,32 @@ static void TG_NAME(exp_f32)(const float *x, float *y, int64_t n) {
   }
 }
 
+static void TG_NAME(attn_score_row)(float *restrict s, int64_t n, int64_t n_vis, float scale,
+                                    const uint16_t *restrict mask, float shift) {
+  if (n_vis > n) n_vis = n;
+  if (mask) {
+#pragma omp simd
+    for (int64_t k = 0; k < n_vis; k++) {
+      const uint32_t u = (uint32_t)mask[k] << 16;
+      float m;
+      memcpy(&m, &u, sizeof m);
+      s[k] = m == -__builtin_inff() ? m : (scale * s[k] + m) - shift;
+    }
+  } else {
+#pragma omp simd
+    for (int64_t k = 0; k < n_vis; k++) s[k] = scale * s[k] - shift;
+  }
+  for (int64_t k = n_vis < 0 ? 0 : n_vis; k < n; k++) s[k] = -__builtin_inff();
+}
+
+static void TG_NAME(attn_ds_row)(float *restrict dp, const float *restrict p, int64_t n,
+                                 float d, float scale) {
+#pragma omp simd
+  for (int64_t k = 0; k < n; k++) dp[k] = scale * (p[k] * (dp[k] - d));
+}
+
 const tg_micro_ops TG_NAME(tg_micro) = {
     TG_STR(TG_MICRO_SUFFIX), TG_NAME(mm_nn),       TG_NAME(mm_tn_acc),
     TG_NAME(bf16_to_f32),    TG_NAME(f32_to_bf16), TG_NAME(dot_bf16),
-    TG_NAME(exp_f32),
+    TG_NAME(exp_f32),        TG_NAME(attn_score_row), TG_NAME(attn_ds_row),
 };
