@@ -122,6 +122,20 @@ tg_status tg_ctx_set_deterministic(tg_ctx *ctx, int on) {
   return TG_OK;
 }
 
+tg_status tg_ctx_set_attn_schedule(tg_ctx *ctx, tg_attn_schedule s) {
+  if (!ctx) return TG_ERR_NULL_ARG;
+  tg_begin(ctx);
+  if (s != TG_ATTN_SCHEDULE_KV && s != TG_ATTN_SCHEDULE_ATOMIC)
+    return tg_fail(ctx, TG_ERR_BAD_PARAMS,
+                   "tg_ctx_set_attn_schedule: %d is not a tg_attn_schedule", (int)s);
+  ctx->attn_schedule = s;
+  return TG_OK;
+}
+
+tg_attn_schedule tg_ctx_get_attn_schedule(const tg_ctx *ctx) {
+  return ctx ? ctx->attn_schedule : TG_ATTN_SCHEDULE_KV;
+}
+
 int tg_threads(const tg_ctx *ctx) {
   return ctx->threads > 0 ? ctx->threads : omp_get_max_threads();
 }

@@ -25,6 +25,7 @@ struct tg_ctx {
   int threads;        /* 0 = OpenMP default */
   int deterministic;  /* fixed-order accumulation */
   tg_isa isa;         /* resolved: never TG_ISA_AUTO */
+  tg_attn_schedule attn_schedule;
   const tg_micro_ops *ops;
   void *scratch;      /* per-thread scratch, reused across calls */
   size_t scratch_bytes;

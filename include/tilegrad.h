@@ -70,6 +70,20 @@ tg_status tg_ctx_set_isa(tg_ctx *ctx, tg_isa isa);
 tg_isa tg_ctx_get_isa(const tg_ctx *ctx);
 const char *tg_isa_name(tg_isa isa);
 
+/* How tg_flash_attn_train_bwd_bf16 shares out dK/dV work.
+ * TG_ATTN_SCHEDULE_KV (default): one work item per (key range, kv head,
+ * batch) owns its dK/dV rows (no atomics); dQ partials of the key ranges are
+ * summed in a fixed order. The number of key ranges depends on the shape
+ * only, so results are bitwise identical for any thread count.
+ * TG_ATTN_SCHEDULE_ATOMIC: the Metal kernel's own grid, one work item per
+ * (q-tile, query head, batch) adding dK/dV with `omp atomic` (kept for parity
+ * studies with the GPU; slower on x86, where an f32 atomic add is a
+ * compare-exchange loop). Deterministic mode always uses TG_ATTN_SCHEDULE_KV. */
+typedef enum { TG_ATTN_SCHEDULE_KV = 0, TG_ATTN_SCHEDULE_ATOMIC = 1 } tg_attn_schedule;
+/* TG_ERR_BAD_PARAMS for a value outside the enum. */
+tg_status tg_ctx_set_attn_schedule(tg_ctx *ctx, tg_attn_schedule s);
+tg_attn_schedule tg_ctx_get_attn_schedule(const tg_ctx *ctx);
+
 /* --- attention parameter ABI (byte-identical to Metal's AttnParams) ------ */
 typedef struct {
   int32_t B, H, D, qL, kL, gqa_factor; /* H = query heads; H_kv = H / gqa_factor */

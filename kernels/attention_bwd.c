@@ -1,34 +1,44 @@
 /*
  * FlashAttention-2 backward (contract kernels 1 and 2).
  *
- * Metal grid of the main kernel: one threadgroup per (q-tile, query head,
- * batch); the group keeps dQ of its tile in registers and adds its dK/dV
- * contributions to device memory with f32 atomics. Here each such group is
- * one CPU work item (tg_dispatch) over q-tiles of BQ rows:
+ * The work is a grid of (q-tile, key-tile) pairs per query head. For a pair
+ * of BQ query rows and BK keys, with Q, dO [nq, D] and K [nk, D] in f32:
  *
- *   for each key tile K[k0 : k0+nk] visible to the q-tile:
- *     S  = Q . K^T                     [nq, nk]  -> P = exp(score(S) - L)
- *     dP = dO . V^T                    [nq, nk]  -> dS = P * (dP - D_vec)
- *     dQ += scale * dS . K             [nq, D]   (local, written once at the end)
- *     dK[k0:] += scale * dS^T . Q      [nk, D]   (one atomic add per element
- *     dV[k0:] += P^T . dO              [nk, D]    per (q-tile, key tile))
+ *   S  = Q . K^T                     [nq, nk]  -> P = exp(score(S) - L)
+ *   dP = dO . V^T                    [nq, nk]  -> dS = scale * P * (dP - D_vec)
+ *   dQ += dS . K                     [nq, D]
+ *   dK += dS^T . Q                   [nk, D]
+ *   dV += P^T . dO                   [nk, D]
  *
- * The kv-head schedule runs the same q-tile body, but one work item per
- * (kv head, batch) walks its query heads and q-tiles in a fixed order with
- * plain adds: no two items touch the same dK/dV rows, so results do not
- * depend on the thread count. It is used in deterministic mode, and by
- * default whenever there are at least as many (kv head, batch) items as
- * threads: x86 has no f32 atomic add, so each `omp atomic` is a
- * compare-exchange loop, and measured at L = 1024, D = 128 on 2 threads the
- * atomic adds halved the throughput (first, unblocked microkernels). The Metal-faithful q-tile grid with
- * atomics is kept for problems with too few heads to keep the threads busy.
+ * Two schedules share this pair body (tg_ctx_set_attn_schedule):
+ *
+ * KV (default): one work item per (key range, kv head, batch) -- the
+ * FlashAttention-2 loop order. Each key tile is loaded (and K^T, V^T packed)
+ * once, then every q-tile of the kv head's query heads streams past it; dK/dV
+ * of the tile stay in scratch and are added to the output once, and no other
+ * item touches those rows: no atomics. dQ rows are summed over key tiles in
+ * place; with several key ranges each range sums into its own dQ partial and
+ * the partials are added in range order afterwards. The number of ranges
+ * depends on the shape only (enough items to feed ~TG_ATTN_ITEMS threads),
+ * so the result is the same bitwise for every thread count.
+ *
+ * ATOMIC: the Metal kernel's grid, one work item per (q-tile, query head,
+ * batch); dQ of the tile stays local and is written once, dK/dV of every pair
+ * are added to the output with `omp atomic` (the Metal atomic_fetch_add).
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "attention.h"
 
 enum { BQ = TG_ATTN_BQ, BK = TG_ATTN_BK };
+
+/* KV schedule: aim for this many work items (several per thread on the
+ * largest machines we run on, for dynamic load balance under causality), but
+ * never split a kv head's keys into ranges shorter than MIN_RANGE_TILES key
+ * tiles. Neither number depends on the thread count (determinism). */
+enum { TG_ATTN_ITEMS = 64, MIN_RANGE_TILES = 4 };
 
 typedef struct {
   tg_attn_problem pr;
@@ -36,15 +46,15 @@ typedef struct {
   const float *L, *D_vec;
   float *dQ, *dK, *dV;
   const tg_micro_ops *ops;
-  int64_t n_qtiles;
-  int atomic; /* add dK/dV with omp atomic */
+  int64_t n_qtiles, n_ktiles;
+  int64_t n_ranges, range_tiles; /* KV schedule: key ranges per kv head */
+  float *dQ_partial;             /* KV schedule: [n_ranges - 1][B, H, qL, D] */
 } bwd_args;
 
 /* Per-thread scratch, carved from tg_dispatch's buffer. */
 typedef struct {
   float *Q, *dO, *dQ;  /* [BQ, D] */
-  float *K, *V;        /* [BK, D] */
-  float *KT, *VT;      /* [D, BK] */
+  float *K, *KT, *VT;  /* [BK, D], [D, BK], [D, BK] */
   float *S, *dS;       /* [BQ, BK]: scores -> P, dP -> dS */
   float *dK, *dV;      /* [BK, D] */
 } bwd_scratch;
@@ -53,7 +63,7 @@ static size_t bwd_scratch_bytes(int64_t D) {
   const size_t q = tg_align64(sizeof(float) * BQ * (size_t)D);
   const size_t k = tg_align64(sizeof(float) * BK * (size_t)D);
   const size_t s = tg_align64(sizeof(float) * BQ * BK);
-  return 3 * q + 6 * k + 2 * s;
+  return 3 * q + 5 * k + 2 * s;
 }
 
 static bwd_scratch carve(void *base, int64_t D) {
@@ -66,7 +76,6 @@ static bwd_scratch carve(void *base, int64_t D) {
   w.dO = (float *)p, p += q;
   w.dQ = (float *)p, p += q;
   w.K = (float *)p, p += k;
-  w.V = (float *)p, p += k;
   w.KT = (float *)p, p += k;
   w.VT = (float *)p, p += k;
   w.dK = (float *)p, p += k;
@@ -76,84 +85,139 @@ static bwd_scratch carve(void *base, int64_t D) {
   return w;
 }
 
-/* One q-tile of query head h in batch b: the body of one Metal threadgroup. */
-static void bwd_qtile(const bwd_args *a, int64_t b, int64_t h, int64_t qt, bwd_scratch *w) {
+/* Rows of query head h in batch b: q-tile qt -> w->Q, w->dO (f32). */
+static void load_qtile(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_t nq,
+                       bwd_scratch *w) {
+  const tg_attn_problem *pr = &a->pr;
+  tg_attn_load_rows(a->ops, a->Q + tg_attn_offset(pr->Qs, b, h, 0), pr->Qs[2], q0, nq,
+                    pr->D, w->Q, NULL);
+  tg_attn_load_rows(a->ops, a->dO + tg_attn_offset(pr->Os, b, h, 0), pr->Os[2], q0, nq,
+                    pr->D, w->dO, NULL);
+}
+
+/* Keys [k0, k0 + nk) of kv head h_kv -> w->K, w->KT, w->VT (f32). */
+static void load_ktile(const bwd_args *a, int64_t b, int64_t h_kv, int64_t k0, int64_t nk,
+                       bwd_scratch *w) {
+  const tg_attn_problem *pr = &a->pr;
+  tg_attn_load_rows(a->ops, a->K + tg_attn_offset(pr->Ks, b, h_kv, 0), pr->Ks[2], k0, nk,
+                    pr->D, w->K, w->KT);
+  /* V is only used transposed; w->dV is free until the pair body runs. */
+  tg_attn_load_rows(a->ops, a->V + tg_attn_offset(pr->Vs, b, h_kv, 0), pr->Vs[2], k0, nk,
+                    pr->D, w->dV, w->VT);
+}
+
+/* The pair body for loaded tiles: dQ [nq, D] (leading dim ldq) += dS . K;
+ * w->dK, w->dV [nk, D] += dS^T . Q, P^T . dO. */
+static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_t nq,
+                     int64_t k0, int64_t nk, float *dQ, int64_t ldq, bwd_scratch *w) {
   const tg_attn_problem *pr = &a->pr;
   const tg_micro_ops *ops = a->ops;
-  const int64_t D = pr->D, h_kv = h / pr->gqa;
-  const int64_t q0 = qt * BQ, nq = pr->qL - q0 < BQ ? pr->qL - q0 : BQ;
-  const int64_t bh = b * pr->H + h;
+  const int64_t D = pr->D, bh = b * pr->H + h;
   const float *L = a->L + bh * pr->qL + q0, *Dv = a->D_vec + bh * pr->qL + q0;
 
-  tg_attn_load_rows(ops, a->Q + tg_attn_offset(pr->Qs, b, h, 0), pr->Qs[2], q0, nq, D, w->Q, NULL);
-  tg_attn_load_rows(ops, a->dO + tg_attn_offset(pr->Os, b, h, 0), pr->Os[2], q0, nq, D, w->dO,
-            NULL);
-  memset(w->dQ, 0, sizeof(float) * (size_t)(nq * D));
+  ops->mm_nn((int)nq, (int)nk, (int)D, w->Q, D, w->KT, BK, w->S, BK, 0);   /* Q.K^T  */
+  ops->mm_nn((int)nq, (int)nk, (int)D, w->dO, D, w->VT, BK, w->dS, BK, 0); /* dO.V^T */
 
-  const tg_bf16 *Khead = a->K + tg_attn_offset(pr->Ks, b, h_kv, 0);
-  const tg_bf16 *Vhead = a->V + tg_attn_offset(pr->Vs, b, h_kv, 0);
-  float *dK = a->dK + (b * pr->H_kv + h_kv) * pr->kL * D;
-  float *dV = a->dV + (b * pr->H_kv + h_kv) * pr->kL * D;
-  const int64_t key_end = tg_attn_key_end(pr, q0, nq);
+  for (int64_t i = 0; i < nq; i++) {
+    const int64_t qi = q0 + i;
+    const tg_bf16 *mrow = pr->Ms ? a->mask + tg_attn_offset(pr->Ms, b, h, qi) : NULL;
+    float *P = w->S + i * BK, *dS = w->dS + i * BK;
+    /* A fully masked row has L = -inf: P = exp(S - L) is 0 for every key. */
+    const float Li = L[i] == -INFINITY ? INFINITY : L[i];
+    if (pr->softcap == 0.0f) {
+      ops->attn_score_row(P, nk, tg_attn_visible(pr, qi, k0, nk), pr->scale,
+                          mrow ? mrow + k0 : NULL, Li);
+      ops->exp_f32(P, P, nk); /* exp(-inf) = 0 for masked keys */
+      ops->attn_ds_row(dS, P, nk, Dv[i], pr->scale);
+      continue;
+    }
+    float tanh_row[BK]; /* softcap: d(c tanh(x/c))/dx = 1 - tanh^2 */
+    for (int64_t k = 0; k < nk; k++)
+      P[k] = tg_attn_score(pr, P[k], qi, k0 + k, mrow, &tanh_row[k]) - Li;
+    ops->exp_f32(P, P, nk);
+    for (int64_t k = 0; k < nk; k++) {
+      const float g = P[k] * (dS[k] - Dv[i]) * (1.0f - tanh_row[k] * tanh_row[k]);
+      dS[k] = pr->scale * g; /* dL/d(Q.K) */
+    }
+  }
 
-  for (int64_t k0 = 0; k0 < key_end; k0 += BK) {
-    const int64_t nk = key_end - k0 < BK ? key_end - k0 : BK;
-    tg_attn_load_rows(ops, Khead, pr->Ks[2], k0, nk, D, w->K, w->KT);
-    tg_attn_load_rows(ops, Vhead, pr->Vs[2], k0, nk, D, w->V, w->VT);
+  ops->mm_nn((int)nq, (int)D, (int)nk, w->dS, BK, w->K, D, dQ, ldq, 1); /* dQ += dS.K */
+  ops->mm_tn_acc((int)nk, (int)D, (int)nq, w->dS, BK, w->Q, D, w->dK, D); /* dS^T.Q */
+  ops->mm_tn_acc((int)nk, (int)D, (int)nq, w->S, BK, w->dO, D, w->dV, D);  /* P^T.dO */
+}
 
-    ops->mm_nn((int)nq, (int)nk, (int)D, w->Q, D, w->KT, BK, w->S, BK, 0);   /* Q.K^T  */
-    ops->mm_nn((int)nq, (int)nk, (int)D, w->dO, D, w->VT, BK, w->dS, BK, 0); /* dO.V^T */
+/* KV schedule: x = key range, y = kv head, z = batch. */
+static void bwd_group_kv(const void *vargs, int64_t range, int64_t h_kv, int64_t b,
+                         void *scratch) {
+  const bwd_args *a = vargs;
+  const tg_attn_problem *pr = &a->pr;
+  const int64_t D = pr->D, gqa = pr->gqa;
+  bwd_scratch w = carve(scratch, D);
 
-    for (int64_t i = 0; i < nq; i++) {
-      const int64_t qi = q0 + i;
-      const tg_bf16 *mrow = pr->Ms ? a->mask + tg_attn_offset(pr->Ms, b, h, qi) : NULL;
-      float *P = w->S + i * BK, *dS = w->dS + i * BK;
-      /* A fully masked row has L = -inf: P = exp(S - L) is 0 for every key. */
-      const float Li = L[i] == -INFINITY ? INFINITY : L[i];
-      if (pr->softcap == 0.0f) {
-        ops->attn_score_row(P, nk, tg_attn_visible(pr, qi, k0, nk), pr->scale,
-                            mrow ? mrow + k0 : NULL, Li);
-        ops->exp_f32(P, P, nk); /* exp(-inf) = 0 for masked keys */
-        ops->attn_ds_row(dS, P, nk, Dv[i], pr->scale);
-        continue;
-      }
-      float tanh_row[BK]; /* softcap: d(c tanh(x/c))/dx = 1 - tanh^2 */
-      for (int64_t k = 0; k < nk; k++)
-        P[k] = tg_attn_score(pr, P[k], qi, k0 + k, mrow, &tanh_row[k]) - Li;
-      ops->exp_f32(P, P, nk);
-      for (int64_t k = 0; k < nk; k++) {
-        const float g = P[k] * (dS[k] - Dv[i]) * (1.0f - tanh_row[k] * tanh_row[k]);
-        dS[k] = pr->scale * g; /* dL/d(Q.K) */
+  /* This item's dQ rows: query heads h_kv*gqa .. +gqa of batch b, in the
+   * output for range 0, in its partial otherwise; written from zero. */
+  float *dQ = range == 0 ? a->dQ
+                         : a->dQ_partial + (range - 1) * pr->B * pr->H * pr->qL * D;
+  dQ += (b * pr->H + h_kv * gqa) * pr->qL * D;
+  memset(dQ, 0, sizeof(float) * (size_t)(gqa * pr->qL * D));
+
+  const int64_t kt_end = (range + 1) * a->range_tiles;
+  for (int64_t kt = range * a->range_tiles; kt < kt_end && kt < a->n_ktiles; kt++) {
+    const int64_t k0 = kt * BK, nk = pr->kL - k0 < BK ? pr->kL - k0 : BK;
+    load_ktile(a, b, h_kv, k0, nk, &w);
+    memset(w.dK, 0, sizeof(float) * (size_t)(nk * D));
+    memset(w.dV, 0, sizeof(float) * (size_t)(nk * D));
+    for (int64_t g = 0; g < gqa; g++) {
+      const int64_t h = h_kv * gqa + g;
+      for (int64_t qt = 0; qt < a->n_qtiles; qt++) {
+        const int64_t q0 = qt * BQ, nq = pr->qL - q0 < BQ ? pr->qL - q0 : BQ;
+        if (tg_attn_key_end(pr, q0, nq) <= k0) continue; /* causal: sees none */
+        load_qtile(a, b, h, q0, nq, &w);
+        bwd_pair(a, b, h, q0, nq, k0, nk, dQ + (g * pr->qL + q0) * D, D, &w);
       }
     }
-
-    ops->mm_nn((int)nq, (int)D, (int)nk, w->dS, BK, w->K, D, w->dQ, D, 1); /* dQ += dS.K */
-    memset(w->dK, 0, sizeof(float) * (size_t)(nk * D));
-    memset(w->dV, 0, sizeof(float) * (size_t)(nk * D));
-    ops->mm_tn_acc((int)nk, (int)D, (int)nq, w->dS, BK, w->Q, D, w->dK, D);  /* dS^T.Q */
-    ops->mm_tn_acc((int)nk, (int)D, (int)nq, w->S, BK, w->dO, D, w->dV, D);  /* P^T.dO */
-    tg_add_f32(dK + k0 * D, w->dK, nk * D, a->atomic);
-    tg_add_f32(dV + k0 * D, w->dV, nk * D, a->atomic);
+    const int64_t kv_row = (b * pr->H_kv + h_kv) * pr->kL + k0;
+    tg_add_f32(a->dK + kv_row * D, w.dK, nk * D, 0);
+    tg_add_f32(a->dV + kv_row * D, w.dV, nk * D, 0);
   }
-  memcpy(a->dQ + (bh * pr->qL + q0) * D, w->dQ, sizeof(float) * (size_t)(nq * D));
 }
 
-/* Metal-faithful grid: x = q-tile (heaviest causal tiles first), y = query
- * head, z = batch. */
-static void bwd_group_qtile(const void *vargs, int64_t x, int64_t h, int64_t b,
-                            void *scratch) {
-  const bwd_args *a = vargs;
-  bwd_scratch w = carve(scratch, a->pr.D);
-  bwd_qtile(a, b, h, a->n_qtiles - 1 - x, &w);
-}
-
-/* Deterministic grid: x = kv head, y = batch; query heads and q-tiles in order. */
-static void bwd_group_kvhead(const void *vargs, int64_t h_kv, int64_t b, int64_t z,
+/* KV schedule, second pass: dQ += partials of ranges 1.. in range order,
+ * over blocks of rows (x). */
+enum { SUM_ROWS = 64 };
+static void bwd_group_sum_dq(const void *vargs, int64_t blk, int64_t y, int64_t z,
                              void *scratch) {
   const bwd_args *a = vargs;
-  bwd_scratch w = carve(scratch, a->pr.D);
-  for (int64_t g = 0; g < a->pr.gqa; g++)
-    for (int64_t qt = 0; qt < a->n_qtiles; qt++) bwd_qtile(a, b, h_kv * a->pr.gqa + g, qt, &w);
+  const int64_t rows = a->pr.B * a->pr.H * a->pr.qL, D = a->pr.D;
+  const int64_t r0 = blk * SUM_ROWS, n = (rows - r0 < SUM_ROWS ? rows - r0 : SUM_ROWS) * D;
+  for (int64_t r = 1; r < a->n_ranges; r++)
+    tg_add_f32(a->dQ + r0 * D, a->dQ_partial + (r - 1) * rows * D + r0 * D, n, 0);
+}
+
+/* ATOMIC schedule: x = q-tile (heaviest causal tiles first), y = query head,
+ * z = batch. */
+static void bwd_group_atomic(const void *vargs, int64_t x, int64_t h, int64_t b,
+                             void *scratch) {
+  const bwd_args *a = vargs;
+  const tg_attn_problem *pr = &a->pr;
+  const int64_t D = pr->D, h_kv = h / pr->gqa;
+  bwd_scratch w = carve(scratch, D);
+  const int64_t q0 = (a->n_qtiles - 1 - x) * BQ, nq = pr->qL - q0 < BQ ? pr->qL - q0 : BQ;
+
+  load_qtile(a, b, h, q0, nq, &w);
+  memset(w.dQ, 0, sizeof(float) * (size_t)(nq * D));
+  const int64_t key_end = tg_attn_key_end(pr, q0, nq);
+  for (int64_t k0 = 0; k0 < key_end; k0 += BK) {
+    const int64_t nk = key_end - k0 < BK ? key_end - k0 : BK;
+    load_ktile(a, b, h_kv, k0, nk, &w);
+    memset(w.dK, 0, sizeof(float) * (size_t)(nk * D));
+    memset(w.dV, 0, sizeof(float) * (size_t)(nk * D));
+    bwd_pair(a, b, h, q0, nq, k0, nk, w.dQ, D, &w);
+    const int64_t kv_row = (b * pr->H_kv + h_kv) * pr->kL + k0;
+    tg_add_f32(a->dK + kv_row * D, w.dK, nk * D, 1);
+    tg_add_f32(a->dV + kv_row * D, w.dV, nk * D, 1);
+  }
+  memcpy(a->dQ + ((b * pr->H + h) * pr->qL + q0) * D, w.dQ, sizeof(float) * (size_t)(nq * D));
 }
 
 tg_status tg_flash_attn_train_bwd_bf16(tg_ctx *ctx, const tg_bf16 *Q, const tg_bf16 *K,
@@ -173,12 +237,38 @@ tg_status tg_flash_attn_train_bwd_bf16(tg_ctx *ctx, const tg_bf16 *Q, const tg_b
                 .dQ = dQ, .dK = dK, .dV = dV, .ops = ctx->ops};
   tg_status st = tg_attn_validate(ctx, fn, p, mp, mask, causal, &a.pr);
   if (st != TG_OK) return st;
-  a.n_qtiles = (a.pr.qL + BQ - 1) / BQ;
-  const size_t scratch = bwd_scratch_bytes(a.pr.D);
-  if (ctx->deterministic || a.pr.B * a.pr.H_kv >= tg_threads(ctx))
-    return tg_dispatch(ctx, a.pr.H_kv, a.pr.B, 1, scratch, bwd_group_kvhead, &a);
-  a.atomic = 1;
-  return tg_dispatch(ctx, a.n_qtiles, a.pr.H, a.pr.B, scratch, bwd_group_qtile, &a);
+  const tg_attn_problem *pr = &a.pr;
+  a.n_qtiles = (pr->qL + BQ - 1) / BQ;
+  a.n_ktiles = (pr->kL + BK - 1) / BK;
+  const size_t scratch = bwd_scratch_bytes(pr->D);
+  if (ctx->attn_schedule == TG_ATTN_SCHEDULE_ATOMIC && !ctx->deterministic)
+    return tg_dispatch(ctx, a.n_qtiles, pr->H, pr->B, scratch, bwd_group_atomic, &a);
+
+  /* Key ranges per kv head: enough items, ranges of >= MIN_RANGE_TILES tiles. */
+  const int64_t heads = pr->B * pr->H_kv;
+  int64_t ranges = (TG_ATTN_ITEMS + heads - 1) / heads;
+  if (ranges > a.n_ktiles / MIN_RANGE_TILES) ranges = a.n_ktiles / MIN_RANGE_TILES;
+  if (ranges < 1) ranges = 1;
+  a.range_tiles = (a.n_ktiles + ranges - 1) / ranges;
+  a.n_ranges = (a.n_ktiles + a.range_tiles - 1) / a.range_tiles;
+  if (a.n_ranges > 1) {
+    const int64_t rows = pr->B * pr->H * pr->qL;
+    size_t bytes;
+    if (__builtin_mul_overflow((size_t)(a.n_ranges - 1) * sizeof(float), (size_t)(rows * pr->D),
+                               &bytes))
+      return tg_fail(ctx, TG_ERR_OVERFLOW, "%s: dQ partials overflow size_t", fn);
+    a.dQ_partial = aligned_alloc(64, tg_align64(bytes));
+    if (!a.dQ_partial)
+      return tg_fail(ctx, TG_ERR_NO_MEMORY, "%s: cannot allocate %zu bytes of dQ partials",
+                     fn, bytes);
+    /* The second pass needs no scratch: it cannot fail once the first wrote. */
+    st = tg_dispatch(ctx, a.n_ranges, pr->H_kv, pr->B, scratch, bwd_group_kv, &a);
+    if (st == TG_OK)
+      st = tg_dispatch(ctx, (rows + SUM_ROWS - 1) / SUM_ROWS, 1, 1, 0, bwd_group_sum_dq, &a);
+    free(a.dQ_partial);
+    return st;
+  }
+  return tg_dispatch(ctx, 1, pr->H_kv, pr->B, scratch, bwd_group_kv, &a);
 }
 
 /* --- 1. pre-pass: D[b,h,i] = sum_d O[b,h,i,d] * dO[b,h,i,d] ----------------

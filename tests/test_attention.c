@@ -333,9 +333,22 @@ static const cfg configs[] = {
     {"D=512 gqa",              1, 2, 1, 9,   70,  512, 1, 0, 1, 0, 1.0f},
     {"softcap",                1, 2, 2, 45,  45,  16, 1, 0, 1, 0, 5.0f},
     {"multi-tile",             1, 2, 1, 200, 150, 128, 1, 0, 0, 1, 1.0f},
+    /* >= 8 key tiles of 64: the KV schedule splits keys into ranges and sums
+     * dQ partials */
+    {"key ranges causal mask", 1, 2, 1, 70,  600, 16, 1, 0, 1, 0, 1.0f},
+    {"key ranges x4 strided",  1, 2, 2, 40, 1100, 8,  0, 0, 0, 1, 1.0f},
 };
 
-/* Every config, at 1/2/3 threads, on every ISA, atomic and deterministic. */
+/* The ways the backward can run: both schedules, and deterministic mode. */
+typedef struct { const char *name; tg_attn_schedule schedule; int det; } run_mode;
+static const run_mode modes[] = {
+    {"kv", TG_ATTN_SCHEDULE_KV, 0},
+    {"atomic", TG_ATTN_SCHEDULE_ATOMIC, 0},
+    {"deterministic", TG_ATTN_SCHEDULE_ATOMIC, 1}, /* det overrides the schedule */
+};
+enum { N_MODES = sizeof modes / sizeof modes[0] };
+
+/* Every config, at 1/2/3 threads, on every ISA, in every run mode. */
 static void test_bwd_against_reference(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 1);
   tg_isa isas[4];
@@ -347,13 +360,14 @@ static void test_bwd_against_reference(void **state) {
     outputs o = alloc_outputs(&pb);
     for (int ii = 0; ii < nisa; ii++)
       for (int ti = 0; ti < tu_n_thread_counts; ti++)
-        for (int det = 0; det < 2; det++) {
+        for (int mi = 0; mi < N_MODES; mi++) {
           tg_ctx *ctx = tu_ctx(tu_thread_counts[ti], isas[ii]);
-          tg_ctx_set_deterministic(ctx, det);
+          tg_ctx_set_deterministic(ctx, modes[mi].det);
+          assert_int_equal(tg_ctx_set_attn_schedule(ctx, modes[mi].schedule), TG_OK);
           TU_EXPECT_STATUS(ctx, run_bwd(ctx, &pb, &o), TG_OK);
           char what[160];
-          snprintf(what, sizeof what, "%s [%s, %d threads, det=%d]", pb.c.name,
-                   tg_isa_name(isas[ii]), tu_thread_counts[ti], det);
+          snprintf(what, sizeof what, "%s [%s, %d threads, %s]", pb.c.name,
+                   tg_isa_name(isas[ii]), tu_thread_counts[ti], modes[mi].name);
           if (!check_grads(&pb, &o)) {
             printf("  ^ in %s\n", what);
             failures++;
@@ -376,7 +390,7 @@ static void test_bwd_random_configs(void **state) {
     c.H_kv = tu_int(&r, 1, 3);
     c.H = c.H_kv * tu_int(&r, 1, 3);
     c.qL = tu_int(&r, 1, 130);
-    c.kL = tu_int(&r, 1, 130);
+    c.kL = tu_int(&r, 0, 3) == 0 ? tu_int(&r, 400, 700) : tu_int(&r, 1, 130);
     c.D = 8 * tu_int(&r, 1, 20);
     c.causal = tu_int(&r, 0, 1);
     c.qL_off_delta = tu_int(&r, 0, 3) == 0 ? tu_int(&r, -20, 20) : 0;
@@ -387,12 +401,15 @@ static void test_bwd_random_configs(void **state) {
     build(&pb, &c, &r);
     outputs o = alloc_outputs(&pb);
     tg_ctx *ctx = tu_ctx(tu_int(&r, 1, 3), TG_ISA_AUTO);
+    const run_mode *mode = &modes[tu_int(&r, 0, N_MODES - 1)];
+    tg_ctx_set_deterministic(ctx, mode->det);
+    tg_ctx_set_attn_schedule(ctx, mode->schedule);
     TU_EXPECT_STATUS(ctx, run_bwd(ctx, &pb, &o), TG_OK);
     if (!check_grads(&pb, &o)) {
       printf("  ^ in B=%d H=%d H_kv=%d qL=%d kL=%d D=%d causal=%d off+%d mask=%d "
-             "strided=%d softcap=%g\n",
+             "strided=%d softcap=%g %s\n",
              c.B, c.H, c.H_kv, c.qL, c.kL, c.D, c.causal, c.qL_off_delta, c.mask,
-             c.strided, (double)c.softcap);
+             c.strided, (double)c.softcap, mode->name);
       failures++;
     }
     tg_ctx_destroy(ctx);
@@ -419,10 +436,11 @@ static void test_bwd_fully_masked_rows_are_zero(void **state) {
   destroy(&pb);
 }
 
-/* Deterministic mode: bitwise identical across runs and 1/2/3/5 threads. */
+/* Deterministic mode: bitwise identical across runs and 1/2/3/5 threads
+ * (9 key tiles: two key ranges, so the dQ partial sum is covered). */
 static void test_bwd_deterministic_bitwise(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 4);
-  const cfg c = {"det", 2, 4, 2, 150, 130, 64, 1, 0, 1, 0, 1.0f};
+  const cfg c = {"det", 2, 4, 2, 150, 530, 64, 1, 0, 1, 0, 1.0f};
   problem pb;
   build(&pb, &c, &r);
   outputs first = alloc_outputs(&pb), o = alloc_outputs(&pb);
@@ -782,6 +800,12 @@ static void test_params_init_and_ctx(void **state) {
   TU_EXPECT_STATUS(ctx, tg_ctx_set_threads(ctx, 3), TG_OK);
   assert_string_equal(tg_ctx_last_error(ctx), "");
   assert_int_equal(tg_ctx_set_threads(NULL, 1), TG_ERR_NULL_ARG);
+  assert_int_equal(tg_ctx_get_attn_schedule(ctx), TG_ATTN_SCHEDULE_KV);
+  TU_EXPECT_STATUS(ctx, tg_ctx_set_attn_schedule(ctx, (tg_attn_schedule)7), TG_ERR_BAD_PARAMS);
+  assert_int_equal(tg_ctx_get_attn_schedule(ctx), TG_ATTN_SCHEDULE_KV);
+  TU_EXPECT_STATUS(ctx, tg_ctx_set_attn_schedule(ctx, TG_ATTN_SCHEDULE_ATOMIC), TG_OK);
+  assert_int_equal(tg_ctx_get_attn_schedule(ctx), TG_ATTN_SCHEDULE_ATOMIC);
+  assert_int_equal(tg_ctx_set_attn_schedule(NULL, TG_ATTN_SCHEDULE_KV), TG_ERR_NULL_ARG);
   assert_int_equal(tg_ctx_create(NULL), TG_ERR_NULL_ARG);
   for (int s = 0; s <= 7; s++) assert_non_null(tg_status_str((tg_status)s));
   tg_ctx_destroy(ctx);

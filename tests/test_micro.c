@@ -30,7 +30,7 @@ static int n_tables(const tg_micro_ops *out[2]) {
 #endif
 }
 
-/* C = A.B and C += A^T.B on ragged sizes (edges of the 4 x 32 blocks). */
+/* C = A.B and C += A^T.B on ragged sizes (edges of the 8 x 32 blocks). */
 static void test_gemms(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 11);
   const tg_micro_ops *tabs[2];

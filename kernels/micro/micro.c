@@ -24,14 +24,14 @@
 enum { LANES = 16 };
 
 /*
- * Register-blocked GEMM core shared by both shapes: a 4 x 32 block of C is
- * held in registers (8 zmm at AVX-512) while k runs; A is addressed as
+ * Register-blocked GEMM core shared by both shapes: an 8 x 32 block of C is
+ * held in registers (16 zmm at AVX-512) while k runs; A is addressed as
  * A[r * a_rs + k * a_ks], so the same core serves A (row-major, nn) and A^T
  * (tn). Edges fall back to a plain loop.
  */
-enum { MR = 4, NR = 32 };
+enum { MR = 8, NR = 32 };
 
-static inline void block_4x32(int K, const float *restrict A, int64_t a_rs, int64_t a_ks,
+static inline void block_mrxnr(int K, const float *restrict A, int64_t a_rs, int64_t a_ks,
                               const float *restrict B, int64_t ldb, float *restrict C,
                               int64_t ldc, int accumulate) {
   float acc[MR][NR];
@@ -75,7 +75,7 @@ static void gemm(int M, int N, int K, const float *A, int64_t a_rs, int64_t a_ks
     int j = 0;
     if (rows == MR)
       for (; j + NR <= N; j += NR)
-        block_4x32(K, Ai, a_rs, a_ks, B + j, ldb, Ci + j, ldc, accumulate);
+        block_mrxnr(K, Ai, a_rs, a_ks, B + j, ldb, Ci + j, ldc, accumulate);
     if (j < N) block_edge(rows, N - j, K, Ai, a_rs, a_ks, B + j, ldb, Ci + j, ldc, accumulate);
   }
 }
