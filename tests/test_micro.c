@@ -36,7 +36,7 @@ static void test_gemms(void **state) {
   const tg_micro_ops *tabs[2];
   const int nt = n_tables(tabs);
   const int sizes[][3] = {{1, 1, 1}, {4, 32, 8}, {5, 33, 7}, {64, 64, 128}, {3, 70, 64},
-                          {64, 136, 64}, {13, 8, 300}};
+                          {64, 136, 64}, {13, 8, 300}, {17, 65, 9}};
   for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
     const int M = sizes[si][0], N = sizes[si][1], K = sizes[si][2];
     const int64_t lda = K + 3, ldat = M + 5, ldb = N + 2, ldc = N + 1;
