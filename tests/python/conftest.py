@@ -1,6 +1,8 @@
 """pytest configuration for the PyTorch-autograd oracle suite.
 
-* Locates libtilegrad.so: $TILEGRAD_LIB, else <repo>/build/libtilegrad.so.
+* Imports the `tilegrad` package from the source tree (<repo>/python is put
+  first on sys.path, so an installed copy does not shadow it) and loads the
+  library it finds: $TILEGRAD_LIB, else <repo>/build/libtilegrad.so.
 * Skips the whole suite (with a clear message) only when torch is not
   importable (the test modules also guard their top-level torch import with
   pytest.importorskip); a missing library is a hard error, not a skip.
@@ -17,6 +19,9 @@ import sys
 import pytest
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+_PYPKG = os.path.join(os.path.dirname(os.path.dirname(_HERE)), "python")
+if _PYPKG not in sys.path:
+    sys.path.insert(0, _PYPKG)
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
@@ -42,9 +47,16 @@ except ImportError:  # pragma: no cover
     pass
 
 
+def _lib_path():
+    from tilegrad import capi
+    paths = capi.candidate_paths()
+    return next((p for p in paths if os.path.exists(p)), paths[-1])
+
+
 def pytest_report_header(config):
-    import tilegrad_ctypes as tgc
-    lines = [f"tilegrad library: {tgc.default_lib_path()}"]
+    import tilegrad
+    lines = [f"tilegrad package: {os.path.dirname(tilegrad.__file__)}",
+             f"tilegrad library: {_lib_path()}"]
     if not HAVE_TORCH:
         lines.append(f"torch not importable ({_TORCH_ERR}): the oracle suite is skipped")
     return lines
@@ -60,12 +72,16 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def lib():
-    import tilegrad_ctypes as tgc
-    path = tgc.default_lib_path()
+    """The package's process-wide tilegrad.capi.Library (the one the array
+    functions and the torch wrappers use too)."""
+    from tilegrad import capi
+    path = _lib_path()
     if not os.path.exists(path):
         pytest.fail(f"tilegrad library not found at {path}: build it "
                     "(cmake -S . -B build && cmake --build build) or set TILEGRAD_LIB")
-    return tgc.Lib(path)
+    lib = capi.library()
+    assert os.path.samefile(lib.path, path), (lib.path, path)
+    return lib
 
 
 @pytest.fixture(scope="session")
@@ -73,13 +89,13 @@ def ctx_factory(lib):
     """ctx_factory(threads, deterministic=False, isa=None) -> a cached tg_ctx.
     isa: None / TG_ISA_AUTO = the best the CPU has, TG_ISA_PORTABLE = the
     plain-C microkernels (the tests draw both, so each path meets the oracle)."""
-    import tilegrad_ctypes as tgc
+    from tilegrad import Context
     cache = {}
 
     def make(threads=None, deterministic=False, isa=None):
         key = (threads, deterministic, isa)
         if key not in cache:
-            cache[key] = tgc.Ctx(lib, threads=threads, deterministic=deterministic, isa=isa)
+            cache[key] = Context(threads=threads, deterministic=deterministic, isa=isa, lib=lib)
         return cache[key]
 
     yield make

@@ -48,7 +48,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="the oracle needs PyTorch (python3-torch)")
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
-import tilegrad_ctypes as tgc  # noqa: E402
+import tilegrad as tg  # noqa: E402
+from tilegrad import capi as tgc  # noqa: E402
 
 torch.set_default_dtype(torch.float64)
 
@@ -328,7 +329,7 @@ def run_backward_case(lib, ctx_factory, c, seed):
     L_fed = L_exact.to(torch.float32)                       # what a f32 forward hands over
     L_np = np.ascontiguousarray(L_fed.numpy())
     o_bits = to_bf16_bits(O_exact)
-    O_bf = torch.from_numpy(tgc.bf16_to_f32(o_bits).astype(np.float64))
+    O_bf = torch.from_numpy(tg.bf16.to_float(o_bits).astype(np.float64))
 
     # kernel 1: D = rowsum(O_bf16 * dO) -- vs torch
     D_tg = np.full(B * H * qL, np.nan, dtype=np.float32)
@@ -349,7 +350,7 @@ def run_backward_case(lib, ctx_factory, c, seed):
     try:
         ctx.call(BWD, c.q_buf, c.k_buf, c.v_buf, L_np, c.do_buf, D_tg, dQ, dK, dV,
                  c.params, c.mparams, c.mask_buf, int(c.causal))
-    except tgc.TGError as e:
+    except tg.TilegradError as e:
         if c.cap != 1.0 and e.status == tgc.TG_ERR_UNSUPPORTED:
             # allowed by the contract; but then nothing may have been written
             assert np.isnan(dQ).all()
@@ -551,7 +552,7 @@ def test_backward_errors_leave_outputs_untouched(lib, ctx_factory):
         dQ = np.full(n_q, 7.0, np.float32)
         dK = np.full(n_k, 7.0, np.float32)
         dV = np.full(n_k, 7.0, np.float32)
-        with pytest.raises(tgc.TGError) as ei:
+        with pytest.raises(tg.TilegradError) as ei:
             ctx.call(BWD, c.q_buf, c.k_buf, c.v_buf, L, c.do_buf, Dv, dQ, dK, dV,
                      params, None, None, 0)
         assert ei.value.status in expect, str(ei.value)
@@ -585,7 +586,7 @@ def test_forward_vs_torch(lib, ctx_factory, cfg):
     try:
         ctx.call(FWD, c.q_buf, c.k_buf, c.v_buf, O_buf, Lo, c.params, c.mparams,
                  c.mask_buf, int(c.causal))
-    except tgc.TGError as e:
+    except tg.TilegradError as e:
         if c.cap != 1.0 and e.status == tgc.TG_ERR_UNSUPPORTED:
             return
         raise
@@ -594,7 +595,7 @@ def test_forward_vs_torch(lib, ctx_factory, cfg):
     Og = np.lib.stride_tricks.as_strided(
         O_buf, shape=(c.B, c.H, c.qL, c.D),
         strides=tuple(x * it for x in c.o_strides) + (it,)).copy()
-    Og = torch.from_numpy(tgc.bf16_to_f32(Og).astype(np.float64))
+    Og = torch.from_numpy(tg.bf16.to_float(Og).astype(np.float64))
     Kr = c.K.repeat_interleave(c.g, 1).abs()
     Vr = c.V.repeat_interleave(c.g, 1).abs()
     zero = torch.zeros_like(S)
@@ -651,9 +652,9 @@ def test_cast_vs_torch(lib, ctx_factory, threads, n, isa):
     ref = torch.from_numpy(x).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
     nan = np.isnan(x)
     assert (dst[nan] == 0x7FC0).all(), "NaN must become 0x7FC0"
-    assert np.isnan(tgc.bf16_to_f32(ref[nan])).all()
+    assert np.isnan(tg.bf16.to_float(ref[nan])).all()
     bad = np.nonzero(dst[~nan] != ref[~nan])[0]
     assert bad.size == 0, (f"{bad.size} mismatches; first: x=0x{x[~nan].view(np.uint32)[bad[0]]:08x} "
                            f"got 0x{dst[~nan][bad[0]]:04x} torch 0x{ref[~nan][bad[0]]:04x}")
     # and the binding's own numpy RNE agrees with torch (sanity of the helper)
-    assert (tgc.f32_to_bf16(x)[~nan] == ref[~nan]).all()
+    assert (tg.bf16.from_float(x)[~nan] == ref[~nan]).all()

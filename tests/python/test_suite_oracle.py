@@ -27,7 +27,8 @@ torch = pytest.importorskip("torch", reason="the oracle needs PyTorch (python3-t
 import torch.nn.functional as F  # noqa: E402
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
-import tilegrad_ctypes as tgc  # noqa: E402
+import tilegrad as tg  # noqa: E402
+from tilegrad import capi as tgc  # noqa: E402
 
 torch.set_default_dtype(torch.float64)   # every reference tensor is float64
 
@@ -254,7 +255,7 @@ def test_embedding_bad_id_writes_nothing(lib, ctx_factory):
     go = np.ones((4, 8), np.float32)
     ids = np.array([0, 1, 5, 2], np.uint32)        # 5 >= vocab
     gw = np.full((5, 8), 3.0, np.float32)
-    with pytest.raises(tgc.TGError) as ei:
+    with pytest.raises(tg.TilegradError) as ei:
         ctx.call("tg_embedding_backward", go, ids, gw, 5, 4, 8)
     assert ei.value.status == tgc.TG_ERR_BAD_INDEX, str(ei.value)
     assert (gw == 3.0).all()
@@ -349,7 +350,7 @@ def test_cross_entropy_errors(lib, ctx_factory):
     logits = np.zeros((3, 5), np.float32)
     grad = np.full((3, 5), 9.0, np.float32)
     loss = np.array([1.5], np.float32)
-    with pytest.raises(tgc.TGError) as ei:       # non-pad target >= vocab
+    with pytest.raises(tg.TilegradError) as ei:       # non-pad target >= vocab
         ctx.call("tg_cross_entropy_fwd_bwd", logits, np.array([1, 7, 0], np.uint32),
                  grad, loss, 3, 5, 0, 2)
     assert ei.value.status == tgc.TG_ERR_BAD_INDEX
@@ -472,7 +473,7 @@ def test_causal_attention_bad_heads(lib, ctx_factory):
     gq = np.full((seq, H * D), 5.0, np.float32)
     gk = np.full((seq, Hkv * D), 5.0, np.float32)
     gv = gk.copy()
-    with pytest.raises(tgc.TGError) as ei:
+    with pytest.raises(tg.TilegradError) as ei:
         ctx.call("tg_causal_attention_backward", a, a, b, b, gq, gk, gv, seq, H, Hkv, D)
     assert ei.value.status == tgc.TG_ERR_BAD_SHAPE
     assert (gq == 5).all() and (gk == 5).all() and (gv == 5).all()

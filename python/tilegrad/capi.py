@@ -1,0 +1,440 @@
+"""Low-level ctypes binding of libtilegrad (the C API of include/tilegrad.h).
+
+Most users want the array functions of :mod:`tilegrad` (shapes inferred from
+numpy arrays) or :mod:`tilegrad.torch`. This module is the layer below them:
+
+* :func:`find_library` / :func:`library` -- locate and load the shared
+  library once (see "Which library is loaded" in python/README.md);
+* :class:`AttnParams` / :class:`AttnMaskParams` -- the byte-exact
+  ``tg_attn_params`` (160 bytes, Metal's offsets, asserted at import) and
+  ``tg_attn_mask_params``; :func:`attn_params_init` calls
+  ``tg_attn_params_init``, :func:`attn_params` is its pure-Python twin with
+  optional explicit strides;
+* :class:`Library` -- the CDLL with argtypes declared from the header;
+  ``has(name)`` says whether an entry point is exported;
+* :class:`Context` -- a ``tg_ctx`` (threads, deterministic mode, ISA).
+  ``Context.call(name, *args)`` calls ``tg_<kernel>(ctx, *args)`` with raw
+  buffers (C-contiguous numpy arrays by pointer, ``None`` as NULL, params
+  structs by reference) and raises a :class:`~tilegrad.errors.TilegradError`
+  subclass carrying ``tg_status_str`` and ``tg_ctx_last_error`` on a non-zero
+  status.
+"""
+import ctypes
+import os
+import threading
+
+import numpy as np
+
+from .errors import (TG_ERR_BAD_INDEX, TG_ERR_BAD_PARAMS, TG_ERR_BAD_SHAPE,  # noqa: F401
+                     TG_ERR_NO_MEMORY, TG_ERR_NULL_ARG, TG_ERR_OVERFLOW, TG_ERR_UNSUPPORTED,
+                     TG_OK, error_for_status)
+
+# tg_isa
+TG_ISA_AUTO = 0
+TG_ISA_PORTABLE = 1
+TG_ISA_AVX512 = 2
+ISA_NAMES = {"auto": TG_ISA_AUTO, "portable": TG_ISA_PORTABLE, "avx512": TG_ISA_AVX512}
+
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+BUNDLED_LIB = os.path.join(_PKG_DIR, "_lib", "libtilegrad.so")
+
+
+class LibraryNotFoundError(OSError):
+    """No libtilegrad shared library was found (or it could not be loaded)."""
+
+
+def _source_tree_lib():
+    """<repo>/build/libtilegrad.so when this package runs from the repository's
+    python/ directory (not installed), else None."""
+    repo = os.path.dirname(os.path.dirname(_PKG_DIR))
+    if os.path.exists(os.path.join(repo, "CMakeLists.txt")) and \
+            os.path.exists(os.path.join(repo, "include", "tilegrad.h")):
+        return os.path.join(repo, "build", "libtilegrad.so")
+    return None
+
+
+def candidate_paths(path=None):
+    """The locations tried, in order: ``path``, ``$TILEGRAD_LIB``, the library
+    bundled in the installed package, ``<repo>/build/libtilegrad.so`` (source
+    tree only)."""
+    out = []
+    if path:
+        return [os.fspath(path)]
+    env = os.environ.get("TILEGRAD_LIB")
+    if env:
+        return [env]          # an explicit override is never second-guessed
+    out.append(BUNDLED_LIB)
+    src = _source_tree_lib()
+    if src:
+        out.append(src)
+    return out
+
+
+def find_library(path=None):
+    """Path of the shared library that :func:`library` loads."""
+    tried = candidate_paths(path)
+    for p in tried:
+        if os.path.exists(p):
+            return p
+    raise LibraryNotFoundError(
+        "libtilegrad not found; tried " + ", ".join(tried) +
+        ". Install the package (pip install ./python builds it), build it "
+        "(cmake -S . -B build && cmake --build build) or set TILEGRAD_LIB.")
+
+
+# --------------------------------------------------------------------------
+# Parameter ABI
+
+class AttnParams(ctypes.Structure):
+    """``tg_attn_params`` (byte-identical to Metal's AttnParams)."""
+    _fields_ = [
+        ("B", ctypes.c_int32), ("H", ctypes.c_int32), ("D", ctypes.c_int32),
+        ("qL", ctypes.c_int32), ("kL", ctypes.c_int32), ("gqa_factor", ctypes.c_int32),
+        ("scale", ctypes.c_float), ("softcapping", ctypes.c_float),
+        ("NQ", ctypes.c_int32), ("NK", ctypes.c_int32),
+        ("NQ_aligned", ctypes.c_int32), ("NK_aligned", ctypes.c_int32),
+        ("qL_rem", ctypes.c_int32), ("kL_rem", ctypes.c_int32),
+        ("qL_off", ctypes.c_int32), ("_pad", ctypes.c_int32),
+        ("Q_strides", ctypes.c_int64 * 3), ("K_strides", ctypes.c_int64 * 3),
+        ("V_strides", ctypes.c_int64 * 3), ("O_strides", ctypes.c_int64 * 3),
+    ]
+
+    def __eq__(self, other):
+        return isinstance(other, AttnParams) and bytes(self) == bytes(other)
+
+    __hash__ = None
+
+    def as_dict(self):
+        d = {}
+        for name, _ in self._fields_:
+            v = getattr(self, name)
+            d[name] = v if isinstance(v, (int, float)) else tuple(v)
+        return d
+
+    def __repr__(self):
+        return "AttnParams(" + ", ".join(f"{k}={v}" for k, v in self.as_dict().items()) + ")"
+
+
+class AttnMaskParams(ctypes.Structure):
+    """``tg_attn_mask_params``: mask strides (batch, head, row) in elements."""
+    _fields_ = [("M_strides", ctypes.c_int64 * 3)]
+
+    def __repr__(self):
+        return f"AttnMaskParams(M_strides={tuple(self.M_strides)})"
+
+
+# The contract (KERNELS.md, "Attention parameter ABI"): 160 bytes, Metal's offsets.
+_EXPECTED_OFFSETS = {
+    "B": 0, "H": 4, "D": 8, "qL": 12, "kL": 16, "gqa_factor": 20,
+    "scale": 24, "softcapping": 28,
+    "NQ": 32, "NK": 36, "NQ_aligned": 40, "NK_aligned": 44,
+    "qL_rem": 48, "kL_rem": 52, "qL_off": 56, "_pad": 60,
+    "Q_strides": 64, "K_strides": 88, "V_strides": 112, "O_strides": 136,
+}
+assert ctypes.sizeof(AttnParams) == 160, ctypes.sizeof(AttnParams)
+for _name, _off in _EXPECTED_OFFSETS.items():
+    assert getattr(AttnParams, _name).offset == _off, (_name, getattr(AttnParams, _name).offset)
+assert ctypes.sizeof(AttnMaskParams) == 24
+
+
+def _set_strides(p, Q_strides=None, K_strides=None, V_strides=None, O_strides=None):
+    for field, s in (("Q_strides", Q_strides), ("K_strides", K_strides),
+                     ("V_strides", V_strides), ("O_strides", O_strides)):
+        if s is not None:
+            arr = getattr(p, field)
+            for j in range(3):
+                arr[j] = int(s[j])
+    return p
+
+
+def attn_params(B, H, H_kv, qL, kL, D, scale, softcapping=1.0,
+                Q_strides=None, K_strides=None, V_strides=None, O_strides=None):
+    """Pure-Python twin of ``tg_attn_params_init`` (contiguous
+    ``[B, heads, L, D]`` by default), with optional explicit strides. Does not
+    validate: it can build the inconsistent structs the tests need."""
+    p = AttnParams()
+    p.B, p.H, p.D, p.qL, p.kL = B, H, D, qL, kL
+    p.gqa_factor = H // H_kv
+    p.scale, p.softcapping = scale, softcapping
+    p.NQ, p.NK = -(-qL // 32), -(-kL // 16)
+    p.NQ_aligned, p.NK_aligned = qL // 32, kL // 16
+    p.qL_rem, p.kL_rem = qL % 32, kL % 16
+    p.qL_off, p._pad = kL - qL, 0
+    _set_strides(p, (H * qL * D, qL * D, D), (H_kv * kL * D, kL * D, D),
+                 (H_kv * kL * D, kL * D, D), (H * qL * D, qL * D, D))
+    return _set_strides(p, Q_strides, K_strides, V_strides, O_strides)
+
+
+# --------------------------------------------------------------------------
+# Signatures (include/tilegrad.h); every kernel takes the tg_ctx first
+
+_P = ctypes.c_void_p
+_U32 = ctypes.c_uint32
+_F = ctypes.c_float
+_I = ctypes.c_int
+_PP = ctypes.POINTER(AttnParams)
+_PM = ctypes.POINTER(AttnMaskParams)
+KERNEL_SIGNATURES = {
+    "tg_flash_attn_train_bwd_compute_d_bf16": [_P, _P, _P, _P, _U32, _U32, _U32, _U32],
+    "tg_flash_attn_train_bwd_bf16": [_P] * 10 + [_PP, _PM, _P, _I],
+    "tg_f32_to_bf16_cast": [_P, _P, _P, ctypes.c_uint64],
+    "tg_flash_attn_train_fwd_bf16": [_P] * 6 + [_PP, _PM, _P, _I],
+    "tg_rms_norm_forward_f32": [_P, _P, _P, _P, _P, _U32, _U32, _F],
+    "tg_rms_norm_compute_rms_inv_f32": [_P, _P, _P, _U32, _U32, _F],
+    "tg_rms_norm_backward_dx_f32": [_P, _P, _P, _P, _P, _P, _U32, _U32],
+    "tg_rms_norm_backward_dw_f32": [_P, _P, _P, _P, _P, _U32, _U32],
+    "tg_rms_norm_backward": [_P, _P, _P, _P, _P, _P, _U32, _U32, _F],
+    "tg_softmax_backward": [_P, _P, _P, _P, _U32, _U32],
+    "tg_embedding_backward": [_P, _P, _P, _P, _U32, _U32, _U32],
+    "tg_cross_entropy_fwd_bwd": [_P, _P, _P, _P, _P, _U32, _U32, _U32, _U32],
+    "tg_transpose_2d": [_P, _P, _P, _U32, _U32],
+    "tg_causal_attention_backward": [_P] * 8 + [_U32, _U32, _U32, _U32],
+    "tg_flash_attn_vec_reduce": [_P, _P, _P, _U32, _U32, _U32],
+    "tg_flash_attn_vec_reduce_tq_hb_undo": [_P, _P, _P, _U32, _U32, _U32],
+    "tg_fwht_sign_undo_f32": [_P, _P, _U32, _U32],
+}
+_OTHER_SIGNATURES = {
+    # name: (restype, argtypes)
+    "tg_status_str": (ctypes.c_char_p, [_I]),
+    "tg_ctx_create": (_I, [ctypes.POINTER(ctypes.c_void_p)]),
+    "tg_ctx_destroy": (None, [_P]),
+    "tg_ctx_set_threads": (_I, [_P, _I]),
+    "tg_ctx_set_deterministic": (_I, [_P, _I]),
+    "tg_ctx_last_error": (ctypes.c_char_p, [_P]),
+    "tg_ctx_set_isa": (_I, [_P, _I]),
+    "tg_ctx_get_isa": (_I, [_P]),
+    "tg_isa_name": (ctypes.c_char_p, [_I]),
+    "tg_attn_params_init": (_I, [_PP, _I, _I, _I, _I, _I, _I, _F]),
+}
+
+
+class Library:
+    """The loaded shared library with declared signatures."""
+
+    def __init__(self, path=None):
+        self.path = find_library(path)
+        try:
+            self.dll = ctypes.CDLL(self.path)
+        except OSError as e:
+            raise LibraryNotFoundError(f"cannot load {self.path}: {e}") from e
+        self._funcs = {}
+        for name in ("tg_status_str", "tg_ctx_create", "tg_ctx_destroy", "tg_ctx_set_threads",
+                     "tg_ctx_set_deterministic", "tg_ctx_last_error"):
+            self.func(name)           # the context API must exist
+
+    def has(self, name):
+        """Whether the library exports ``name``."""
+        try:
+            getattr(self.dll, name)
+            return True
+        except AttributeError:
+            return False
+
+    def func(self, name):
+        """The ctypes function ``name`` with its signature declared."""
+        f = self._funcs.get(name)
+        if f is None:
+            f = getattr(self.dll, name)  # AttributeError when not exported
+            if name in KERNEL_SIGNATURES:
+                f.restype, f.argtypes = _I, KERNEL_SIGNATURES[name]
+            else:
+                f.restype, f.argtypes = _OTHER_SIGNATURES[name]
+            self._funcs[name] = f
+        return f
+
+    def status_str(self, s):
+        """``tg_status_str(s)``."""
+        r = self.func("tg_status_str")(int(s))
+        return r.decode() if r is not None else "<NULL>"
+
+    def isa_name(self, isa):
+        r = self.func("tg_isa_name")(int(isa))
+        return r.decode() if r is not None else "<NULL>"
+
+    def __repr__(self):
+        return f"Library({self.path!r})"
+
+
+_default_lib = None
+_lib_lock = threading.Lock()
+
+
+def library():
+    """The process-wide :class:`Library`, loaded on first use from
+    :func:`find_library`."""
+    global _default_lib
+    if _default_lib is None:
+        with _lib_lock:
+            if _default_lib is None:
+                _default_lib = Library()
+    return _default_lib
+
+
+def attn_params_init(B, H, H_kv, qL, kL, D, scale, lib=None):
+    """``tg_attn_params_init``: params for contiguous ``[B, heads, L, D]``."""
+    lib = lib or library()
+    p = AttnParams()
+    s = lib.func("tg_attn_params_init")(ctypes.byref(p), int(B), int(H), int(H_kv),
+                                        int(qL), int(kL), int(D), float(scale))
+    if s != TG_OK:
+        raise error_for_status("tg_attn_params_init", s, lib.status_str(s),
+                               f"B={B} H={H} H_kv={H_kv} qL={qL} kL={kL} D={D} scale={scale}")
+    return p
+
+
+# --------------------------------------------------------------------------
+# argument conversion for Context.call
+
+_BUFFER_DTYPES = (np.dtype(np.float32), np.dtype(np.uint16), np.dtype(np.uint32))
+
+
+def as_pointer(a):
+    """ctypes argument for one raw buffer / struct / scalar."""
+    if a is None:
+        return None
+    if isinstance(a, np.ndarray):
+        if a.dtype not in _BUFFER_DTYPES and a.dtype.name != "bfloat16":
+            raise TypeError(f"unsupported buffer dtype {a.dtype} (float32, uint16 = raw "
+                            "bf16 bits, ml_dtypes.bfloat16 or uint32)")
+        if not a.flags["C_CONTIGUOUS"]:
+            raise ValueError("raw buffers must be C-contiguous (pass flat buffers with "
+                             "explicit strides in the params instead)")
+        return ctypes.c_void_p(a.ctypes.data)
+    if isinstance(a, (AttnParams, AttnMaskParams)):
+        return ctypes.byref(a)
+    return a  # plain scalar
+
+
+def parse_isa(isa):
+    if isa is None:
+        return None
+    if isinstance(isa, str):
+        try:
+            return ISA_NAMES[isa.lower()]
+        except KeyError:
+            raise ValueError(f"unknown isa {isa!r}; one of {sorted(ISA_NAMES)}") from None
+    return int(isa)
+
+
+class Context:
+    """A ``tg_ctx``: thread count, deterministic mode and ISA for the kernels
+    called through it. Not thread-safe: use one per calling thread
+    (:func:`tilegrad.default_context` keeps one per thread).
+
+    threads: ``None`` or 0 = OpenMP's default (``OMP_NUM_THREADS``), n > 0 = n.
+    deterministic: bitwise identical results across runs and thread counts.
+    isa: ``None``/``"auto"`` (best the CPU has; ``TG_ISA`` env overrides),
+    ``"portable"`` or ``"avx512"`` (``UnsupportedError`` if unavailable).
+    """
+
+    def __init__(self, threads=None, deterministic=False, isa=None, lib=None):
+        self.lib = lib or library()
+        self._h = None
+        h = ctypes.c_void_p()
+        s = self.lib.func("tg_ctx_create")(ctypes.byref(h))
+        if s != TG_OK:
+            raise error_for_status("tg_ctx_create", s, self.lib.status_str(s), "")
+        self._h = h
+        self._threads = 0
+        self._deterministic = False
+        if threads is not None:
+            self.threads = threads
+        if deterministic:
+            self.deterministic = True
+        if isa is not None:
+            self.isa = isa
+
+    # -- configuration ------------------------------------------------------
+    @property
+    def handle(self):
+        if self._h is None:
+            raise ValueError("the tilegrad Context is closed")
+        return self._h
+
+    @property
+    def threads(self):
+        """Thread count set on this context (0 = OpenMP's default)."""
+        return self._threads
+
+    @threads.setter
+    def threads(self, n):
+        n = 0 if n is None else int(n)
+        self._check("tg_ctx_set_threads", self.lib.func("tg_ctx_set_threads")(self.handle, n))
+        self._threads = n
+
+    @property
+    def deterministic(self):
+        return self._deterministic
+
+    @deterministic.setter
+    def deterministic(self, on):
+        self._check("tg_ctx_set_deterministic",
+                    self.lib.func("tg_ctx_set_deterministic")(self.handle, 1 if on else 0))
+        self._deterministic = bool(on)
+
+    @property
+    def isa(self):
+        """Name of the microkernel table in use ("portable", "avx512")."""
+        return self.lib.isa_name(self.isa_id)
+
+    @isa.setter
+    def isa(self, isa):
+        self._check("tg_ctx_set_isa",
+                    self.lib.func("tg_ctx_set_isa")(self.handle, parse_isa(isa)))
+
+    @property
+    def isa_id(self):
+        return int(self.lib.func("tg_ctx_get_isa")(self.handle))
+
+    @property
+    def last_error(self):
+        """``tg_ctx_last_error``: detail of the last failure ("" if none)."""
+        r = self.lib.func("tg_ctx_last_error")(self.handle)
+        return r.decode(errors="replace") if r is not None else ""
+
+    # -- calls --------------------------------------------------------------
+    def _check(self, name, s):
+        if s != TG_OK:
+            raise error_for_status(name, s, self.lib.status_str(s), self.last_error)
+
+    def call(self, name, *args):
+        """Calls ``name(ctx, *args)`` with raw arguments; raises a
+        TilegradError subclass on a non-zero status."""
+        f = self.lib.func(name)
+        self._check(name, f(self.handle, *[as_pointer(a) for a in args]))
+
+    # -- lifetime -----------------------------------------------------------
+    def close(self):
+        if self._h is not None:
+            self.lib.func("tg_ctx_destroy")(self._h)
+            self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self):
+        if self._h is None:
+            return "Context(closed)"
+        return (f"Context(threads={self._threads}, deterministic={self._deterministic}, "
+                f"isa={self.isa!r})")
+
+
+_tls = threading.local()
+
+
+def default_context():
+    """This thread's default :class:`Context` (created on first use with the
+    library's defaults); the array functions use it when ``ctx`` is None."""
+    c = getattr(_tls, "ctx", None)
+    if c is None or c._h is None:
+        c = _tls.ctx = Context()
+    return c
