@@ -20,7 +20,8 @@ on this machine at the same thread count: the f32 FMA peak, and the issue's
 exact-mode ceiling (QK^T and dO.V^T at the bf16-dot rate, the rest at FMA).
 
 Needs PyTorch 2.x (pip install torch numpy) and a built tilegrad
-(build/libtilegrad.so and build/tilegrad); see bench/README.md.
+(build/libtilegrad.so and build/tilegrad, or $TILEGRAD_LIB and $TILEGRAD_CLI);
+see bench/README.md.
 
   python3 bench/vs_torch.py --threads 1,2 --json bench/results/vs-torch.json
 """
@@ -86,7 +87,7 @@ def parse_shapes(text):
 
 def measure_peaks(threads):
     """The CLI's ceilings at `threads` (GFLOP/s): fma, exact-mode ceiling."""
-    exe = os.path.join(REPO, "build", "tilegrad")
+    exe = os.environ.get("TILEGRAD_CLI") or os.path.join(REPO, "build", "tilegrad")
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         subprocess.run([exe, "bench", "--section", "peaks", "--threads", str(threads),
                         "--json", f.name], check=True, stdout=subprocess.DEVNULL,
