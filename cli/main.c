@@ -2,6 +2,7 @@
  * The `tilegrad` command:
  *   tilegrad run <kernel> ...   run one kernel on .npy buffers (cli/run.c)
  *   tilegrad bench ...          benchmarks (bench/, tg_bench_main)
+ *   tilegrad train ...          train the tiny example model (cli/train.c)
  *   tilegrad --version | --help
  */
 #include <stdio.h>
@@ -10,6 +11,8 @@
 #include "bench.h"
 #include "run.h"
 #include "tilegrad.h"
+
+int tg_cli_train_main(int argc, char **argv); /* cli/train.c */
 
 static void usage(FILE *out) {
   fprintf(out,
@@ -22,6 +25,9 @@ static void usage(FILE *out) {
           "        and write its outputs; `tilegrad run --help` lists the kernels,\n"
           "        `tilegrad run <kernel> --help` its buffers and params\n"
           "  bench [args]   benchmarks (`tilegrad bench --help`)\n"
+          "  train [args]   train a tiny decoder block on a built-in corpus with\n"
+          "                 tilegrad's kernels and BLAS; prints the falling loss\n"
+          "                 (`tilegrad train --help`)\n"
           "\n"
           "options:\n"
           "  --version      print the version and the ISA this CPU gets\n"
@@ -55,6 +61,7 @@ int main(int argc, char **argv) {
     return version();
   if (!strcmp(cmd, "run")) return tg_cli_run_main(argc - 1, argv + 1);
   if (!strcmp(cmd, "bench")) return tg_bench_main(argc - 1, argv + 1);
+  if (!strcmp(cmd, "train")) return tg_cli_train_main(argc - 1, argv + 1);
   fprintf(stderr, "tilegrad: unknown command '%s'\n\n", cmd);
   usage(stderr);
   return 2;

@@ -2,7 +2,9 @@
 # Installs what tilegrad needs to build, test and benchmark, from Debian's
 # packages (idempotent: does nothing when everything is there).
 set -euo pipefail
-pkgs=(cmake make gcc pkg-config libcmocka-dev
+# clang: the Metal twins' host shim (tests/metal); libopenblas-dev: the
+# training example's matrix products (examples/).
+pkgs=(cmake make gcc pkg-config libcmocka-dev libopenblas-dev clang
       python3 python3-numpy python3-pytest python3-hypothesis python3-torch)
 missing=()
 for p in "${pkgs[@]}"; do

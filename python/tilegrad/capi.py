@@ -34,6 +34,10 @@ TG_ISA_AUTO = 0
 TG_ISA_PORTABLE = 1
 TG_ISA_AVX512 = 2
 ISA_NAMES = {"auto": TG_ISA_AUTO, "portable": TG_ISA_PORTABLE, "avx512": TG_ISA_AVX512}
+# tg_attn_schedule (how the FA-2 backward shares out dK/dV work)
+TG_ATTN_SCHEDULE_KV = 0
+TG_ATTN_SCHEDULE_ATOMIC = 1
+ATTN_SCHEDULE_NAMES = {"kv": TG_ATTN_SCHEDULE_KV, "atomic": TG_ATTN_SCHEDULE_ATOMIC}
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 BUNDLED_LIB = os.path.join(_PKG_DIR, "_lib", "libtilegrad.so")
@@ -204,6 +208,8 @@ _OTHER_SIGNATURES = {
     "tg_ctx_set_isa": (_I, [_P, _I]),
     "tg_ctx_get_isa": (_I, [_P]),
     "tg_isa_name": (ctypes.c_char_p, [_I]),
+    "tg_ctx_set_attn_schedule": (_I, [_P, _I]),
+    "tg_ctx_get_attn_schedule": (_I, [_P]),
     "tg_attn_params_init": (_I, [_PP, _I, _I, _I, _I, _I, _I, _F]),
 }
 
@@ -325,9 +331,11 @@ class Context:
     deterministic: bitwise identical results across runs and thread counts.
     isa: ``None``/``"auto"`` (best the CPU has; ``TG_ISA`` env overrides),
     ``"portable"`` or ``"avx512"`` (``UnsupportedError`` if unavailable).
+    attn_schedule: ``None`` (library default, "kv"), ``"kv"`` or ``"atomic"``.
     """
 
-    def __init__(self, threads=None, deterministic=False, isa=None, lib=None):
+    def __init__(self, threads=None, deterministic=False, isa=None, lib=None,
+                 attn_schedule=None):
         self.lib = lib or library()
         self._h = None
         h = ctypes.c_void_p()
@@ -343,6 +351,8 @@ class Context:
             self.deterministic = True
         if isa is not None:
             self.isa = isa
+        if attn_schedule is not None:
+            self.attn_schedule = attn_schedule
 
     # -- configuration ------------------------------------------------------
     @property
@@ -385,6 +395,25 @@ class Context:
     @property
     def isa_id(self):
         return int(self.lib.func("tg_ctx_get_isa")(self.handle))
+
+    @property
+    def attn_schedule(self):
+        """FA-2 backward schedule: "kv" (default; atomic-free, bitwise the
+        same for any thread count) or "atomic" (the Metal grid). Deterministic
+        mode always uses "kv"."""
+        v = int(self.lib.func("tg_ctx_get_attn_schedule")(self.handle))
+        return {i: n for n, i in ATTN_SCHEDULE_NAMES.items()}.get(v, v)
+
+    @attn_schedule.setter
+    def attn_schedule(self, s):
+        if isinstance(s, str):
+            try:
+                s = ATTN_SCHEDULE_NAMES[s.lower()]
+            except KeyError:
+                raise ValueError(f"unknown attn_schedule {s!r}; one of "
+                                 f"{sorted(ATTN_SCHEDULE_NAMES)}") from None
+        self._check("tg_ctx_set_attn_schedule",
+                    self.lib.func("tg_ctx_set_attn_schedule")(self.handle, int(s)))
 
     @property
     def last_error(self):

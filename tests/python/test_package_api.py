@@ -76,6 +76,15 @@ def test_library_and_context(lib):
         c.isa = 99
     with pytest.raises(ValueError, match="unknown isa"):
         c.isa = "sse9"
+    if lib.has("tg_ctx_set_attn_schedule"):
+        assert c.attn_schedule == "kv"
+        c.attn_schedule = "atomic"
+        assert c.attn_schedule == "atomic"
+        with pytest.raises(tg.BadParamsError, match="schedule"):
+            c.attn_schedule = 7
+        with pytest.raises(ValueError, match="unknown attn_schedule"):
+            c.attn_schedule = "fast"
+        assert tg.Context(attn_schedule="atomic").attn_schedule == "atomic"
     c.close()
     c.close()                              # idempotent
     with pytest.raises(ValueError, match="closed"):

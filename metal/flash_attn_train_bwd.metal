@@ -1,0 +1,255 @@
+// flash_attn_train_bwd.metal -- FlashAttention-2 training backward
+// (tilegrad kernels 1 and 2), bf16 in, f32 out.
+//
+// Host names:
+//   flash_attn_train_bwd_compute_d_bf16   D[b,h,i] = sum_d O[b,h,i,d] * dO[b,h,i,d]
+//   flash_attn_train_bwd_bf16_d64         the main backward, head dim 64
+//   flash_attn_train_bwd_bf16_d256        the main backward, head dim 256
+//
+// For each (b, h, query row i), h_kv = h / gqa_factor:
+//   S[i,k]  = scale * Q[i].K[k]; softcapping c != 1: S = c * tanh(S / c)
+//             causal and k > i + qL_off -> -inf;  mask m: m == -inf -> -inf, else S + m
+//   P[i,k]  = exp(S[i,k] - L[i])        (0 for a fully masked row, L = -inf)
+//   dP[i,k] = dO[i].V[k]
+//   dS[i,k] = scale * P * (dP - D[i])   (* (1 - tanh^2) with softcapping)
+//   dQ[i]   = sum_k dS[i,k] K[k]                            (writes)
+//   dK[k]  += sum_i dS[i,k] Q[i],  dV[k] += sum_i P[i,k] dO[i]   (atomic f32)
+// tilegrad's fixes over the seed: causal honours qL_off (the seed assumed 0);
+// a fully masked row contributes exact zeros; softcapping is applied (the
+// seed ignored it); every lane of the tile does its share of the dK/dV adds
+// (no 4x over-count).
+#include <metal_stdlib>
+using namespace metal;
+
+// ---- ABI: byte-identical to tilegrad's tg_attn_params -----------------------
+struct AttnParams {
+  int B, H, D, qL, kL, gqa_factor;  // H = query heads; H_kv = H / gqa_factor
+  float scale, softcapping;         // softcapping 1.0 = off
+  int NQ, NK, NQ_aligned, NK_aligned, qL_rem, kL_rem, qL_off, _pad;
+  long Q_strides[3], K_strides[3], V_strides[3], O_strides[3];  // batch, head, row
+};
+struct AttnMaskParams {
+  long M_strides[3];  // batch, head, row; 0 = broadcast
+};
+static_assert(sizeof(AttnParams) == 160, "AttnParams is 160 bytes");
+static_assert(__builtin_offsetof(AttnParams, scale) == 24, "AttnParams.scale");
+static_assert(__builtin_offsetof(AttnParams, NQ) == 32, "AttnParams.NQ");
+static_assert(__builtin_offsetof(AttnParams, qL_off) == 56, "AttnParams.qL_off");
+static_assert(__builtin_offsetof(AttnParams, Q_strides) == 64, "AttnParams.Q_strides");
+static_assert(__builtin_offsetof(AttnParams, K_strides) == 88, "AttnParams.K_strides");
+static_assert(__builtin_offsetof(AttnParams, V_strides) == 112, "AttnParams.V_strides");
+static_assert(__builtin_offsetof(AttnParams, O_strides) == 136, "AttnParams.O_strides");
+static_assert(sizeof(AttnMaskParams) == 24, "AttnMaskParams is 24 bytes");
+
+struct ComputeDParams {
+  uint batch, n_q_heads, q_seq_len, head_dim;
+};
+
+constant bool align_Q [[function_constant(200)]];    // qL % BQ == 0
+constant bool align_K [[function_constant(201)]];    // kL % BK == 0
+constant bool has_mask [[function_constant(300)]];   // buffers 11, 12 bound
+constant bool do_causal [[function_constant(301)]];  // k <= i + qL_off
+
+static inline float bf16_to_float(ushort h) { return as_type<float>(uint(h) << 16); }
+
+// ---- 1. D = rowsum(O * dO) ------------------------------------------------
+//   buffer(0) O [B,H,qL,D] bf16, buffer(1) dO (same), buffer(2) D_out [B,H,qL]
+//   f32 (writes), buffer(3) ComputeDParams.
+// Grid: threadgroups (qL, 1, B*H); threadgroup min(256, next_pow2(D)) threads.
+kernel void flash_attn_train_bwd_compute_d_bf16(
+    const device ushort *O                [[buffer(0)]],
+    const device ushort *dO               [[buffer(1)]],
+    device float        *D_out            [[buffer(2)]],
+    const constant ComputeDParams *params [[buffer(3)]],
+    uint3 tgid   [[threadgroup_position_in_grid]],
+    uint  tid    [[thread_index_in_threadgroup]],
+    uint  tg_size [[threads_per_threadgroup]]) {
+  const uint qL = params->q_seq_len, D = params->head_dim;
+  const uint i = tgid.x, bh = tgid.z;
+  threadgroup float partial[32];  // one per simdgroup
+  if (i >= qL) return;            // uniform for the threadgroup
+  const ulong row = ((ulong)bh * qL + i) * D;
+  float acc = 0.0f;
+  for (uint d = tid; d < D; d += tg_size) acc += bf16_to_float(O[row + d]) * bf16_to_float(dO[row + d]);
+  acc = simd_sum(acc);
+  if (tid % 32 == 0) partial[tid / 32] = acc;
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  if (tid < 32) {  // simdgroup 0 folds the partials
+    const float v = simd_sum(tid < (tg_size + 31) / 32 ? partial[tid] : 0.0f);
+    if (tid == 0) D_out[(ulong)bh * qL + i] = v;
+  }
+}
+
+// ---- 2. the main backward ---------------------------------------------------
+// Buffers: Q(0) K(1) V(2) [3 unused] L(4) dO(5) D_vec(6) dQ(7) dK(8) dV(9)
+//   params(10) AttnParams; mask_params(11), mask(12) when has_mask.
+//   Q, dO bf16 through Q_strides / O_strides; K, V bf16 [B,H_kv,kL,D] through
+//   K_strides / V_strides; L, D_vec f32 [B,H,qL]; dQ f32 [B,H,qL,D] (writes);
+//   dK, dV f32 [B,H_kv,kL,D] (accumulate atomically).
+// Grid: threadgroups (NQ, H, B); threadgroup 128 threads (4 simdgroups).
+//
+// Threadgroup (qb, h, b) owns query rows q0 = 32 qb .. q0+31; simdgroup s owns
+// rows q0 + 8s .. q0 + 8s + 7 and lane l owns head dims l, l+32, ... For each
+// key tile of 16 (up to the causal limit):
+//   1. the 128 threads stage K and V [16, BD] (bf16) in threadgroup memory;
+//   2. per owned row and key, the lanes' partial Q.K and dO.V products are
+//      folded by one simd_sum (a float2), giving S and dP; P and dS go to
+//      threadgroup tiles [32, 16] and dQ accumulates in registers;
+//   3. thread (k, d) forms sum_i dS[i,k] Q[i,d] and sum_i P[i,k] dO[i,d]
+//      over the 32 rows and adds them to dK, dV with one atomic each.
+constant constexpr int BQ = 32;              // query rows per threadgroup (params.NQ)
+constant constexpr int BK = 16;              // keys per tile (params.NK)
+constant constexpr int N_SG = 4;             // simdgroups per threadgroup
+constant constexpr int ROWS = BQ / N_SG;     // rows per simdgroup
+constant constexpr int N_THREADS = N_SG * 32;
+
+// tilegrad's score (kernels/attention.h): tanh_out gets the softcap's tanh.
+static inline float attn_score(float qk, const constant AttnParams &p, int i, int k,
+                               bool masked, float m, thread float &tanh_out) {
+  float s = p.scale * qk;
+  float t = 0.0f;
+  if (p.softcapping != 1.0f) {
+    t = precise::tanh(s / p.softcapping);
+    s = p.softcapping * t;
+  }
+  tanh_out = t;
+  if (do_causal && k > i + p.qL_off) return -INFINITY;
+  if (masked) {
+    if (m == -INFINITY) return -INFINITY;
+    s += m;
+  }
+  return s;
+}
+
+template <int BD>
+static inline void attn_bwd_body(
+    const device ushort *Q, const device ushort *K, const device ushort *V,
+    const device float *L, const device ushort *dO, const device float *D_vec,
+    device float *dQ, device float *dK, device float *dV,
+    const constant AttnParams &p, const constant AttnMaskParams *mp,
+    const device ushort *mask, uint3 tgid, uint tid, uint lane, uint sg,
+    threadgroup ushort *K_s, threadgroup ushort *V_s,
+    threadgroup float (*P_s)[BK], threadgroup float (*dS_s)[BK]) {
+  constexpr int DPL = BD / 32;  // head dims per lane
+  const int qb = int(tgid.x), h = int(tgid.y), b = int(tgid.z);
+  const int h_kv = h / p.gqa_factor, H_kv = p.H / p.gqa_factor;
+  const int q0 = qb * BQ;
+  const int nq = (!align_Q && qb == p.NQ_aligned) ? p.qL_rem : BQ;  // rows in this tile
+
+  // Keys [0, key_end) can be visible to this tile's rows.
+  int key_end = p.kL;
+  if (do_causal) key_end = clamp(q0 + nq + p.qL_off, 0, p.kL);
+  const int n_ktiles = (key_end + BK - 1) / BK;
+
+  const device ushort *Qh = Q + b * p.Q_strides[0] + h * p.Q_strides[1];
+  const device ushort *dOh = dO + b * p.O_strides[0] + h * p.O_strides[1];
+  const device ushort *Kh = K + b * p.K_strides[0] + h_kv * p.K_strides[1];
+  const device ushort *Vh = V + b * p.V_strides[0] + h_kv * p.V_strides[1];
+  const ulong bh = (ulong)b * p.H + h;
+
+  float dq[ROWS][DPL];  // dQ of the simdgroup's rows, this lane's dims
+  for (int r = 0; r < ROWS; r++)
+    for (int j = 0; j < DPL; j++) dq[r][j] = 0.0f;
+
+  for (int kt = 0; kt < n_ktiles; kt++) {
+    const int k0 = kt * BK;
+    const int nk = (!align_K && kt == p.NK_aligned) ? p.kL_rem : BK;  // keys in this tile
+
+    // 1. stage K, V [BK, BD] (zeros past the tail)
+    threadgroup_barrier(mem_flags::mem_threadgroup);  // previous tile fully used
+    for (int e = int(tid); e < BK * BD; e += N_THREADS) {
+      const int kr = e / BD, d = e % BD;
+      K_s[e] = kr < nk ? Kh[(k0 + kr) * p.K_strides[2] + d] : ushort(0);
+      V_s[e] = kr < nk ? Vh[(k0 + kr) * p.V_strides[2] + d] : ushort(0);
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+
+    // 2. S, dP, P, dS for the simdgroup's rows (uniform loop per simdgroup)
+    for (int r = 0; r < ROWS; r++) {
+      const int il = int(sg) * ROWS + r;  // row within the tile
+      if (il >= nq) {
+        if (lane < uint(BK)) { P_s[il][lane] = 0.0f; dS_s[il][lane] = 0.0f; }
+        continue;
+      }
+      const int i = q0 + il;
+      float q[DPL], g[DPL];
+      for (int j = 0; j < DPL; j++) {
+        q[j] = bf16_to_float(Qh[i * p.Q_strides[2] + int(lane) + 32 * j]);
+        g[j] = bf16_to_float(dOh[i * p.O_strides[2] + int(lane) + 32 * j]);
+      }
+      const float Li = L[bh * p.qL + i], Di = D_vec[bh * p.qL + i];
+      const device ushort *mrow = has_mask ? mask + b * mp->M_strides[0] + h * mp->M_strides[1] +
+                                                 i * mp->M_strides[2]
+                                           : nullptr;
+      for (int k = 0; k < BK; k++) {
+        float2 acc = float2(0.0f);  // (Q.K, dO.V) partials of this lane
+        for (int j = 0; j < DPL; j++) {
+          acc.x += q[j] * bf16_to_float(K_s[k * BD + int(lane) + 32 * j]);
+          acc.y += g[j] * bf16_to_float(V_s[k * BD + int(lane) + 32 * j]);
+        }
+        acc = simd_sum(acc);
+        float t = 0.0f, s = -INFINITY;
+        if (k < nk) s = attn_score(acc.x, p, i, k0 + k, has_mask, has_mask ? bf16_to_float(mrow[k0 + k]) : 0.0f, t);
+        const float P = (Li == -INFINITY) ? 0.0f : exp(s - Li);  // fully masked row: 0
+        float gs = P * (acc.y - Di);
+        if (p.softcapping != 1.0f) gs *= 1.0f - t * t;
+        const float ds = p.scale * gs;
+        if (lane == 0) { P_s[il][k] = P; dS_s[il][k] = ds; }
+        for (int j = 0; j < DPL; j++) dq[r][j] += ds * bf16_to_float(K_s[k * BD + int(lane) + 32 * j]);
+      }
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+
+    // 3. this tile's dK, dV: thread per (key, dim), one atomic add each
+    device float *dKh = dK + (((ulong)b * H_kv + h_kv) * p.kL + k0) * BD;
+    device float *dVh = dV + (((ulong)b * H_kv + h_kv) * p.kL + k0) * BD;
+    for (int e = int(tid); e < nk * BD; e += N_THREADS) {
+      const int k = e / BD, d = e % BD;
+      float ak = 0.0f, av = 0.0f;
+      for (int il = 0; il < nq; il++) {
+        ak += dS_s[il][k] * bf16_to_float(Qh[(q0 + il) * p.Q_strides[2] + d]);
+        av += P_s[il][k] * bf16_to_float(dOh[(q0 + il) * p.O_strides[2] + d]);
+      }
+      atomic_fetch_add_explicit((device atomic_float *)&dKh[e], ak, memory_order_relaxed);
+      atomic_fetch_add_explicit((device atomic_float *)&dVh[e], av, memory_order_relaxed);
+    }
+  }
+
+  // dQ rows of this simdgroup (writes; zeros for rows that saw no key)
+  for (int r = 0; r < ROWS; r++) {
+    const int il = int(sg) * ROWS + r;
+    if (il >= nq) continue;
+    device float *dq_row = dQ + (bh * p.qL + q0 + il) * BD;
+    for (int j = 0; j < DPL; j++) dq_row[int(lane) + 32 * j] = dq[r][j];
+  }
+}
+
+// One kernel per instantiated head dim; identical signatures.
+#define TG_ATTN_BWD_KERNEL(NAME, BD)                                                       \
+  kernel void NAME(                                                                        \
+      const device ushort *Q             [[buffer(0)]],                                    \
+      const device ushort *K             [[buffer(1)]],                                    \
+      const device ushort *V             [[buffer(2)]],                                    \
+      const device float  *L             [[buffer(4)]],                                    \
+      const device ushort *dO            [[buffer(5)]],                                    \
+      const device float  *D_vec         [[buffer(6)]],                                    \
+      device float        *dQ            [[buffer(7)]],                                    \
+      device float        *dK            [[buffer(8)]],                                    \
+      device float        *dV            [[buffer(9)]],                                    \
+      const constant AttnParams *params  [[buffer(10)]],                                   \
+      const constant AttnMaskParams *mp  [[buffer(11), function_constant(has_mask)]],      \
+      const device ushort *mask          [[buffer(12), function_constant(has_mask)]],      \
+      uint3 tgid [[threadgroup_position_in_grid]],                                         \
+      uint  tid  [[thread_index_in_threadgroup]],                                          \
+      uint  lane [[thread_index_in_simdgroup]],                                            \
+      uint  sg   [[simdgroup_index_in_threadgroup]]) {                                     \
+    threadgroup ushort K_s[BK * BD];                                                       \
+    threadgroup ushort V_s[BK * BD];                                                       \
+    threadgroup float P_s[BQ][BK];                                                         \
+    threadgroup float dS_s[BQ][BK];                                                        \
+    attn_bwd_body<BD>(Q, K, V, L, dO, D_vec, dQ, dK, dV, *params, mp, mask, tgid, tid,    \
+                      lane, sg, K_s, V_s, P_s, dS_s);                                      \
+  }
+
+TG_ATTN_BWD_KERNEL(flash_attn_train_bwd_bf16_d64, 64)
+TG_ATTN_BWD_KERNEL(flash_attn_train_bwd_bf16_d256, 256)

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# CI check of the Python package's install path:
+#   1. a fresh venv with --system-site-packages (Debian's python3 is
+#      externally managed, PEP 668; the venv still sees Debian's numpy/torch),
+#   2. `pip install ./python` from the repository root -- setup.py builds
+#      libtilegrad with CMake and bundles it,
+#   3. from another directory, with an empty environment (no TILEGRAD_LIB,
+#      nothing on PYTHONPATH), import tilegrad, check that the bundled
+#      library is the one loaded, and run attention forward/backward through
+#      the autograd wrapper against a float64 reference.
+#
+# Usage: python/ci_install_check.sh [--offline]
+#   --offline: pip install --no-build-isolation --no-index (uses the venv's
+#              setuptools/wheel and Debian's numpy; no PyPI access needed)
+# Needs (Debian): python3 python3-venv python3-numpy python3-torch cmake make gcc
+# Environment: PYTHON (default /usr/bin/python3), KEEP_VENV=1 keeps the venv.
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+python="${PYTHON:-/usr/bin/python3}"
+pip_args=(--disable-pip-version-check --no-cache-dir)
+[ "${1:-}" = "--offline" ] && pip_args+=(--no-build-isolation --no-index)
+
+work="$(mktemp -d /tmp/tilegrad-install-check.XXXXXX)"
+[ "${KEEP_VENV:-0}" = 1 ] || trap 'rm -rf "$work"' EXIT
+echo "== venv: $work/venv ($("$python" --version))"
+"$python" -m venv --system-site-packages "$work/venv"
+
+echo "== pip install ./python"
+(cd "$repo" && "$work/venv/bin/python" -m pip install "${pip_args[@]}" ./python)
+
+echo "== smoke test from $work, empty environment"
+cd "$work"
+env -i PATH=/usr/bin:/bin HOME="$work" "$work/venv/bin/python" - <<'PYEOF'
+import os, torch, tilegrad, tilegrad.torch as tt
+lib = tilegrad.library().path
+print("tilegrad", tilegrad.__version__, "from", os.path.dirname(tilegrad.__file__), "| library", lib, "| isa", tilegrad.default_context().isa)
+assert lib.startswith(os.path.dirname(tilegrad.__file__)), "the bundled library must be loaded"
+torch.manual_seed(0)
+q, k, v = (torch.randn(1, h, 48, 64).to(torch.bfloat16).requires_grad_() for h in (4, 2, 2))
+o = tt.attention(q, k, v, causal=True)                 # FA-2 forward (GQA 4:2)
+o.float().square().sum().backward()                    # FA-2 backward through autograd
+Q, K, V = (t.detach().double().requires_grad_() for t in (q, k, v))
+S = Q @ K.repeat_interleave(2, 1).transpose(-1, -2) / 8
+O = torch.softmax(S.masked_fill(~torch.ones(48, 48, dtype=torch.bool).tril(), float("-inf")), -1) @ V.repeat_interleave(2, 1)
+O.square().sum().backward()
+for name, a, b in (("O", o, O), ("dq", q.grad, Q.grad), ("dk", k.grad, K.grad), ("dv", v.grad, V.grad)):
+    err = float((a.double() - b).norm() / b.norm())
+    print(f"  {name}: relative error {err:.2e}")
+    assert err < 2 ** -6, name
+print("install check OK")
+PYEOF
