@@ -3,9 +3,11 @@
 # packages (idempotent: does nothing when everything is there).
 set -euo pipefail
 # clang: the Metal twins' host shim (tests/metal); libopenblas-dev: the
-# training example's matrix products (examples/).
+# training example's matrix products (examples/); python3-venv, -setuptools,
+# -wheel: the offline `pip install ./python` check (python/ci_install_check.sh).
 pkgs=(cmake make gcc pkg-config libcmocka-dev libopenblas-dev clang
-      python3 python3-numpy python3-pytest python3-hypothesis python3-torch)
+      python3 python3-numpy python3-pytest python3-hypothesis python3-torch
+      python3-venv python3-setuptools python3-wheel)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

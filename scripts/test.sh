@@ -17,5 +17,8 @@ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DTG_SANITIZE=ON >/dev/null
 cmake --build build-asan -j"$jobs" >/dev/null
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure)
 
-echo "== PyTorch oracle (pytest)"
+echo "== PyTorch oracle and Python package (pytest)"
 TILEGRAD_LIB="$PWD/build/libtilegrad.so" /usr/bin/python3 -m pytest tests/python -q
+
+echo "== pip install ./python in a fresh venv, then import it from elsewhere"
+bash python/ci_install_check.sh --offline

@@ -32,8 +32,7 @@ import math
 import numpy as np
 
 from . import bf16 as _bf16
-from .capi import (AttnMaskParams, AttnParams, _set_strides, attn_params_init,
-                   default_context)
+from .capi import AttnMaskParams, _set_strides, attn_params_init, default_context
 
 __all__ = [
     "attn_params", "flash_attn_train_fwd", "flash_attn_train_bwd_compute_d",

@@ -21,13 +21,10 @@ Differences from PyTorch worth knowing: a query row that sees no key (fully
 masked) gives output 0 and zero gradients, where PyTorch gives NaN; the mask
 receives no gradient; double backward is not supported.
 """
-import math
-
 import numpy as np
 import torch
 from torch.autograd.function import once_differentiable
 
-from . import bf16 as _bf16
 from . import kernels as _k
 from .capi import default_context
 
@@ -183,10 +180,11 @@ class RMSNormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(fctx, x, weight, eps, tg_ctx):
-        xn, wn = _f32(x), _f32(weight)
-        y, r = _k.rms_norm_forward(xn, wn, eps, return_rms_inv=True, ctx=tg_ctx)
-        fctx.save_for_backward(torch.from_numpy(xn), torch.from_numpy(wn),
-                               torch.from_numpy(r))
+        y, r = _k.rms_norm_forward(_f32(x), _f32(weight), eps, return_rms_inv=True,
+                                   ctx=tg_ctx)
+        # the inputs themselves are saved, so autograd's version check catches
+        # an in-place change before the backward
+        fctx.save_for_backward(x, weight, torch.from_numpy(r))
         fctx.tg_ctx = tg_ctx
         return torch.from_numpy(y)
 
@@ -196,10 +194,10 @@ class RMSNormFunction(torch.autograd.Function):
         x, w, r = fctx.saved_tensors
         c = fctx.tg_ctx if fctx.tg_ctx is not None else default_context()
         dyn = _f32(dy)
-        xn, rn = x.numpy(), r.numpy()
+        xn, rn = _f32(x), r.numpy()
         dx = dw = None
         if fctx.needs_input_grad[0]:
-            dx = torch.from_numpy(_k.rms_norm_backward_dx(xn, w.numpy(), dyn, rn, ctx=c))
+            dx = torch.from_numpy(_k.rms_norm_backward_dx(xn, _f32(w), dyn, rn, ctx=c))
         if fctx.needs_input_grad[1]:
             dw = torch.from_numpy(_k.rms_norm_backward_dw(xn, dyn, rn, ctx=c))
         return dx, dw, None, None

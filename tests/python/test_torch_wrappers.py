@@ -86,7 +86,7 @@ def sum_group(x, g):
 
 
 def check(name, got, ref, tol, info):
-    got = got.to(F64)
+    got = got.detach().to(F64)
     err = (got - ref).abs()
     bad = ~(err <= tol)
     if bool(bad.any()):
@@ -206,7 +206,7 @@ def test_sdpa_dropin_semantics():
     o = tt.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     Q, K, V = (t.detach().to(F64) for t in (q, k, v))
     O = ref_attention(Q, K, V, None, True, scale_of(D), None, 0)[0]   # top-left: q_off = 0
-    assert float((o.to(F64) - O).abs().max()) < 2 ** -6
+    assert float((o.detach().to(F64) - O).abs().max()) < 2 ** -6
     o_br = tt.attention(q, k, v, causal=True)                          # bottom-right
     assert not torch.equal(o, o_br)
     with pytest.raises(ValueError, match="enable_gqa"):
@@ -221,12 +221,12 @@ def test_sdpa_dropin_semantics():
     o3 = tt.scaled_dot_product_attention(q[:, 0], k[:, 0], v[:, 0], attn_mask=m, scale=0.25)
     assert o3.shape == (B, qL, D)
     O3 = ref_attention(Q[:, :1], K[:, :1], V[:, :1], m, False, 0.25, None, 0)[0]
-    assert float((o3.to(F64) - O3[:, 0]).abs().max()) < 2 ** -6
+    assert float((o3.detach().to(F64) - O3[:, 0]).abs().max()) < 2 ** -6
     F = torch.nn.functional
     if hasattr(F, "scaled_dot_product_attention"):                    # PyTorch >= 2.0
         want = F.scaled_dot_product_attention(Q[:, :2], K, V, is_causal=True)
         got = tt.scaled_dot_product_attention(q[:, :2], k, v, is_causal=True)
-        assert float((got.to(F64) - want).abs().max()) < 2 ** -6
+        assert float((got.detach().to(F64) - want).abs().max()) < 2 ** -6
 
 
 def test_attention_errors():
@@ -299,7 +299,7 @@ def test_rms_norm_module_dropin():
     assert m2.weight is None and list(m2.parameters()) == []
     ref = x.double() * torch.rsqrt((x.double() ** 2).mean(-1, keepdim=True)
                                    + torch.finfo(torch.float32).eps)
-    assert float((m2(x).double() - ref).abs().max()) < 1e-5
+    assert float((m2(x).detach().double() - ref).abs().max()) < 1e-5
     # multi-dim normalized_shape; bf16 input keeps its dtype
     m3 = tt.RMSNorm((3, 8), eps=1e-6, dtype=torch.float32)
     xb = x.reshape(2, 3, 3, 8).to(torch.bfloat16).requires_grad_(True)
@@ -308,10 +308,10 @@ def test_rms_norm_module_dropin():
     yb.float().sum().backward()
     assert xb.grad.dtype == torch.bfloat16 and m3.weight.grad.shape == (3, 8)
     if hasattr(torch.nn, "RMSNorm"):                                   # PyTorch >= 2.4
-        t = torch.nn.RMSNorm(24, eps=1e-5)
+        t = torch.nn.RMSNorm(24, eps=1e-5, dtype=torch.float32)
         with torch.no_grad():
             t.weight.copy_(m.weight)
-        assert float((t(x) - m(x)).abs().max()) < 1e-5
+        assert float((t(x) - m(x)).detach().abs().max()) < 1e-5
     with pytest.raises(ValueError, match="normalized_shape"):
         m(torch.randn(2, 23))
 
@@ -399,6 +399,26 @@ def test_model_training_step_with_dropins():
         opt.step()
         first = loss.item() if first is None else first
     assert loss.item() < first - 0.05, (first, loss.item())
+
+
+def test_inplace_change_after_forward_is_caught():
+    """The wrappers save their inputs for autograd: modifying one in place
+    before the backward raises, as with PyTorch's own ops."""
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(3, 16, generator=gen, dtype=torch.float32)
+    w = torch.ones(16, dtype=torch.float32, requires_grad=True)
+    xl = x.clone().requires_grad_(True)
+    h = xl * 1.0
+    y = tt.rms_norm(h, w, 1e-5)
+    h.add_(1.0)
+    with pytest.raises(RuntimeError, match="inplace|in-place|modified"):
+        y.sum().backward()
+    q = bf((1, 1, 4, 8), gen)
+    qq = q * 1
+    o = tt.attention(qq, qq, qq)
+    qq.mul_(2)
+    with pytest.raises(RuntimeError, match="inplace|in-place|modified"):
+        o.float().sum().backward()
 
 
 def test_modules_use_given_context():
