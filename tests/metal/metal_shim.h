@@ -213,11 +213,13 @@ template <class T> void c_sum(const mtl_sim::Slot *in, mtl_sim::Slot *out, const
   tree<T>(in, out, p, T(0), [](T a, T b) { return a + b; });
 }
 template <class T> void c_max(const mtl_sim::Slot *in, mtl_sim::Slot *out, const uint32_t *, uint32_t p) {
-  tree<T>(in, out, p, std::numeric_limits<T>::lowest(),
+  tree<T>(in, out, p, std::numeric_limits<T>::has_infinity ? -std::numeric_limits<T>::infinity()
+                                                          : std::numeric_limits<T>::lowest(),
           [](T a, T b) { return b > a ? b : a; });
 }
 template <class T> void c_min(const mtl_sim::Slot *in, mtl_sim::Slot *out, const uint32_t *, uint32_t p) {
-  tree<T>(in, out, p, std::numeric_limits<T>::max(),
+  tree<T>(in, out, p, std::numeric_limits<T>::has_infinity ? std::numeric_limits<T>::infinity()
+                                                          : std::numeric_limits<T>::max(),
           [](T a, T b) { return b < a ? b : a; });
 }
 /* out[i] = in[src(i)] where src comes from extra[] (already resolved by the caller's op) */

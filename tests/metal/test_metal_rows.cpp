@@ -350,6 +350,7 @@ int main() {
   test_ce(ctx, 6, 300, 128, false);
   test_ce(ctx, 8, 33, 64, true);
   test_ce(ctx, 3, 5, 16, false);
+  test_ce(ctx, 5, 7, 16, true); /* all -inf row in a sub-simdgroup threadgroup */
   test_ce_edges();
   return tt::finish("metal_rows");
 }

@@ -43,10 +43,12 @@ static void test_barrier_and_race() {
 
 static void test_simd() {
   std::printf("simd functions\n");
-  for (uint n : {64u, 48u, 7u}) { /* full, partial last simdgroup, single partial */
+  for (uint n : {64u, 48u, 7u, 5u}) { /* full, partial last simdgroup, single partial */
     Buf<float> in(n), out(n * 6);
     tt::Rng r(tt::seed() + n);
     for (uint i = 0; i < n; i++) in[i] = (float)r.range(-1000, 1000) * 0.25f;
+    if (n == 5) /* all -inf in a partial simdgroup: max must stay -inf */
+      for (uint i = 0; i < n; i++) in[i] = -INFINITY;
     mtl_sim::Dispatch d;
     d.grid(1, 1, 1).tg(n).buffer(0, in.p).buffer(1, out.p);
     if (!tt::run(d, [] { st::st_simd(); }, "st_simd")) continue;
