@@ -12,10 +12,12 @@
  *
  * Activations are token-major ([B, T, heads, Dh] for q/k/v/o); the attention
  * kernels read and write them in place through the params' strides. Every
- * matrix product is one cblas_sgemm; everything else is a tilegrad kernel,
- * except three exact copies the API leaves to the caller: the embedding
- * gather, bf16 -> f32 widening of O, and the head-major -> token-major
- * reorder of dQ/dK/dV (the backward writes those contiguous [B, heads, T, Dh]).
+ * matrix product is cblas_sgemm (single-threaded OpenBLAS on one slice of
+ * the output per OpenMP thread); everything else is a tilegrad kernel,
+ * except what the API leaves to the caller: the embedding gather, the
+ * residual add, AdamW, and two exact copies: bf16 -> f32 widening of O, and
+ * the head-major -> token-major reorder of dQ/dK/dV (the backward writes
+ * those contiguous [B, heads, T, Dh]).
  *
  * Parameters live in one flat f32 buffer (and gradients in one of the same
  * layout), as the tensors listed in tm_tensor, so an optimizer or a gradient
@@ -95,11 +97,28 @@ const float *tm_logits(const tm_model *m);
 /* One forward pass: ids, targets [B, T] (targets may contain TM_PAD_ID);
  * *loss = mean over non-pad targets. Fills the activations the backward
  * uses. */
-tg_status tm_forward(tm_model *m, const uint32_t *ids, const uint32_t *targets, float *loss);
+tg_status tm_forward(tm_model *m, const uint32_t *ids, const uint32_t *targets,
+                     float *loss);
 /* Forward and backward: writes every gradient (d loss / d param) into
  * tm_grads(m). */
 tg_status tm_forward_backward(tm_model *m, const uint32_t *ids, const uint32_t *targets,
                               float *loss);
+
+/* Where a step's time goes: seconds accumulated by tm_forward and
+ * tm_forward_backward since tm_create, per phase. */
+typedef enum {
+  TM_PH_GEMM,     /* cblas_sgemm, all projections, forward and backward */
+  TM_PH_ATTN_FWD, /* tg_flash_attn_train_fwd_bf16 */
+  TM_PH_ATTN_BWD, /* compute_d, the D_vec transposes, tg_flash_attn_train_bwd_bf16 */
+  TM_PH_NORM,     /* RMSNorm forward and backward (dx, dw), both norms */
+  TM_PH_XENT,     /* tg_cross_entropy_fwd_bwd */
+  TM_PH_EMB,      /* tg_embedding_backward (tokens and positions) */
+  TM_PH_CAST,     /* tg_f32_to_bf16_cast of q, k, v, dO */
+  TM_PH_COPY,     /* gather, bf16 widening, dQ/dK/dV reorder, residual adds */
+  TM_NPHASES
+} tm_phase;
+const char *tm_phase_name(tm_phase ph);
+const double *tm_phase_seconds(const tm_model *m); /* [TM_NPHASES] */
 
 typedef struct {
   float lr, beta1, beta2, eps, weight_decay; /* decoupled (AdamW), not on norms */
@@ -113,8 +132,15 @@ double tm_adam_step(tm_model *m, const tm_adam *opt, float lr, int64_t step);
 /* OpenBLAS's own thread count (openblas_set_num_threads when the linked BLAS
  * has it; otherwise a no-op). tm_create sets it to 1. */
 void tm_blas_set_threads(int n);
-/* The name of the BLAS in use, e.g. "OpenBLAS ..." (or "unknown"). */
+/* The BLAS in use and, for OpenBLAS, the core its kernels were chosen for. */
 const char *tm_blas_name(void);
+/* OpenBLAS's DYNAMIC_ARCH falls back to its generic "Prescott" (SSE3)
+ * kernels on CPUs newer than its tables (Debian 12's 0.3.21 on Sapphire or
+ * Emerald Rapids: model 143 / 207), 3-4x slower for this model's sgemm.
+ * When that has happened, OPENBLAS_CORETYPE is unset and the CPU has
+ * AVX-512 (or AVX2+FMA), returns the core to ask for: "SkylakeX" (or
+ * "Haswell"); otherwise NULL. The variable is read when OpenBLAS loads. */
+const char *tm_blas_coretype_hint(void);
 
 #ifdef __cplusplus
 }

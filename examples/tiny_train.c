@@ -18,10 +18,14 @@ static const char alphabet[TT_VOCAB + 1] = "\n ,.abcdefghijklmnopqrstuvwxyz";
 uint32_t tt_encode(char ch) {
   if (ch >= 'a' && ch <= 'z') return 4 + (uint32_t)(ch - 'a');
   switch (ch) {
-    case '\n': return 0;
-    case ',': return 2;
-    case '.': return 3;
-    default: return 1;
+    case '\n':
+      return 0;
+    case ',':
+      return 2;
+    case '.':
+      return 3;
+    default:
+      return 1;
   }
 }
 
@@ -37,9 +41,9 @@ static int rng_below(uint64_t *s, int n) { return (int)(rng_next(s) % (uint64_t)
 #define PICK(s, list) list[rng_below(s, (int)(sizeof list / sizeof list[0]))]
 
 static const char *const nouns[] = {
-    "cat",    "dog",    "bird",   "fox",     "king",   "queen",  "farmer", "sailor",
-    "child",  "teacher", "miller", "baker",  "horse",  "goat",   "wolf",   "rabbit",
-    "fisher", "weaver", "tailor", "soldier", "doctor", "hunter", "singer", "poet"};
+    "cat",    "dog",     "bird",   "fox",     "king",   "queen",  "farmer", "sailor",
+    "child",  "teacher", "miller", "baker",   "horse",  "goat",   "wolf",   "rabbit",
+    "fisher", "weaver",  "tailor", "soldier", "doctor", "hunter", "singer", "poet"};
 static const char *const adjectives[] = {"old",   "young", "little", "brave", "quiet",
                                          "proud", "tired", "clever", "kind",  "grey"};
 static const char *const determiners[] = {"the", "the", "the", "a", "my", "our", "that"};
@@ -47,9 +51,10 @@ static const char *const verbs[] = {"sees",    "likes",   "follows", "finds",  "
                                     "helps",   "watches", "calls",   "greets", "carries",
                                     "teaches", "meets",   "thanks",  "warns",  "chases"};
 static const char *const places[] = {
-    "in the garden", "by the river",   "at night",       "after dinner", "on the hill",
-    "near the mill", "every morning",  "in the rain",    "at the market", "under the old tree",
-    "before dawn",   "across the field", "in the kitchen", "on the bridge"};
+    "in the garden",  "by the river",       "at night",      "after dinner",
+    "on the hill",    "near the mill",      "every morning", "in the rain",
+    "at the market",  "under the old tree", "before dawn",   "across the field",
+    "in the kitchen", "on the bridge"};
 static const char *const links[] = {"and then", "so", "but later", "and soon"};
 
 typedef struct {
@@ -110,7 +115,7 @@ void tt_default_options(tt_options *o) {
   o->cfg = tm_default_config();
   o->cfg.vocab = TT_VOCAB;
   o->adam = tm_default_adam();
-  o->steps = 300;
+  o->steps = 500;
   o->warmup = 0.05f;
   o->seed = 1;
   o->threads = 0;
@@ -125,11 +130,12 @@ void tt_usage(FILE *out, const char *prog) {
   fprintf(out,
           "usage: %s [options]\n"
           "\n"
-          "Trains a tiny decoder block (embedding, RMSNorm, causal GQA attention,\n"
-          "residual, RMSNorm, output projection, cross-entropy) with AdamW on a\n"
-          "built-in character corpus, on the CPU: tilegrad kernels for attention,\n"
-          "RMSNorm, cross-entropy and embedding (forward and backward), OpenBLAS\n"
-          "sgemm for the projections. Prints the loss as it falls.\n"
+          "Trains a tiny decoder block (token + learned position embedding, RMSNorm,\n"
+          "causal GQA attention, residual, RMSNorm, output projection, cross-entropy)\n"
+          "with AdamW on a built-in character corpus, on the CPU: tilegrad's kernels\n"
+          "for attention and RMSNorm (forward and backward), the bf16 casts,\n"
+          "cross-entropy and the embedding backward; OpenBLAS sgemm for the\n"
+          "projections. Prints the loss as it falls; exits 1 if it did not.\n"
           "\n"
           "options (default in brackets):\n"
           "  --steps N          optimizer steps [%d]\n"
@@ -251,7 +257,8 @@ static double now(void) {
 static float lr_at(const tt_options *o, int step) { /* step from 1 */
   const int warm = (int)(o->warmup * o->steps);
   if (step <= warm) return o->adam.lr * (float)step / (float)warm;
-  const double x = (double)(step - warm) / (double)(o->steps - warm > 0 ? o->steps - warm : 1);
+  const double x =
+      (double)(step - warm) / (double)(o->steps - warm > 0 ? o->steps - warm : 1);
   return (float)(o->adam.lr * (0.1 + 0.9 * 0.5 * (1 + cos(3.141592653589793 * x))));
 }
 
@@ -372,20 +379,23 @@ int tt_run(const tt_options *o) {
   tt_corpus(heldout, eval_chars, 7); /* another stream of the same grammar */
   uint64_t rs = o->seed * 0x9E3779B97F4A7C15ull + 99, es = 4242;
   for (int i = 0; i < EVAL_BATCHES; i++)
-    sample_batch(heldout, eval_chars, c->batch, c->seq_len, &es, eids + i * N, etgt + i * N);
+    sample_batch(heldout, eval_chars, c->batch, c->seq_len, &es, eids + i * N,
+                 etgt + i * N);
 
-  printf("tiny model: vocab %d, dim %d, heads %d (kv %d) x %d, seq %d, batch %d, %s output, "
-         "%lld parameters\n",
-         c->vocab, c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->seq_len, c->batch,
-         c->tied ? "tied" : "separate", (long long)tm_n_params(m));
+  printf(
+      "tiny model: vocab %d, dim %d, heads %d (kv %d) x %d, seq %d, batch %d, %s output, "
+      "%lld parameters\n",
+      c->vocab, c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->seq_len, c->batch,
+      c->tied ? "tied" : "separate", (long long)tm_n_params(m));
   printf("steps %d, AdamW lr %g (warm-up %d steps, cosine to lr/10), clip %g, seed %llu\n",
          o->steps, (double)o->adam.lr, (int)(o->warmup * o->steps), (double)o->adam.clip,
          (unsigned long long)o->seed);
-  const char *wait = getenv("OMP_WAIT_POLICY");
-  printf("threads: %d (isa %s%s, OMP_WAIT_POLICY=%s); BLAS: %s, sgemm on row slices, "
-         "one per thread\n",
-         threads, tg_isa_name(tg_ctx_get_isa(ctx)), o->deterministic ? ", deterministic" : "",
-         wait ? wait : "(default)", tm_blas_name());
+  const char *wait = getenv("OMP_WAIT_POLICY"), *core = getenv("OPENBLAS_CORETYPE");
+  printf("threads: %d (isa %s%s, OMP_WAIT_POLICY=%s)\n", threads,
+         tg_isa_name(tg_ctx_get_isa(ctx)), o->deterministic ? ", deterministic" : "",
+         wait ? wait : "(default)");
+  printf("BLAS: %s%s%s; single-threaded sgemm on row slices, one per thread\n",
+         tm_blas_name(), core ? ", OPENBLAS_CORETYPE=" : "", core ? core : "");
   printf("corpus: %lld generated characters, held-out %d x %lld tokens; ln(vocab) = %.3f\n",
          (long long)train_chars, EVAL_BATCHES, (long long)N, log((double)c->vocab));
   fflush(stdout);
@@ -394,14 +404,18 @@ int tt_run(const tt_options *o) {
   if ((st = eval_loss(m, eids, etgt, EVAL_BATCHES, &ev0)) != TG_OK) goto fail;
   printf("%6s %8s %8s %10s %9s %10s\n", "step", "loss", "avg", "lr", "|grad|", "tok/s");
   double t_start = now(), t_log = t_start, first = NAN, last = NAN, avg_sum = 0;
-  double ev_last = ev0;
+  double ev_last = ev0, phase[TM_NPHASES] = {0}, before[TM_NPHASES], adam_s = 0, eval_s = 0;
   int avg_n = 0;
   for (int step = 1; step <= o->steps; step++) {
     sample_batch(train, train_chars, c->batch, c->seq_len, &rs, ids, tgt);
     float loss;
+    memcpy(before, tm_phase_seconds(m), sizeof before);
     if ((st = tm_forward_backward(m, ids, tgt, &loss)) != TG_OK) goto fail;
+    for (int k = 0; k < TM_NPHASES; k++) phase[k] += tm_phase_seconds(m)[k] - before[k];
     const float lr = lr_at(o, step);
+    const double ta = now();
     const double gnorm = tm_adam_step(m, &o->adam, lr, step);
+    adam_s += now() - ta;
     if (step == 1) first = loss;
     last = loss;
     avg_sum += loss, avg_n++;
@@ -417,22 +431,31 @@ int tt_run(const tt_options *o) {
       const double te = now();
       if ((st = eval_loss(m, eids, etgt, EVAL_BATCHES, &ev_last)) != TG_OK) goto fail;
       printf("       held-out loss %.4f\n", ev_last);
+      eval_s += now() - te;
       t_log += now() - te; /* keep evaluation out of tok/s */
     }
   }
-  const double train_s = now() - t_start;
+  const double train_s = now() - t_start - eval_s; /* evaluation excluded */
   if ((st = eval_loss(m, eids, etgt, EVAL_BATCHES, &ev_last)) != TG_OK) goto fail;
   printf("first loss %.4f, last loss %.4f (ln(vocab) = %.3f)\n", first, last,
          log((double)c->vocab));
   printf("held-out loss %.4f -> %.4f\n", ev0, ev_last);
   printf("%d steps, %lld tokens in %.2f s: %.0f tokens/s\n", o->steps,
          (long long)N * o->steps, train_s, (double)N * o->steps / train_s);
+  printf("time per step: %.2f ms =", 1e3 * train_s / o->steps);
+  double accounted = adam_s;
+  for (int k = 0; k < TM_NPHASES; k++) {
+    accounted += phase[k];
+    printf(" %s %.2f +", tm_phase_name((tm_phase)k), 1e3 * phase[k] / o->steps);
+  }
+  printf(" AdamW %.2f + other %.2f\n", 1e3 * adam_s / o->steps,
+         1e3 * (train_s - accounted) / o->steps);
   if (o->sample > 0) {
     printf("sample:\n");
     uint64_t gs = o->seed + 17;
     if ((st = generate(m, ctx, "the ", o->sample, &gs)) != TG_OK) goto fail;
   }
-  rc = (isfinite(last) && last < first) ? 0 : 1;
+  rc = (o->steps < 2 || (isfinite(last) && last < first)) ? 0 : 1;
   if (rc) fprintf(stderr, "tilegrad train: the loss did not fall\n");
   goto done;
 fail:
@@ -446,26 +469,36 @@ done:
   return rc;
 }
 
-/* OpenMP threads that spin between kernels (libgomp's default) lose badly
- * on a shared or small machine: a step is ~40 short parallel regions and
- * sgemm slices, and a spinning thread holds a core its partner needs. The
- * wait policy is read once, when the OpenMP runtime starts, so when the user
- * has not chosen one we re-run this program with OMP_WAIT_POLICY=passive
- * (measured on 2 loaded cores: 3.1 s instead of 7.6 to 24 s per 100 steps). */
-static void prefer_passive_wait(int argc, char **argv, const char *exec_prefix) {
-  if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return;
+/* Two settings that are read once, when the OpenMP runtime and OpenBLAS
+ * load, decide much of this program's speed on small or shared machines:
+ *  - OpenMP threads that spin between kernels (libgomp's default) lose badly
+ *    when cores are scarce: a step is ~40 short parallel regions and sgemm
+ *    slices, and a spinning thread holds a core its partner needs. Measured
+ *    on 2 loaded cores: 12-18 ms per step instead of 64-146 ms.
+ *  - OpenBLAS may have fallen back to its SSE3 kernels on a CPU it does not
+ *    know (tm_blas_coretype_hint): sgemm 3-4x slower.
+ * When the user has set neither OMP_WAIT_POLICY (nor GOMP_SPINCOUNT) nor
+ * OPENBLAS_CORETYPE and either would help, the program runs itself again
+ * with OMP_WAIT_POLICY=passive and/or OPENBLAS_CORETYPE set; the run prints
+ * both. If exec fails it goes on as it is. */
+static void tune_runtime_and_reexec(int argc, char **argv, const char *exec_prefix) {
+  int again = 0, wait_set = 0;
+  if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT"))
+    again |= wait_set = setenv("OMP_WAIT_POLICY", "passive", 1) == 0;
+  const char *core = tm_blas_coretype_hint();
+  if (core) again |= setenv("OPENBLAS_CORETYPE", core, 1) == 0;
+  if (!again) return;
   char **args = calloc((size_t)argc + 2, sizeof(char *));
   if (!args) return;
   int n = 0;
   if (exec_prefix) args[n++] = (char *)exec_prefix;
   for (int i = 0; i < argc; i++) args[n++] = argv[i];
   args[n] = NULL;
-  if (setenv("OMP_WAIT_POLICY", "passive", 1) == 0) {
-    fflush(NULL);
-    execv("/proc/self/exe", args); /* returns only on failure: go on as we are */
-    unsetenv("OMP_WAIT_POLICY");
-  }
+  fflush(NULL);
+  execv("/proc/self/exe", args); /* returns only on failure: undo, go on */
   free(args);
+  if (wait_set) unsetenv("OMP_WAIT_POLICY");
+  if (core) unsetenv("OPENBLAS_CORETYPE");
 }
 
 int tt_main(int argc, char **argv, const char *prog, const char *exec_prefix) {
@@ -473,6 +506,6 @@ int tt_main(int argc, char **argv, const char *prog, const char *exec_prefix) {
   const int r = tt_parse(&o, argc, argv, prog);
   if (r == 1) return 0;
   if (r == 2) return 2;
-  prefer_passive_wait(argc, argv, exec_prefix);
+  tune_runtime_and_reexec(argc, argv, exec_prefix);
   return tt_run(&o);
 }

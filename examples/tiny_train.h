@@ -30,10 +30,10 @@ void tt_corpus(char *buf, int64_t n, uint64_t seed);
 typedef struct {
   tm_config cfg;
   tm_adam adam;
-  int steps;        /* optimizer steps */
-  float warmup;     /* fraction of steps with linear warm-up; then cosine to lr/10 */
-  uint64_t seed;    /* init and batch sampling (the corpus is fixed) */
-  int threads;      /* tilegrad + sgemm-slice (OpenMP) threads; 0 = OpenMP default */
+  int steps;     /* optimizer steps */
+  float warmup;  /* fraction of steps with linear warm-up; then cosine to lr/10 */
+  uint64_t seed; /* init and batch sampling (the corpus is fixed) */
+  int threads;   /* tilegrad + sgemm-slice (OpenMP) threads; 0 = OpenMP default */
   int deterministic;
   int log_every;  /* print a line every this many steps */
   int eval_every; /* held-out loss every this many steps (0 = start and end only) */
@@ -48,9 +48,10 @@ void tt_usage(FILE *out, const char *prog);
 int tt_parse(tt_options *o, int argc, char **argv, const char *prog);
 /* Trains and prints the loss curve to stdout. Returns a process exit code. */
 int tt_run(const tt_options *o);
-/* parse + run. Unless OMP_WAIT_POLICY (or GOMP_SPINCOUNT) is set, first
- * re-executes the program with OMP_WAIT_POLICY=passive (see tiny_train.c);
- * the new argv is exec_prefix (if not NULL) followed by argv. */
+/* parse + run. Unless the user set them, first re-executes the program with
+ * OMP_WAIT_POLICY=passive and, where OpenBLAS fell back to its generic
+ * kernels, OPENBLAS_CORETYPE (see tiny_train.c); the new argv is
+ * exec_prefix (if not NULL) followed by argv. */
 int tt_main(int argc, char **argv, const char *prog, const char *exec_prefix);
 
 #ifdef __cplusplus
