@@ -47,7 +47,8 @@ tg_status tg_dispatch(tg_ctx *ctx, int64_t nx, int64_t ny, int64_t nz,
 
 #pragma omp parallel num_threads(nthreads)
   {
-    void *mine = base + (size_t)omp_get_thread_num() * stride;
+    /* base is NULL when no kernel has needed scratch yet (NULL + 0 is UB) */
+    void *mine = base ? base + (size_t)omp_get_thread_num() * stride : NULL;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t g = 0; g < groups; g++) {
       const int64_t x = g % nx, yz = g / nx;

@@ -46,7 +46,8 @@ int tg_threads(const tg_ctx *ctx);
  * Product of n non-negative int64 factors into *out; 0 on overflow. */
 int tg_mul_ok(int64_t *out, int n, ...);
 
-/* Element count of a contiguous tensor called `name` whose dims are given;
+/* Element count of a contiguous tensor called `name` whose dims (at most 8)
+ * are given;
  * refuses a zero dim (TG_ERR_BAD_SHAPE) and a count whose size in bytes
  * overflows int64 (TG_ERR_OVERFLOW). */
 tg_status tg_shape_count(tg_ctx *ctx, const char *name, size_t elem_bytes,

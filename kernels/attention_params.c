@@ -13,8 +13,9 @@ _Static_assert(offsetof(tg_attn_params, O_strides) == 136, "ABI: O_strides at 13
 _Static_assert(sizeof(tg_attn_mask_params) == 24, "mask params must be 24 bytes");
 
 static void set_tiling(tg_attn_params *p) {
-  p->NQ = (p->qL + TG_METAL_BQ - 1) / TG_METAL_BQ;
-  p->NK = (p->kL + TG_METAL_BK - 1) / TG_METAL_BK;
+  /* in int64: qL + 31 overflows int32 for qL near INT32_MAX */
+  p->NQ = (int32_t)(((int64_t)p->qL + TG_METAL_BQ - 1) / TG_METAL_BQ);
+  p->NK = (int32_t)(((int64_t)p->kL + TG_METAL_BK - 1) / TG_METAL_BK);
   p->NQ_aligned = p->qL / TG_METAL_BQ;
   p->NK_aligned = p->kL / TG_METAL_BK;
   p->qL_rem = p->qL % TG_METAL_BQ;
@@ -32,6 +33,10 @@ tg_status tg_attn_params_init(tg_attn_params *p, int B, int H, int H_kv, int qL,
   if (!p) return TG_ERR_NULL_ARG;
   if (B < 1 || H < 1 || H_kv < 1 || qL < 1 || kL < 1 || D < 1) return TG_ERR_BAD_SHAPE;
   if (H % H_kv != 0) return TG_ERR_BAD_SHAPE;
+  int64_t q_elems, k_elems; /* the batch strides: heads * L * D */
+  if (!tg_mul_ok(&q_elems, 3, (int64_t)H, (int64_t)qL, (int64_t)D) ||
+      !tg_mul_ok(&k_elems, 3, (int64_t)H_kv, (int64_t)kL, (int64_t)D))
+    return TG_ERR_OVERFLOW;
   *p = (tg_attn_params){0};
   p->B = B;
   p->H = H;

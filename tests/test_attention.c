@@ -706,6 +706,11 @@ static void test_compute_d_bad_input(void **state) {
                    tg_flash_attn_train_bwd_compute_d_bf16(ctx, O, dO, out, UINT32_MAX,
                                                           UINT32_MAX, UINT32_MAX, 8),
                    TG_ERR_OVERFLOW);
+  /* a zero dim is BAD_SHAPE even where the other dims' product overflows */
+  TU_EXPECT_STATUS(ctx,
+                   tg_flash_attn_train_bwd_compute_d_bf16(ctx, O, dO, out, UINT32_MAX,
+                                                          UINT32_MAX, UINT32_MAX, 0),
+                   TG_ERR_BAD_SHAPE);
   assert_true(out[0] == 7 && out[1] == 7);
   tg_ctx_destroy(ctx);
 }
@@ -792,6 +797,15 @@ static void test_params_init_and_ctx(void **state) {
   assert_int_equal(tg_attn_params_init(NULL, 1, 1, 1, 1, 1, 8, 1), TG_ERR_NULL_ARG);
   assert_int_equal(tg_attn_params_init(&p, 1, 3, 2, 1, 1, 8, 1), TG_ERR_BAD_SHAPE);
   assert_int_equal(tg_attn_params_init(&p, 1, 1, 1, 0, 1, 8, 1), TG_ERR_BAD_SHAPE);
+  /* tiling of a length near INT32_MAX (computed in int64), and batch strides
+   * heads * L * D beyond int64 (refused before *p is written) */
+  assert_int_equal(tg_attn_params_init(&p, 1, 1, 1, INT32_MAX, 1, 8, 1), TG_OK);
+  assert_int_equal(p.NQ, (INT32_MAX / 32) + 1);
+  assert_int_equal(p.qL_rem, INT32_MAX % 32);
+  const tg_attn_params before = p;
+  assert_int_equal(tg_attn_params_init(&p, 1, 1 << 30, 1, 1 << 30, 1, 1 << 30, 1),
+                   TG_ERR_OVERFLOW);
+  assert_memory_equal(&p, &before, sizeof p);
 
   tg_ctx *ctx;
   assert_int_equal(tg_ctx_create(&ctx), TG_OK);

@@ -13,7 +13,7 @@
  *     of 2^30 .. 2^32 elements (largest offsets ~3.5 * 2^31), against the
  *     same problem in small contiguous buffers: bitwise equal in deterministic
  *     mode (same f32 operations, only the addressing differs), and within a
- *     tolerance on the atomic q-tile schedule.
+ *     tolerance on the ATOMIC schedule.
  *   - embedding backward into grad_weight [2^32 - 1, 8] and [2^20 + 7, 4104]
  *     (vocab * dim ~ 2^35 and ~2^32 elements), only the id rows backed.
  *   - flash_attn_vec_reduce (+ the fused Hadamard undo) with nwg = 2^23 + 3:
@@ -231,9 +231,10 @@ static void test_attention_offsets_past_2_31(void **state) {
   assert_memory_equal(dV[0], dV[1], sizeof(float) * n_out_k());
   tg_ctx_destroy(ctx);
 
-  /* The atomic q-tile grid (B * H_kv = 4 < 5 threads, not deterministic):
+  /* The ATOMIC schedule (the Metal grid, omp atomic adds; not deterministic):
    * same values up to the order of the atomic adds. */
   ctx = tu_ctx(5, TG_ISA_AUTO);
+  assert_int_equal(tg_ctx_set_attn_schedule(ctx, TG_ATTN_SCHEDULE_ATOMIC), TG_OK);
   tu_poison_f32(dQ[1], n_out_q());
   memcpy(dK[1], dK0, sizeof(float) * n_out_k());
   memcpy(dV[1], dV0, sizeof(float) * n_out_k());

@@ -14,11 +14,13 @@
  *     must succeed. No library change is needed.
  *  2. Refused calls that the per-kernel suites do not cover: the attention
  *     forward's full params table (the backward's exists in test_attention.c)
- *     for both entry points in both modes with every output snapshotted,
- *     tg_attn_params_init leaving *p untouched, tg_ctx_set_isa with a bogus
- *     value.
+ *     for both entry points in both modes (the backward on both dK/dV
+ *     schedules) with every output snapshotted,
+ *     tg_attn_params_init leaving *p untouched, tg_ctx_set_isa and
+ *     tg_ctx_set_attn_schedule with bogus values (state unchanged).
  *  3. Determinism of every accumulating output in one place: FA-2 dK/dV (with
- *     GQA, causal, a mask with -inf and softcapping), fused RMSNorm
+ *     GQA, causal, a mask with -inf and softcapping; the ATOMIC schedule asked
+ *     for in deterministic mode, and the KV schedule's key ranges), fused RMSNorm
  *     grad_weight, split dw, embedding grad, cross-entropy loss, causal
  *     attention grad_K/grad_V -- accumulating onto non-zero outputs,
  *     deterministic mode, bitwise identical across 1/2/3/5/5/7 threads (5
@@ -182,6 +184,7 @@ typedef struct {
 typedef struct {
   const char *name;
   int threads, det;
+  tg_attn_schedule sched; /* FA-2 backward: KV (default) or ATOMIC */
   tg_status (*call)(tg_ctx *ctx, void *env);
   void *env;
   outbuf out[4];
@@ -204,6 +207,7 @@ static int run_injected(inj_case *c) {
   for (;; k++) {
     tg_ctx *ctx = tu_ctx(c->threads, TG_ISA_AUTO);
     assert_int_equal(tg_ctx_set_deterministic(ctx, c->det), TG_OK);
+    assert_int_equal(tg_ctx_set_attn_schedule(ctx, c->sched), TG_OK);
     snap_all(c);
     inj_arm(k);
     const tg_status st = c->call(ctx, c->env);
@@ -227,8 +231,9 @@ static int run_injected(inj_case *c) {
     TU_EXPECT_STATUS(ctx, c->call(ctx, c->env), TG_OK);
     tg_ctx_destroy(ctx);
   }
-  printf("  %-46s threads %d det %d: %d allocation(s), each failure refused cleanly\n",
-         c->name, c->threads, c->det, k);
+  printf("  %-40s threads %d det %d sched %d: %d allocation(s), each failure refused "
+         "cleanly\n",
+         c->name, c->threads, c->det, (int)c->sched, k);
   return k;
 }
 #endif
@@ -401,23 +406,27 @@ static void test_no_memory_every_entry_point(void **state) {
     tg_ctx_destroy(ctx);
   }
 
-  /* attention: B * H_kv = 2, so 3 threads take the atomic q-tile grid unless
-   * deterministic (kv-head schedule) */
+  /* attention: kL = 520 is 9 key tiles, so the KV schedule splits each kv
+   * head's keys into ranges and allocates dQ partials besides the scratch; the
+   * ATOMIC schedule (not deterministic) is the Metal grid with omp atomic */
   attn_env a;
-  attn_env_make(&a, &r, 1, 4, 2, 70, 45, 32, 1, 1);
+  attn_env_make(&a, &r, 1, 4, 2, 70, 520, 32, 1, 1);
   for (int det = 0; det <= 1; det++)
-    for (int threads = 1; threads <= 3; threads += 2) {
-      inj_case bwd = {"tg_flash_attn_train_bwd_bf16", threads, det, call_attn_bwd, &a,
-                      {OUT(a.dQ, 4 * a.nq), OUT(a.dK, 4 * a.nk), OUT(a.dV, 4 * a.nk)}, 3};
-      total += run_injected(&bwd);
-      free_case(&bwd);
-      inj_case fwd = {"tg_flash_attn_train_fwd_bf16", threads, det, call_attn_fwd, &a,
-                      {OUT(a.O, 2 * a.nq), OUT(a.L, 4 * a.nrow)}, 2};
-      total += run_injected(&fwd);
-      free_case(&fwd);
-    }
-  inj_case cd = {"tg_flash_attn_train_bwd_compute_d_bf16", 2, 0, call_compute_d, &a,
-                 {OUT(a.Dv, 4 * a.nrow)}, 1};
+    for (int threads = 1; threads <= 3; threads += 2)
+      for (int sched = TG_ATTN_SCHEDULE_KV; sched <= TG_ATTN_SCHEDULE_ATOMIC; sched++) {
+        inj_case bwd = {"tg_flash_attn_train_bwd_bf16", threads, det, (tg_attn_schedule)sched,
+                        call_attn_bwd, &a,
+                        {OUT(a.dQ, 4 * a.nq), OUT(a.dK, 4 * a.nk), OUT(a.dV, 4 * a.nk)}, 3};
+        total += run_injected(&bwd);
+        free_case(&bwd);
+        if (sched) continue;
+        inj_case fwd = {"tg_flash_attn_train_fwd_bf16", threads, det, TG_ATTN_SCHEDULE_KV,
+                        call_attn_fwd, &a, {OUT(a.O, 2 * a.nq), OUT(a.L, 4 * a.nrow)}, 2};
+        total += run_injected(&fwd);
+        free_case(&fwd);
+      }
+  inj_case cd = {"tg_flash_attn_train_bwd_compute_d_bf16", 2, 0, TG_ATTN_SCHEDULE_KV,
+                 call_compute_d, &a, {OUT(a.Dv, 4 * a.nrow)}, 1};
   total += run_injected(&cd);
   free_case(&cd);
   attn_env_free(&a);
@@ -462,7 +471,7 @@ static void test_no_memory_every_entry_point(void **state) {
   };
   for (size_t i = 0; i < sizeof rk / sizeof rk[0]; i++) {
     for (int det = 0; det <= 1; det++) {
-      inj_case c = {rk[i].name, 3, det, rk[i].call, &e, {{0}}, rk[i].nout};
+      inj_case c = {rk[i].name, 3, det, TG_ATTN_SCHEDULE_KV, rk[i].call, &e, {{0}}, rk[i].nout};
       memcpy(c.out, rk[i].out, sizeof rk[i].out);
       total += run_injected(&c);
     }
@@ -533,11 +542,14 @@ static void test_attention_refusals_all_outputs(void **state) {
   };
   for (int det = 0; det <= 1; det++)
     for (int causal = 0; causal <= 1; causal++)
-      for (int entry = 0; entry < 2; entry++) {
+      for (int entry = 0; entry < 3; entry++) { /* bwd (KV), fwd, bwd (ATOMIC) */
         tg_ctx *ctx = tu_ctx(det ? 3 : 2, TG_ISA_AUTO);
         assert_int_equal(tg_ctx_set_deterministic(ctx, det), TG_OK);
+        assert_int_equal(tg_ctx_set_attn_schedule(ctx, entry == 2 ? TG_ATTN_SCHEDULE_ATOMIC
+                                                                  : TG_ATTN_SCHEDULE_KV),
+                         TG_OK);
         a.causal = causal;
-        tg_status (*call)(tg_ctx *, void *) = entry ? call_attn_fwd : call_attn_bwd;
+        tg_status (*call)(tg_ctx *, void *) = entry == 1 ? call_attn_fwd : call_attn_bwd;
         for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
           a.p = good, a.mp = mgood;
           const int64_t v = edits[i].value;
@@ -643,6 +655,12 @@ static void test_params_init_and_ctx_refusals(void **state) {
   TU_EXPECT_STATUS(ctx, tg_ctx_set_isa(ctx, (tg_isa)-1), TG_ERR_UNSUPPORTED);
   assert_int_equal(tg_ctx_get_isa(ctx), TG_ISA_PORTABLE);
   assert_int_equal(tg_ctx_set_isa(NULL, TG_ISA_PORTABLE), TG_ERR_NULL_ARG);
+  TU_EXPECT_STATUS(ctx, tg_ctx_set_attn_schedule(ctx, TG_ATTN_SCHEDULE_ATOMIC), TG_OK);
+  TU_EXPECT_STATUS(ctx, tg_ctx_set_attn_schedule(ctx, (tg_attn_schedule)2), TG_ERR_BAD_PARAMS);
+  TU_EXPECT_STATUS(ctx, tg_ctx_set_attn_schedule(ctx, (tg_attn_schedule)-1), TG_ERR_BAD_PARAMS);
+  assert_int_equal(tg_ctx_get_attn_schedule(ctx), TG_ATTN_SCHEDULE_ATOMIC); /* unchanged */
+  assert_int_equal(tg_ctx_set_attn_schedule(NULL, TG_ATTN_SCHEDULE_KV), TG_ERR_NULL_ARG);
+  assert_int_equal(tg_ctx_get_attn_schedule(NULL), TG_ATTN_SCHEDULE_KV);
   assert_int_equal(tg_ctx_set_deterministic(NULL, 1), TG_ERR_NULL_ARG);
   assert_int_equal(tg_ctx_get_isa(NULL), TG_ISA_AUTO);
   assert_non_null(tg_ctx_last_error(NULL));
@@ -685,10 +703,12 @@ static void check_det(const char *name, det_run run, void *env, outbuf *out, int
 typedef struct {
   attn_env a;
   float *dK0, *dV0;
+  tg_attn_schedule sched; /* asked for; deterministic mode must use KV anyway */
 } det_attn;
 
 static void run_det_attn(tg_ctx *ctx, void *v) {
   det_attn *d = v;
+  assert_int_equal(tg_ctx_set_attn_schedule(ctx, d->sched), TG_OK);
   tu_poison_f32(d->a.dQ, d->a.nq);
   memcpy(d->a.dK, d->dK0, 4 * d->a.nk);
   memcpy(d->a.dV, d->dV0, 4 * d->a.nk);
@@ -730,28 +750,35 @@ static void run_det_rows(tg_ctx *ctx, void *v) {
 
 static void test_deterministic_accumulators(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 90);
-  /* FA-2 backward: GQA 3, causal, masked (with -inf), softcapping; B * H_kv = 2 so
-   * 3+ threads would take the atomic grid outside deterministic mode */
-  det_attn da;
-  attn_env_make(&da.a, &r, 2, 3, 1, 100, 80, 24, 1, 1);
-  da.a.p.softcapping = 15.0f;
-  da.a.p.qL_off = -10; /* some rows see no key */
-  da.dK0 = tu_alloc(4 * da.a.nk), da.dV0 = tu_alloc(4 * da.a.nk);
-  tu_fill_f32(&r, da.dK0, da.a.nk, -1, 1);
-  tu_fill_f32(&r, da.dV0, da.a.nk, -1, 1);
-  { /* L from the forward, so P <= 1 and the gradients are meaningful */
-    tg_ctx *ctx = tu_ctx(1, TG_ISA_PORTABLE);
-    TU_EXPECT_STATUS(ctx, call_attn_fwd(ctx, &da.a), TG_OK);
-    TU_EXPECT_STATUS(ctx, call_compute_d(ctx, &da.a), TG_OK);
-    tg_ctx_destroy(ctx);
+  /* FA-2 backward: GQA 3, causal, masked (with -inf), softcapping, some rows
+   * seeing no key. Config 0 asks for the ATOMIC schedule (deterministic mode
+   * must ignore it); config 1 has kL = 600 (10 key tiles): the KV schedule
+   * splits the keys into ranges and sums dQ partials in a fixed order. */
+  for (int cfg = 0; cfg < 2; cfg++) {
+    det_attn da;
+    attn_env_make(&da.a, &r, 2, 3, 1, 100, cfg ? 600 : 80, 24, 1, 1);
+    da.sched = cfg ? TG_ATTN_SCHEDULE_KV : TG_ATTN_SCHEDULE_ATOMIC;
+    da.a.p.softcapping = 15.0f;
+    da.a.p.qL_off = cfg ? 300 : -10;
+    da.dK0 = tu_alloc(4 * da.a.nk), da.dV0 = tu_alloc(4 * da.a.nk);
+    tu_fill_f32(&r, da.dK0, da.a.nk, -1, 1);
+    tu_fill_f32(&r, da.dV0, da.a.nk, -1, 1);
+    { /* L from the forward, so P <= 1 and the gradients are meaningful */
+      tg_ctx *ctx = tu_ctx(1, TG_ISA_PORTABLE);
+      TU_EXPECT_STATUS(ctx, call_attn_fwd(ctx, &da.a), TG_OK);
+      TU_EXPECT_STATUS(ctx, call_compute_d(ctx, &da.a), TG_OK);
+      tg_ctx_destroy(ctx);
+    }
+    outbuf ao[3] = {OUT(da.a.dQ, 4 * da.a.nq), OUT(da.a.dK, 4 * da.a.nk),
+                    OUT(da.a.dV, 4 * da.a.nk)};
+    check_det(cfg ? "FA-2 backward dQ/dK/dV (KV, key ranges)"
+                  : "FA-2 backward dQ/dK/dV (ATOMIC asked, deterministic)",
+              run_det_attn, &da, ao, 3);
+    assert_true(tu_all_finite(da.a.dK, da.a.nk) && tu_all_finite(da.a.dV, da.a.nk));
+    for (int o = 0; o < 3; o++) free(ao[o].snap);
+    free(da.dK0), free(da.dV0);
+    attn_env_free(&da.a);
   }
-  outbuf ao[3] = {OUT(da.a.dQ, 4 * da.a.nq), OUT(da.a.dK, 4 * da.a.nk),
-                  OUT(da.a.dV, 4 * da.a.nk)};
-  check_det("FA-2 backward dQ/dK/dV", run_det_attn, &da, ao, 3);
-  assert_true(tu_all_finite(da.a.dK, da.a.nk) && tu_all_finite(da.a.dV, da.a.nk));
-  for (int o = 0; o < 3; o++) free(ao[o].snap);
-  free(da.dK0), free(da.dV0);
-  attn_env_free(&da.a);
 
   /* row kernels */
   det_rows d = {.e = {.rows = 777, .dim = 96, .vocab = 40}};
