@@ -2,10 +2,13 @@
 # Installs what tilegrad needs to build, test and benchmark, from Debian's
 # packages (idempotent: does nothing when everything is there).
 set -euo pipefail
-# clang: the Metal twins' host shim (tests/metal); libopenblas-dev: the
+# clang: the Metal twins' host shim (tests/metal) and, with its runtimes
+# (libclang-rt-14-dev: libFuzzer, sanitizers; libomp-14-dev: OpenMP with
+# Archer for TSan), the fuzzer and race check (fuzz/); libopenblas-dev: the
 # training example's matrix products (examples/); python3-venv, -setuptools,
 # -wheel: the offline `pip install ./python` check (python/ci_install_check.sh).
-pkgs=(cmake make gcc pkg-config libcmocka-dev libopenblas-dev clang
+pkgs=(cmake make gcc pkg-config libcmocka-dev libopenblas-dev
+      clang libclang-rt-14-dev libomp-14-dev
       python3 python3-numpy python3-pytest python3-hypothesis python3-torch
       python3-venv python3-setuptools python3-wheel)
 missing=()

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds tilegrad and runs every test: the C suites (ctest, Release), the same
-# suites under AddressSanitizer + UndefinedBehaviorSanitizer, and the PyTorch
-# oracle suite (pytest). Installs what it needs first (scripts/setup.sh).
+# suites under AddressSanitizer + UndefinedBehaviorSanitizer, the PyTorch
+# oracle and Python package suite (pytest), the pip-install check, a short
+# libFuzzer run and the ThreadSanitizer race check. Installs what it needs
+# first (scripts/setup.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -22,3 +24,9 @@ TILEGRAD_LIB="$PWD/build/libtilegrad.so" /usr/bin/python3 -m pytest tests/python
 
 echo "== pip install ./python in a fresh venv, then import it from elsewhere"
 bash python/ci_install_check.sh --offline
+
+echo "== libFuzzer: replay fuzz/corpus, then 60 s of fuzzing (fuzz/README.md)"
+bash fuzz/run.sh 60
+
+echo "== race check: ThreadSanitizer + Archer over every accumulating kernel"
+bash scripts/race_check.sh
