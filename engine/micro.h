@@ -37,6 +37,43 @@ typedef struct {
                          const uint16_t *mask, float shift);
   /* Attention dS row: dp[k] = scale * (p[k] * (dp[k] - d)) */
   void (*attn_ds_row)(float *dp, const float *p, int64_t n, float d, float scale);
+
+  /* --- row ops of the memory-bound kernels (any n >= 0 unless stated;
+   * reductions use 16 lane-parallel partials and a fixed pairwise tree, so
+   * their order depends on n only) --------------------------------------- */
+  /* sum_i a[i] * b[i] */
+  float (*dot_f32)(const float *a, const float *b, int64_t n);
+  /* sum_i a[i] * b[i] * c[i] */
+  float (*dot3_f32)(const float *a, const float *b, const float *c, int64_t n);
+  /* max_i x[i] (-inf for n == 0; NaN entries are skipped by the compare) */
+  float (*max_f32)(const float *x, int64_t n);
+  /* y[i] = exp(x[i] - shift) (exactly exp_f32 of the f32 difference);
+   * returns sum_i y[i]. y may alias x. */
+  float (*exp_shift_sum_f32)(const float *x, float shift, float *y, int64_t n);
+  /* x[i] = (x[i] * a) * b, in place */
+  void (*scale2_f32)(float *x, int64_t n, float a, float b);
+  /* dst[i] += src[i] */
+  void (*add_f32)(float *dst, const float *src, int64_t n);
+  /* acc[i] += a[i] * s * b[i]   (s a scalar) */
+  void (*acc_mul2_f32)(float *acc, const float *a, const float *b, float s, int64_t n);
+  /* RMSNorm dx row: dx[k] = r * (dy[k] * w[k] - x[k] * c) */
+  void (*rms_dx_row)(const float *x, const float *w, const float *dy, float r, float c,
+                     float *dx, int64_t n);
+  /* In-place Walsh-Hadamard transform of one row, then a per-element factor:
+   * x = mul .* (H x), H Sylvester (natural order), n a power of two >= 16.
+   * The butterflies run in the order len = 1, 2, 4, ..., each output one f32
+   * add or subtract, so the result does not depend on the vectorization. */
+  void (*fwht_mul_f32)(float *x, int64_t n, const float *mul);
+  /* dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols (exact copy) */
+  void (*transpose_f32)(int64_t rows, int64_t cols, const float *src, int64_t lds, float *dst,
+                        int64_t ldd);
+  /* Weighted sum of partials interleaved in fours (the split-KV decode
+   * layout): for c < n4, k < 4,
+   *   dst[4c + k] = (sum_{i < nw} a[i] * part[((c * ld) + w[i]) * 4 + k]) / div
+   * summing i = 0, 1, ... in order (only the workgroups w[i] listed, with
+   * weights a[i]; the others are never read); ld = workgroups per c. */
+  void (*wsum4_f32)(const float *part, int64_t ld, const int32_t *w, const float *a, int64_t nw,
+                    int64_t n4, float div, float *dst);
 } tg_micro_ops;
 
 extern const tg_micro_ops tg_micro_portable;

@@ -53,38 +53,6 @@ typedef struct {
   const tg_micro_ops *ops;
 } ce_args;
 
-/* m = max_j l[j] (lane maxima, then a lane tree) */
-static float row_max(const float *l, int64_t n) {
-  float acc[TG_LANES];
-  for (int k = 0; k < TG_LANES; k++) acc[k] = -INFINITY;
-  int64_t j = 0;
-  for (; j + TG_LANES <= n; j += TG_LANES) {
-#pragma omp simd
-    for (int k = 0; k < TG_LANES; k++) acc[k] = l[j + k] > acc[k] ? l[j + k] : acc[k];
-  }
-  for (int k = 0; j < n; j++, k++) acc[k] = l[j] > acc[k] ? l[j] : acc[k];
-  for (int w = TG_LANES / 2; w > 0; w /= 2)
-    for (int k = 0; k < w; k++) acc[k] = acc[k + w] > acc[k] ? acc[k + w] : acc[k];
-  return acc[0];
-}
-
-/* e[j] = exp(l[j] - m) (the ISA layer's vector exp); returns S = sum_j e[j]
- * (16 lanes, fixed lane tree). */
-static float row_exp_sum(const tg_micro_ops *ops, const float *l, float m, float *e,
-                         int64_t n) {
-#pragma omp simd
-  for (int64_t j = 0; j < n; j++) e[j] = l[j] - m;
-  ops->exp_f32(e, e, n);
-  float acc[TG_LANES] = {0};
-  int64_t j = 0;
-  for (; j + TG_LANES <= n; j += TG_LANES) {
-#pragma omp simd
-    for (int k = 0; k < TG_LANES; k++) acc[k] += e[j + k];
-  }
-  for (int k = 0; j < n; j++, k++) acc[k] += e[j];
-  return tg_lane_tree(acc);
-}
-
 static void ce_row(const ce_args *a, int64_t t) {
   const float *l = a->logits + t * a->vocab;
   float *g = a->grad + t * a->vocab;
@@ -95,7 +63,7 @@ static void ce_row(const ce_args *a, int64_t t) {
     a->row_loss[t] = 0.0;
     return;
   }
-  const float m = row_max(l, V);
+  const float m = a->ops->max_f32(l, V);
   if (m == -INFINITY) { /* no logit above -inf: all -inf, or NaN among them */
     int has_nan = 0;
     for (int64_t j = 0; j < V; j++) has_nan |= isnan(l[j]);
@@ -105,10 +73,16 @@ static void ce_row(const ce_args *a, int64_t t) {
     return;
   }
   const float ly = l[y] - m;                /* read before g is written */
-  const float S = row_exp_sum(a->ops, l, m, g, V); /* g[j] = exp(l[j] - m) */
+  /* Two passes over the row (V = 32 Ki floats is 128 KiB: the second reads it
+   * from L2): g[j] = exp(l[j] - m) with S = sum_j g[j] (16 lanes, fixed tree),
+   * then g[j] = (g[j] * inv_S - [j == y]) * inv_count, as (g*inv_S)*inv_count
+   * for j != y and the target fixed up from its own e_y. */
+  const float S = a->ops->exp_shift_sum_f32(l, m, g, V);
   a->row_loss[t] = (double)(logf(S) - ly);
   const float inv_S = 1.0f / S;
-  for (int64_t j = 0; j < V; j++) g[j] = (g[j] * inv_S - (float)(j == y)) * a->inv_count;
+  const float ey = g[y];
+  a->ops->scale2_f32(g, V, inv_S, a->inv_count);
+  g[y] = (ey * inv_S - 1.0f) * a->inv_count;
 }
 
 static void ce_group(const void *vargs, int64_t grp, int64_t y, int64_t z,

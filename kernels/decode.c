@@ -21,14 +21,20 @@
  *   y[j] *= sign(j)      sign(j) = -1 where bit j of the D1 table is set
  *
  * Metal: one threadgroup per row (32*nwg threads for the fused kernel, nwg
- * capped at 32). CPU: one group per row; the fused kernel reduces into
- * per-thread scratch and transforms it there, with the very same f32
- * operations as tg_flash_attn_vec_reduce followed by tg_fwht_sign_undo_f32,
- * so fused and unfused results are bitwise equal. nwg is unbounded.
+ * capped at 32). CPU: one group per block of whole rows (~8 Ki floats read);
+ * the row loops are ISA-layer ops: the weighted sum over workgroups
+ * (wsum4_f32, four output quads in flight, the non-empty workgroups listed
+ * so the empty ones are never read) and the transform (fwht_mul_f32: the
+ * butterflies vectorized, the 1/sqrt(D) and the sign folded into one factor
+ * per element). The fused kernel reduces into per-thread scratch and
+ * transforms it there, with the very same ops as tg_flash_attn_vec_reduce
+ * followed by tg_fwht_sign_undo_f32, so fused and unfused results are
+ * bitwise equal. nwg is unbounded.
  */
 #include <math.h>
 
 #include "engine.h"
+#include "reduce.h"
 
 /* The TurboQuant D1 sign table: bit j = (T[j >> 3] >> (j & 7)) & 1, 1 -> -1.
  * D = 256 uses the first 32 bytes, D = 512 all 64.
@@ -45,73 +51,82 @@ static const uint8_t tq_d1_signs[64] = {
 typedef struct {
   const float *htmp;
   float *out;
-  int64_t nrows, DV, nwg;
+  int64_t nrows, DV, nwg, rpg; /* rpg: rows per group */
+  const tg_micro_ops *ops;
+  float mul[512]; /* FWHT: sign(j) / sqrt(D), the undo's per-element factor */
 } dec_args;
 
-/* dst[0:DV] = reduce of row r (see the header). a: nwg floats of scratch. */
-static void reduce_row(const dec_args *g, int64_t r, float *dst, float *a) {
+/* Scratch of one reduce group: nwg weights and the indices of the non-empty
+ * workgroups. */
+static size_t reduce_scratch(int64_t nwg) {
+  return tg_align64((size_t)nwg * sizeof(float)) + (size_t)nwg * sizeof(int32_t);
+}
+
+/* dst[0:DV] = reduce of row r (see the header). a, wi: nwg floats / ints of
+ * scratch. The weighted sum over workgroups (in workgroup order, the empty
+ * ones never read) runs in the ISA layer, four output quads at a time. */
+static void reduce_row(const dec_args *g, int64_t r, float *dst, float *a, int32_t *wi) {
   const int64_t DV = g->DV, nwg = g->nwg;
   const float *SM = g->htmp + g->nrows * DV * nwg + r * nwg * 2;
   float Mg = -INFINITY;
   for (int64_t w = 0; w < nwg; w++)
     if (SM[2 * w + 1] > Mg) Mg = SM[2 * w + 1];
   float St = 0.0f;
+  int64_t nw = 0;
   for (int64_t w = 0; w < nwg; w++) {
     const float M = SM[2 * w + 1];
-    a[w] = M == -INFINITY ? 0.0f : expf(M - Mg); /* empty workgroup: weight 0 */
-    if (a[w] != 0.0f) St += SM[2 * w] * a[w];
+    const float aw = M == -INFINITY ? 0.0f : expf(M - Mg); /* empty workgroup: weight 0 */
+    if (aw != 0.0f) {
+      St += SM[2 * w] * aw;
+      a[nw] = aw;
+      wi[nw++] = (int32_t)w;
+    }
   }
   if (St == 0.0f) {
     for (int64_t d = 0; d < DV; d++) dst[d] = 0.0f;
     return;
   }
   /* part[w, 4c+k] = htmp[((r*(DV/4) + c)*nwg + w)*4 + k] */
-  for (int64_t c = 0; c < DV / 4; c++) {
-    const float *part = g->htmp + (r * (DV / 4) + c) * nwg * 4;
-    float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int64_t w = 0; w < nwg; w++) {
-      if (a[w] == 0.0f) continue;
-      for (int k = 0; k < 4; k++) o[k] += part[w * 4 + k] * a[w];
-    }
-    for (int k = 0; k < 4; k++) dst[4 * c + k] = o[k] / St;
-  }
+  g->ops->wsum4_f32(g->htmp + r * DV * nwg, nwg, wi, a, nw, DV / 4, St, dst);
 }
 
-/* x[0:D] <- sign .* (H x) / sqrt(D), D a power of two <= 512, in place. */
-static void fwht_sign_row(float *x, int64_t D) {
-  for (int64_t len = 1; len < D; len *= 2)       /* butterflies, natural order */
-    for (int64_t i = 0; i < D; i += 2 * len)
-      for (int64_t j = i; j < i + len; j++) {
-        const float u = x[j], v = x[j + len];
-        x[j] = u + v;
-        x[j + len] = u - v;
-      }
-  const float inv_sqrt_d = (float)(1.0 / sqrt((double)D));
-  for (int64_t j = 0; j < D; j++) {
-    const float y = x[j] * inv_sqrt_d;
-    x[j] = (tq_d1_signs[j >> 3] >> (j & 7)) & 1 ? -y : y;
-  }
-}
-
-static void reduce_group(const void *vargs, int64_t r, int64_t y, int64_t z, void *scratch) {
+static void reduce_group(const void *vargs, int64_t grp, int64_t y, int64_t z, void *scratch) {
   const dec_args *g = vargs;
-  reduce_row(g, r, g->out + r * g->DV, scratch);
+  float *a = scratch;
+  int32_t *wi = (int32_t *)((char *)scratch + tg_align64((size_t)g->nwg * sizeof(float)));
+  const int64_t r1 = (grp + 1) * g->rpg < g->nrows ? (grp + 1) * g->rpg : g->nrows;
+  for (int64_t r = grp * g->rpg; r < r1; r++) reduce_row(g, r, g->out + r * g->DV, a, wi);
 }
 
-static void reduce_undo_group(const void *vargs, int64_t r, int64_t y, int64_t z,
+static void reduce_undo_group(const void *vargs, int64_t grp, int64_t y, int64_t z,
                               void *scratch) {
   const dec_args *g = vargs;
-  float *x = scratch;                           /* [DV]: the staged row */
-  float *a = x + g->DV;                         /* [nwg]: weights */
-  reduce_row(g, r, x, a);
-  fwht_sign_row(x, g->DV);
-  float *dst = g->out + r * g->DV;
-  for (int64_t d = 0; d < g->DV; d++) dst[d] = x[d];
+  float *a = scratch; /* [nwg] weights, [nwg] indices, then [DV]: the staged row */
+  int32_t *wi = (int32_t *)((char *)scratch + tg_align64((size_t)g->nwg * sizeof(float)));
+  float *x = (float *)((char *)scratch + tg_align64(reduce_scratch(g->nwg)));
+  const int64_t r1 = (grp + 1) * g->rpg < g->nrows ? (grp + 1) * g->rpg : g->nrows;
+  for (int64_t r = grp * g->rpg; r < r1; r++) {
+    reduce_row(g, r, x, a, wi);
+    g->ops->fwht_mul_f32(x, g->DV, g->mul);
+    float *dst = g->out + r * g->DV;
+    for (int64_t d = 0; d < g->DV; d++) dst[d] = x[d];
+  }
 }
 
-static void undo_group(const void *vargs, int64_t r, int64_t y, int64_t z, void *scratch) {
+/* x[0:D] <- sign .* (H x) / sqrt(D) in place, for a block of rows: the
+ * butterflies and the factor mul[j] = sign(j) / sqrt(D) (x * -s is exactly
+ * -(x * s), so this is "scale, then flip the sign") in the ISA layer. */
+static void undo_group(const void *vargs, int64_t grp, int64_t y, int64_t z, void *scratch) {
   const dec_args *g = vargs;
-  fwht_sign_row(g->out + r * g->DV, g->DV);
+  const int64_t r1 = (grp + 1) * g->rpg < g->nrows ? (grp + 1) * g->rpg : g->nrows;
+  for (int64_t r = grp * g->rpg; r < r1; r++) g->ops->fwht_mul_f32(g->out + r * g->DV, g->DV, g->mul);
+}
+
+/* mul[j] = +-1/sqrt(D) from the D1 sign table. */
+static void fill_undo_mul(dec_args *g, int64_t D) {
+  const float inv_sqrt_d = (float)(1.0 / sqrt((double)D));
+  for (int64_t j = 0; j < D; j++)
+    g->mul[j] = (tq_d1_signs[j >> 3] >> (j & 7)) & 1 ? -inv_sqrt_d : inv_sqrt_d;
 }
 
 /* Shared validation of (htmp, out, nrows, head_dim, nwg). */
@@ -139,8 +154,11 @@ tg_status tg_flash_attn_vec_reduce(tg_ctx *ctx, const float *htmp, float *dst,
   if (head_dim % 4 != 0)
     return tg_fail(ctx, TG_ERR_UNSUPPORTED,
                    "%s: head_dim = %u; it must be a multiple of 4", fn, head_dim);
-  const dec_args g = {htmp, dst, nrows, head_dim, nwg};
-  return tg_dispatch(ctx, nrows, 1, 1, (size_t)nwg * sizeof(float), reduce_group, &g);
+  /* groups of whole rows, ~8 Ki partial floats each */
+  dec_args g = {htmp, dst, nrows, head_dim, nwg,
+                tg_rows_per_block((int64_t)head_dim * nwg), ctx->ops, {0}};
+  return tg_dispatch(ctx, (g.nrows + g.rpg - 1) / g.rpg, 1, 1, reduce_scratch(nwg),
+                     reduce_group, &g);
 }
 
 tg_status tg_flash_attn_vec_reduce_tq_hb_undo(tg_ctx *ctx, const float *htmp,
@@ -154,8 +172,11 @@ tg_status tg_flash_attn_vec_reduce_tq_hb_undo(tg_ctx *ctx, const float *htmp,
   if (head_dim != 256 && head_dim != 512)
     return tg_fail(ctx, TG_ERR_UNSUPPORTED, "%s: head_dim = %u; it must be 256 or 512", fn,
                    head_dim);
-  const dec_args g = {htmp, output, nrows, head_dim, nwg};
-  return tg_dispatch(ctx, nrows, 1, 1, ((size_t)head_dim + nwg) * sizeof(float),
+  dec_args g = {htmp, output, nrows, head_dim, nwg,
+                tg_rows_per_block((int64_t)head_dim * nwg), ctx->ops, {0}};
+  fill_undo_mul(&g, head_dim);
+  return tg_dispatch(ctx, (g.nrows + g.rpg - 1) / g.rpg, 1, 1,
+                     tg_align64(reduce_scratch(nwg)) + (size_t)head_dim * sizeof(float),
                      reduce_undo_group, &g);
 }
 
@@ -176,6 +197,7 @@ tg_status tg_fwht_sign_undo_f32(tg_ctx *ctx, float *data, uint32_t num_heads,
   if (head_dim != 256 && head_dim != 512)
     return tg_fail(ctx, TG_ERR_UNSUPPORTED, "%s: head_dim = %u; it must be 256 or 512", fn,
                    head_dim);
-  const dec_args g = {NULL, data, num_heads, head_dim, 1};
-  return tg_dispatch(ctx, num_heads, 1, 1, 0, undo_group, &g);
+  dec_args g = {NULL, data, num_heads, head_dim, 1, tg_rows_per_block(head_dim), ctx->ops, {0}};
+  fill_undo_mul(&g, head_dim);
+  return tg_dispatch(ctx, (g.nrows + g.rpg - 1) / g.rpg, 1, 1, 0, undo_group, &g);
 }

@@ -22,16 +22,19 @@
  *
  * whatever the blocking or thread count, so the result is bitwise identical
  * across runs and thread counts in both modes (ctx->deterministic needs
- * nothing extra). Heavy id repetition costs nothing special: a hot row is
- * split across the column blocks. Vocab blocks only exist to give threads
- * work when dim is too narrow for enough column blocks; each one rescans ids
- * (4 bytes per token), which is cheap next to the dim-wide row adds.
+ * nothing extra). Column blocks are wide -- dim / threads columns, clamped
+ * to 1..16 KiB of a row -- so a group reads and adds long contiguous runs
+ * (one ISA-layer add per token) instead of 256-byte pieces at a row stride,
+ * while a heavily repeated id is still split over about one column block
+ * per thread. The rest of the parallelism comes from vocab blocks, each of
+ * which rescans ids (4 bytes per token), cheap next to the row adds.
  */
 #include "engine.h"
 
 enum {
-  EMB_COLS = 64,             /* columns per block: 256 bytes of each row */
-  EMB_GROUPS_PER_THREAD = 4  /* aim for this many groups per thread */
+  EMB_COLS_MIN = 256,        /* columns per block: 1 KiB .. */
+  EMB_COLS_MAX = 4096,       /* .. 16 KiB of each row */
+  EMB_GROUPS_PER_THREAD = 8  /* aim for this many groups per thread */
 };
 
 typedef struct {
@@ -40,6 +43,7 @@ typedef struct {
   float *grad_weight;
   int64_t seq_len, dim, vocab;
   int64_t cols_per_block, rows_per_block;
+  const tg_micro_ops *ops;
 } emb_args;
 
 /* Group (cb, vb): grad_weight[v, c0:c1] += grad_out[t, c0:c1] for every t in
@@ -56,7 +60,7 @@ static void embedding_backward_group(const void *vargs, int64_t cb, int64_t vb, 
     if (v < v0 || v >= v1) continue;
     float *dst = a->grad_weight + v * a->dim;
     const float *src = a->grad_out + t * a->dim;
-    for (int64_t c = c0; c < c1; c++) dst[c] += src[c];
+    a->ops->add_f32(dst + c0, src + c0, c1 - c0);
   }
 }
 
@@ -89,8 +93,10 @@ tg_status tg_embedding_backward(tg_ctx *ctx, const float *grad_out, const uint32
                      (long long)t, ids[t], vocab_size);
 
   /* Blocking changes speed only, never bits (see the header comment). */
-  const int64_t target = (int64_t)tg_threads(ctx) * EMB_GROUPS_PER_THREAD;
-  const int64_t ncb = ((int64_t)dim + EMB_COLS - 1) / EMB_COLS;
+  const int64_t threads = tg_threads(ctx), target = threads * EMB_GROUPS_PER_THREAD;
+  int64_t cols = (((int64_t)dim + threads - 1) / threads + 15) & ~(int64_t)15;
+  cols = cols < EMB_COLS_MIN ? EMB_COLS_MIN : cols > EMB_COLS_MAX ? EMB_COLS_MAX : cols;
+  const int64_t ncb = ((int64_t)dim + cols - 1) / cols;
   int64_t nvb = 1;
   if (ncb < target) {
     nvb = (target + ncb - 1) / ncb;
@@ -100,6 +106,7 @@ tg_status tg_embedding_backward(tg_ctx *ctx, const float *grad_out, const uint32
   nvb = ((int64_t)vocab_size + rows_per_block - 1) / rows_per_block;
   const emb_args a = {.grad_out = grad_out, .ids = ids, .grad_weight = grad_weight,
                       .seq_len = seq_len, .dim = dim, .vocab = vocab_size,
-                      .cols_per_block = EMB_COLS, .rows_per_block = rows_per_block};
+                      .cols_per_block = cols, .rows_per_block = rows_per_block,
+                      .ops = ctx->ops};
   return tg_dispatch(ctx, ncb, nvb, 1, 0, embedding_backward_group, &a);
 }

@@ -14,11 +14,14 @@
  *     each. Every row is computed the same way whatever the block, so the
  *     result does not depend on the thread count.
  *   - dw (seed 002) runs one threadgroup per feature, striding over rows; here
- *     one group owns a block of columns of dw and walks the rows top to
- *     bottom, reading each row's slice contiguously (streams x and dy, the
- *     inner loop vectorizes over columns). Each dw[i] is summed in row order
- *     0..rows-1 whatever the block width, so it is bitwise identical for any
- *     thread count.
+ *     pass 1 cuts the rows into at most 64 blocks fixed by `rows` alone, each
+ *     group summing its rows in order into a dim-long partial (whole rows
+ *     streamed: the column-blocked walk it replaces read 1 KiB pieces at a
+ *     row stride, which the prefetchers follow badly), and pass 2 adds the
+ *     partials per column in block order. The partition never depends on
+ *     the thread count, so dw is bitwise identical for any thread count.
+ *   - The row loops (sums, dx, partial accumulation) are ISA-layer ops,
+ *     compiled without FMA contraction, so every ISA gives the same bits.
  *   - fused grad_weight: Metal adds every row's x*r*dy atomically. Here the
  *     rows are cut into blocks of consecutive rows; each block sums its rows
  *     in order into a dim-long partial (grad_input is written on the way).
@@ -44,21 +47,24 @@
 
 enum {
   DW_MAX_BLOCKS = 256, /* fused, deterministic: at most this many row blocks */
-  DW_MIN_ROWS = 16,    /* fused: about one row block per this many rows */
+  DW_MIN_ROWS = 16,    /* fused and split dw: about one row block per this many rows */
+  DW_SPLIT_MAX_BLOCKS = 64, /* split dw: at most this many row blocks */
   COL_BLOCK = 256      /* columns per group of the column passes */
 };
 
-/* r = 1 / sqrt(sum_j x[j]^2 / dim + eps) for one row */
-static float row_rms_inv(const float *x, int64_t dim, float eps) {
-  return 1.0f / sqrtf(tg_dot_f32(x, x, dim) / (float)dim + eps);
+/* r = 1 / sqrt(sum_j x[j]^2 / dim + eps) for one row. Every kernel here
+ * (forward included) takes the sum from the same ISA-layer op, so r agrees
+ * bitwise between them for one ISA. */
+static float row_rms_inv(const tg_micro_ops *ops, const float *x, int64_t dim, float eps) {
+  return 1.0f / sqrtf(ops->dot_f32(x, x, dim) / (float)dim + eps);
 }
 
 /* One row of dx: s = sum dy*x*w; dx[k] = r * (dy[k]*w[k] - x[k] * s*r^2/dim). */
-static void row_dx(const float *x, const float *w, const float *dy, float r, float *dx,
-                   int64_t dim) {
-  const float s = tg_dot3_f32(dy, x, w, dim);
+static void row_dx(const tg_micro_ops *ops, const float *x, const float *w, const float *dy,
+                   float r, float *dx, int64_t dim) {
+  const float s = ops->dot3_f32(dy, x, w, dim);
   const float coeff = s * r * r / (float)dim;
-  for (int64_t k = 0; k < dim; k++) dx[k] = r * (dy[k] * w[k] - x[k] * coeff);
+  ops->rms_dx_row(x, w, dy, r, coeff, dx, dim);
 }
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -86,6 +92,7 @@ typedef struct {
   float *r;
   int64_t rows, dim, rpg;
   float eps;
+  const tg_micro_ops *ops;
 } rms_inv_args;
 
 static void rms_inv_group(const void *vargs, int64_t g, int64_t y, int64_t z,
@@ -93,7 +100,7 @@ static void rms_inv_group(const void *vargs, int64_t g, int64_t y, int64_t z,
   const rms_inv_args *a = vargs;
   const int64_t b1 = min64((g + 1) * a->rpg, a->rows);
   for (int64_t b = g * a->rpg; b < b1; b++)
-    a->r[b] = row_rms_inv(a->x + b * a->dim, a->dim, a->eps);
+    a->r[b] = row_rms_inv(a->ops, a->x + b * a->dim, a->dim, a->eps);
 }
 
 tg_status tg_rms_norm_compute_rms_inv_f32(tg_ctx *ctx, const float *x, float *r_out,
@@ -106,7 +113,7 @@ tg_status tg_rms_norm_compute_rms_inv_f32(tg_ctx *ctx, const float *x, float *r_
   tg_status st = check_shape(ctx, fn, "x", rows, dim);
   if (st == TG_OK) st = check_eps(ctx, fn, eps);
   if (st != TG_OK) return st;
-  const rms_inv_args a = {x, r_out, rows, dim, tg_rows_per_block(dim), eps};
+  const rms_inv_args a = {x, r_out, rows, dim, tg_rows_per_block(dim), eps, ctx->ops};
   return tg_dispatch(ctx, (a.rows + a.rpg - 1) / a.rpg, 1, 1, 0, rms_inv_group, &a);
 }
 
@@ -116,6 +123,7 @@ typedef struct {
   float *y, *r; /* r may be NULL */
   int64_t rows, dim, rpg;
   float eps;
+  const tg_micro_ops *ops;
 } fwd_args;
 
 static void fwd_group(const void *vargs, int64_t g, int64_t y_, int64_t z, void *scratch) {
@@ -124,7 +132,7 @@ static void fwd_group(const void *vargs, int64_t g, int64_t y_, int64_t z, void 
   for (int64_t b = g * a->rpg; b < b1; b++) {
     const float *x = a->x + b * a->dim;
     float *y = a->y + b * a->dim;
-    const float r = row_rms_inv(x, a->dim, a->eps);
+    const float r = row_rms_inv(a->ops, x, a->dim, a->eps);
     for (int64_t k = 0; k < a->dim; k++) y[k] = x[k] * r * a->w[k];
     if (a->r) a->r[b] = r;
   }
@@ -140,7 +148,7 @@ tg_status tg_rms_norm_forward_f32(tg_ctx *ctx, const float *x, const float *w, f
   tg_status st = check_shape(ctx, fn, "x", rows, dim);
   if (st == TG_OK) st = check_eps(ctx, fn, eps);
   if (st != TG_OK) return st;
-  const fwd_args a = {x, w, y, r_out, rows, dim, tg_rows_per_block(dim), eps};
+  const fwd_args a = {x, w, y, r_out, rows, dim, tg_rows_per_block(dim), eps, ctx->ops};
   return tg_dispatch(ctx, (a.rows + a.rpg - 1) / a.rpg, 1, 1, 0, fwd_group, &a);
 }
 
@@ -149,6 +157,7 @@ typedef struct {
   const float *x, *w, *dy, *r;
   float *dx;
   int64_t rows, dim, rpg;
+  const tg_micro_ops *ops;
 } dx_args;
 
 static void dx_group(const void *vargs, int64_t g, int64_t y, int64_t z, void *scratch) {
@@ -156,7 +165,7 @@ static void dx_group(const void *vargs, int64_t g, int64_t y, int64_t z, void *s
   const int64_t b1 = min64((g + 1) * a->rpg, a->rows);
   for (int64_t b = g * a->rpg; b < b1; b++) {
     const int64_t o = b * a->dim;
-    row_dx(a->x + o, a->w, a->dy + o, a->r[b], a->dx + o, a->dim);
+    row_dx(a->ops, a->x + o, a->w, a->dy + o, a->r[b], a->dx + o, a->dim);
   }
 }
 
@@ -170,7 +179,7 @@ tg_status tg_rms_norm_backward_dx_f32(tg_ctx *ctx, const float *x, const float *
   if (null) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: %s is NULL", fn, null);
   tg_status st = check_shape(ctx, fn, "x", rows, dim);
   if (st != TG_OK) return st;
-  const dx_args a = {x, w, dy, r, dx, rows, dim, tg_rows_per_block(dim)};
+  const dx_args a = {x, w, dy, r, dx, rows, dim, tg_rows_per_block(dim), ctx->ops};
   return tg_dispatch(ctx, (a.rows + a.rpg - 1) / a.rpg, 1, 1, 0, dx_group, &a);
 }
 
@@ -178,22 +187,31 @@ tg_status tg_rms_norm_backward_dx_f32(tg_ctx *ctx, const float *x, const float *
 typedef struct {
   const float *x, *dy, *r;
   float *dw;
-  int64_t rows, dim;
+  float *partials; /* [nblocks, dim] */
+  int64_t rows, dim, rows_per_block, nblocks;
+  const tg_micro_ops *ops;
 } dw_args;
 
-/* Group c owns dw[c*COL_BLOCK ..) and sums it over rows 0..rows-1 in order. */
-static void dw_group(const void *vargs, int64_t c, int64_t y, int64_t z, void *scratch) {
+/* Pass 1, group g = row block g: partial[g, :] = sum over its rows, in row
+ * order, of dy[b,:] * r[b] * x[b,:]. Each group streams whole rows
+ * (contiguous x and dy), so the hardware prefetchers see long runs. */
+static void dw_rows_group(const void *vargs, int64_t g, int64_t y, int64_t z, void *scratch) {
+  const dw_args *a = vargs;
+  float *restrict part = a->partials + g * a->dim;
+  for (int64_t i = 0; i < a->dim; i++) part[i] = 0.0f;
+  const int64_t b1 = min64((g + 1) * a->rows_per_block, a->rows);
+  for (int64_t b = g * a->rows_per_block; b < b1; b++)
+    a->ops->acc_mul2_f32(part, a->dy + b * a->dim, a->x + b * a->dim, a->r[b], a->dim);
+}
+
+/* Pass 2, group c owns dw[c*COL_BLOCK ..): dw[i] = sum_g partial[g, i], blocks
+ * in order 0..nblocks-1. */
+static void dw_cols_group(const void *vargs, int64_t c, int64_t y, int64_t z, void *scratch) {
   const dw_args *a = vargs;
   const int64_t c0 = c * COL_BLOCK, n = min64(COL_BLOCK, a->dim - c0);
-  float *restrict dw = a->dw + c0;
-  for (int64_t j = 0; j < n; j++) dw[j] = 0.0f;
-  for (int64_t b = 0; b < a->rows; b++) {
-    const float *restrict x = a->x + b * a->dim + c0;
-    const float *restrict dy = a->dy + b * a->dim + c0;
-    const float rb = a->r[b];
-#pragma omp simd
-    for (int64_t j = 0; j < n; j++) dw[j] += dy[j] * x[j] * rb;
-  }
+  float acc[COL_BLOCK] = {0};
+  for (int64_t g = 0; g < a->nblocks; g++) a->ops->add_f32(acc, a->partials + g * a->dim + c0, n);
+  for (int64_t j = 0; j < n; j++) a->dw[c0 + j] = acc[j];
 }
 
 tg_status tg_rms_norm_backward_dw_f32(tg_ctx *ctx, const float *x, const float *dy,
@@ -206,8 +224,23 @@ tg_status tg_rms_norm_backward_dw_f32(tg_ctx *ctx, const float *x, const float *
   if (null) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: %s is NULL", fn, null);
   tg_status st = check_shape(ctx, fn, "x", rows, dim);
   if (st != TG_OK) return st;
-  const dw_args a = {x, dy, r, dw, rows, dim};
-  return tg_dispatch(ctx, (a.dim + COL_BLOCK - 1) / COL_BLOCK, 1, 1, 0, dw_group, &a);
+  /* Row blocks fixed by `rows` alone (never by the thread count), so dw is
+   * bitwise identical for any thread count, in both modes: about one block
+   * per DW_MIN_ROWS rows, at most DW_SPLIT_MAX_BLOCKS (the partials, at most
+   * 64 * dim floats, are small next to x and dy). */
+  int64_t nblocks = min64(((int64_t)rows + DW_MIN_ROWS - 1) / DW_MIN_ROWS, DW_SPLIT_MAX_BLOCKS);
+  const int64_t rpb = ((int64_t)rows + nblocks - 1) / nblocks;
+  nblocks = ((int64_t)rows + rpb - 1) / rpb;
+  dw_args a = {x, dy, r, dw, NULL, rows, dim, rpb, nblocks, ctx->ops};
+  a.partials = malloc((size_t)nblocks * dim * sizeof(float));
+  if (!a.partials)
+    return tg_fail(ctx, TG_ERR_NO_MEMORY, "%s: cannot allocate %lld x %u floats of dw partials",
+                   fn, (long long)nblocks, dim);
+  st = tg_dispatch(ctx, nblocks, 1, 1, 0, dw_rows_group, &a);
+  if (st == TG_OK)
+    st = tg_dispatch(ctx, (a.dim + COL_BLOCK - 1) / COL_BLOCK, 1, 1, 0, dw_cols_group, &a);
+  free(a.partials);
+  return st;
 }
 
 /* --- 5. fused: grad_input writes, grad_weight accumulates ------------------- */
@@ -218,6 +251,7 @@ typedef struct {
   float *partials; /* deterministic: [nblocks, dim] row-block partials; else NULL */
   int64_t rows, dim, rows_per_block, nblocks;
   float eps;
+  const tg_micro_ops *ops;
 } fused_args;
 
 /* Row block g: for each of its rows, r and dx as in 4a/4b, and
@@ -231,9 +265,9 @@ static void fused_group(const void *vargs, int64_t g, int64_t y, int64_t z,
   const int64_t b1 = min64((g + 1) * a->rows_per_block, a->rows);
   for (int64_t b = g * a->rows_per_block; b < b1; b++) {
     const float *x = a->x + b * dim, *dy = a->dy + b * dim;
-    const float r = row_rms_inv(x, dim, a->eps);
-    for (int64_t i = 0; i < dim; i++) part[i] += x[i] * r * dy[i];
-    row_dx(x, a->w, dy, r, a->dx + b * dim, dim);
+    const float r = row_rms_inv(a->ops, x, dim, a->eps);
+    a->ops->acc_mul2_f32(part, x, dy, r, dim);
+    row_dx(a->ops, x, a->w, dy, r, a->dx + b * dim, dim);
   }
   if (!a->partials) tg_add_f32(a->dw, part, dim, 1);
 }
@@ -245,11 +279,7 @@ static void fused_reduce_group(const void *vargs, int64_t c, int64_t y, int64_t 
   const fused_args *a = vargs;
   const int64_t c0 = c * COL_BLOCK, n = min64(COL_BLOCK, a->dim - c0);
   float acc[COL_BLOCK] = {0};
-  for (int64_t g = 0; g < a->nblocks; g++) {
-    const float *restrict p = a->partials + g * a->dim + c0;
-#pragma omp simd
-    for (int64_t j = 0; j < n; j++) acc[j] += p[j];
-  }
+  for (int64_t g = 0; g < a->nblocks; g++) a->ops->add_f32(acc, a->partials + g * a->dim + c0, n);
   for (int64_t j = 0; j < n; j++) a->dw[c0 + j] += acc[j];
 }
 
@@ -283,7 +313,7 @@ tg_status tg_rms_norm_backward(tg_ctx *ctx, const float *input, const float *wei
   const int64_t rpb = (rows + nblocks - 1) / nblocks;
   nblocks = (rows + rpb - 1) / rpb;
   fused_args a = {input, weight, grad_out, grad_input, grad_weight, NULL,
-                  rows,  dim,    rpb,      nblocks,    eps};
+                  rows,  dim,    rpb,      nblocks,    eps,         ctx->ops};
 
   if (!ctx->deterministic) /* partial in per-thread scratch, atomic add */
     return tg_dispatch(ctx, nblocks, 1, 1, (size_t)dim * sizeof(float), fused_group, &a);

@@ -188,6 +188,244 @@ static void test_attention_rows(void **state) {
   }
 }
 
+/* --- row ops of the memory-bound kernels ---------------------------------------
+ * Bounds (u = 2^-24), each the roundings of the op's own f32 formula:
+ *   dot / dot3 of n terms      (n + 2) u sum|terms|    (any order)
+ *   max                        exact
+ *   exp_shift_sum              y bit-equal to exp_f32 of the f32 difference
+ *                              (exp_f32 has its own test); sum (n + 1) u sum y
+ *   scale2 (x*a)*b             2 u (1 + u) |x a b|
+ *   add                        u |d + s|
+ *   acc_mul2 acc + a*s*b       3 u (1 + 2u) (|acc| + |a s b|)
+ *   rms_dx_row r*(dy w - x c)  4 u (1 + 3u) |r| (|dy w| + |x c|)
+ *   fwht_mul                   2 (log2 n + 2) u sum|x| max|mul|, and bit-equal
+ *                              between tables (each output is one add/sub)
+ *   transpose                  exact
+ *   wsum4                      ((nw + 2) u sum|a p| + u |sum|) / |div| + u |result|
+ * Lengths are ragged (not multiples of 16) wherever the op allows. */
+static const int64_t k_lens[] = {0, 1, 5, 15, 16, 17, 31, 33, 100, 1000, 1031, 2500};
+#define N_LENS ((int)(sizeof k_lens / sizeof k_lens[0]))
+
+static void test_row_reductions(void **state) {
+  const tg_micro_ops *tabs[2];
+  const int nt = n_tables(tabs);
+  tu_rng r = tu_rng_make(tu_seed() + 19);
+  enum { NMAX = 2600 };
+  float *a = tu_alloc(sizeof(float) * NMAX), *b = tu_alloc(sizeof(float) * NMAX);
+  float *c = tu_alloc(sizeof(float) * NMAX), *y = tu_alloc(sizeof(float) * NMAX);
+  float *e = tu_alloc(sizeof(float) * NMAX);
+  tu_fill_f32(&r, a, NMAX, -3, 3);
+  tu_fill_f32(&r, b, NMAX, -2, 2);
+  tu_fill_f32(&r, c, NMAX, -1, 1);
+  for (int t = 0; t < nt; t++)
+    for (int li = 0; li < N_LENS; li++) {
+      const int64_t n = k_lens[li];
+      double d2 = 0, a2 = 0, d3 = 0, a3 = 0, mx = -INFINITY;
+      for (int64_t i = 0; i < n; i++) {
+        d2 += (double)a[i] * b[i], a2 += fabs((double)a[i] * b[i]);
+        d3 += (double)a[i] * b[i] * c[i], a3 += fabs((double)a[i] * b[i] * c[i]);
+        if (a[i] > mx) mx = a[i];
+      }
+      const float g2 = tabs[t]->dot_f32(a, b, n), g3 = tabs[t]->dot3_f32(a, b, c, n);
+      if (fabs(g2 - d2) > (n + 2) * U * a2)
+        TU_FAIL("%s dot_f32 n %lld: got %g want %g", tabs[t]->name, (long long)n, (double)g2, d2);
+      if (fabs(g3 - d3) > (n + 2) * U * a3)
+        TU_FAIL("%s dot3_f32 n %lld: got %g want %g", tabs[t]->name, (long long)n, (double)g3, d3);
+      if (tabs[t]->max_f32(a, n) != (float)mx)
+        TU_FAIL("%s max_f32 n %lld", tabs[t]->name, (long long)n);
+      /* exp(a - shift): a in [-3, 3), shift 1.5 */
+      const float shift = 1.5f;
+      const float S = tabs[t]->exp_shift_sum_f32(a, shift, y, n);
+      double want = 0;
+      for (int64_t i = 0; i < n; i++) e[i] = a[i] - shift;
+      tabs[t]->exp_f32(e, e, n);
+      for (int64_t i = 0; i < n; i++) want += e[i];
+      if (n && memcmp(y, e, sizeof(float) * n))
+        TU_FAIL("%s exp_shift_sum_f32 n %lld: y differs from exp_f32", tabs[t]->name, (long long)n);
+      if (fabs(S - want) > (n + 1) * U * want)
+        TU_FAIL("%s exp_shift_sum_f32 n %lld: sum %g want %g", tabs[t]->name, (long long)n,
+                (double)S, want);
+      /* in place (y aliases x) gives the same */
+      memcpy(e, a, sizeof(float) * n);
+      const float S2 = tabs[t]->exp_shift_sum_f32(e, shift, e, n);
+      if (S2 != S || (n && memcmp(y, e, sizeof(float) * n)))
+        TU_FAIL("%s exp_shift_sum_f32 n %lld: in place differs", tabs[t]->name, (long long)n);
+    }
+  /* max: -inf for n == 0, NaN entries skipped, -inf rows */
+  for (int t = 0; t < nt; t++) {
+    float v[20];
+    for (int i = 0; i < 20; i++) v[i] = -INFINITY;
+    assert_true(tabs[t]->max_f32(v, 0) == -INFINITY);
+    assert_true(tabs[t]->max_f32(v, 20) == -INFINITY);
+    v[3] = NAN, v[17] = -7.0f;
+    assert_true(tabs[t]->max_f32(v, 20) == -7.0f);
+  }
+  free(a), free(b), free(c), free(y), free(e);
+}
+
+static void test_row_elementwise(void **state) {
+  const tg_micro_ops *tabs[2];
+  const int nt = n_tables(tabs);
+  tu_rng r = tu_rng_make(tu_seed() + 23);
+  enum { NMAX = 2600 };
+  float *x = tu_alloc(sizeof(float) * NMAX), *w = tu_alloc(sizeof(float) * NMAX);
+  float *dy = tu_alloc(sizeof(float) * NMAX), *y = tu_alloc(sizeof(float) * NMAX + 64);
+  tu_fill_f32(&r, x, NMAX, -3, 3);
+  tu_fill_f32(&r, w, NMAX, -2, 2);
+  tu_fill_f32(&r, dy, NMAX, -1, 1);
+  const float a = 0.37f, s = -1.7f, rr = 1.3f, cc = 0.21f;
+  for (int t = 0; t < nt; t++)
+    for (int li = 0; li < N_LENS; li++) {
+      const int64_t n = k_lens[li];
+      const char *nm = tabs[t]->name;
+      y[n] = 12345.0f; /* sentinel: nothing written past n */
+      memcpy(y, x, sizeof(float) * n);
+      tabs[t]->scale2_f32(y, n, a, s);
+      for (int64_t i = 0; i < n; i++) {
+        const double want = (double)x[i] * a * s;
+        if (fabs(y[i] - want) > 2 * U * (1 + U) * fabs(want)) TU_FAIL("%s scale2_f32 i %lld", nm, (long long)i);
+      }
+      memcpy(y, w, sizeof(float) * n);
+      tabs[t]->add_f32(y, x, n);
+      for (int64_t i = 0; i < n; i++) {
+        const double want = (double)w[i] + x[i];
+        if (fabs(y[i] - want) > U * fabs(want)) TU_FAIL("%s add_f32 i %lld", nm, (long long)i);
+      }
+      memcpy(y, w, sizeof(float) * n);
+      tabs[t]->acc_mul2_f32(y, x, dy, s, n);
+      for (int64_t i = 0; i < n; i++) {
+        const double p = (double)x[i] * s * dy[i], want = w[i] + p;
+        if (fabs(y[i] - want) > 3 * U * (1 + 2 * U) * (fabs(w[i]) + fabs(p)))
+          TU_FAIL("%s acc_mul2_f32 i %lld: got %g want %g", nm, (long long)i, (double)y[i], want);
+      }
+      tabs[t]->rms_dx_row(x, w, dy, rr, cc, y, n);
+      for (int64_t i = 0; i < n; i++) {
+        const double want = (double)rr * ((double)dy[i] * w[i] - (double)x[i] * cc);
+        const double mag = fabs(rr) * (fabs((double)dy[i] * w[i]) + fabs((double)x[i] * cc));
+        if (fabs(y[i] - want) > 4 * U * (1 + 3 * U) * mag)
+          TU_FAIL("%s rms_dx_row i %lld: got %g want %g", nm, (long long)i, (double)y[i], want);
+      }
+      assert_true(y[n] == 12345.0f);
+    }
+  free(x), free(w), free(dy), free(y);
+}
+
+static int popcount_u(unsigned v) {
+  int c = 0;
+  for (; v; v &= v - 1) c++;
+  return c;
+}
+
+static void test_fwht(void **state) {
+  const tg_micro_ops *tabs[2];
+  const int nt = n_tables(tabs);
+  tu_rng r = tu_rng_make(tu_seed() + 29);
+  const int64_t sizes[] = {16, 32, 64, 256, 512};
+  for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+    const int64_t n = sizes[si];
+    int logn = 0;
+    while (((int64_t)1 << logn) < n) logn++;
+    float *x = tu_alloc(sizeof(float) * n), *mul = tu_alloc(sizeof(float) * n);
+    float *y = tu_alloc(sizeof(float) * n), *y0 = tu_alloc(sizeof(float) * n);
+    tu_fill_f32(&r, x, n, -1, 1);
+    for (int64_t i = 0; i < n; i++) x[i] *= (float)ldexp(1.0, tu_int(&r, -10, 10));
+    tu_fill_f32(&r, mul, n, -2, 2);
+    double sumabs = 0, maxmul = 0;
+    for (int64_t i = 0; i < n; i++) sumabs += fabs(x[i]), maxmul = fmax(maxmul, fabs(mul[i]));
+    for (int t = 0; t < nt; t++) {
+      memcpy(y, x, sizeof(float) * n);
+      tabs[t]->fwht_mul_f32(y, n, mul);
+      for (int64_t j = 0; j < n; j++) {
+        double acc = 0;
+        for (int64_t i = 0; i < n; i++) acc += (popcount_u((unsigned)(i & j)) & 1 ? -1.0 : 1.0) * x[i];
+        acc *= mul[j];
+        if (fabs(y[j] - acc) > 2.0 * (logn + 2) * U * sumabs * maxmul)
+          TU_FAIL("%s fwht_mul_f32 n %lld j %lld: got %g want %g", tabs[t]->name, (long long)n,
+                  (long long)j, (double)y[j], acc);
+      }
+      if (t == 0)
+        memcpy(y0, y, sizeof(float) * n);
+      else if (memcmp(y, y0, sizeof(float) * n))
+        TU_FAIL("%s fwht_mul_f32 n %lld differs bitwise from %s", tabs[t]->name, (long long)n,
+                tabs[0]->name);
+    }
+    free(x), free(mul), free(y), free(y0);
+  }
+}
+
+static void test_transpose(void **state) {
+  const tg_micro_ops *tabs[2];
+  const int nt = n_tables(tabs);
+  tu_rng r = tu_rng_make(tu_seed() + 31);
+  const int64_t sizes[][2] = {{1, 1}, {1, 37}, {37, 1}, {15, 17}, {16, 16}, {33, 70},
+                              {64, 64}, {100, 37}, {48, 160}};
+  for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+    const int64_t R = sizes[si][0], C = sizes[si][1], lds = C + 3, ldd = R + 5;
+    float *src = tu_alloc(sizeof(float) * R * lds), *dst = tu_alloc(sizeof(float) * C * ldd);
+    tu_fill_f32(&r, src, R * lds, -1, 1);
+    for (int t = 0; t < nt; t++) {
+      for (int64_t i = 0; i < C * ldd; i++) dst[i] = 777.0f;
+      tabs[t]->transpose_f32(R, C, src, lds, dst, ldd);
+      for (int64_t c = 0; c < C; c++)
+        for (int64_t i = 0; i < ldd; i++) {
+          const float want = i < R ? src[i * lds + c] : 777.0f; /* padding untouched */
+          if (memcmp(&dst[c * ldd + i], &want, sizeof want))
+            TU_FAIL("%s transpose_f32 %lldx%lld at (%lld, %lld)", tabs[t]->name, (long long)R,
+                    (long long)C, (long long)c, (long long)i);
+        }
+    }
+    free(src), free(dst);
+  }
+}
+
+static void test_wsum4(void **state) {
+  const tg_micro_ops *tabs[2];
+  const int nt = n_tables(tabs);
+  tu_rng r = tu_rng_make(tu_seed() + 37);
+  const int64_t lds[] = {1, 3, 16};
+  const int64_t n4s[] = {1, 3, 4, 5, 64, 67};
+  for (size_t li = 0; li < 3; li++)
+    for (size_t ni = 0; ni < 6; ni++) {
+      const int64_t ld = lds[li], n4 = n4s[ni];
+      float *part = tu_alloc(sizeof(float) * n4 * ld * 4), *a = tu_alloc(sizeof(float) * ld);
+      float *dst = tu_alloc(sizeof(float) * (n4 * 4 + 1));
+      int32_t *w = tu_alloc(sizeof(int32_t) * ld);
+      tu_fill_f32(&r, part, n4 * ld * 4, -2, 2);
+      /* every third workgroup left out; its partials are NaN and must never be read */
+      int64_t nw = 0;
+      for (int64_t g = 0; g < ld; g++) {
+        if (ld > 1 && g % 3 == 1) {
+          for (int64_t c = 0; c < n4; c++)
+            for (int k = 0; k < 4; k++) part[(c * ld + g) * 4 + k] = NAN;
+          continue;
+        }
+        w[nw] = (int32_t)g;
+        a[nw++] = (float)tu_int(&r, 1, 1000) / 1000.0f;
+      }
+      const float div = 1.7f;
+      for (int t = 0; t < nt; t++) {
+        dst[n4 * 4] = 4321.0f;
+        tabs[t]->wsum4_f32(part, ld, w, a, nw, n4, div, dst);
+        for (int64_t c = 0; c < n4; c++)
+          for (int k = 0; k < 4; k++) {
+            double sum = 0, mag = 0;
+            for (int64_t i = 0; i < nw; i++) {
+              const double v = (double)a[i] * part[(c * ld + w[i]) * 4 + k];
+              sum += v, mag += fabs(v);
+            }
+            const double want = sum / div;
+            const double bound = ((nw + 2) * U * mag + U * fabs(sum)) / div + U * fabs(want);
+            if (!(fabs(dst[c * 4 + k] - want) <= bound))
+              TU_FAIL("%s wsum4_f32 ld %lld n4 %lld at %lld: got %g want %g", tabs[t]->name,
+                      (long long)ld, (long long)n4, (long long)(c * 4 + k),
+                      (double)dst[c * 4 + k], want);
+          }
+        assert_true(dst[n4 * 4] == 4321.0f);
+      }
+      free(part), free(a), free(dst), free(w);
+    }
+}
+
 int main(void) {
   tu_seed();
   const struct CMUnitTest tests[] = {
@@ -195,6 +433,11 @@ int main(void) {
       cmocka_unit_test(test_exp),
       cmocka_unit_test(test_conversions_and_dot),
       cmocka_unit_test(test_attention_rows),
+      cmocka_unit_test(test_row_reductions),
+      cmocka_unit_test(test_row_elementwise),
+      cmocka_unit_test(test_fwht),
+      cmocka_unit_test(test_transpose),
+      cmocka_unit_test(test_wsum4),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
