@@ -11,12 +11,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${TG_FUZZ_COV_BUILD:-build-fuzz-cov}
-mkdir -p "$build"
-CC=clang cmake -S fuzz -B "$build" -DTG_HARNESS=cov >/dev/null 2>"$build/configure.log" ||
-  { cat "$build/configure.log" >&2; exit 2; }
-grep -q "does not build with clang" "$build/configure.log" &&
-  echo "note: kernels/micro/micro.c does not build with clang at AVX-512; portable microkernels only"
-cmake --build "$build" -j"$(nproc)" >/dev/null
+source fuzz/harness.sh
+tg_build_harness cov "$build"
 rm -f "$build"/*.profraw
 export OMP_WAIT_POLICY=passive KMP_BLOCKTIME=0
 LLVM_PROFILE_FILE="$build/cov-%p.profraw" "$build/fuzz_entry" -runs=0 fuzz/corpus "$@" \

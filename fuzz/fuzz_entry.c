@@ -605,7 +605,7 @@ static void fuzz_params_init(rd *r) {
     if (v[i] < 1) allowed |= BIT(TG_ERR_BAD_SHAPE);
   if (v[2] >= 1 && v[1] % v[2] != 0) allowed |= BIT(TG_ERR_BAD_SHAPE);
   if (!allowed) { /* the batch strides heads * L * D must fit int64 */
-    const int64_t fq[3] = {v[1], v[3], v[5]}, fk[3] = {v[1] / v[2], v[4], v[5]};
+    const int64_t fq[3] = {v[1], v[3], v[5]}, fk[3] = {v[2], v[4], v[5]};
     if (prod(3, fq) == INT64_MAX || prod(3, fk) == INT64_MAX) allowed = BIT(TG_ERR_OVERFLOW);
   }
   if (null) allowed = BIT(TG_ERR_NULL_ARG);

@@ -10,34 +10,15 @@
 # New inputs go to a scratch directory, never into fuzz/corpus (which stays
 # small and committed); a crashing input is left in build-fuzz/artifacts/ and
 # the script exits non-zero. Needs clang, libclang-rt-14-dev, libomp-14-dev
-# (installed here when missing and running as root).
+# (scripts/setup.sh installs them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-60}
 shift || true
 build=${TG_FUZZ_BUILD:-build-fuzz}
 
-missing=()
-for p in clang cmake libclang-rt-14-dev libomp-14-dev; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  if [ "$(id -u)" -ne 0 ]; then
-    echo "fuzz/run.sh: missing packages: ${missing[*]} (apt-get install them)" >&2
-    exit 2
-  fi
-  echo "fuzz/run.sh: installing ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
-
-mkdir -p "$build"
-CC=clang cmake -S fuzz -B "$build" -DTG_HARNESS=fuzz >/dev/null 2>"$build/configure.log" ||
-  { cat "$build/configure.log" >&2; exit 2; }
-grep -q "does not build with clang" "$build/configure.log" &&
-  echo "note: kernels/micro/micro.c does not build with clang at AVX-512; portable microkernels only"
-cmake --build "$build" -j"$(nproc)" >/dev/null
+source fuzz/harness.sh
+tg_build_harness fuzz "$build"
 
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:suppressions=$PWD/fuzz/ubsan.supp"
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}"

@@ -13,37 +13,18 @@
 # 2. fuzz/race_driver.c: every kernel at 1, 2, 3, 7 threads, both FA-2 dK/dV
 #    schedules, both fused-RMSNorm modes, determinism compared across counts.
 # Exit 0 only when the canary is caught and the driver is clean.
-# Needs: clang, libclang-rt-14-dev, libomp-14-dev (installed when missing and root).
+# Needs: clang, libclang-rt-14-dev, libomp-14-dev (scripts/setup.sh installs them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${TG_RACE_BUILD:-build-race}
 rounds=${RACE_ROUNDS:-3}
 
-missing=()
-for p in clang cmake libclang-rt-14-dev libomp-14-dev; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  if [ "$(id -u)" -ne 0 ]; then
-    echo "race_check: missing packages: ${missing[*]} (apt-get install them)" >&2
-    exit 2
-  fi
-  echo "race_check: installing ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+source fuzz/harness.sh
+tg_build_harness race "$build"
 
 archer=$(dpkg -L libomp-14-dev 2>/dev/null | grep '/libarcher\.so$' | head -1 || true)
 [ -n "$archer" ] || archer=/usr/lib/llvm-14/lib/libarcher.so
 [ -f "$archer" ] || { echo "race_check: libarcher.so not found (libomp-14-dev)" >&2; exit 2; }
-
-mkdir -p "$build"
-CC=clang cmake -S fuzz -B "$build" -DTG_HARNESS=race >/dev/null 2>"$build/configure.log" ||
-  { cat "$build/configure.log" >&2; exit 2; }
-grep -q "does not build with clang" "$build/configure.log" &&
-  echo "note: kernels/micro/micro.c does not build with clang at AVX-512; portable microkernels only"
-cmake --build "$build" -j"$(nproc)" >/dev/null
 
 # ignore_noninstrumented_modules: libomp itself is not built with TSan; its
 # internal accesses (thread pool, locks) are invisible to TSan except through
