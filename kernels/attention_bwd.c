@@ -85,7 +85,7 @@ static bwd_scratch carve(void *base, int64_t D) {
   return w;
 }
 
-/* Rows of query head h in batch b: q-tile qt -> w->Q, w->dO (f32). */
+/* Rows [q0, q0 + nq) of query head h in batch b -> w->Q, w->dO (f32). */
 static void load_qtile(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_t nq,
                        bwd_scratch *w) {
   const tg_attn_problem *pr = &a->pr;
@@ -251,8 +251,8 @@ tg_status tg_flash_attn_train_bwd_bf16(tg_ctx *ctx, const tg_bf16 *Q, const tg_b
   if (ranges < 1) ranges = 1;
   a.range_tiles = (a.n_ktiles + ranges - 1) / ranges;
   a.n_ranges = (a.n_ktiles + a.range_tiles - 1) / a.range_tiles;
+  const int64_t rows = pr->B * pr->H * pr->qL;
   if (a.n_ranges > 1) {
-    const int64_t rows = pr->B * pr->H * pr->qL;
     size_t bytes;
     if (__builtin_mul_overflow((size_t)(a.n_ranges - 1) * sizeof(float), (size_t)(rows * pr->D),
                                &bytes))
@@ -261,14 +261,13 @@ tg_status tg_flash_attn_train_bwd_bf16(tg_ctx *ctx, const tg_bf16 *Q, const tg_b
     if (!a.dQ_partial)
       return tg_fail(ctx, TG_ERR_NO_MEMORY, "%s: cannot allocate %zu bytes of dQ partials",
                      fn, bytes);
-    /* The second pass needs no scratch: it cannot fail once the first wrote. */
-    st = tg_dispatch(ctx, a.n_ranges, pr->H_kv, pr->B, scratch, bwd_group_kv, &a);
-    if (st == TG_OK)
-      st = tg_dispatch(ctx, (rows + SUM_ROWS - 1) / SUM_ROWS, 1, 1, 0, bwd_group_sum_dq, &a);
-    free(a.dQ_partial);
-    return st;
   }
-  return tg_dispatch(ctx, 1, pr->H_kv, pr->B, scratch, bwd_group_kv, &a);
+  st = tg_dispatch(ctx, a.n_ranges, pr->H_kv, pr->B, scratch, bwd_group_kv, &a);
+  /* The second pass needs no scratch: it cannot fail once the first wrote. */
+  if (st == TG_OK && a.n_ranges > 1)
+    st = tg_dispatch(ctx, (rows + SUM_ROWS - 1) / SUM_ROWS, 1, 1, 0, bwd_group_sum_dq, &a);
+  free(a.dQ_partial);
+  return st;
 }
 
 /* --- 1. pre-pass: D[b,h,i] = sum_d O[b,h,i,d] * dO[b,h,i,d] ----------------
