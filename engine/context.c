@@ -102,6 +102,7 @@ tg_status tg_ctx_create(tg_ctx **out) {
 void tg_ctx_destroy(tg_ctx *ctx) {
   if (!ctx) return;
   free(ctx->scratch);
+  free(ctx->workspace);
   free(ctx);
 }
 

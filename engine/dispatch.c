@@ -8,6 +8,7 @@
  * allocation and a queue push; dynamic scheduling balances groups of unequal
  * cost (causal attention) just as tasks would.
  */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,6 +26,21 @@ static tg_status reserve_scratch(tg_ctx *ctx, size_t total) {
   free(ctx->scratch);
   ctx->scratch = p;
   ctx->scratch_bytes = total;
+  return TG_OK;
+}
+
+tg_status tg_workspace(tg_ctx *ctx, size_t bytes, void **out) {
+  if (bytes > SIZE_MAX - 64)
+    return tg_fail(ctx, TG_ERR_OVERFLOW, "engine: workspace size overflows");
+  if (bytes > ctx->workspace_bytes) {
+    free(ctx->workspace); /* first: the old and new buffers are never both held */
+    ctx->workspace = aligned_alloc(64, tg_align64(bytes));
+    ctx->workspace_bytes = ctx->workspace ? bytes : 0;
+    if (!ctx->workspace)
+      return tg_fail(ctx, TG_ERR_NO_MEMORY, "engine: cannot allocate %zu bytes of workspace",
+                     bytes);
+  }
+  *out = ctx->workspace;
   return TG_OK;
 }
 

@@ -29,6 +29,8 @@ struct tg_ctx {
   const tg_micro_ops *ops;
   void *scratch;      /* per-thread scratch, reused across calls */
   size_t scratch_bytes;
+  void *workspace;    /* one shared buffer (attention dQ partials), reused */
+  size_t workspace_bytes;
   char err[TG_ERRMSG_LEN];
 };
 
@@ -63,6 +65,12 @@ typedef void (*tg_group_fn)(const void *args, int64_t x, int64_t y, int64_t z,
                             void *scratch);
 tg_status tg_dispatch(tg_ctx *ctx, int64_t nx, int64_t ny, int64_t nz,
                       size_t scratch_bytes, tg_group_fn fn, const void *args);
+
+/* A shared buffer of at least `bytes` bytes (64-byte aligned) in *out,
+ * kept on ctx for the next call (freed by tg_ctx_destroy): a buffer this
+ * large comes fresh from mmap on every malloc, and faulting its pages in
+ * costs more than the work done in it. Contents are undefined. */
+tg_status tg_workspace(tg_ctx *ctx, size_t bytes, void **out);
 
 /* --- accumulation ----------------------------------------------------------
  * dst[i] += src[i] for n elements; atomically (one `omp atomic` per element)

@@ -20,7 +20,11 @@
  * place; with several key ranges each range sums into its own dQ partial and
  * the partials are added in range order afterwards. The number of ranges
  * depends on the shape only (enough items to feed ~TG_ATTN_ITEMS threads),
- * so the result is the same bitwise for every thread count.
+ * so the result is the same bitwise for every thread count. A range's first
+ * key tile writes its dQ rows instead of adding to zeros, and a causal range
+ * leaves the partial rows of q-tiles that see none of its keys unwritten
+ * (and unread): the partials cost one write and one read of the rows that
+ * matter, in a workspace the context keeps between calls.
  *
  * ATOMIC: the Metal kernel's grid, one work item per (q-tile, query head,
  * batch); dQ of the tile stays local and is written once, dK/dV of every pair
@@ -107,9 +111,11 @@ static void load_ktile(const bwd_args *a, int64_t b, int64_t h_kv, int64_t k0, i
 }
 
 /* The pair body for loaded tiles: dQ [nq, D] (leading dim ldq) += dS . K;
- * w->dK, w->dV [nk, D] += dS^T . Q, P^T . dO. */
+ * w->dK, w->dV [nk, D] += dS^T . Q, P^T . dO. With dq_first the dQ rows are
+ * written (= dS . K) instead. */
 static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_t nq,
-                     int64_t k0, int64_t nk, float *dQ, int64_t ldq, bwd_scratch *w) {
+                     int64_t k0, int64_t nk, float *dQ, int64_t ldq, int dq_first,
+                     bwd_scratch *w) {
   const tg_attn_problem *pr = &a->pr;
   const tg_micro_ops *ops = a->ops;
   const int64_t D = pr->D, bh = b * pr->H + h;
@@ -120,6 +126,9 @@ static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_
 
   for (int64_t i = 0; i < nq; i++) {
     const int64_t qi = q0 + i;
+    /* dQ rows often live in L3 or DRAM (KV schedule): start fetching them
+     * now so the dS . K product below finds them in L2. */
+    for (int64_t d = 0; d < D; d += 16) __builtin_prefetch(dQ + i * ldq + d, 1, 2);
     const tg_bf16 *mrow = pr->Ms ? a->mask + tg_attn_offset(pr->Ms, b, h, qi) : NULL;
     float *P = w->S + i * BK, *dS = w->dS + i * BK;
     /* A fully masked row has L = -inf: P = exp(S - L) is 0 for every key. */
@@ -141,9 +150,24 @@ static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_
     }
   }
 
-  ops->mm_nn((int)nq, (int)D, (int)nk, w->dS, BK, w->K, D, dQ, ldq, 1); /* dQ += dS.K */
+  ops->mm_nn((int)nq, (int)D, (int)nk, w->dS, BK, w->K, D, dQ, ldq, !dq_first); /* dS.K */
   ops->mm_tn_acc((int)nk, (int)D, (int)nq, w->dS, BK, w->Q, D, w->dK, D); /* dS^T.Q */
   ops->mm_tn_acc((int)nk, (int)D, (int)nq, w->S, BK, w->dO, D, w->dV, D);  /* P^T.dO */
+}
+
+/* KV schedule: the dQ rows [nq, D] of query head h, q-tile at q0, that key
+ * range `range` sums into (the output for range 0, a partial otherwise). */
+static float *dq_rows(const bwd_args *a, int64_t range, int64_t b, int64_t h, int64_t q0) {
+  const tg_attn_problem *pr = &a->pr;
+  float *base = range == 0 ? a->dQ
+                           : a->dQ_partial + (range - 1) * pr->B * pr->H * pr->qL * pr->D;
+  return base + ((b * pr->H + h) * pr->qL + q0) * pr->D;
+}
+
+/* KV schedule: does the q-tile at q0 see any key of range `range`? (Only
+ * causal attention skips; the key tiles it sees are a prefix of the range.) */
+static int range_visible(const bwd_args *a, int64_t range, int64_t q0, int64_t nq) {
+  return tg_attn_key_end(&a->pr, q0, nq) > range * a->range_tiles * BK;
 }
 
 /* KV schedule: x = key range, y = kv head, z = batch. */
@@ -154,44 +178,44 @@ static void bwd_group_kv(const void *vargs, int64_t range, int64_t h_kv, int64_t
   const int64_t D = pr->D, gqa = pr->gqa;
   bwd_scratch w = carve(scratch, D);
 
-  /* This item's dQ rows: query heads h_kv*gqa .. +gqa of batch b, in the
-   * output for range 0, in its partial otherwise; written from zero. */
-  float *dQ = range == 0 ? a->dQ
-                         : a->dQ_partial + (range - 1) * pr->B * pr->H * pr->qL * D;
-  dQ += (b * pr->H + h_kv * gqa) * pr->qL * D;
-  memset(dQ, 0, sizeof(float) * (size_t)(gqa * pr->qL * D));
+  /* Output rows of range 0 that no key reaches are zeros; a partial's such
+   * rows stay unwritten and the sum skips them. */
+  for (int64_t h = h_kv * gqa; range == 0 && h < (h_kv + 1) * gqa; h++)
+    for (int64_t q0 = 0; q0 < pr->qL; q0 += BQ) {
+      const int64_t nq = pr->qL - q0 < BQ ? pr->qL - q0 : BQ;
+      if (!range_visible(a, 0, q0, nq))
+        memset(dq_rows(a, 0, b, h, q0), 0, sizeof(float) * (size_t)(nq * D));
+    }
 
-  const int64_t kt_end = (range + 1) * a->range_tiles;
-  for (int64_t kt = range * a->range_tiles; kt < kt_end && kt < a->n_ktiles; kt++) {
+  const int64_t kt_first = range * a->range_tiles;
+  for (int64_t kt = kt_first; kt < kt_first + a->range_tiles && kt < a->n_ktiles; kt++) {
     const int64_t k0 = kt * BK, nk = pr->kL - k0 < BK ? pr->kL - k0 : BK;
     load_ktile(a, b, h_kv, k0, nk, &w);
     memset(w.dK, 0, sizeof(float) * (size_t)(nk * D));
     memset(w.dV, 0, sizeof(float) * (size_t)(nk * D));
-    for (int64_t g = 0; g < gqa; g++) {
-      const int64_t h = h_kv * gqa + g;
-      for (int64_t qt = 0; qt < a->n_qtiles; qt++) {
-        const int64_t q0 = qt * BQ, nq = pr->qL - q0 < BQ ? pr->qL - q0 : BQ;
+    for (int64_t h = h_kv * gqa; h < (h_kv + 1) * gqa; h++)
+      for (int64_t q0 = 0; q0 < pr->qL; q0 += BQ) {
+        const int64_t nq = pr->qL - q0 < BQ ? pr->qL - q0 : BQ;
         if (tg_attn_key_end(pr, q0, nq) <= k0) continue; /* causal: sees none */
         load_qtile(a, b, h, q0, nq, &w);
-        bwd_pair(a, b, h, q0, nq, k0, nk, dQ + (g * pr->qL + q0) * D, D, &w);
+        bwd_pair(a, b, h, q0, nq, k0, nk, dq_rows(a, range, b, h, q0), D, kt == kt_first,
+                 &w);
       }
-    }
     const int64_t kv_row = (b * pr->H_kv + h_kv) * pr->kL + k0;
     tg_add_f32(a->dK + kv_row * D, w.dK, nk * D, 0);
     tg_add_f32(a->dV + kv_row * D, w.dV, nk * D, 0);
   }
 }
 
-/* KV schedule, second pass: dQ += partials of ranges 1.. in range order,
- * over blocks of rows (x). */
-enum { SUM_ROWS = 64 };
-static void bwd_group_sum_dq(const void *vargs, int64_t blk, int64_t y, int64_t z,
+/* KV schedule, second pass: dQ += the partials of ranges 1.. in range order,
+ * one q-tile (x) of query head y, batch z at a time; a partial's rows that
+ * its range never wrote are skipped. */
+static void bwd_group_sum_dq(const void *vargs, int64_t qt, int64_t h, int64_t b,
                              void *scratch) {
   const bwd_args *a = vargs;
-  const int64_t rows = a->pr.B * a->pr.H * a->pr.qL, D = a->pr.D;
-  const int64_t r0 = blk * SUM_ROWS, n = (rows - r0 < SUM_ROWS ? rows - r0 : SUM_ROWS) * D;
-  for (int64_t r = 1; r < a->n_ranges; r++)
-    tg_add_f32(a->dQ + r0 * D, a->dQ_partial + (r - 1) * rows * D + r0 * D, n, 0);
+  const int64_t q0 = qt * BQ, nq = a->pr.qL - q0 < BQ ? a->pr.qL - q0 : BQ;
+  for (int64_t r = 1; r < a->n_ranges && range_visible(a, r, q0, nq); r++)
+    tg_add_f32(dq_rows(a, 0, b, h, q0), dq_rows(a, r, b, h, q0), nq * a->pr.D, 0);
 }
 
 /* ATOMIC schedule: x = q-tile (heaviest causal tiles first), y = query head,
@@ -212,7 +236,7 @@ static void bwd_group_atomic(const void *vargs, int64_t x, int64_t h, int64_t b,
     load_ktile(a, b, h_kv, k0, nk, &w);
     memset(w.dK, 0, sizeof(float) * (size_t)(nk * D));
     memset(w.dV, 0, sizeof(float) * (size_t)(nk * D));
-    bwd_pair(a, b, h, q0, nq, k0, nk, w.dQ, D, &w);
+    bwd_pair(a, b, h, q0, nq, k0, nk, w.dQ, D, 0, &w);
     const int64_t kv_row = (b * pr->H_kv + h_kv) * pr->kL + k0;
     tg_add_f32(a->dK + kv_row * D, w.dK, nk * D, 1);
     tg_add_f32(a->dV + kv_row * D, w.dV, nk * D, 1);
@@ -251,22 +275,20 @@ tg_status tg_flash_attn_train_bwd_bf16(tg_ctx *ctx, const tg_bf16 *Q, const tg_b
   if (ranges < 1) ranges = 1;
   a.range_tiles = (a.n_ktiles + ranges - 1) / ranges;
   a.n_ranges = (a.n_ktiles + a.range_tiles - 1) / a.range_tiles;
-  const int64_t rows = pr->B * pr->H * pr->qL;
   if (a.n_ranges > 1) {
     size_t bytes;
-    if (__builtin_mul_overflow((size_t)(a.n_ranges - 1) * sizeof(float), (size_t)(rows * pr->D),
-                               &bytes))
+    if (__builtin_mul_overflow((size_t)(a.n_ranges - 1) * sizeof(float),
+                               (size_t)(pr->B * pr->H * pr->qL * pr->D), &bytes))
       return tg_fail(ctx, TG_ERR_OVERFLOW, "%s: dQ partials overflow size_t", fn);
-    a.dQ_partial = aligned_alloc(64, tg_align64(bytes));
-    if (!a.dQ_partial)
-      return tg_fail(ctx, TG_ERR_NO_MEMORY, "%s: cannot allocate %zu bytes of dQ partials",
-                     fn, bytes);
+    void *ws;
+    st = tg_workspace(ctx, bytes, &ws);
+    if (st != TG_OK) return st;
+    a.dQ_partial = ws;
   }
   st = tg_dispatch(ctx, a.n_ranges, pr->H_kv, pr->B, scratch, bwd_group_kv, &a);
   /* The second pass needs no scratch: it cannot fail once the first wrote. */
   if (st == TG_OK && a.n_ranges > 1)
-    st = tg_dispatch(ctx, (rows + SUM_ROWS - 1) / SUM_ROWS, 1, 1, 0, bwd_group_sum_dq, &a);
-  free(a.dQ_partial);
+    st = tg_dispatch(ctx, a.n_qtiles, pr->H, pr->B, 0, bwd_group_sum_dq, &a);
   return st;
 }
 

@@ -337,6 +337,10 @@ static const cfg configs[] = {
      * dQ partials */
     {"key ranges causal mask", 1, 2, 1, 70,  600, 16, 1, 0, 1, 0, 1.0f},
     {"key ranges x4 strided",  1, 2, 2, 40, 1100, 8,  0, 0, 0, 1, 1.0f},
+    /* causal ranges that early q-tiles never reach (their partial rows are
+     * skipped), and q rows that see no key at all (qL > kL) */
+    {"key ranges causal qL=kL",1, 2, 1, 600, 600, 24, 1, 0, 0, 0, 1.0f},
+    {"key ranges causal qL>kL",1, 1, 1, 700, 530, 16, 1, 0, 0, 1, 1.0f},
 };
 
 /* The ways the backward can run: both schedules, and deterministic mode. */
@@ -380,6 +384,30 @@ static void test_bwd_against_reference(void **state) {
   if (failures) TU_FAIL("%d configuration runs out of bound", failures);
 }
 
+/* One context for every config, forwards then backwards: the dQ partial
+ * workspace it keeps holds the previous call's rows, which must never leak
+ * into a later result. */
+static void test_bwd_reused_context(void **state) {
+  tu_rng r = tu_rng_make(tu_seed() + 3);
+  enum { N = sizeof configs / sizeof configs[0] };
+  tg_ctx *ctx = tu_ctx(2, TG_ISA_AUTO);
+  int failures = 0;
+  for (int i = 0; i < 2 * N; i++) {
+    problem pb;
+    build(&pb, &configs[i < N ? i : 2 * N - 1 - i], &r);
+    outputs o = alloc_outputs(&pb);
+    TU_EXPECT_STATUS(ctx, run_bwd(ctx, &pb, &o), TG_OK);
+    if (!check_grads(&pb, &o)) {
+      printf("  ^ in %s, call %d on one context\n", pb.c.name, i);
+      failures++;
+    }
+    free_outputs(&o);
+    destroy(&pb);
+  }
+  tg_ctx_destroy(ctx);
+  if (failures) TU_FAIL("%d calls on a reused context out of bound", failures);
+}
+
 /* Random configurations: fresh shapes and features every run. */
 static void test_bwd_random_configs(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 2);
@@ -389,7 +417,7 @@ static void test_bwd_random_configs(void **state) {
     c.B = tu_int(&r, 1, 2);
     c.H_kv = tu_int(&r, 1, 3);
     c.H = c.H_kv * tu_int(&r, 1, 3);
-    c.qL = tu_int(&r, 1, 130);
+    c.qL = tu_int(&r, 0, 3) == 0 ? tu_int(&r, 400, 700) : tu_int(&r, 1, 130);
     c.kL = tu_int(&r, 0, 3) == 0 ? tu_int(&r, 400, 700) : tu_int(&r, 1, 130);
     c.D = 8 * tu_int(&r, 1, 20);
     c.causal = tu_int(&r, 0, 1);
@@ -835,6 +863,7 @@ int main(void) {
       cmocka_unit_test(test_compute_d_bad_input),
       cmocka_unit_test(test_bwd_against_reference),
       cmocka_unit_test(test_bwd_random_configs),
+      cmocka_unit_test(test_bwd_reused_context),
       cmocka_unit_test(test_bwd_fully_masked_rows_are_zero),
       cmocka_unit_test(test_bwd_deterministic_bitwise),
       cmocka_unit_test(test_bwd_bad_input_writes_nothing),
