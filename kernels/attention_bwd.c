@@ -41,8 +41,11 @@ enum { BQ = TG_ATTN_BQ, BK = TG_ATTN_BK };
 /* KV schedule: aim for this many work items (several per thread on the
  * largest machines we run on, for dynamic load balance under causality), but
  * never split a kv head's keys into ranges shorter than MIN_RANGE_TILES key
- * tiles. Neither number depends on the thread count (determinism). */
-enum { TG_ATTN_ITEMS = 64, MIN_RANGE_TILES = 4 };
+ * tiles, nor into more than MAX_RANGES, nor so many that the dQ partials
+ * ((ranges - 1) copies of dQ) pass PARTIALS_BUDGET bytes unless one copy
+ * alone does. None of this depends on the thread count (determinism). */
+enum { TG_ATTN_ITEMS = 64, MIN_RANGE_TILES = 4, MAX_RANGES = 16 };
+#define PARTIALS_BUDGET ((int64_t)1 << 30)
 
 typedef struct {
   tg_attn_problem pr;
@@ -268,10 +271,13 @@ tg_status tg_flash_attn_train_bwd_bf16(tg_ctx *ctx, const tg_bf16 *Q, const tg_b
   if (ctx->attn_schedule == TG_ATTN_SCHEDULE_ATOMIC && !ctx->deterministic)
     return tg_dispatch(ctx, a.n_qtiles, pr->H, pr->B, scratch, bwd_group_atomic, &a);
 
-  /* Key ranges per kv head: enough items, ranges of >= MIN_RANGE_TILES tiles. */
+  /* Key ranges per kv head (see TG_ATTN_ITEMS). */
   const int64_t heads = pr->B * pr->H_kv;
+  const int64_t dq_bytes = pr->B * pr->H * pr->qL * pr->D * (int64_t)sizeof(float);
   int64_t ranges = (TG_ATTN_ITEMS + heads - 1) / heads;
   if (ranges > a.n_ktiles / MIN_RANGE_TILES) ranges = a.n_ktiles / MIN_RANGE_TILES;
+  if (ranges > MAX_RANGES) ranges = MAX_RANGES;
+  if (ranges > 1 + PARTIALS_BUDGET / dq_bytes) ranges = 1 + PARTIALS_BUDGET / dq_bytes;
   if (ranges < 1) ranges = 1;
   a.range_tiles = (a.n_ktiles + ranges - 1) / ranges;
   a.n_ranges = (a.n_ktiles + a.range_tiles - 1) / a.range_tiles;
