@@ -64,9 +64,12 @@ typedef struct {
    * The butterflies run in the order len = 1, 2, 4, ..., each output one f32
    * add or subtract, so the result does not depend on the vectorization. */
   void (*fwht_mul_f32)(float *x, int64_t n, const float *mul);
-  /* dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols (exact copy) */
+  /* dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols (exact copy).
+   * stream != 0: whole 64-byte output lines may go around the caches
+   * (non-temporal stores, fenced before return), for outputs far larger than
+   * the caches: no read-for-ownership, no eviction of what is cached. */
   void (*transpose_f32)(int64_t rows, int64_t cols, const float *src, int64_t lds, float *dst,
-                        int64_t ldd);
+                        int64_t ldd, int stream);
   /* Weighted sum of partials interleaved in fours (the split-KV decode
    * layout): for c < n4, k < 4,
    *   dst[4c + k] = (sum_{i < nw} a[i] * part[((c * ld) + w[i]) * 4 + k]) / div

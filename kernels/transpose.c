@@ -22,10 +22,17 @@ enum {
   TR_STRIPE = 4  /* tiles per group along a tile row */
 };
 
+/* Outputs this large are written with non-temporal stores where the ISA has
+ * them: far past the L2s, a cached store first reads each output line from
+ * memory (read-for-ownership), one stream more than the copy needs, and the
+ * column-order writes of a transpose also thrash the L1 sets. */
+#define TR_STREAM_BYTES ((int64_t)16 << 20)
+
 typedef struct {
   const float *in;
   float *out;
   int64_t rows, cols;
+  int stream;
   const tg_micro_ops *ops;
 } tr_args;
 
@@ -41,7 +48,7 @@ static void transpose_group(const void *vargs, int64_t stripe, int64_t tile_row,
     const int64_t c1 = c0 + TR_TILE < cs1 ? c0 + TR_TILE : cs1;
     /* one tile: output[c, r0:r1] = input[r0:r1, c] for c in [c0, c1) */
     a->ops->transpose_f32(r1 - r0, c1 - c0, a->in + r0 * a->cols + c0, a->cols,
-                          a->out + c0 * a->rows + r0, a->rows);
+                          a->out + c0 * a->rows + r0, a->rows, a->stream);
   }
 }
 
@@ -57,7 +64,8 @@ tg_status tg_transpose_2d(tg_ctx *ctx, const float *input, float *output, uint32
   tg_status st = tg_shape_count(ctx, "tg_transpose_2d: input [rows, cols]", sizeof(float),
                                 NULL, 2, (int64_t)rows, (int64_t)cols);
   if (st) return st;
-  const tr_args a = {input, output, rows, cols, ctx->ops};
+  const int64_t bytes = (int64_t)rows * cols * (int64_t)sizeof(float);
+  const tr_args a = {input, output, rows, cols, bytes >= TR_STREAM_BYTES, ctx->ops};
   const int64_t tile_rows = ((int64_t)rows + TR_TILE - 1) / TR_TILE;
   const int64_t stripes = ((int64_t)cols + TR_TILE * TR_STRIPE - 1) / (TR_TILE * TR_STRIPE);
   return tg_dispatch(ctx, stripes, tile_rows, 1, 0, transpose_group, &a);

@@ -359,19 +359,25 @@ static void test_transpose(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 31);
   const int64_t sizes[][2] = {{1, 1}, {1, 37}, {37, 1}, {15, 17}, {16, 16}, {33, 70},
                               {64, 64}, {100, 37}, {48, 160}};
-  for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
-    const int64_t R = sizes[si][0], C = sizes[si][1], lds = C + 3, ldd = R + 5;
-    float *src = tu_alloc(sizeof(float) * R * lds), *dst = tu_alloc(sizeof(float) * C * ldd);
+  /* each size with a ragged output stride and a 16-float one (on which the
+   * AVX-512 table's streaming stores apply), streaming on and off */
+  for (size_t si = 0; si < 2 * sizeof sizes / sizeof sizes[0]; si++) {
+    const int64_t R = sizes[si / 2][0], C = sizes[si / 2][1], lds = C + 3;
+    const int64_t ldd = si % 2 ? (R + 15) / 16 * 16 : R + 5;
+    float *src = tu_alloc(sizeof(float) * R * lds);
+    float *dst = aligned_alloc(64, (sizeof(float) * C * ldd + 63) / 64 * 64);
+    assert_non_null(dst);
     tu_fill_f32(&r, src, R * lds, -1, 1);
-    for (int t = 0; t < nt; t++) {
+    for (int t = 0; t < 2 * nt; t++) {
       for (int64_t i = 0; i < C * ldd; i++) dst[i] = 777.0f;
-      tabs[t]->transpose_f32(R, C, src, lds, dst, ldd);
+      tabs[t / 2]->transpose_f32(R, C, src, lds, dst, ldd, t % 2);
       for (int64_t c = 0; c < C; c++)
         for (int64_t i = 0; i < ldd; i++) {
           const float want = i < R ? src[i * lds + c] : 777.0f; /* padding untouched */
           if (memcmp(&dst[c * ldd + i], &want, sizeof want))
-            TU_FAIL("%s transpose_f32 %lldx%lld at (%lld, %lld)", tabs[t]->name, (long long)R,
-                    (long long)C, (long long)c, (long long)i);
+            TU_FAIL("%s transpose_f32 %lldx%lld ldd %lld stream %d at (%lld, %lld)",
+                    tabs[t / 2]->name, (long long)R, (long long)C, (long long)ldd, t % 2,
+                    (long long)c, (long long)i);
         }
     }
     free(src), free(dst);

@@ -417,7 +417,7 @@ static void transpose_small(int64_t rows, int64_t cols, const float *restrict sr
 
 #if defined(__AVX512F__)
 static inline void transpose16(const float *restrict src, int64_t lds, float *restrict dst,
-                               int64_t ldd) {
+                               int64_t ldd, int stream) {
   __m512 m[16];
   for (int i = 0; i < 16; i++) m[i] = _mm512_loadu_ps(src + i * lds);
   /* stage b: rows i (bit b clear) and i|b exchange the halves selected by
@@ -444,20 +444,27 @@ static inline void transpose16(const float *restrict src, int64_t lds, float *re
   TG_T_STAGE(8, _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23),
              _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31));
 #undef TG_T_STAGE
-  for (int i = 0; i < 16; i++) _mm512_storeu_ps(dst + i * ldd, m[i]);
+  if (stream)
+    for (int i = 0; i < 16; i++) _mm512_stream_ps(dst + i * ldd, m[i]);
+  else
+    for (int i = 0; i < 16; i++) _mm512_storeu_ps(dst + i * ldd, m[i]);
 }
 #endif
 
 static void TG_NAME(transpose_f32)(int64_t rows, int64_t cols, const float *restrict src,
-                                   int64_t lds, float *restrict dst, int64_t ldd) {
+                                   int64_t lds, float *restrict dst, int64_t ldd, int stream) {
 #if defined(__AVX512F__)
+  /* Non-temporal stores need every block row on a 64-byte line. */
+  stream = stream && (uintptr_t)dst % 64 == 0 && ldd % 16 == 0;
   const int64_t r16 = rows & ~(int64_t)15, c16 = cols & ~(int64_t)15;
   for (int64_t c = 0; c < c16; c += 16)
     for (int64_t r = 0; r < r16; r += 16)
-      transpose16(src + r * lds + c, lds, dst + c * ldd + r, ldd);
+      transpose16(src + r * lds + c, lds, dst + c * ldd + r, ldd, stream);
   if (r16 < rows) transpose_small(rows - r16, cols, src + r16 * lds, lds, dst + r16, ldd);
   if (c16 < cols) transpose_small(r16, cols - c16, src + c16, lds, dst + c16 * ldd, ldd);
+  if (stream) _mm_sfence(); /* streamed stores visible before any later store */
 #else
+  (void)stream; /* plain C has no non-temporal store */
   transpose_small(rows, cols, src, lds, dst, ldd);
 #endif
 }
