@@ -477,10 +477,12 @@ static void TG_NAME(wsum4_f32)(const float *restrict part, int64_t ld, const int
   int64_t c = 0;
   for (; c + 4 <= n4; c += 4) {
     float acc[4][4] = {{0}};
+    /* every line of the block of four c 4 blocks ahead (ld = 16: 4 KiB) */
+    const float *restrict ahead = part + (c + 16) * ld * 4;
+    for (int64_t l = 0; l < 16 * ld; l += 16) __builtin_prefetch(ahead + l, 0, 3);
     for (int64_t i = 0; i < nw; i++) {
       const float ai = a[i];
       const float *restrict p = part + (c * ld + w[i]) * 4;
-      TG_PF(p), TG_PF(p + 2 * ld * 4); /* two quads ahead (ld = 16: 2 KiB) */
       for (int cc = 0; cc < 4; cc++)
 #pragma omp simd
         for (int k = 0; k < 4; k++) acc[cc][k] += p[cc * ld * 4 + k] * ai;
