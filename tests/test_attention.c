@@ -22,281 +22,60 @@
  * summed terms, not with the result, because dQ and dK cancel towards 0. It
  * is loose enough for any summation order and tight enough that a missing,
  * duplicated or mis-masked term (an error of the order of a whole term) fails.
+ *
+ * The problems (inputs, scores, the forward's O and L with their bounds, and
+ * the dQ, dK, dV sums) come from tests/common/attn_problem.c, shared with
+ * tests/train/test_attn_roundtrip.c; bwd_row below is what is particular to
+ * this suite: the backward is handed the reference's L and D_vec.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "bf16.h"
-#include "testutil.h"
+#include "attn_problem.h"
 
-static const double U = 0x1.0p-24;
-static double gam(double n) { return (n + 2) * U; }
-
-/* One test problem: sizes, layout and features. */
-typedef struct {
-  const char *name;
-  int B, H, H_kv, qL, kL, D;
-  int causal;
-  int qL_off_delta;   /* qL_off = kL - qL + delta (0 = bottom-right aligned) */
-  int mask;           /* 0 none, 1 full [B,H,qL,kL], 2 broadcast over batch and head */
-  int strided;        /* Q/dO as [B, L, H, D]; K/V rows padded */
-  float softcap;      /* 1 = off */
-} cfg;
-
-typedef struct {
-  cfg c;
-  tg_attn_params p;
-  tg_attn_mask_params mp;
-  int64_t nQ, nK, nM, nL, nOut, nKout;
-  tg_bf16 *Q, *K, *V, *dO, *mask;
-  float *L, *Dv, *dK0, *dV0;
-  double *dQr, *dKr, *dVr, *dQe, *dKe, *dVe; /* reference and its error bound */
-  double *Or, *Oe, *Lr, *Le; /* forward: O [B,H,qL,D] and L [B,H,qL], bounds */
-} problem;
-
-static int64_t off3(const int64_t s[3], int64_t b, int64_t h, int64_t r) {
-  return b * s[0] + h * s[1] + r * s[2];
-}
-
-static int visible(const problem *pb, int64_t b, int64_t h, int64_t i, int64_t k,
-                   double *madd) {
-  *madd = 0;
-  if (pb->c.causal && k > i + pb->p.qL_off) return 0;
-  if (pb->mask) {
-    double m = tg_bf16_to_f32(pb->mask[off3(pb->mp.M_strides, b, h, i) + k]);
-    if (m == -INFINITY) return 0;
-    *madd = m;
-  }
-  return 1;
-}
-
-/* Score in f64 and its error bound; t = tanh for softcap. */
-static double ref_score(const problem *pb, int64_t b, int64_t h, int64_t i, int64_t k,
-                        int *vis, double *t, double *err) {
+/* One row of the backward's inputs and reference. The kernel is handed L
+ * rounded to f32 and D_vec = O.dO with O = P V (P from that L) rounded to
+ * bf16 as the forward would store it, so neither carries an error of its own;
+ * P and dS get the bounds above. */
+static void bwd_row(attn_problem *pb, const attn_row *r) {
   const tg_attn_params *p = &pb->p;
-  const int64_t hk = h / p->gqa_factor;
-  const tg_bf16 *q = pb->Q + off3(p->Q_strides, b, h, i);
-  const tg_bf16 *kk = pb->K + off3(p->K_strides, b, hk, k);
-  double qk = 0, aqk = 0;
-  for (int d = 0; d < p->D; d++) {
-    double x = (double)tg_bf16_to_f32(q[d]) * tg_bf16_to_f32(kk[d]);
-    qk += x;
-    aqk += fabs(x);
-  }
-  double s = p->scale * qk;
-  *t = 0;
-  if (pb->c.softcap != 1.0f) {
-    *t = tanh(s / pb->c.softcap);
-    s = pb->c.softcap * *t;
-  }
-  double madd;
-  *vis = visible(pb, b, h, i, k, &madd);
-  *err = fabs(p->scale) * gam(p->D) * aqk + 4 * U * (fabs(s) + fabs(p->scale * qk)) +
-         U * fabs(s + madd);
-  return s + madd;
-}
-
-/*
- * Forward reference for row i: O = sum_k exp(s_k - m) V_k / l, L = m + log l.
- * Bound of an f32 online softmax over key tiles of at least 16 keys (T tile
- * steps): each final weight exp(s_k - m) carries a relative error of at most
- * eps = se_k + E + (T + 2) 2u + 2u R (E = max score bound, R = max |s - m|;
- * every rescale exp(m_old - m_new) adds u|dm| + 2u and the dm add up to <= R).
- * O: (eps + gamma(kL)) (sum P|V| / l + |O|) + u|O|, doubled for second-order
- * terms, plus the bf16 rounding of the output, 2^-8 (|O| + e).
- * L: 2 (E + eps + gamma(kL) + u|L| + 2u|log l|).
- */
-static void forward_reference(problem *pb, int64_t b, int64_t h, int64_t i, const double *s,
-                              const double *se, const int *vis, double mx, double sum) {
-  const tg_attn_params *p = &pb->p;
-  const int64_t D = p->D, kL = p->kL, hk = h / p->gqa_factor;
-  const int64_t row = (b * p->H + h) * p->qL + i;
-  if (!(sum > 0)) { /* no visible key: O = 0 exactly, L = -inf */
-    pb->Lr[row] = -INFINITY;
-    return;
-  }
-  double E = 0, R = 0;
-  for (int64_t k = 0; k < kL; k++)
-    if (vis[k]) {
-      E = fmax(E, se[k]);
-      R = fmax(R, mx - s[k]);
-    }
-  const double T = (double)((kL + 15) / 16);
-  const double eps = 2 * E + (T + 2) * 2 * U + 2 * U * R + gam(kL);
-  double *O = pb->Or + row * D, *Oe = pb->Oe + row * D;
+  const int64_t D = p->D, kL = p->kL;
+  const attn_key *key = r->key;
+  const float L = (float)pb->Lr[r->row];
+  pb->L[r->row] = L;
   for (int64_t k = 0; k < kL; k++) {
-    if (!vis[k]) continue;
-    const double w = exp(s[k] - mx) / sum;
-    const tg_bf16 *Vk = pb->V + off3(p->V_strides, b, hk, k);
-    for (int64_t d = 0; d < D; d++) {
-      O[d] += w * tg_bf16_to_f32(Vk[d]);
-      Oe[d] += w * fabs(tg_bf16_to_f32(Vk[d]));
-    }
+    r->P[k] = (key[k].vis && L != -INFINITY) ? exp(key[k].s - (double)L) : 0;
+    r->Pe[k] = r->P[k] * (key[k].err + U * fabs(key[k].s - L) + 2 * U);
   }
+  double Dv = 0;
   for (int64_t d = 0; d < D; d++) {
-    const double e = 2 * (eps * (Oe[d] + fabs(O[d])) + U * fabs(O[d]));
-    Oe[d] = e + 0x1p-8 * (fabs(O[d]) + e); /* bf16: p = 8, u = 2^-8 */
+    double O = 0;
+    for (int64_t k = 0; k < kL; k++)
+      O += r->P[k] * attn_bf(pb->V[attn_off3(p->V_strides, r->b, r->hk, k) + d]);
+    Dv += attn_bf(tg_f32_to_bf16((float)O)) * attn_bf(r->dO[d]);
   }
-  pb->Lr[row] = mx + log(sum);
-  pb->Le[row] = 2 * (E + eps + U * fabs(pb->Lr[row]) + 2 * U * fabs(log(sum)));
+  pb->Dv[r->row] = (float)Dv;
+  for (int64_t k = 0; k < kL; k++) {
+    if (r->P[k] == 0) continue; /* no term */
+    const tg_bf16 *Vk = pb->V + attn_off3(p->V_strides, r->b, r->hk, k);
+    double adP;
+    const double diff = attn_dot(r->dO, Vk, D, &adP) - pb->Dv[r->row];
+    const double sc = p->softcapping != 1.0f ? 1 - key[k].t * key[k].t : 1;
+    r->dS[k] = p->scale * r->P[k] * diff * sc;
+    r->dSe[k] = fabs(p->scale) * (r->Pe[k] * fabs(diff) +
+                                  r->P[k] * (gam(D) * adP + U * fabs(diff))) +
+                8 * U * fabs(r->dS[k]);
+  }
 }
 
-/* Builds inputs, L (exact logsumexp rounded to f32) and D_vec (from a bf16
- * rounded reference O), then the f64 reference gradients with bounds. */
-static void build(problem *pb, const cfg *c, tu_rng *r) {
-  memset(pb, 0, sizeof *pb);
-  pb->c = *c;
-  tg_attn_params *p = &pb->p;
-  assert_int_equal(tg_attn_params_init(p, c->B, c->H, c->H_kv, c->qL, c->kL, c->D,
-                                       (float)(1.0 / sqrt(c->D))),
-                   TG_OK);
-  p->qL_off += c->qL_off_delta;
-  p->softcapping = c->softcap;
-  const int64_t B = c->B, H = c->H, Hk = c->H_kv, qL = c->qL, kL = c->kL, D = c->D;
-  if (c->strided) { /* Q, dO as [B, qL, H, D]; K, V rows padded by 8 */
-    int64_t qs[3] = {qL * H * D, D, H * D}, ks[3] = {Hk * kL * (D + 8), kL * (D + 8), D + 8};
-    memcpy(p->Q_strides, qs, sizeof qs);
-    memcpy(p->O_strides, qs, sizeof qs);
-    memcpy(p->K_strides, ks, sizeof ks);
-    memcpy(p->V_strides, ks, sizeof ks);
-  }
-  pb->nQ = B * H * qL * D;
-  pb->nK = c->strided ? B * Hk * kL * (D + 8) : B * Hk * kL * D;
-  pb->nL = B * H * qL;
-  pb->nOut = pb->nQ;
-  pb->nKout = B * Hk * kL * D;
-  pb->Q = tu_alloc(2 * pb->nQ);
-  pb->dO = tu_alloc(2 * pb->nQ);
-  pb->K = tu_alloc(2 * pb->nK);
-  pb->V = tu_alloc(2 * pb->nK);
-  tu_fill_bf16(r, pb->Q, pb->nQ, -2, 2);
-  tu_fill_bf16(r, pb->dO, pb->nQ, -1, 1);
-  tu_fill_bf16(r, pb->K, pb->nK, -2, 2);
-  tu_fill_bf16(r, pb->V, pb->nK, -1, 1);
-  if (c->mask) {
-    pb->mp.M_strides[2] = kL;
-    pb->mp.M_strides[1] = c->mask == 2 ? 0 : qL * kL;
-    pb->mp.M_strides[0] = c->mask == 2 ? 0 : H * qL * kL;
-    pb->nM = c->mask == 2 ? qL * kL : B * H * qL * kL;
-    pb->mask = tu_alloc(2 * pb->nM);
-    for (int64_t e = 0; e < pb->nM; e++) {
-      double x = tu_uniform(r, 0, 1);
-      pb->mask[e] = tg_f32_to_bf16(x < 0.2 ? -INFINITY : (float)tu_uniform(r, -3, 1));
-    }
-    /* fully masked rows */
-    for (int64_t row = 0; row < pb->nM / kL; row += 3)
-      for (int64_t k = 0; k < kL; k++) pb->mask[row * kL + k] = 0xFF80; /* -inf */
-  }
-  pb->L = tu_alloc(sizeof(float) * pb->nL);
-  pb->Dv = tu_alloc(sizeof(float) * pb->nL);
-  pb->dK0 = tu_alloc(sizeof(float) * pb->nKout);
-  pb->dV0 = tu_alloc(sizeof(float) * pb->nKout);
-  tu_fill_f32(r, pb->dK0, pb->nKout, -1, 1);
-  tu_fill_f32(r, pb->dV0, pb->nKout, -1, 1);
+/* Masks: 20 % -inf entries, the others in [-3, 1); every third row all -inf. */
+static const attn_suite suite = {.mask_ninf = 0.2, .mask_lo = -3, .mask_row0 = 0,
+                                 .mask_step = 3, .ref_inputs = 1, .row = bwd_row};
 
-  pb->Or = calloc(pb->nOut, sizeof(double));
-  pb->Oe = calloc(pb->nOut, sizeof(double));
-  pb->Lr = calloc(pb->nL, sizeof(double));
-  pb->Le = calloc(pb->nL, sizeof(double));
-  pb->dQr = calloc(pb->nOut, sizeof(double));
-  pb->dQe = calloc(pb->nOut, sizeof(double));
-  pb->dKr = calloc(pb->nKout, sizeof(double));
-  pb->dKe = calloc(pb->nKout, sizeof(double));
-  pb->dVr = calloc(pb->nKout, sizeof(double));
-  pb->dVe = calloc(pb->nKout, sizeof(double));
-  double *sK = calloc(pb->nKout, sizeof(double)), *sV = calloc(pb->nKout, sizeof(double));
-  double *s = malloc(sizeof(double) * kL), *se = malloc(sizeof(double) * kL);
-  double *t = malloc(sizeof(double) * kL), *P = malloc(sizeof(double) * kL);
-  double *Pe = malloc(sizeof(double) * kL), *dS = malloc(sizeof(double) * kL);
-  double *dSe = malloc(sizeof(double) * kL);
-  int *vis = malloc(sizeof(int) * kL);
-  double *O = malloc(sizeof(double) * D);
-
-  for (int64_t b = 0; b < B; b++)
-    for (int64_t h = 0; h < H; h++)
-      for (int64_t i = 0; i < qL; i++) {
-        const int64_t hk = h / p->gqa_factor, row = (b * H + h) * qL + i;
-        const tg_bf16 *dOi = pb->dO + off3(p->O_strides, b, h, i);
-        const tg_bf16 *Qi = pb->Q + off3(p->Q_strides, b, h, i);
-        double mx = -INFINITY;
-        for (int64_t k = 0; k < kL; k++) {
-          s[k] = ref_score(pb, b, h, i, k, &vis[k], &t[k], &se[k]);
-          if (vis[k] && s[k] > mx) mx = s[k];
-        }
-        double sum = 0;
-        for (int64_t k = 0; k < kL; k++) sum += vis[k] ? exp(s[k] - mx) : 0;
-        const float L = sum > 0 ? (float)(mx + log(sum)) : -INFINITY;
-        forward_reference(pb, b, h, i, s, se, vis, mx, sum);
-        pb->L[row] = L;
-        /* O = softmax . V, rounded to bf16 as the forward would store it */
-        for (int64_t d = 0; d < D; d++) O[d] = 0;
-        for (int64_t k = 0; k < kL; k++) {
-          P[k] = (vis[k] && L != -INFINITY) ? exp(s[k] - (double)L) : 0;
-          Pe[k] = P[k] * (se[k] + U * fabs(s[k] - L) + 2 * U);
-          const tg_bf16 *Vk = pb->V + off3(p->V_strides, b, hk, k);
-          for (int64_t d = 0; d < D; d++) O[d] += P[k] * tg_bf16_to_f32(Vk[d]);
-        }
-        double Dv = 0;
-        for (int64_t d = 0; d < D; d++)
-          Dv += (double)tg_bf16_to_f32(tg_f32_to_bf16((float)O[d])) * tg_bf16_to_f32(dOi[d]);
-        pb->Dv[row] = (float)Dv;
-        for (int64_t k = 0; k < kL; k++) {
-          const tg_bf16 *Vk = pb->V + off3(p->V_strides, b, hk, k);
-          double dP = 0, adP = 0;
-          for (int64_t d = 0; d < D; d++) {
-            double x = (double)tg_bf16_to_f32(dOi[d]) * tg_bf16_to_f32(Vk[d]);
-            dP += x;
-            adP += fabs(x);
-          }
-          const double diff = dP - pb->Dv[row];
-          const double sc = pb->c.softcap != 1.0f ? 1 - t[k] * t[k] : 1;
-          dS[k] = p->scale * P[k] * diff * sc;
-          dSe[k] = fabs(p->scale) * (Pe[k] * fabs(diff) + P[k] * (gam(D) * adP + U * fabs(diff))) +
-                   8 * U * fabs(dS[k]);
-        }
-        for (int64_t k = 0; k < kL; k++) {
-          if (P[k] == 0) continue;
-          const tg_bf16 *Kk = pb->K + off3(p->K_strides, b, hk, k);
-          const int64_t ko = ((b * Hk + hk) * kL + k) * D;
-          for (int64_t d = 0; d < D; d++) {
-            const double kd = tg_bf16_to_f32(Kk[d]), qd = tg_bf16_to_f32(Qi[d]);
-            const double od = tg_bf16_to_f32(dOi[d]);
-            pb->dQr[row * D + d] += dS[k] * kd;
-            pb->dQe[row * D + d] += dSe[k] * fabs(kd) + gam(kL) * fabs(dS[k] * kd);
-            pb->dKr[ko + d] += dS[k] * qd;
-            pb->dKe[ko + d] += dSe[k] * fabs(qd);
-            sK[ko + d] += fabs(dS[k] * qd);
-            pb->dVr[ko + d] += P[k] * od;
-            pb->dVe[ko + d] += Pe[k] * fabs(od);
-            sV[ko + d] += fabs(P[k] * od);
-          }
-        }
-      }
-  const double n = (double)(H / Hk) * qL + 1;
-  for (int64_t e = 0; e < pb->nKout; e++) {
-    pb->dKr[e] += pb->dK0[e];
-    pb->dVr[e] += pb->dV0[e];
-    pb->dKe[e] = 2 * (pb->dKe[e] + gam(n) * (fabs(pb->dK0[e]) + sK[e]));
-    pb->dVe[e] = 2 * (pb->dVe[e] + gam(n) * (fabs(pb->dV0[e]) + sV[e]));
-  }
-  for (int64_t e = 0; e < pb->nOut; e++) pb->dQe[e] *= 2;
-  free(sK), free(sV), free(s), free(se), free(t), free(P), free(Pe), free(dS), free(dSe);
-  free(vis), free(O);
-}
-
-static void destroy(problem *pb) {
-  free(pb->Q), free(pb->K), free(pb->V), free(pb->dO), free(pb->mask), free(pb->L);
-  free(pb->Dv), free(pb->dK0), free(pb->dV0), free(pb->dQr), free(pb->dKr), free(pb->dVr);
-  free(pb->dQe), free(pb->dKe), free(pb->dVe), free(pb->Or), free(pb->Oe), free(pb->Lr);
-  free(pb->Le);
-}
-
-typedef struct { float *dQ, *dK, *dV; } outputs;
-
-static tg_status run_bwd(tg_ctx *ctx, const problem *pb, outputs *o) {
-  tu_poison_f32(o->dQ, pb->nOut);
+static tg_status run_bwd(tg_ctx *ctx, const attn_problem *pb, attn_outputs *o) {
+  tu_poison_f32(o->dQ, pb->nQ);
   memcpy(o->dK, pb->dK0, sizeof(float) * pb->nKout);
   memcpy(o->dV, pb->dV0, sizeof(float) * pb->nKout);
   return tg_flash_attn_train_bwd_bf16(ctx, pb->Q, pb->K, pb->V, pb->L, pb->dO, pb->Dv,
@@ -304,43 +83,28 @@ static tg_status run_bwd(tg_ctx *ctx, const problem *pb, outputs *o) {
                                       pb->mask ? &pb->mp : NULL, pb->mask, pb->c.causal);
 }
 
-static outputs alloc_outputs(const problem *pb) {
-  outputs o = {tu_alloc(sizeof(float) * pb->nOut), tu_alloc(sizeof(float) * pb->nKout),
-               tu_alloc(sizeof(float) * pb->nKout)};
-  return o;
-}
-static void free_outputs(outputs *o) { free(o->dQ), free(o->dK), free(o->dV); }
-
-/* dQ, dK, dV against the reference bounds (all three, reporting each). */
-static int check_grads(const problem *pb, const outputs *o) {
-  const int q = tu_check_bound("dQ", o->dQ, pb->dQr, pb->dQe, pb->nOut);
-  const int k = tu_check_bound("dK", o->dK, pb->dKr, pb->dKe, pb->nKout);
-  const int v = tu_check_bound("dV", o->dV, pb->dVr, pb->dVe, pb->nKout);
-  return q && k && v;
-}
-
-static const cfg configs[] = {
-    /* name                    B  H Hkv qL  kL   D  causal off mask str softcap */
-    {"single element",         1, 1, 1, 1,   1,   8, 0, 0, 0, 0, 1.0f},
-    {"ragged tails",           2, 3, 3, 70,  45,  24, 0, 0, 0, 0, 1.0f},
-    {"gqa causal qL<kL",       1, 4, 2, 37,  100, 64, 1, 0, 0, 0, 1.0f},
-    {"causal qL>kL",           1, 2, 1, 90,  30,  16, 1, 0, 0, 0, 1.0f},
-    {"causal qL_off=0 (seed)", 1, 2, 2, 40,  75,  8,  1, -35, 0, 0, 1.0f},
-    {"mask -inf, full",        2, 2, 1, 33,  47,  32, 0, 0, 1, 0, 1.0f},
-    {"mask broadcast + causal",2, 3, 1, 65,  65,  40, 1, 0, 2, 0, 1.0f},
-    {"strided layouts",        2, 4, 2, 50,  67,  48, 1, 0, 0, 1, 1.0f},
-    {"D=256",                  1, 2, 1, 20,  33,  256, 0, 0, 0, 0, 1.0f},
-    {"D=512 gqa",              1, 2, 1, 9,   70,  512, 1, 0, 1, 0, 1.0f},
-    {"softcap",                1, 2, 2, 45,  45,  16, 1, 0, 1, 0, 5.0f},
-    {"multi-tile",             1, 2, 1, 200, 150, 128, 1, 0, 0, 1, 1.0f},
+static const attn_cfg configs[] = {
+    /* name                    B  H Hkv qL  kL   D  causal off mask layout        softcap */
+    {"single element",         1, 1, 1, 1,   1,   8, 0, 0, 0, ATTN_HEAD_MAJOR, 1.0f},
+    {"ragged tails",           2, 3, 3, 70,  45,  24, 0, 0, 0, ATTN_HEAD_MAJOR, 1.0f},
+    {"gqa causal qL<kL",       1, 4, 2, 37,  100, 64, 1, 0, 0, ATTN_HEAD_MAJOR, 1.0f},
+    {"causal qL>kL",           1, 2, 1, 90,  30,  16, 1, 0, 0, ATTN_HEAD_MAJOR, 1.0f},
+    {"causal qL_off=0 (seed)", 1, 2, 2, 40,  75,  8,  1, -35, 0, ATTN_HEAD_MAJOR, 1.0f},
+    {"mask -inf, full",        2, 2, 1, 33,  47,  32, 0, 0, 1, ATTN_HEAD_MAJOR, 1.0f},
+    {"mask broadcast + causal",2, 3, 1, 65,  65,  40, 1, 0, 2, ATTN_HEAD_MAJOR, 1.0f},
+    {"strided layouts",        2, 4, 2, 50,  67,  48, 1, 0, 0, ATTN_STRIDED, 1.0f},
+    {"D=256",                  1, 2, 1, 20,  33,  256, 0, 0, 0, ATTN_HEAD_MAJOR, 1.0f},
+    {"D=512 gqa",              1, 2, 1, 9,   70,  512, 1, 0, 1, ATTN_HEAD_MAJOR, 1.0f},
+    {"softcap",                1, 2, 2, 45,  45,  16, 1, 0, 1, ATTN_HEAD_MAJOR, 5.0f},
+    {"multi-tile",             1, 2, 1, 200, 150, 128, 1, 0, 0, ATTN_STRIDED, 1.0f},
     /* >= 8 key tiles of 64: the KV schedule splits keys into ranges and sums
      * dQ partials */
-    {"key ranges causal mask", 1, 2, 1, 70,  600, 16, 1, 0, 1, 0, 1.0f},
-    {"key ranges x4 strided",  1, 2, 2, 40, 1100, 8,  0, 0, 0, 1, 1.0f},
+    {"key ranges causal mask", 1, 2, 1, 70,  600, 16, 1, 0, 1, ATTN_HEAD_MAJOR, 1.0f},
+    {"key ranges x4 strided",  1, 2, 2, 40, 1100, 8,  0, 0, 0, ATTN_STRIDED, 1.0f},
     /* causal ranges that early q-tiles never reach (their partial rows are
      * skipped), and q rows that see no key at all (qL > kL) */
-    {"key ranges causal qL=kL",1, 2, 1, 600, 600, 24, 1, 0, 0, 0, 1.0f},
-    {"key ranges causal qL>kL",1, 1, 1, 700, 530, 16, 1, 0, 0, 1, 1.0f},
+    {"key ranges causal qL=kL",1, 2, 1, 600, 600, 24, 1, 0, 0, ATTN_HEAD_MAJOR, 1.0f},
+    {"key ranges causal qL>kL",1, 1, 1, 700, 530, 16, 1, 0, 0, ATTN_STRIDED, 1.0f},
 };
 
 /* The ways the backward can run: both schedules, and deterministic mode. */
@@ -359,9 +123,9 @@ static void test_bwd_against_reference(void **state) {
   const int nisa = tu_isas(isas);
   int failures = 0;
   for (size_t ci = 0; ci < sizeof configs / sizeof configs[0]; ci++) {
-    problem pb;
-    build(&pb, &configs[ci], &r);
-    outputs o = alloc_outputs(&pb);
+    attn_problem pb;
+    attn_build(&pb, &configs[ci], &suite, &r);
+    attn_outputs o = attn_alloc_outputs(&pb);
     for (int ii = 0; ii < nisa; ii++)
       for (int ti = 0; ti < tu_n_thread_counts; ti++)
         for (int mi = 0; mi < N_MODES; mi++) {
@@ -372,14 +136,14 @@ static void test_bwd_against_reference(void **state) {
           char what[160];
           snprintf(what, sizeof what, "%s [%s, %d threads, %s]", pb.c.name,
                    tg_isa_name(isas[ii]), tu_thread_counts[ti], modes[mi].name);
-          if (!check_grads(&pb, &o)) {
+          if (!attn_check_grads(&pb, &o)) {
             printf("  ^ in %s\n", what);
             failures++;
           }
           tg_ctx_destroy(ctx);
         }
-    free_outputs(&o);
-    destroy(&pb);
+    attn_free_outputs(&o);
+    attn_destroy(&pb);
   }
   if (failures) TU_FAIL("%d configuration runs out of bound", failures);
 }
@@ -393,16 +157,16 @@ static void test_bwd_reused_context(void **state) {
   tg_ctx *ctx = tu_ctx(2, TG_ISA_AUTO);
   int failures = 0;
   for (int i = 0; i < 2 * N; i++) {
-    problem pb;
-    build(&pb, &configs[i < N ? i : 2 * N - 1 - i], &r);
-    outputs o = alloc_outputs(&pb);
+    attn_problem pb;
+    attn_build(&pb, &configs[i < N ? i : 2 * N - 1 - i], &suite, &r);
+    attn_outputs o = attn_alloc_outputs(&pb);
     TU_EXPECT_STATUS(ctx, run_bwd(ctx, &pb, &o), TG_OK);
-    if (!check_grads(&pb, &o)) {
+    if (!attn_check_grads(&pb, &o)) {
       printf("  ^ in %s, call %d on one context\n", pb.c.name, i);
       failures++;
     }
-    free_outputs(&o);
-    destroy(&pb);
+    attn_free_outputs(&o);
+    attn_destroy(&pb);
   }
   tg_ctx_destroy(ctx);
   if (failures) TU_FAIL("%d calls on a reused context out of bound", failures);
@@ -413,7 +177,7 @@ static void test_bwd_random_configs(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 2);
   int failures = 0;
   for (int it = 0; it < 6; it++) {
-    cfg c = {.name = "random"};
+    attn_cfg c = {.name = "random"};
     c.B = tu_int(&r, 1, 2);
     c.H_kv = tu_int(&r, 1, 3);
     c.H = c.H_kv * tu_int(&r, 1, 3);
@@ -423,26 +187,26 @@ static void test_bwd_random_configs(void **state) {
     c.causal = tu_int(&r, 0, 1);
     c.qL_off_delta = tu_int(&r, 0, 3) == 0 ? tu_int(&r, -20, 20) : 0;
     c.mask = tu_int(&r, 0, 2);
-    c.strided = tu_int(&r, 0, 1);
+    c.layout = tu_int(&r, 0, 1) ? ATTN_STRIDED : ATTN_HEAD_MAJOR;
     c.softcap = tu_int(&r, 0, 3) == 0 ? (float)tu_uniform(&r, 0.5, 10) : 1.0f;
-    problem pb;
-    build(&pb, &c, &r);
-    outputs o = alloc_outputs(&pb);
+    attn_problem pb;
+    attn_build(&pb, &c, &suite, &r);
+    attn_outputs o = attn_alloc_outputs(&pb);
     tg_ctx *ctx = tu_ctx(tu_int(&r, 1, 3), TG_ISA_AUTO);
     const run_mode *mode = &modes[tu_int(&r, 0, N_MODES - 1)];
     tg_ctx_set_deterministic(ctx, mode->det);
     tg_ctx_set_attn_schedule(ctx, mode->schedule);
     TU_EXPECT_STATUS(ctx, run_bwd(ctx, &pb, &o), TG_OK);
-    if (!check_grads(&pb, &o)) {
+    if (!attn_check_grads(&pb, &o)) {
       printf("  ^ in B=%d H=%d H_kv=%d qL=%d kL=%d D=%d causal=%d off+%d mask=%d "
-             "strided=%d softcap=%g %s\n",
+             "layout=%d softcap=%g %s\n",
              c.B, c.H, c.H_kv, c.qL, c.kL, c.D, c.causal, c.qL_off_delta, c.mask,
-             c.strided, (double)c.softcap, mode->name);
+             c.layout, (double)c.softcap, mode->name);
       failures++;
     }
     tg_ctx_destroy(ctx);
-    free_outputs(&o);
-    destroy(&pb);
+    attn_free_outputs(&o);
+    attn_destroy(&pb);
   }
   if (failures) TU_FAIL("%d random configurations out of bound", failures);
 }
@@ -450,58 +214,59 @@ static void test_bwd_random_configs(void **state) {
 /* Fully masked rows (L = -inf) give exactly zero dQ and no dK/dV change. */
 static void test_bwd_fully_masked_rows_are_zero(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 3);
-  const cfg c = {"all masked", 1, 2, 1, 20, 10, 16, 1, -30, 0, 0, 1.0f}; /* i+off < 0 */
-  problem pb;
-  build(&pb, &c, &r);
-  outputs o = alloc_outputs(&pb);
+  const attn_cfg c = {"all masked", 1, 2, 1, 20, 10, 16, 1, -30, /* i + qL_off < 0 */
+                      0, ATTN_HEAD_MAJOR, 1.0f};
+  attn_problem pb;
+  attn_build(&pb, &c, &suite, &r);
+  attn_outputs o = attn_alloc_outputs(&pb);
   tg_ctx *ctx = tu_ctx(2, TG_ISA_AUTO);
   TU_EXPECT_STATUS(ctx, run_bwd(ctx, &pb, &o), TG_OK);
-  for (int64_t e = 0; e < pb.nOut; e++) assert_true(o.dQ[e] == 0.0f);
+  for (int64_t e = 0; e < pb.nQ; e++) assert_true(o.dQ[e] == 0.0f);
   assert_memory_equal(o.dK, pb.dK0, sizeof(float) * pb.nKout);
   assert_memory_equal(o.dV, pb.dV0, sizeof(float) * pb.nKout);
   tg_ctx_destroy(ctx);
-  free_outputs(&o);
-  destroy(&pb);
+  attn_free_outputs(&o);
+  attn_destroy(&pb);
 }
 
 /* Deterministic mode: bitwise identical across runs and 1/2/3/5 threads
  * (9 key tiles: two key ranges, so the dQ partial sum is covered). */
 static void test_bwd_deterministic_bitwise(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 4);
-  const cfg c = {"det", 2, 4, 2, 150, 530, 64, 1, 0, 1, 0, 1.0f};
-  problem pb;
-  build(&pb, &c, &r);
-  outputs first = alloc_outputs(&pb), o = alloc_outputs(&pb);
+  const attn_cfg c = {"det", 2, 4, 2, 150, 530, 64, 1, 0, 1, ATTN_HEAD_MAJOR, 1.0f};
+  attn_problem pb;
+  attn_build(&pb, &c, &suite, &r);
+  attn_outputs first = attn_alloc_outputs(&pb), o = attn_alloc_outputs(&pb);
   const int threads[] = {1, 2, 3, 5, 2};
   for (int ti = 0; ti < 5; ti++) {
     tg_ctx *ctx = tu_ctx(threads[ti], TG_ISA_AUTO);
     tg_ctx_set_deterministic(ctx, 1);
     TU_EXPECT_STATUS(ctx, run_bwd(ctx, &pb, ti ? &o : &first), TG_OK);
     if (ti) {
-      assert_memory_equal(o.dQ, first.dQ, sizeof(float) * pb.nOut);
+      assert_memory_equal(o.dQ, first.dQ, sizeof(float) * pb.nQ);
       assert_memory_equal(o.dK, first.dK, sizeof(float) * pb.nKout);
       assert_memory_equal(o.dV, first.dV, sizeof(float) * pb.nKout);
     }
     tg_ctx_destroy(ctx);
   }
-  free_outputs(&first);
-  free_outputs(&o);
-  destroy(&pb);
+  attn_free_outputs(&first);
+  attn_free_outputs(&o);
+  attn_destroy(&pb);
 }
 
 /* --- bad input: status + message, nothing written ------------------------- */
 static void test_bwd_bad_input_writes_nothing(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 5);
-  const cfg c = {"bad", 1, 2, 1, 33, 17, 16, 0, 0, 1, 0, 1.0f};
-  problem pb;
-  build(&pb, &c, &r);
-  outputs o = alloc_outputs(&pb);
-  tu_fill_f32(&r, o.dQ, pb.nOut, -1, 1);
+  const attn_cfg c = {"bad", 1, 2, 1, 33, 17, 16, 0, 0, 1, ATTN_HEAD_MAJOR, 1.0f};
+  attn_problem pb;
+  attn_build(&pb, &c, &suite, &r);
+  attn_outputs o = attn_alloc_outputs(&pb);
+  tu_fill_f32(&r, o.dQ, pb.nQ, -1, 1);
   tu_fill_f32(&r, o.dK, pb.nKout, -1, 1);
   tu_fill_f32(&r, o.dV, pb.nKout, -1, 1);
-  float *sQ = tu_alloc(sizeof(float) * pb.nOut), *sK = tu_alloc(sizeof(float) * pb.nKout);
+  float *sQ = tu_alloc(sizeof(float) * pb.nQ), *sK = tu_alloc(sizeof(float) * pb.nKout);
   float *sV = tu_alloc(sizeof(float) * pb.nKout);
-  memcpy(sQ, o.dQ, sizeof(float) * pb.nOut);
+  memcpy(sQ, o.dQ, sizeof(float) * pb.nQ);
   memcpy(sK, o.dK, sizeof(float) * pb.nKout);
   memcpy(sV, o.dV, sizeof(float) * pb.nKout);
   tg_ctx *ctx = tu_ctx(2, TG_ISA_AUTO);
@@ -557,24 +322,23 @@ static void test_bwd_bad_input_writes_nothing(void **state) {
   EXPECT_PARAMS(mq.M_strides[2] = INT64_MAX / 2, TG_ERR_OVERFLOW);
 #undef EXPECT_PARAMS
 #undef CALL
-  assert_memory_equal(o.dQ, sQ, sizeof(float) * pb.nOut);
+  assert_memory_equal(o.dQ, sQ, sizeof(float) * pb.nQ);
   assert_memory_equal(o.dK, sK, sizeof(float) * pb.nKout);
   assert_memory_equal(o.dV, sV, sizeof(float) * pb.nKout);
   tg_ctx_destroy(ctx);
   free(sQ), free(sK), free(sV);
-  free_outputs(&o);
-  destroy(&pb);
+  attn_free_outputs(&o);
+  attn_destroy(&pb);
 }
 
 /* --- training forward ------------------------------------------------------ */
 /* Runs the forward with O (through O_strides) and L poisoned; checks both. */
-static int check_forward(tg_ctx *ctx, const problem *pb, const char *what) {
+static int check_forward(tg_ctx *ctx, const attn_problem *pb, const char *what) {
   const tg_attn_params *p = &pb->p;
   const int64_t B = p->B, H = p->H, qL = p->qL, D = p->D;
-  const int64_t nO = pb->c.strided ? pb->nQ : pb->nOut; /* strided O as [B,qL,H,D] */
-  tg_bf16 *O = tu_alloc(2 * nO);
-  float *L = tu_alloc(sizeof(float) * pb->nL), *Of = tu_alloc(sizeof(float) * pb->nOut);
-  for (int64_t e = 0; e < nO; e++) O[e] = 0xFFFF; /* bf16 NaN */
+  tg_bf16 *O = tu_alloc(2 * pb->nQ); /* strided: [B,qL,H,D] */
+  float *L = tu_alloc(sizeof(float) * pb->nL), *Of = tu_alloc(sizeof(float) * pb->nQ);
+  for (int64_t e = 0; e < pb->nQ; e++) O[e] = 0xFFFF; /* bf16 NaN */
   tu_poison_f32(L, pb->nL);
   TU_EXPECT_STATUS(ctx,
                    tg_flash_attn_train_fwd_bf16(ctx, pb->Q, pb->K, pb->V, O, L, p,
@@ -586,8 +350,8 @@ static int check_forward(tg_ctx *ctx, const problem *pb, const char *what) {
       for (int64_t i = 0; i < qL; i++)
         for (int64_t d = 0; d < D; d++)
           Of[((b * H + h) * qL + i) * D + d] =
-              tg_bf16_to_f32(O[off3(p->O_strides, b, h, i) + d]);
-  int ok = tu_check_bound("O", Of, pb->Or, pb->Oe, pb->nOut);
+              tg_bf16_to_f32(O[attn_off3(p->O_strides, b, h, i) + d]);
+  int ok = tu_check_bound("O", Of, pb->Or, pb->Oe, pb->nQ);
   /* L: -inf rows must be exactly -inf */
   for (int64_t r = 0; r < pb->nL; r++)
     if ((pb->Lr[r] == -INFINITY) != (L[r] == -INFINITY)) {
@@ -614,8 +378,8 @@ static void test_fwd_against_reference(void **state) {
   const int nisa = tu_isas(isas);
   int failures = 0;
   for (size_t ci = 0; ci < sizeof configs / sizeof configs[0]; ci++) {
-    problem pb;
-    build(&pb, &configs[ci], &r);
+    attn_problem pb;
+    attn_build(&pb, &configs[ci], &suite, &r);
     for (int ii = 0; ii < nisa; ii++)
       for (int ti = 0; ti < tu_n_thread_counts; ti++) {
         tg_ctx *ctx = tu_ctx(tu_thread_counts[ti], isas[ii]);
@@ -625,19 +389,19 @@ static void test_fwd_against_reference(void **state) {
         failures += !check_forward(ctx, &pb, what);
         tg_ctx_destroy(ctx);
       }
-    destroy(&pb);
+    attn_destroy(&pb);
   }
   if (failures) TU_FAIL("%d forward runs out of bound", failures);
 }
 
 static void test_fwd_bad_input_writes_nothing(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 9);
-  const cfg c = {"bad fwd", 1, 2, 1, 20, 17, 16, 0, 0, 1, 0, 1.0f};
-  problem pb;
-  build(&pb, &c, &r);
-  tg_bf16 *O = tu_alloc(2 * pb.nOut);
+  const attn_cfg c = {"bad fwd", 1, 2, 1, 20, 17, 16, 0, 0, 1, ATTN_HEAD_MAJOR, 1.0f};
+  attn_problem pb;
+  attn_build(&pb, &c, &suite, &r);
+  tg_bf16 *O = tu_alloc(2 * pb.nQ);
   float *L = tu_alloc(sizeof(float) * pb.nL);
-  memset(O, 0x5A, 2 * pb.nOut);
+  memset(O, 0x5A, 2 * pb.nQ);
   memset(L, 0x5A, sizeof(float) * pb.nL);
   tg_ctx *ctx = tu_ctx(2, TG_ISA_AUTO);
   tg_attn_params q = pb.p;
@@ -662,7 +426,7 @@ static void test_fwd_bad_input_writes_nothing(void **state) {
   TU_EXPECT_STATUS(ctx, tg_flash_attn_train_fwd_bf16(ctx, pb.Q, pb.K, pb.V, O, L, &q, NULL,
                                                      NULL, 0),
                    TG_ERR_BAD_PARAMS);
-  for (int64_t e = 0; e < pb.nOut; e++) assert_int_equal(O[e], 0x5A5A);
+  for (int64_t e = 0; e < pb.nQ; e++) assert_int_equal(O[e], 0x5A5A);
   for (int64_t e = 0; e < pb.nL; e++) {
     uint32_t u;
     memcpy(&u, &L[e], 4);
@@ -670,7 +434,7 @@ static void test_fwd_bad_input_writes_nothing(void **state) {
   }
   tg_ctx_destroy(ctx);
   free(O), free(L);
-  destroy(&pb);
+  attn_destroy(&pb);
 }
 
 /* --- kernel 1: D = rowsum(O * dO) ----------------------------------------------- */

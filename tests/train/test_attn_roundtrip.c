@@ -34,269 +34,74 @@
  * control (L shifted by 1/32) must fail the same check, so the bounds are
  * not vacuous. The f64 reference gradient itself is checked against central
  * differences of F in f64 on sampled elements.
+ *
+ * The problems (inputs, scores, L and O with e_L and e_Ob, and the dQ, dK, dV
+ * sums) come from tests/common/attn_problem.c, shared with
+ * tests/test_attention.c; round_trip_row below is what is particular to this
+ * suite: P and dS carry the errors of the forward's L and O.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "bf16.h"
-#include "testutil.h"
+#include "attn_problem.h"
 
-static const double U = 0x1.0p-24;
-static double gam(double n) { return (n + 2) * U; }
-
-typedef struct {
-  const char *name;
-  int B, H, H_kv, qL, kL, D;
-  int causal;
-  int off_delta; /* qL_off = kL - qL + off_delta */
-  int mask;      /* 0 none; 1 [B,H,qL,kL] with -inf entries and fully -inf rows;
-                    2 the same broadcast over batch and head */
-  int tokmajor;  /* Q, O, dO as [B, qL, H, D]; K, V as [B, kL, H_kv, D] */
-  float softcap; /* 1 = off */
-} cfg;
-
-typedef struct {
-  cfg c;
-  tg_attn_params p;
-  tg_attn_mask_params mp;
-  int64_t nQ, nK, nL, nM;
-  tg_bf16 *Q, *K, *V, *dO, *mask;
-  /* reference (head-major, contiguous) and bounds */
-  double *dQr, *dKr, *dVr, *dQe, *dKe, *dVe, *Lr, *Le;
-  int *row_empty; /* [B,H,qL] the row sees no key */
-} problem;
-
-static int64_t off3(const int64_t s[3], int64_t b, int64_t h, int64_t r) {
-  return b * s[0] + h * s[1] + r * s[2];
-}
-static double bf(tg_bf16 x) { return tg_bf16_to_f32(x); }
-
-/* Score of (b, h, i, k) in f64: value (with the mask added), visibility,
- * tanh for softcap, its f32 error bound, and the error of the tanh. */
-static double score(const problem *pb, int64_t b, int64_t h, int64_t i, int64_t k, int *vis,
-                    double *t, double *err, double *terr) {
+/* One row of P and dS with the bounds above: the backward gets the
+ * forward's L (bound e_L) and D_vec from its bf16 O (bound e_D). */
+static void round_trip_row(attn_problem *pb, const attn_row *r) {
   const tg_attn_params *p = &pb->p;
-  const tg_bf16 *q = pb->Q + off3(p->Q_strides, b, h, i);
-  const tg_bf16 *kk = pb->K + off3(p->K_strides, b, h / p->gqa_factor, k);
-  double qk = 0, aqk = 0;
-  for (int d = 0; d < p->D; d++) {
-    qk += bf(q[d]) * bf(kk[d]);
-    aqk += fabs(bf(q[d]) * bf(kk[d]));
+  const int64_t D = p->D, kL = p->kL;
+  const attn_key *key = r->key;
+  const double L = pb->Lr[r->row], Le = pb->Le[r->row];
+  for (int64_t k = 0; k < kL; k++) {
+    r->P[k] = key[k].vis ? exp(key[k].s - L) : 0;
+    r->Pe[k] = r->P[k] * (key[k].err + Le + U * fabs(key[k].s - L) + 2 * U);
   }
-  double s = p->scale * qk;
-  const double ez = fabs(p->scale) * gam(p->D) * aqk;
-  *t = 0;
-  *terr = 0;
-  if (p->softcapping != 1.0f) {
-    *t = tanh(s / p->softcapping);
-    *terr = ez / p->softcapping + 4 * U;
-    s = p->softcapping * *t;
+  /* D_vec = O . dO (exact) and the bound of the kernel's, from its bf16 O */
+  const double *O = pb->Or + r->row * D, *Oe = pb->Oe + r->row * D;
+  double Dv = 0, eD = 0;
+  for (int64_t d = 0; d < D; d++) {
+    const double dO = attn_bf(r->dO[d]);
+    Dv += O[d] * dO;
+    eD += Oe[d] * fabs(dO) + gam(D) * (fabs(O[d]) + Oe[d]) * fabs(dO);
   }
-  double m = 0;
-  *vis = !(pb->c.causal && k > i + p->qL_off);
-  if (*vis && pb->mask) {
-    m = bf(pb->mask[off3(pb->mp.M_strides, b, h, i) + k]);
-    if (m == -INFINITY) *vis = 0;
+  for (int64_t k = 0; k < kL; k++) {
+    if (r->P[k] == 0) continue; /* no term */
+    const tg_bf16 *Vk = pb->V + attn_off3(p->V_strides, r->b, r->hk, k);
+    double adP;
+    const double diff = attn_dot(r->dO, Vk, D, &adP) - Dv;
+    const double sc = p->softcapping != 1.0f ? 1 - key[k].t * key[k].t : 1;
+    const double esc = p->softcapping != 1.0f ? 2 * fabs(key[k].t) * key[k].terr + U : 0;
+    r->dS[k] = p->scale * r->P[k] * diff * sc;
+    r->dSe[k] = fabs(p->scale) * sc *
+                    (r->Pe[k] * fabs(diff) + r->P[k] * (gam(D) * adP + eD + U * fabs(diff))) +
+                fabs(p->scale) * r->P[k] * fabs(diff) * esc + 8 * U * fabs(r->dS[k]);
   }
-  if (!*vis) m = 0;
-  *err = ez + 4 * U * (fabs(s) + fabs(p->scale * qk)) + U * fabs(s + m);
-  return s + m;
 }
 
-static void build(problem *pb, const cfg *c, tu_rng *r) {
-  memset(pb, 0, sizeof *pb);
-  pb->c = *c;
-  tg_attn_params *p = &pb->p;
-  assert_int_equal(tg_attn_params_init(p, c->B, c->H, c->H_kv, c->qL, c->kL, c->D,
-                                       (float)(1.0 / sqrt(c->D))),
-                   TG_OK);
-  p->qL_off += c->off_delta;
-  p->softcapping = c->softcap;
-  const int64_t B = c->B, H = c->H, Hk = c->H_kv, qL = c->qL, kL = c->kL, D = c->D;
-  if (c->tokmajor) {
-    const int64_t qs[3] = {qL * H * D, D, H * D}, ks[3] = {kL * Hk * D, D, Hk * D};
-    memcpy(p->Q_strides, qs, sizeof qs);
-    memcpy(p->O_strides, qs, sizeof qs);
-    memcpy(p->K_strides, ks, sizeof ks);
-    memcpy(p->V_strides, ks, sizeof ks);
-  }
-  pb->nQ = B * H * qL * D;
-  pb->nK = B * Hk * kL * D;
-  pb->nL = B * H * qL;
-  pb->Q = tu_alloc(2 * pb->nQ);
-  pb->dO = tu_alloc(2 * pb->nQ);
-  pb->K = tu_alloc(2 * pb->nK);
-  pb->V = tu_alloc(2 * pb->nK);
-  tu_fill_bf16(r, pb->Q, pb->nQ, -2, 2);
-  tu_fill_bf16(r, pb->K, pb->nK, -2, 2);
-  tu_fill_bf16(r, pb->V, pb->nK, -1, 1);
-  tu_fill_bf16(r, pb->dO, pb->nQ, -1, 1);
-  if (c->mask) {
-    pb->mp.M_strides[2] = kL;
-    pb->mp.M_strides[1] = c->mask == 2 ? 0 : qL * kL;
-    pb->mp.M_strides[0] = c->mask == 2 ? 0 : H * qL * kL;
-    pb->nM = c->mask == 2 ? qL * kL : B * H * qL * kL;
-    pb->mask = tu_alloc(2 * pb->nM);
-    for (int64_t e = 0; e < pb->nM; e++)
-      pb->mask[e] = tg_f32_to_bf16(
-          tu_uniform(r, 0, 1) < 0.25 ? -INFINITY : (float)tu_uniform(r, -2, 1));
-    for (int64_t row = 1; row < pb->nM / kL; row += 4) /* fully masked rows */
-      for (int64_t k = 0; k < kL; k++) pb->mask[row * kL + k] = 0xFF80;
-  }
-
-  pb->dQr = calloc(pb->nQ, sizeof(double));
-  pb->dQe = calloc(pb->nQ, sizeof(double));
-  pb->dKr = calloc(pb->nK, sizeof(double));
-  pb->dKe = calloc(pb->nK, sizeof(double));
-  pb->dVr = calloc(pb->nK, sizeof(double));
-  pb->dVe = calloc(pb->nK, sizeof(double));
-  pb->Lr = calloc(pb->nL, sizeof(double));
-  pb->Le = calloc(pb->nL, sizeof(double));
-  pb->row_empty = calloc(pb->nL, sizeof(int));
-  double *sK = calloc(pb->nK, sizeof(double)), *sV = calloc(pb->nK, sizeof(double));
-  double *s = malloc(sizeof(double) * kL), *se = malloc(sizeof(double) * kL);
-  double *t = malloc(sizeof(double) * kL), *te = malloc(sizeof(double) * kL);
-  double *P = malloc(sizeof(double) * kL), *Pe = malloc(sizeof(double) * kL);
-  double *dS = malloc(sizeof(double) * kL), *dSe = malloc(sizeof(double) * kL);
-  int *vis = malloc(sizeof(int) * kL);
-  double *O = malloc(sizeof(double) * D), *OA = malloc(sizeof(double) * D);
-  const double T = (double)((kL + 15) / 16);
-
-  for (int64_t b = 0; b < B; b++)
-    for (int64_t h = 0; h < H; h++)
-      for (int64_t i = 0; i < qL; i++) {
-        const int64_t hk = h / p->gqa_factor, row = (b * H + h) * qL + i;
-        const tg_bf16 *Qi = pb->Q + off3(p->Q_strides, b, h, i);
-        const tg_bf16 *dOi = pb->dO + off3(p->O_strides, b, h, i);
-        double mx = -INFINITY;
-        for (int64_t k = 0; k < kL; k++) {
-          s[k] = score(pb, b, h, i, k, &vis[k], &t[k], &se[k], &te[k]);
-          if (vis[k] && s[k] > mx) mx = s[k];
-        }
-        if (mx == -INFINITY) { /* sees no key: O = 0, L = -inf, no gradient */
-          pb->row_empty[row] = 1;
-          pb->Lr[row] = -INFINITY;
-          continue;
-        }
-        double l = 0, E = 0, R = 0;
-        for (int64_t k = 0; k < kL; k++)
-          if (vis[k]) {
-            l += exp(s[k] - mx);
-            E = fmax(E, se[k]);
-            R = fmax(R, mx - s[k]);
-          }
-        const double L = mx + log(l);
-        const double eps = 2 * E + 2 * U * (T + 2) + 2 * U * R + gam(kL);
-        pb->Lr[row] = L;
-        pb->Le[row] = 2 * (E + eps + U * fabs(L) + 2 * U * fabs(log(l)));
-        for (int64_t d = 0; d < D; d++) O[d] = OA[d] = 0;
-        for (int64_t k = 0; k < kL; k++) {
-          P[k] = vis[k] ? exp(s[k] - L) : 0;
-          Pe[k] = P[k] * (se[k] + pb->Le[row] + U * fabs(s[k] - L) + 2 * U);
-          const tg_bf16 *Vk = pb->V + off3(p->V_strides, b, hk, k);
-          for (int64_t d = 0; d < D; d++) {
-            O[d] += P[k] * bf(Vk[d]);
-            OA[d] += P[k] * fabs(bf(Vk[d]));
-          }
-        }
-        /* D_vec = O . dO (exact) and the bound of the kernel's bf16-O version */
-        double Dv = 0, eD = 0;
-        for (int64_t d = 0; d < D; d++) {
-          const double eO = 2 * (eps * (OA[d] + fabs(O[d])) + U * fabs(O[d]));
-          const double eOb = eO + 0x1p-8 * (fabs(O[d]) + eO);
-          Dv += O[d] * bf(dOi[d]);
-          eD += eOb * fabs(bf(dOi[d])) + gam(D) * (fabs(O[d]) + eOb) * fabs(bf(dOi[d]));
-        }
-        for (int64_t k = 0; k < kL; k++) {
-          if (!vis[k]) {
-            dS[k] = dSe[k] = 0;
-            continue;
-          }
-          const tg_bf16 *Vk = pb->V + off3(p->V_strides, b, hk, k);
-          double dP = 0, adP = 0;
-          for (int64_t d = 0; d < D; d++) {
-            dP += bf(dOi[d]) * bf(Vk[d]);
-            adP += fabs(bf(dOi[d]) * bf(Vk[d]));
-          }
-          const double diff = dP - Dv, sc = p->softcapping != 1.0f ? 1 - t[k] * t[k] : 1;
-          const double esc = p->softcapping != 1.0f ? 2 * fabs(t[k]) * te[k] + U : 0;
-          dS[k] = p->scale * P[k] * diff * sc;
-          dSe[k] = fabs(p->scale) * sc *
-                       (Pe[k] * fabs(diff) + P[k] * (gam(D) * adP + eD + U * fabs(diff))) +
-                   fabs(p->scale) * P[k] * fabs(diff) * esc + 8 * U * fabs(dS[k]);
-        }
-        for (int64_t k = 0; k < kL; k++) {
-          if (!vis[k]) continue;
-          const tg_bf16 *Kk = pb->K + off3(p->K_strides, b, hk, k);
-          const int64_t ko = ((b * Hk + hk) * kL + k) * D;
-          for (int64_t d = 0; d < D; d++) {
-            const double kd = bf(Kk[d]), qd = bf(Qi[d]), od = bf(dOi[d]);
-            pb->dQr[row * D + d] += dS[k] * kd;
-            pb->dQe[row * D + d] += dSe[k] * fabs(kd) + gam(kL) * fabs(dS[k] * kd);
-            pb->dKr[ko + d] += dS[k] * qd;
-            pb->dKe[ko + d] += dSe[k] * fabs(qd);
-            sK[ko + d] += fabs(dS[k] * qd);
-            pb->dVr[ko + d] += P[k] * od;
-            pb->dVe[ko + d] += Pe[k] * fabs(od);
-            sV[ko + d] += fabs(P[k] * od);
-          }
-        }
-      }
-  const double n = (double)(H / Hk) * qL;
-  for (int64_t e = 0; e < pb->nK; e++) {
-    pb->dKe[e] = 2 * (pb->dKe[e] + gam(n) * sK[e]);
-    pb->dVe[e] = 2 * (pb->dVe[e] + gam(n) * sV[e]);
-  }
-  for (int64_t e = 0; e < pb->nQ; e++) pb->dQe[e] *= 2;
-  free(sK), free(sV), free(s), free(se), free(t), free(te), free(P), free(Pe), free(dS);
-  free(dSe), free(vis), free(O), free(OA);
-}
-
-static void destroy(problem *pb) {
-  free(pb->Q), free(pb->K), free(pb->V), free(pb->dO), free(pb->mask);
-  free(pb->dQr), free(pb->dKr), free(pb->dVr), free(pb->dQe), free(pb->dKe), free(pb->dVe);
-  free(pb->Lr), free(pb->Le), free(pb->row_empty);
-}
-
-typedef struct {
-  tg_bf16 *O;
-  float *L, *Dtok, *Dv, *dQ, *dK, *dV;
-} outputs;
-
-static outputs alloc_outputs(const problem *pb) {
-  outputs o = {tu_alloc(2 * pb->nQ),
-               tu_alloc(sizeof(float) * pb->nL),
-               tu_alloc(sizeof(float) * pb->nL),
-               tu_alloc(sizeof(float) * pb->nL),
-               tu_alloc(sizeof(float) * pb->nQ),
-               tu_alloc(sizeof(float) * pb->nK),
-               tu_alloc(sizeof(float) * pb->nK)};
-  return o;
-}
-static void free_outputs(outputs *o) {
-  free(o->O), free(o->L), free(o->Dtok), free(o->Dv), free(o->dQ), free(o->dK), free(o->dV);
-}
+/* Masks: 25 % -inf entries, the others in [-2, 1); rows 1, 5, 9, ... all -inf. */
+static const attn_suite suite = {.mask_ninf = 0.25, .mask_lo = -2, .mask_row0 = 1,
+                                 .mask_step = 4, .ref_inputs = 0, .row = round_trip_row};
 
 /* forward; compute_d (token-major: over [B, qL, H] rows, then one transpose
  * per batch to [H, qL]); backward. L_shift != 0 perturbs L before the
  * backward (negative control). */
-static void round_trip(tg_ctx *ctx, const problem *pb, outputs *o, float L_shift) {
+static void round_trip(tg_ctx *ctx, const attn_problem *pb, attn_outputs *o, float L_shift) {
   const tg_attn_params *p = &pb->p;
   const tg_attn_mask_params *mp = pb->mask ? &pb->mp : NULL;
   for (int64_t e = 0; e < pb->nQ; e++) o->O[e] = 0xFFFF; /* NaN */
   tu_poison_f32(o->L, pb->nL);
   tu_poison_f32(o->Dv, pb->nL);
   tu_poison_f32(o->dQ, pb->nQ);
-  memset(o->dK, 0, sizeof(float) * pb->nK);
-  memset(o->dV, 0, sizeof(float) * pb->nK);
+  memset(o->dK, 0, sizeof(float) * pb->nKout);
+  memset(o->dV, 0, sizeof(float) * pb->nKout);
   TU_EXPECT_STATUS(ctx,
                    tg_flash_attn_train_fwd_bf16(ctx, pb->Q, pb->K, pb->V, o->O, o->L, p, mp,
                                                 pb->mask, pb->c.causal),
                    TG_OK);
   const uint32_t B = p->B, H = p->H, qL = p->qL, D = p->D;
-  if (pb->c.tokmajor) {
+  if (pb->c.layout == ATTN_TOKEN_MAJOR) {
     TU_EXPECT_STATUS(
         ctx,
         tg_flash_attn_train_bwd_compute_d_bf16(ctx, o->O, pb->dO, o->Dtok, B, qL, H, D),
@@ -322,15 +127,15 @@ static void round_trip(tg_ctx *ctx, const problem *pb, outputs *o, float L_shift
 
 /* L within its bound (-inf exactly where the row sees no key), the O rows of
  * those rows exactly 0 and their dQ rows exactly 0, then dQ, dK, dV. */
-static int check(const problem *pb, const outputs *o, const char *what) {
+static int check(const attn_problem *pb, const attn_outputs *o, const char *what) {
   const tg_attn_params *p = &pb->p;
   int ok = 1;
   for (int64_t b = 0; b < p->B; b++)
     for (int64_t h = 0; h < p->H; h++)
       for (int64_t i = 0; i < p->qL; i++) {
         const int64_t row = (b * p->H + h) * p->qL + i;
-        const tg_bf16 *Oi = o->O + off3(p->O_strides, b, h, i);
-        if (pb->row_empty[row]) {
+        const tg_bf16 *Oi = o->O + attn_off3(p->O_strides, b, h, i);
+        if (pb->Lr[row] == -INFINITY) {
           int zero = o->L[row] == -INFINITY;
           for (int64_t d = 0; d < p->D; d++)
             zero &= Oi[d] == 0 && o->dQ[row * p->D + d] == 0;
@@ -344,20 +149,17 @@ static int check(const problem *pb, const outputs *o, const char *what) {
           ok = 0;
         }
       }
-  const int q = tu_check_bound("dQ", o->dQ, pb->dQr, pb->dQe, pb->nQ);
-  const int k = tu_check_bound("dK", o->dK, pb->dKr, pb->dKe, pb->nK);
-  const int v = tu_check_bound("dV", o->dV, pb->dVr, pb->dVe, pb->nK);
-  ok = ok && q && k && v;
+  ok &= attn_check_grads(pb, o);
   if (!ok) printf("  ^ in %s\n", what);
   return ok;
 }
 
 /* Largest |got - ref| / bound over dQ, dK, dV (how much of the bound is used). */
-static double used_bound(const problem *pb, const outputs *o) {
+static double used_bound(const attn_problem *pb, const attn_outputs *o) {
   double w = 0;
   for (int64_t e = 0; e < pb->nQ; e++)
     w = fmax(w, fabs(o->dQ[e] - pb->dQr[e]) / fmax(pb->dQe[e], 1e-300));
-  for (int64_t e = 0; e < pb->nK; e++) {
+  for (int64_t e = 0; e < pb->nKout; e++) {
     w = fmax(w, fabs(o->dK[e] - pb->dKr[e]) / fmax(pb->dKe[e], 1e-300));
     w = fmax(w, fabs(o->dV[e] - pb->dVr[e]) / fmax(pb->dVe[e], 1e-300));
   }
@@ -365,17 +167,17 @@ static double used_bound(const problem *pb, const outputs *o) {
 }
 
 /* clang-format off */
-static const cfg configs[] = {
-    /* name                          B  H Hkv qL   kL  D  causal off mask tok softcap */
-    {"full qL!=kL",                  2, 2, 2, 37,  53, 16, 0, 0,   0,  0,  1.0f},
-    {"causal qL<kL gqa",             1, 4, 2, 45,  100, 32, 1, 0,  0,  0,  1.0f},
-    {"causal qL>kL (-inf rows)",     1, 2, 1, 80,  30, 24, 1, 0,   0,  0,  1.0f},
-    {"mask -inf rows, gqa",          2, 4, 1, 33,  47, 16, 0, 0,   1,  0,  1.0f},
-    {"mask bcast + causal qL<kL",    1, 3, 3, 40,  70, 8,  1, 0,   2,  0,  1.0f},
-    {"token-major causal gqa",       2, 4, 2, 70,  70, 16, 1, 0,   0,  1,  1.0f},
-    {"token-major mask, qL!=kL",     1, 2, 1, 50,  81, 32, 0, 0,   1,  1,  1.0f},
-    {"softcap causal gqa",           1, 4, 2, 30,  45, 16, 1, 0,   1,  0,  4.0f},
-    {"multi-tile",                   1, 2, 1, 150, 140, 64, 1, 0,  0,  1,  1.0f},
+static const attn_cfg configs[] = {
+    /* name                          B  H Hkv qL   kL   D  causal off mask layout      softcap */
+    {"full qL!=kL",                  2, 2, 2, 37,  53,  16, 0,   0,  0,   ATTN_HEAD_MAJOR,  1.0f},
+    {"causal qL<kL gqa",             1, 4, 2, 45,  100, 32, 1,   0,  0,   ATTN_HEAD_MAJOR,  1.0f},
+    {"causal qL>kL (-inf rows)",     1, 2, 1, 80,  30,  24, 1,   0,  0,   ATTN_HEAD_MAJOR,  1.0f},
+    {"mask -inf rows, gqa",          2, 4, 1, 33,  47,  16, 0,   0,  1,   ATTN_HEAD_MAJOR,  1.0f},
+    {"mask bcast + causal qL<kL",    1, 3, 3, 40,  70,  8,  1,   0,  2,   ATTN_HEAD_MAJOR,  1.0f},
+    {"token-major causal gqa",       2, 4, 2, 70,  70,  16, 1,   0,  0,   ATTN_TOKEN_MAJOR, 1.0f},
+    {"token-major mask, qL!=kL",     1, 2, 1, 50,  81,  32, 0,   0,  1,   ATTN_TOKEN_MAJOR, 1.0f},
+    {"softcap causal gqa",           1, 4, 2, 30,  45,  16, 1,   0,  1,   ATTN_HEAD_MAJOR,  4.0f},
+    {"multi-tile",                   1, 2, 1, 150, 140, 64, 1,   0,  0,   ATTN_TOKEN_MAJOR, 1.0f},
 };
 /* clang-format on */
 
@@ -386,9 +188,9 @@ static void test_round_trip(void **state) {
   int failures = 0;
   double worst = 0;
   for (size_t ci = 0; ci < sizeof configs / sizeof configs[0]; ci++) {
-    problem pb;
-    build(&pb, &configs[ci], &r);
-    outputs o = alloc_outputs(&pb);
+    attn_problem pb;
+    attn_build(&pb, &configs[ci], &suite, &r);
+    attn_outputs o = attn_alloc_outputs(&pb);
     for (int ii = 0; ii < nisa; ii++)
       for (int ti = 0; ti < tu_n_thread_counts; ti++)
         for (int det = 0; det < 2; det++) {
@@ -402,8 +204,8 @@ static void test_round_trip(void **state) {
           worst = fmax(worst, used_bound(&pb, &o));
           tg_ctx_destroy(ctx);
         }
-    free_outputs(&o);
-    destroy(&pb);
+    attn_free_outputs(&o);
+    attn_destroy(&pb);
   }
   printf("  round trip: largest |err| / bound = %.3g\n", worst);
   if (failures) TU_FAIL("%d round-trip runs out of bound", failures);
@@ -414,9 +216,9 @@ static void test_round_trip(void **state) {
 static void test_bounds_reject_a_wrong_L(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 102);
   for (size_t ci = 0; ci < sizeof configs / sizeof configs[0]; ci++) {
-    problem pb;
-    build(&pb, &configs[ci], &r);
-    outputs o = alloc_outputs(&pb);
+    attn_problem pb;
+    attn_build(&pb, &configs[ci], &suite, &r);
+    attn_outputs o = attn_alloc_outputs(&pb);
     tg_ctx *ctx = tu_ctx(2, TG_ISA_AUTO);
     round_trip(ctx, &pb, &o, 0x1p-5f);
     const double used = used_bound(&pb, &o);
@@ -424,13 +226,13 @@ static void test_bounds_reject_a_wrong_L(void **state) {
     if (!(used > 1))
       TU_FAIL("%s: the bounds accept a backward with L off by 1/32", pb.c.name);
     tg_ctx_destroy(ctx);
-    free_outputs(&o);
-    destroy(&pb);
+    attn_free_outputs(&o);
+    attn_destroy(&pb);
   }
 }
 
 /* F = sum(O * dO) in f64 (O exact) for the FD check of the reference. */
-static double F_of(const problem *pb, const double *Q, const double *K, const double *V) {
+static double F_of(const attn_problem *pb, const double *Q, const double *K, const double *V) {
   const tg_attn_params *p = &pb->p;
   const int64_t kL = p->kL, D = p->D;
   double F = 0, *s = malloc(sizeof(double) * kL);
@@ -438,17 +240,17 @@ static double F_of(const problem *pb, const double *Q, const double *K, const do
     for (int64_t h = 0; h < p->H; h++)
       for (int64_t i = 0; i < p->qL; i++) {
         const int64_t hk = h / p->gqa_factor;
-        const double *Qi = Q + off3(p->Q_strides, b, h, i);
+        const double *Qi = Q + attn_off3(p->Q_strides, b, h, i);
         double mx = -INFINITY;
         for (int64_t k = 0; k < kL; k++) {
-          const double *Kk = K + off3(p->K_strides, b, hk, k);
+          const double *Kk = K + attn_off3(p->K_strides, b, hk, k);
           double qk = 0;
           for (int64_t d = 0; d < D; d++) qk += Qi[d] * Kk[d];
           s[k] = p->scale * qk;
           if (p->softcapping != 1.0f) s[k] = p->softcapping * tanh(s[k] / p->softcapping);
           int vis = !(pb->c.causal && k > i + p->qL_off);
           if (vis && pb->mask) {
-            const double m = bf(pb->mask[off3(pb->mp.M_strides, b, h, i) + k]);
+            const double m = attn_bf(pb->mask[attn_off3(pb->mp.M_strides, b, h, i) + k]);
             if (m == -INFINITY) vis = 0;
             s[k] += m;
           }
@@ -458,12 +260,12 @@ static double F_of(const problem *pb, const double *Q, const double *K, const do
         if (mx == -INFINITY) continue;
         double l = 0;
         for (int64_t k = 0; k < kL; k++) l += exp(s[k] - mx);
-        const tg_bf16 *dOi = pb->dO + off3(p->O_strides, b, h, i);
+        const tg_bf16 *dOi = pb->dO + attn_off3(p->O_strides, b, h, i);
         for (int64_t k = 0; k < kL; k++) {
           if (s[k] == -INFINITY) continue;
           const double w = exp(s[k] - mx) / l;
-          const double *Vk = V + off3(p->V_strides, b, hk, k);
-          for (int64_t d = 0; d < D; d++) F += w * Vk[d] * bf(dOi[d]);
+          const double *Vk = V + attn_off3(p->V_strides, b, hk, k);
+          for (int64_t d = 0; d < D; d++) F += w * Vk[d] * attn_bf(dOi[d]);
         }
       }
   free(s);
@@ -478,16 +280,16 @@ static void test_reference_is_the_gradient(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 103);
   const size_t picks[] = {3, 5, 7}; /* mask + gqa, token-major causal gqa, softcap */
   for (size_t pi = 0; pi < sizeof picks / sizeof picks[0]; pi++) {
-    cfg c = configs[picks[pi]];
+    attn_cfg c = configs[picks[pi]];
     c.B = 1;
     c.qL = c.qL < 20 ? c.qL : 20;
     c.kL = c.kL < 24 ? c.kL : 24;
-    problem pb;
-    build(&pb, &c, &r);
+    attn_problem pb;
+    attn_build(&pb, &c, &suite, &r);
     double *Q = malloc(sizeof(double) * pb.nQ), *K = malloc(sizeof(double) * pb.nK);
     double *V = malloc(sizeof(double) * pb.nK);
-    for (int64_t e = 0; e < pb.nQ; e++) Q[e] = bf(pb.Q[e]);
-    for (int64_t e = 0; e < pb.nK; e++) K[e] = bf(pb.K[e]), V[e] = bf(pb.V[e]);
+    for (int64_t e = 0; e < pb.nQ; e++) Q[e] = attn_bf(pb.Q[e]);
+    for (int64_t e = 0; e < pb.nK; e++) K[e] = attn_bf(pb.K[e]), V[e] = attn_bf(pb.V[e]);
     const double h = 0x1p-16;
     double worst = 0;
     for (int which = 0; which < 3; which++)
@@ -498,7 +300,7 @@ static void test_reference_is_the_gradient(void **state) {
         const int64_t len = which == 0 ? p->qL : p->kL;
         const int64_t b = tu_int(&r, 0, p->B - 1), hh = tu_int(&r, 0, (int)heads - 1);
         const int64_t i = tu_int(&r, 0, (int)len - 1), d = tu_int(&r, 0, p->D - 1);
-        const int64_t e = off3(which == 0 ? p->Q_strides : p->K_strides, b, hh, i) + d;
+        const int64_t e = attn_off3(which == 0 ? p->Q_strides : p->K_strides, b, hh, i) + d;
         const int64_t ref_i = ((b * heads + hh) * len + i) * p->D + d;
         const double ref = (which == 0 ? pb.dQr : which == 1 ? pb.dKr : pb.dVr)[ref_i];
         const double x0 = X[e];
@@ -515,7 +317,7 @@ static void test_reference_is_the_gradient(void **state) {
       }
     printf("  reference vs central differences (%s): max |diff| %.2g\n", c.name, worst);
     free(Q), free(K), free(V);
-    destroy(&pb);
+    attn_destroy(&pb);
   }
 }
 
