@@ -50,10 +50,10 @@ typedef struct tg_ctx tg_ctx;
 const char *tg_status_str(tg_status s);
 
 /* --- context ------------------------------------------------------------ */
-/* A context keeps the buffers its kernels needed (per-thread scratch; the
- * attention backward's dQ partials on few-head shapes: up to 15 copies of dQ
- * and at most 1 GiB unless one copy is larger) for later calls, so only the first call of a size allocates;
- * tg_ctx_destroy frees them. */
+/* A context keeps the buffers its kernels needed for later calls, so only
+ * the first call of a size allocates: per-thread scratch, and the attention
+ * backward's dQ partials on few-head shapes (up to 15 copies of dQ, at most
+ * 1 GiB). tg_ctx_destroy frees them. */
 tg_status tg_ctx_create(tg_ctx **out);
 void tg_ctx_destroy(tg_ctx *ctx); /* NULL is a no-op */
 /* n > 0: use n OpenMP threads; 0: OpenMP's default (OMP_NUM_THREADS);

@@ -42,8 +42,9 @@ enum { BQ = TG_ATTN_BQ, BK = TG_ATTN_BK };
  * largest machines we run on, for dynamic load balance under causality), but
  * never split a kv head's keys into ranges shorter than MIN_RANGE_TILES key
  * tiles, nor into more than MAX_RANGES, nor so many that the dQ partials
- * ((ranges - 1) copies of dQ) pass PARTIALS_BUDGET bytes unless one copy
- * alone does. None of this depends on the thread count (determinism). */
+ * ((ranges - 1) copies of dQ) pass PARTIALS_BUDGET bytes (a dQ larger than
+ * that gets one range). None of this depends on the thread count
+ * (determinism). */
 enum { TG_ATTN_ITEMS = 64, MIN_RANGE_TILES = 4, MAX_RANGES = 16 };
 #define PARTIALS_BUDGET ((int64_t)1 << 30)
 
@@ -181,15 +182,6 @@ static void bwd_group_kv(const void *vargs, int64_t range, int64_t h_kv, int64_t
   const int64_t D = pr->D, gqa = pr->gqa;
   bwd_scratch w = carve(scratch, D);
 
-  /* Output rows of range 0 that no key reaches are zeros; a partial's such
-   * rows stay unwritten and the sum skips them. */
-  for (int64_t h = h_kv * gqa; range == 0 && h < (h_kv + 1) * gqa; h++)
-    for (int64_t q0 = 0; q0 < pr->qL; q0 += BQ) {
-      const int64_t nq = pr->qL - q0 < BQ ? pr->qL - q0 : BQ;
-      if (!range_visible(a, 0, q0, nq))
-        memset(dq_rows(a, 0, b, h, q0), 0, sizeof(float) * (size_t)(nq * D));
-    }
-
   const int64_t kt_first = range * a->range_tiles;
   for (int64_t kt = kt_first; kt < kt_first + a->range_tiles && kt < a->n_ktiles; kt++) {
     const int64_t k0 = kt * BK, nk = pr->kL - k0 < BK ? pr->kL - k0 : BK;
@@ -199,7 +191,12 @@ static void bwd_group_kv(const void *vargs, int64_t range, int64_t h_kv, int64_t
     for (int64_t h = h_kv * gqa; h < (h_kv + 1) * gqa; h++)
       for (int64_t q0 = 0; q0 < pr->qL; q0 += BQ) {
         const int64_t nq = pr->qL - q0 < BQ ? pr->qL - q0 : BQ;
-        if (tg_attn_key_end(pr, q0, nq) <= k0) continue; /* causal: sees none */
+        if (tg_attn_key_end(pr, q0, nq) <= k0) { /* causal: sees none */
+          /* Output rows no key reaches are zeros; a partial's rows its range
+           * never reaches stay unwritten, and the sum skips them. */
+          if (kt == 0) memset(dq_rows(a, 0, b, h, q0), 0, sizeof(float) * (size_t)(nq * D));
+          continue;
+        }
         load_qtile(a, b, h, q0, nq, &w);
         bwd_pair(a, b, h, q0, nq, k0, nk, dq_rows(a, range, b, h, q0), D, kt == kt_first,
                  &w);
@@ -282,12 +279,8 @@ tg_status tg_flash_attn_train_bwd_bf16(tg_ctx *ctx, const tg_bf16 *Q, const tg_b
   a.range_tiles = (a.n_ktiles + ranges - 1) / ranges;
   a.n_ranges = (a.n_ktiles + a.range_tiles - 1) / a.range_tiles;
   if (a.n_ranges > 1) {
-    size_t bytes;
-    if (__builtin_mul_overflow((size_t)(a.n_ranges - 1) * sizeof(float),
-                               (size_t)(pr->B * pr->H * pr->qL * pr->D), &bytes))
-      return tg_fail(ctx, TG_ERR_OVERFLOW, "%s: dQ partials overflow size_t", fn);
-    void *ws;
-    st = tg_workspace(ctx, bytes, &ws);
+    void *ws; /* (n_ranges - 1) * dq_bytes <= PARTIALS_BUDGET by the caps above */
+    st = tg_workspace(ctx, (size_t)((a.n_ranges - 1) * dq_bytes), &ws);
     if (st != TG_OK) return st;
     a.dQ_partial = ws;
   }
