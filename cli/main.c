@@ -20,7 +20,7 @@ static void usage(FILE *out) {
           "\n"
           "commands:\n"
           "  run <kernel> --in NAME=file.npy ... --out NAME=file.npy ... [--param k=v ...]\n"
-          "               [--threads N] [--deterministic] [--isa auto|portable|avx512]\n"
+          "               [--threads N] [--deterministic] [--isa auto|portable|avx2|avx512]\n"
           "        run one kernel on .npy buffers (e.g. dumped from the Metal kernels)\n"
           "        and write its outputs; `tilegrad run --help` lists the kernels,\n"
           "        `tilegrad run <kernel> --help` its buffers and params\n"

@@ -672,7 +672,7 @@ static void run_usage(FILE *out) {
   fprintf(out,
           "usage: tilegrad run <kernel> --in NAME=file.npy ... --out NAME=file.npy ...\n"
           "                    [--param k=v ...] [--threads N] [--deterministic]\n"
-          "                    [--isa auto|portable|avx512] [--quiet]\n"
+          "                    [--isa auto|portable|avx2|avx512] [--quiet]\n"
           "       tilegrad run --help            all kernels and their buffers\n"
           "       tilegrad run <kernel> --help   one kernel\n"
           "\n"
@@ -1045,11 +1045,8 @@ int tg_cli_run_main(int argc, char **argv) {
       continue;
     }
     if (!strcmp(opt, "--isa")) {
-      if (!strcmp(val, "auto")) isa = TG_ISA_AUTO;
-      else if (!strcmp(val, "portable")) isa = TG_ISA_PORTABLE;
-      else if (!strcmp(val, "avx512")) isa = TG_ISA_AVX512;
-      else {
-        fprintf(stderr, "tilegrad run: --isa %s: expected auto, portable or avx512\n", val);
+      if (tg_isa_from_name(val, &isa) != TG_OK) {
+        fprintf(stderr, "tilegrad run: --isa %s: expected auto, portable, avx2 or avx512\n", val);
         goto done;
       }
       have_isa = 1;

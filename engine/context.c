@@ -37,46 +37,81 @@ const char *tg_ctx_last_error(const tg_ctx *ctx) {
   return ctx ? ctx->err : "tg_ctx_last_error: ctx is NULL";
 }
 
-/* --- ISA ------------------------------------------------------------------ */
-const char *tg_isa_name(tg_isa isa) {
-  switch (isa) {
-    case TG_ISA_AUTO: return "auto";
-    case TG_ISA_PORTABLE: return "portable";
-    case TG_ISA_AVX512: return "avx512";
-  }
-  return "unknown";
-}
-
-static int cpu_has_avx512(void) {
-#if defined(TG_HAVE_AVX512)
+/* --- ISA: the registry of engine/isa.h --------------------------------------
+ * CPUID predicates (libgcc's __builtin_cpu_supports also checks that the OS
+ * saves the wider registers). */
+static int tg_cpu_any(void) { return 1; }
+static int tg_cpu_avx2_fma(void) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return 0;
+#endif
+}
+static int tg_cpu_avx512(void) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  __builtin_cpu_init();
+  return tg_cpu_avx2_fma() && __builtin_cpu_supports("avx512f") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512dq");
 #else
   return 0;
 #endif
 }
 
-static const tg_micro_ops *micro_for(tg_isa isa) {
-  switch (isa) {
-    case TG_ISA_PORTABLE: return &tg_micro_portable;
-#if defined(TG_HAVE_AVX512)
-    case TG_ISA_AVX512: return cpu_has_avx512() ? &tg_micro_avx512 : NULL;
-#endif
-    default: return NULL;
-  }
+static const struct {
+  tg_isa id;
+  const char *name;
+  int (*cpu_runs)(void);
+  const tg_micro_ops *ops; /* ops->mm_nn == NULL: not in this build */
+} isa_registry[] = {
+#define TG_ISA_ENTRY(name, id, cpu) {id, #name, cpu, &tg_micro_##name},
+    TG_ISA_LIST(TG_ISA_ENTRY)
+#undef TG_ISA_ENTRY
+};
+enum { N_ISAS = sizeof isa_registry / sizeof isa_registry[0] };
+
+const char *tg_isa_name(tg_isa isa) {
+  if (isa == TG_ISA_AUTO) return "auto";
+  for (int i = 0; i < N_ISAS; i++)
+    if (isa_registry[i].id == isa) return isa_registry[i].name;
+  return "unknown";
+}
+
+tg_status tg_isa_from_name(const char *name, tg_isa *out) {
+  if (!name || !out) return TG_ERR_BAD_PARAMS;
+  if (strcmp(name, "auto") == 0) return *out = TG_ISA_AUTO, TG_OK;
+  for (int i = 0; i < N_ISAS; i++)
+    if (strcmp(name, isa_registry[i].name) == 0) return *out = isa_registry[i].id, TG_OK;
+  return TG_ERR_BAD_PARAMS;
+}
+
+const tg_micro_ops *tg_micro_table(tg_isa isa) {
+  for (int i = N_ISAS - 1; i >= 0; i--) /* most preferred first, for AUTO */
+    if ((isa == TG_ISA_AUTO || isa == isa_registry[i].id) && isa_registry[i].ops->mm_nn &&
+        isa_registry[i].cpu_runs())
+      return isa_registry[i].ops;
+  return NULL;
+}
+
+int tg_isa_available(tg_isa isa) { return tg_micro_table(isa) != NULL; }
+
+static tg_isa isa_of(const tg_micro_ops *ops) {
+  for (int i = 0; i < N_ISAS; i++)
+    if (isa_registry[i].ops == ops) return isa_registry[i].id;
+  return TG_ISA_AUTO; /* not reached: every table is in the registry */
 }
 
 tg_status tg_ctx_set_isa(tg_ctx *ctx, tg_isa isa) {
   if (!ctx) return TG_ERR_NULL_ARG;
   tg_begin(ctx);
-  if (isa == TG_ISA_AUTO) isa = cpu_has_avx512() ? TG_ISA_AVX512 : TG_ISA_PORTABLE;
-  const tg_micro_ops *ops = micro_for(isa);
+  const tg_micro_ops *ops = tg_micro_table(isa);
   if (!ops)
     return tg_fail(ctx, TG_ERR_UNSUPPORTED,
                    "tg_ctx_set_isa: ISA '%s' (%d) is not available on this CPU/build",
                    tg_isa_name(isa), (int)isa);
-  ctx->isa = isa;
+  ctx->isa = isa_of(ops);
   ctx->ops = ops;
   return TG_OK;
 }
@@ -89,11 +124,12 @@ tg_status tg_ctx_create(tg_ctx **out) {
   *out = NULL;
   tg_ctx *ctx = calloc(1, sizeof *ctx);
   if (!ctx) return TG_ERR_NO_MEMORY;
+  /* TG_ISA=<name> where this CPU runs it; otherwise (unset, unknown or
+   * unavailable) the best available, as without it. */
   tg_isa isa = TG_ISA_AUTO;
   const char *env = getenv("TG_ISA");
-  if (env && strcmp(env, "portable") == 0) isa = TG_ISA_PORTABLE;
-  if (env && strcmp(env, "avx512") == 0) isa = TG_ISA_AVX512;
-  if (tg_ctx_set_isa(ctx, isa) != TG_OK) tg_ctx_set_isa(ctx, TG_ISA_PORTABLE);
+  if (env && tg_isa_from_name(env, &isa) != TG_OK) isa = TG_ISA_AUTO;
+  if (tg_ctx_set_isa(ctx, isa) != TG_OK) tg_ctx_set_isa(ctx, TG_ISA_AUTO);
   tg_begin(ctx);
   *out = ctx;
   return TG_OK;

@@ -1,9 +1,12 @@
 /*
  * The ISA layer: the few vector inner loops the kernels spend their time in,
- * behind one table of function pointers. kernels/micro/micro.c is written in
- * plain C and compiled once per ISA (portable baseline; AVX-512), so the
- * portable table is always built and tested; tg_ctx_create picks a table from
- * CPUID (overridable with TG_ISA / tg_ctx_set_isa).
+ * and the blocking the drivers use around them, behind one table per ISA
+ * (engine/isa.h lists them). kernels/micro/micro.c is written in plain C and
+ * compiled once per ISA, each build taking its register and tile blocking
+ * from kernels/micro/blocking.h and its few intrinsic blocks from
+ * kernels/micro/simd_<isa>.h; the portable table is always built and tested.
+ * tg_ctx_create picks a table from CPUID (overridable with TG_ISA /
+ * tg_ctx_set_isa).
  *
  * Matrices are f32, row-major, with explicit leading dimensions (elements).
  */
@@ -12,8 +15,19 @@
 
 #include <stdint.h>
 
+#include "isa.h"
+#include "tilegrad.h"
+
 typedef struct {
   const char *name;
+  /* NULL functions: this ISA is not in this build (its compiler flags were
+   * refused, or the target is not x86-64); tg_micro_table then says so. */
+
+  /* --- blocking: the drivers read these, never their own constants ------ */
+  int gemm_mr, gemm_nr; /* register block of mm_nn / mm_tn_acc (rows x cols of C) */
+  int attn_bq, attn_bk; /* attention q-tile and key-tile rows (forward, backward,
+                         * token-major); attn_bk is a multiple of gemm_nr */
+
   /* C[M,N] = A[M,K] . B[K,N]          (accumulate == 0)
    * C[M,N] += A[M,K] . B[K,N]         (accumulate != 0) */
   void (*mm_nn)(int M, int N, int K, const float *A, int64_t lda, const float *B,
@@ -79,9 +93,12 @@ typedef struct {
                     int64_t n4, float div, float *dst);
 } tg_micro_ops;
 
-extern const tg_micro_ops tg_micro_portable;
-#ifdef TG_HAVE_AVX512
-extern const tg_micro_ops tg_micro_avx512;
-#endif
+#define TG_MICRO_DECLARE(name, id, cpu) extern const tg_micro_ops tg_micro_##name;
+TG_ISA_LIST(TG_MICRO_DECLARE)
+#undef TG_MICRO_DECLARE
+
+/* The table of `isa` if this build has it and this CPU runs it, else NULL
+ * (TG_ISA_AUTO: the best one). */
+const tg_micro_ops *tg_micro_table(tg_isa isa);
 
 #endif /* TG_MICRO_H */

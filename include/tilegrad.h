@@ -65,14 +65,29 @@ tg_status tg_ctx_set_deterministic(tg_ctx *ctx, int on);
 /* Detailed message of the last failure on this context ("" if none). */
 const char *tg_ctx_last_error(const tg_ctx *ctx);
 
-/* Which vector microkernels a context uses. TG_ISA_AUTO picks the best the
- * CPU supports (the environment variable TG_ISA=portable|avx512 overrides it
- * at tg_ctx_create). TG_ISA_PORTABLE is plain C and always available. */
-typedef enum { TG_ISA_AUTO = 0, TG_ISA_PORTABLE = 1, TG_ISA_AVX512 = 2 } tg_isa;
-/* TG_ERR_UNSUPPORTED if the CPU (or this build) lacks the ISA. */
+/* Which vector microkernels (and blocking) a context uses. TG_ISA_AUTO picks
+ * the best the CPU and this build support: avx512, else avx2 (AVX2 + FMA,
+ * x86-64-v3), else portable. The environment variable TG_ISA=<name> (one of
+ * the names tg_isa_name gives) overrides it at tg_ctx_create.
+ * TG_ISA_PORTABLE is plain C for the target's baseline and always available.
+ * (The values are ABI: new ISAs get new numbers.) */
+typedef enum {
+  TG_ISA_AUTO = 0,
+  TG_ISA_PORTABLE = 1,
+  TG_ISA_AVX512 = 2,
+  TG_ISA_AVX2 = 3
+} tg_isa;
+/* TG_ERR_UNSUPPORTED if the CPU (or this build) lacks the ISA, or isa is no
+ * tg_isa value; the context is unchanged on failure. */
 tg_status tg_ctx_set_isa(tg_ctx *ctx, tg_isa isa);
 tg_isa tg_ctx_get_isa(const tg_ctx *ctx);
+/* "auto", "portable", "avx2", "avx512"; "unknown" for other values. */
 const char *tg_isa_name(tg_isa isa);
+/* The tg_isa named `name` (as tg_isa_name spells it) in *out: TG_OK, or
+ * TG_ERR_BAD_PARAMS (and *out untouched) for NULL or an unknown name. */
+tg_status tg_isa_from_name(const char *name, tg_isa *out);
+/* 1 if this CPU and this build can run `isa` (TG_ISA_AUTO: always), else 0. */
+int tg_isa_available(tg_isa isa);
 
 /* How tg_flash_attn_train_bwd_bf16 shares out dK/dV work.
  * TG_ATTN_SCHEDULE_KV (default): one work item per (key range, kv head,

@@ -18,10 +18,10 @@ enum { TG_METAL_BQ = 32, TG_METAL_BK = 16 };
 /* Head dims the CPU kernels take: multiples of 8 up to 512. */
 enum { TG_ATTN_MAX_D = 512 };
 
-/* CPU tiles of the forward and backward: a q-tile and a key tile of 64 rows
- * keep the backward's f32 working set (Q, dO, dQ, K, V, K^T, V^T, dK, dV
- * tiles) within ~1.2 MiB at D = 512. */
-enum { TG_ATTN_BQ = 64, TG_ATTN_BK = 64 };
+/* The CPU tiles of the forward and backward (q-tile rows BQ, key-tile rows
+ * BK) belong to the ISA: ops->attn_bq, ops->attn_bk (kernels/micro/
+ * blocking.h), at most TG_ATTN_MAX_TILE each. */
+enum { TG_ATTN_MAX_TILE = 128 };
 
 /* A validated attention problem: sizes as int64, strides copied out. */
 typedef struct {
@@ -49,15 +49,15 @@ static inline int64_t tg_attn_offset(const int64_t s[3], int64_t b, int64_t head
 }
 
 /* Rows [r0, r0 + n) of a strided bf16 head -> f32 dst [n, D]; when trans is
- * not NULL also transposed into trans [D, TG_ATTN_BK] (the packed K^T / V^T
- * the score GEMMs take). */
+ * not NULL also transposed into trans [D, ldt] (the packed K^T / V^T the
+ * score GEMMs take, ldt = the key-tile rows). */
 static inline void tg_attn_load_rows(const tg_micro_ops *ops, const tg_bf16 *head,
                                      int64_t row_stride, int64_t r0, int64_t n, int64_t D,
-                                     float *dst, float *trans) {
+                                     float *dst, float *trans, int64_t ldt) {
   for (int64_t r = 0; r < n; r++) {
     ops->bf16_to_f32(head + (r0 + r) * row_stride, dst + r * D, D);
     if (trans)
-      for (int64_t d = 0; d < D; d++) trans[d * TG_ATTN_BK + r] = dst[r * D + d];
+      for (int64_t d = 0; d < D; d++) trans[d * ldt + r] = dst[r * D + d];
   }
 }
 

@@ -36,8 +36,6 @@
 
 #include "attention.h"
 
-enum { BQ = TG_ATTN_BQ, BK = TG_ATTN_BK };
-
 /* KV schedule: aim for this many work items (several per thread on the
  * largest machines we run on, for dynamic load balance under causality), but
  * never split a kv head's keys into ranges shorter than MIN_RANGE_TILES key
@@ -54,6 +52,7 @@ typedef struct {
   const float *L, *D_vec;
   float *dQ, *dK, *dV;
   const tg_micro_ops *ops;
+  int64_t BQ, BK; /* the ISA's tiles (ops->attn_bq, attn_bk) */
   int64_t n_qtiles, n_ktiles;
   int64_t n_ranges, range_tiles; /* KV schedule: key ranges per kv head */
   float *dQ_partial;             /* KV schedule: [n_ranges - 1][B, H, qL, D] */
@@ -67,14 +66,14 @@ typedef struct {
   float *dK, *dV;      /* [BK, D] */
 } bwd_scratch;
 
-static size_t bwd_scratch_bytes(int64_t D) {
+static size_t bwd_scratch_bytes(int64_t D, int64_t BQ, int64_t BK) {
   const size_t q = tg_align64(sizeof(float) * BQ * (size_t)D);
   const size_t k = tg_align64(sizeof(float) * BK * (size_t)D);
   const size_t s = tg_align64(sizeof(float) * BQ * BK);
   return 3 * q + 5 * k + 2 * s;
 }
 
-static bwd_scratch carve(void *base, int64_t D) {
+static bwd_scratch carve(void *base, int64_t D, int64_t BQ, int64_t BK) {
   char *p = base;
   const size_t q = tg_align64(sizeof(float) * BQ * (size_t)D);
   const size_t k = tg_align64(sizeof(float) * BK * (size_t)D);
@@ -98,9 +97,9 @@ static void load_qtile(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int6
                        bwd_scratch *w) {
   const tg_attn_problem *pr = &a->pr;
   tg_attn_load_rows(a->ops, a->Q + tg_attn_offset(pr->Qs, b, h, 0), pr->Qs[2], q0, nq,
-                    pr->D, w->Q, NULL);
+                    pr->D, w->Q, NULL, 0);
   tg_attn_load_rows(a->ops, a->dO + tg_attn_offset(pr->Os, b, h, 0), pr->Os[2], q0, nq,
-                    pr->D, w->dO, NULL);
+                    pr->D, w->dO, NULL, 0);
 }
 
 /* Keys [k0, k0 + nk) of kv head h_kv -> w->K, w->KT, w->VT (f32). */
@@ -108,10 +107,10 @@ static void load_ktile(const bwd_args *a, int64_t b, int64_t h_kv, int64_t k0, i
                        bwd_scratch *w) {
   const tg_attn_problem *pr = &a->pr;
   tg_attn_load_rows(a->ops, a->K + tg_attn_offset(pr->Ks, b, h_kv, 0), pr->Ks[2], k0, nk,
-                    pr->D, w->K, w->KT);
+                    pr->D, w->K, w->KT, a->BK);
   /* V is only used transposed; w->dV is free until the pair body runs. */
   tg_attn_load_rows(a->ops, a->V + tg_attn_offset(pr->Vs, b, h_kv, 0), pr->Vs[2], k0, nk,
-                    pr->D, w->dV, w->VT);
+                    pr->D, w->dV, w->VT, a->BK);
 }
 
 /* The pair body for loaded tiles: dQ [nq, D] (leading dim ldq) += dS . K;
@@ -122,7 +121,7 @@ static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_
                      bwd_scratch *w) {
   const tg_attn_problem *pr = &a->pr;
   const tg_micro_ops *ops = a->ops;
-  const int64_t D = pr->D, bh = b * pr->H + h;
+  const int64_t D = pr->D, bh = b * pr->H + h, BK = a->BK;
   const float *L = a->L + bh * pr->qL + q0, *Dv = a->D_vec + bh * pr->qL + q0;
 
   ops->mm_nn((int)nq, (int)nk, (int)D, w->Q, D, w->KT, BK, w->S, BK, 0);   /* Q.K^T  */
@@ -144,7 +143,7 @@ static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_
       ops->attn_ds_row(dS, P, nk, Dv[i], pr->scale);
       continue;
     }
-    float tanh_row[BK]; /* softcap: d(c tanh(x/c))/dx = 1 - tanh^2 */
+    float tanh_row[TG_ATTN_MAX_TILE]; /* softcap: d(c tanh(x/c))/dx = 1 - tanh^2 */
     for (int64_t k = 0; k < nk; k++)
       P[k] = tg_attn_score(pr, P[k], qi, k0 + k, mrow, &tanh_row[k]) - Li;
     ops->exp_f32(P, P, nk);
@@ -171,7 +170,7 @@ static float *dq_rows(const bwd_args *a, int64_t range, int64_t b, int64_t h, in
 /* KV schedule: does the q-tile at q0 see any key of range `range`? (Only
  * causal attention skips; the key tiles it sees are a prefix of the range.) */
 static int range_visible(const bwd_args *a, int64_t range, int64_t q0, int64_t nq) {
-  return tg_attn_key_end(&a->pr, q0, nq) > range * a->range_tiles * BK;
+  return tg_attn_key_end(&a->pr, q0, nq) > range * a->range_tiles * a->BK;
 }
 
 /* KV schedule: x = key range, y = kv head, z = batch. */
@@ -179,8 +178,8 @@ static void bwd_group_kv(const void *vargs, int64_t range, int64_t h_kv, int64_t
                          void *scratch) {
   const bwd_args *a = vargs;
   const tg_attn_problem *pr = &a->pr;
-  const int64_t D = pr->D, gqa = pr->gqa;
-  bwd_scratch w = carve(scratch, D);
+  const int64_t D = pr->D, gqa = pr->gqa, BQ = a->BQ, BK = a->BK;
+  bwd_scratch w = carve(scratch, D, BQ, BK);
 
   const int64_t kt_first = range * a->range_tiles;
   for (int64_t kt = kt_first; kt < kt_first + a->range_tiles && kt < a->n_ktiles; kt++) {
@@ -213,7 +212,7 @@ static void bwd_group_kv(const void *vargs, int64_t range, int64_t h_kv, int64_t
 static void bwd_group_sum_dq(const void *vargs, int64_t qt, int64_t h, int64_t b,
                              void *scratch) {
   const bwd_args *a = vargs;
-  const int64_t q0 = qt * BQ, nq = a->pr.qL - q0 < BQ ? a->pr.qL - q0 : BQ;
+  const int64_t BQ = a->BQ, q0 = qt * BQ, nq = a->pr.qL - q0 < BQ ? a->pr.qL - q0 : BQ;
   for (int64_t r = 1; r < a->n_ranges && range_visible(a, r, q0, nq); r++)
     tg_add_f32(dq_rows(a, 0, b, h, q0), dq_rows(a, r, b, h, q0), nq * a->pr.D, 0);
 }
@@ -224,8 +223,8 @@ static void bwd_group_atomic(const void *vargs, int64_t x, int64_t h, int64_t b,
                              void *scratch) {
   const bwd_args *a = vargs;
   const tg_attn_problem *pr = &a->pr;
-  const int64_t D = pr->D, h_kv = h / pr->gqa;
-  bwd_scratch w = carve(scratch, D);
+  const int64_t D = pr->D, h_kv = h / pr->gqa, BQ = a->BQ, BK = a->BK;
+  bwd_scratch w = carve(scratch, D, BQ, BK);
   const int64_t q0 = (a->n_qtiles - 1 - x) * BQ, nq = pr->qL - q0 < BQ ? pr->qL - q0 : BQ;
 
   load_qtile(a, b, h, q0, nq, &w);
@@ -258,13 +257,14 @@ tg_status tg_flash_attn_train_bwd_bf16(tg_ctx *ctx, const tg_bf16 *Q, const tg_b
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
     if (!bufs[i]) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: %s is NULL", fn, names[i]);
   bwd_args a = {.Q = Q, .K = K, .V = V, .dO = dO, .mask = mask, .L = L, .D_vec = D_vec,
-                .dQ = dQ, .dK = dK, .dV = dV, .ops = ctx->ops};
+                .dQ = dQ, .dK = dK, .dV = dV, .ops = ctx->ops,
+                .BQ = ctx->ops->attn_bq, .BK = ctx->ops->attn_bk};
   tg_status st = tg_attn_validate(ctx, fn, p, mp, mask, causal, &a.pr);
   if (st != TG_OK) return st;
   const tg_attn_problem *pr = &a.pr;
-  a.n_qtiles = (pr->qL + BQ - 1) / BQ;
-  a.n_ktiles = (pr->kL + BK - 1) / BK;
-  const size_t scratch = bwd_scratch_bytes(pr->D);
+  a.n_qtiles = (pr->qL + a.BQ - 1) / a.BQ;
+  a.n_ktiles = (pr->kL + a.BK - 1) / a.BK;
+  const size_t scratch = bwd_scratch_bytes(pr->D, a.BQ, a.BK);
   if (ctx->attn_schedule == TG_ATTN_SCHEDULE_ATOMIC && !ctx->deterministic)
     return tg_dispatch(ctx, a.n_qtiles, pr->H, pr->B, scratch, bwd_group_atomic, &a);
 

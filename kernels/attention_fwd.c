@@ -20,14 +20,13 @@
 
 #include "attention.h"
 
-enum { BQ = TG_ATTN_BQ, BK = TG_ATTN_BK };
-
 typedef struct {
   tg_attn_problem pr;
   const tg_bf16 *Q, *K, *V, *mask;
   tg_bf16 *O;
   float *L;
   const tg_micro_ops *ops;
+  int64_t BQ, BK; /* the ISA's tiles (ops->attn_bq, attn_bk) */
   int64_t n_qtiles;
 } fwd_args;
 
@@ -39,13 +38,13 @@ typedef struct {
   float *m, *l;    /* [BQ] running max and sum */
 } fwd_scratch;
 
-static size_t fwd_scratch_bytes(int64_t D) {
+static size_t fwd_scratch_bytes(int64_t D, int64_t BQ, int64_t BK) {
   return 2 * tg_align64(sizeof(float) * BQ * (size_t)D) +
          3 * tg_align64(sizeof(float) * BK * (size_t)D) +
          tg_align64(sizeof(float) * BQ * BK) + 2 * tg_align64(sizeof(float) * BQ);
 }
 
-static fwd_scratch fwd_carve(void *base, int64_t D) {
+static fwd_scratch fwd_carve(void *base, int64_t D, int64_t BQ, int64_t BK) {
   char *p = base;
   const size_t q = tg_align64(sizeof(float) * BQ * (size_t)D);
   const size_t k = tg_align64(sizeof(float) * BK * (size_t)D);
@@ -65,12 +64,13 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
   const fwd_args *a = vargs;
   const tg_attn_problem *pr = &a->pr;
   const tg_micro_ops *ops = a->ops;
-  fwd_scratch w = fwd_carve(scratch, pr->D);
+  const int64_t BQ = a->BQ, BK = a->BK;
+  fwd_scratch w = fwd_carve(scratch, pr->D, BQ, BK);
   const int64_t D = pr->D, h_kv = h / pr->gqa, qt = a->n_qtiles - 1 - x;
   const int64_t q0 = qt * BQ, nq = pr->qL - q0 < BQ ? pr->qL - q0 : BQ;
 
   const tg_bf16 *Qh = a->Q + tg_attn_offset(pr->Qs, b, h, 0);
-  tg_attn_load_rows(ops, Qh, pr->Qs[2], q0, nq, D, w.Q, NULL);
+  tg_attn_load_rows(ops, Qh, pr->Qs[2], q0, nq, D, w.Q, NULL, 0);
   for (int64_t i = 0; i < nq; i++) {
     w.m[i] = -INFINITY;
     w.l[i] = 0.0f;
@@ -82,8 +82,8 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
   const int64_t key_end = tg_attn_key_end(pr, q0, nq);
   for (int64_t k0 = 0; k0 < key_end; k0 += BK) {
     const int64_t nk = key_end - k0 < BK ? key_end - k0 : BK;
-    tg_attn_load_rows(ops, Kh, pr->Ks[2], k0, nk, D, w.K, w.KT);
-    tg_attn_load_rows(ops, Vh, pr->Vs[2], k0, nk, D, w.V, NULL);
+    tg_attn_load_rows(ops, Kh, pr->Ks[2], k0, nk, D, w.K, w.KT, BK);
+    tg_attn_load_rows(ops, Vh, pr->Vs[2], k0, nk, D, w.V, NULL, 0);
     ops->mm_nn((int)nq, (int)nk, (int)D, w.Q, D, w.KT, BK, w.S, BK, 0); /* Q.K^T */
 
     for (int64_t i = 0; i < nq; i++) {
@@ -138,10 +138,11 @@ tg_status tg_flash_attn_train_fwd_bf16(tg_ctx *ctx, const tg_bf16 *Q, const tg_b
   const char *names[] = {"Q", "K", "V", "O", "L"};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
     if (!bufs[i]) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: %s is NULL", fn, names[i]);
-  fwd_args a = {.Q = Q, .K = K, .V = V, .mask = mask, .O = O, .L = L, .ops = ctx->ops};
+  fwd_args a = {.Q = Q, .K = K, .V = V, .mask = mask, .O = O, .L = L, .ops = ctx->ops,
+                .BQ = ctx->ops->attn_bq, .BK = ctx->ops->attn_bk};
   tg_status st = tg_attn_validate(ctx, fn, p, mp, mask, causal, &a.pr);
   if (st != TG_OK) return st;
-  a.n_qtiles = (a.pr.qL + BQ - 1) / BQ;
-  return tg_dispatch(ctx, a.n_qtiles, a.pr.H, a.pr.B, fwd_scratch_bytes(a.pr.D), fwd_group,
-                     &a);
+  a.n_qtiles = (a.pr.qL + a.BQ - 1) / a.BQ;
+  return tg_dispatch(ctx, a.n_qtiles, a.pr.H, a.pr.B, fwd_scratch_bytes(a.pr.D, a.BQ, a.BK),
+                     fwd_group, &a);
 }

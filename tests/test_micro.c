@@ -1,6 +1,6 @@
 /*
- * The ISA layer's inner loops, each table (portable always; AVX-512 where the
- * CPU has it) against f64 references.
+ * The ISA layer's inner loops, each table (portable always, then the ISA
+ * under test: TG_TEST_ISA, or every one the CPU has) against f64 references.
  *
  * Tolerances: GEMMs |err| <= (K + 2) u sum_k |a b| (any summation order);
  * exp within 2 ulp of the correctly rounded result (the bound the attention
@@ -8,6 +8,7 @@
  * roundings of their 2-3 operations (3 u relative to the magnitudes).
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,26 +18,42 @@
 
 static const double U = 0x1.0p-24;
 
-static int n_tables(const tg_micro_ops *out[2]) {
+/* The tables under test: the portable one first (the reference of the
+ * bitwise checks below), then the other ISAs tu_isas gives. */
+static int n_tables(const tg_micro_ops *out[3]) {
   tg_isa isas[4];
   const int n = tu_isas(isas);
-  out[0] = &tg_micro_portable;
-#ifdef TG_HAVE_AVX512
-  if (n > 1) out[1] = &tg_micro_avx512;
-  return n;
-#else
-  (void)n;
-  return 1;
-#endif
+  int nt = 0;
+  out[nt++] = tg_micro_table(TG_ISA_PORTABLE);
+  for (int i = 0; i < n; i++)
+    if (isas[i] != TG_ISA_PORTABLE) out[nt++] = tg_micro_table(isas[i]);
+  return nt;
 }
 
-/* C = A.B and C += A^T.B on ragged sizes (edges of the 8 x 32 blocks). */
+/* Each table's blocking is one the drivers can use: key tiles whole GEMM
+ * panels, tiles within the attention scratch limit. */
+static void test_blocking(void **state) {
+  const tg_micro_ops *tabs[3];
+  const int nt = n_tables(tabs);
+  for (int t = 0; t < nt; t++) {
+    const tg_micro_ops *o = tabs[t];
+    printf("  %s: GEMM block %d x %d, attention tiles %d x %d\n", o->name, o->gemm_mr,
+           o->gemm_nr, o->attn_bq, o->attn_bk);
+    assert_true(o->gemm_mr >= 1 && o->gemm_mr <= 8 && o->gemm_nr >= 1);
+    assert_true(o->attn_bk % o->gemm_nr == 0);
+    assert_true(o->attn_bq >= 1 && o->attn_bq <= 128 && o->attn_bk >= 1 && o->attn_bk <= 128);
+  }
+}
+
+/* C = A.B and C += A^T.B on ragged sizes (row and column edges of every
+ * table's MR x NR block: 8 x 32, 6 x 16, 4 x 8). */
 static void test_gemms(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 11);
-  const tg_micro_ops *tabs[2];
+  const tg_micro_ops *tabs[3];
   const int nt = n_tables(tabs);
   const int sizes[][3] = {{1, 1, 1}, {4, 32, 8}, {5, 33, 7}, {64, 64, 128}, {3, 70, 64},
-                          {64, 136, 64}, {13, 8, 300}, {17, 65, 9}};
+                          {64, 136, 64}, {13, 8, 300}, {17, 65, 9}, {48, 48, 64},
+                          {47, 40, 16}, {7, 16, 3}};
   for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
     const int M = sizes[si][0], N = sizes[si][1], K = sizes[si][2];
     const int64_t lda = K + 3, ldat = M + 5, ldb = N + 2, ldc = N + 1;
@@ -80,7 +97,7 @@ static void test_gemms(void **state) {
 }
 
 static void test_exp(void **state) {
-  const tg_micro_ops *tabs[2];
+  const tg_micro_ops *tabs[3];
   const int nt = n_tables(tabs);
   const int64_t n = 1 << 18;
   float *x = tu_alloc(sizeof(float) * n), *y = tu_alloc(sizeof(float) * n);
@@ -114,7 +131,7 @@ static void test_exp(void **state) {
 }
 
 static void test_conversions_and_dot(void **state) {
-  const tg_micro_ops *tabs[2];
+  const tg_micro_ops *tabs[3];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 13);
   const int64_t n = 1000;
@@ -146,7 +163,7 @@ static void test_conversions_and_dot(void **state) {
 /* attn_score_row / attn_ds_row on ragged rows: visible prefix, mask with
  * -inf entries, the causal tail set to -inf. */
 static void test_attention_rows(void **state) {
-  const tg_micro_ops *tabs[2];
+  const tg_micro_ops *tabs[3];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 17);
   enum { N = 77 };
@@ -207,7 +224,7 @@ static const int64_t k_lens[] = {0, 1, 5, 15, 16, 17, 31, 33, 100, 1000, 1031, 2
 #define N_LENS ((int)(sizeof k_lens / sizeof k_lens[0]))
 
 static void test_row_reductions(void **state) {
-  const tg_micro_ops *tabs[2];
+  const tg_micro_ops *tabs[3];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 19);
   enum { NMAX = 2600 };
@@ -264,7 +281,7 @@ static void test_row_reductions(void **state) {
 }
 
 static void test_row_elementwise(void **state) {
-  const tg_micro_ops *tabs[2];
+  const tg_micro_ops *tabs[3];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 23);
   enum { NMAX = 2600 };
@@ -317,7 +334,7 @@ static int popcount_u(unsigned v) {
 }
 
 static void test_fwht(void **state) {
-  const tg_micro_ops *tabs[2];
+  const tg_micro_ops *tabs[3];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 29);
   const int64_t sizes[] = {16, 32, 64, 256, 512};
@@ -354,7 +371,7 @@ static void test_fwht(void **state) {
 }
 
 static void test_transpose(void **state) {
-  const tg_micro_ops *tabs[2];
+  const tg_micro_ops *tabs[3];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 31);
   const int64_t sizes[][2] = {{1, 1}, {1, 37}, {37, 1}, {15, 17}, {16, 16}, {33, 70},
@@ -385,7 +402,7 @@ static void test_transpose(void **state) {
 }
 
 static void test_wsum4(void **state) {
-  const tg_micro_ops *tabs[2];
+  const tg_micro_ops *tabs[3];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 37);
   const int64_t lds[] = {1, 3, 16};
@@ -435,6 +452,7 @@ static void test_wsum4(void **state) {
 int main(void) {
   tu_seed();
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_blocking),
       cmocka_unit_test(test_gemms),
       cmocka_unit_test(test_exp),
       cmocka_unit_test(test_conversions_and_dot),

@@ -66,13 +66,42 @@ int tu_all_finite(const float *x, int64_t n) {
 const int tu_thread_counts[] = {1, 2, 3};
 const int tu_n_thread_counts = 3;
 
+/* TG_TEST_ISA=<name> (ctest sets it: every suite runs once per ISA table the
+ * build has) restricts a suite to that ISA; runs before main, so a CPU
+ * without it skips the whole suite (exit 77, ctest's SKIP_RETURN_CODE) and
+ * every run names its ISA first thing. Without it a suite tests every ISA
+ * the CPU runs. */
+static tg_isa test_isa = TG_ISA_AUTO; /* AUTO: all */
+
+__attribute__((constructor)) static void tu_pick_isa(void) {
+  const char *env = getenv("TG_TEST_ISA");
+  if (!env || !*env) {
+    printf("[ isa      ] every ISA this CPU runs (set TG_TEST_ISA=<name> for one)\n");
+    fflush(stdout);
+    return;
+  }
+  if (tg_isa_from_name(env, &test_isa) != TG_OK || test_isa == TG_ISA_AUTO) {
+    fprintf(stderr, "TG_TEST_ISA=%s: not an ISA name\n", env);
+    exit(2);
+  }
+  if (!tg_isa_available(test_isa)) {
+    printf("[ isa      ] %s: SKIPPED, this CPU or build cannot run it\n", env);
+    fflush(stdout);
+    exit(77);
+  }
+  printf("[ isa      ] %s (TG_TEST_ISA)\n", env);
+  fflush(stdout);
+}
+
 int tu_isas(tg_isa out[4]) {
+  if (test_isa != TG_ISA_AUTO) {
+    out[0] = test_isa;
+    return 1;
+  }
+  static const tg_isa all[] = {TG_ISA_PORTABLE, TG_ISA_AVX2, TG_ISA_AVX512};
   int n = 0;
-  tg_ctx *ctx;
-  if (tg_ctx_create(&ctx) != TG_OK) fail_msg("tg_ctx_create failed");
-  out[n++] = TG_ISA_PORTABLE;
-  if (tg_ctx_set_isa(ctx, TG_ISA_AVX512) == TG_OK) out[n++] = TG_ISA_AVX512;
-  tg_ctx_destroy(ctx);
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+    if (tg_isa_available(all[i])) out[n++] = all[i];
   return n;
 }
 
@@ -80,6 +109,7 @@ tg_ctx *tu_ctx(int threads, tg_isa isa) {
   tg_ctx *ctx;
   if (tg_ctx_create(&ctx) != TG_OK) fail_msg("tg_ctx_create failed");
   if (tg_ctx_set_threads(ctx, threads) != TG_OK) fail_msg("set_threads(%d)", threads);
+  if (isa == TG_ISA_AUTO) isa = test_isa; /* "the best" means the ISA under test */
   if (tg_ctx_set_isa(ctx, isa) != TG_OK) fail_msg("set_isa(%s)", tg_isa_name(isa));
   return ctx;
 }

@@ -33,12 +33,15 @@ void tu_poison_f32(float *x, int64_t n); /* fills with quiet NaN */
 int tu_all_finite(const float *x, int64_t n);
 
 /* --- contexts -------------------------------------------------------------
- * Every kernel is tested at these thread counts and on every ISA this CPU
- * has (portable always). */
+ * Every kernel is tested at these thread counts, on the ISA that
+ * TG_TEST_ISA names (ctest runs each suite once per ISA table the build
+ * has), or without it on every ISA this CPU has (portable always). */
 extern const int tu_thread_counts[];
 extern const int tu_n_thread_counts;
 int tu_isas(tg_isa out[4]); /* returns how many */
-tg_ctx *tu_ctx(int threads, tg_isa isa); /* fails the test on error */
+/* Fails the test on error. TG_ISA_AUTO: the ISA under test (TG_TEST_ISA),
+ * else the best the CPU has. */
+tg_ctx *tu_ctx(int threads, tg_isa isa);
 
 /* --- comparison ----------------------------------------------------------
  * Passes iff |got[i] - want[i]| <= bound[i] for every i (and got[i] is not

@@ -1,0 +1,57 @@
+# The CMake side of the ISA registry (engine/isa.h is the C side, with the
+# same names in the same order): each ISA's compile flags for
+# kernels/micro/micro.c. The portable table takes the target's baseline
+# flags only and is always built.
+set(TG_ISA_NAMES portable avx2 avx512)
+set(TG_ISA_FLAGS_portable "")
+set(TG_ISA_FLAGS_avx2 -mavx2 -mfma -mf16c)
+set(TG_ISA_FLAGS_avx512 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mavx2 -mf16c)
+
+# tg_add_micro_tables(<prefix> <objects_var> <built_var>
+#                     [OPTIONS <compile options>...] [LINK <libraries>...])
+# Adds one object library <prefix>_<isa> per ISA: kernels/micro/micro.c with
+# that ISA's flags where this compiler builds it for this target (checked by
+# compiling micro.c itself), else kernels/micro/absent.c (a table with no
+# functions, which the run-time choice skips). Sets <objects_var> to their
+# objects and <built_var> to the names of the ISAs really built.
+function(tg_add_micro_tables prefix objects_var built_var)
+  cmake_parse_arguments(ARG "" "" "OPTIONS;LINK" ${ARGN})
+  get_filename_component(root ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/.. ABSOLUTE)
+  set(objects "")
+  set(built "")
+  foreach(name ${TG_ISA_NAMES})
+    set(flags ${TG_ISA_FLAGS_${name}})
+    set(ok ON)
+    if(flags)
+      if(NOT CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64")
+        set(ok OFF)
+      else()
+        set(CMAKE_TRY_COMPILE_TARGET_TYPE STATIC_LIBRARY)
+        try_compile(ok ${CMAKE_CURRENT_BINARY_DIR}/try_isa_${prefix}_${name}
+                    SOURCES ${root}/kernels/micro/micro.c
+                    COMPILE_DEFINITIONS -DTG_MICRO_SUFFIX=${name} -I${root}/include
+                                        -I${root}/engine ${ARG_OPTIONS} ${flags})
+      endif()
+    endif()
+    if(ok)
+      add_library(${prefix}_${name} OBJECT ${root}/kernels/micro/micro.c)
+      # f32 FMA contraction is allowed in the GEMM and attention row loops
+      # (kernels/micro/row_ops.h switches it off for the row ops, and says why).
+      target_compile_options(${prefix}_${name} PRIVATE ${ARG_OPTIONS} -ffp-contract=fast ${flags})
+      list(APPEND built ${name})
+    else()
+      message(STATUS "tilegrad: no ${name} table in this build (${CMAKE_C_COMPILER_ID} "
+                     "on ${CMAKE_SYSTEM_PROCESSOR} cannot build it with: ${flags})")
+      add_library(${prefix}_${name} OBJECT ${root}/kernels/micro/absent.c)
+      target_compile_options(${prefix}_${name} PRIVATE ${ARG_OPTIONS})
+    endif()
+    target_include_directories(${prefix}_${name} PRIVATE ${root}/include ${root}/engine)
+    target_compile_definitions(${prefix}_${name} PRIVATE TG_MICRO_SUFFIX=${name})
+    if(ARG_LINK)
+      target_link_libraries(${prefix}_${name} PRIVATE ${ARG_LINK})
+    endif()
+    list(APPEND objects $<TARGET_OBJECTS:${prefix}_${name}>)
+  endforeach()
+  set(${objects_var} ${objects} PARENT_SCOPE)
+  set(${built_var} ${built} PARENT_SCOPE)
+endfunction()

@@ -1,0 +1,47 @@
+/*
+ * Blocking of each ISA build of kernels/micro/micro.c: the tuning knobs of the
+ * ISA layer in one place, each with the measurement that chose it. The build
+ * is told which ISA it is by the compiler's own target macros (the flags
+ * CMakeLists.txt gives each variant), so a section cannot be paired with the
+ * wrong instructions.
+ *
+ *   MR x NR   register block of the GEMM core: MR rows of C, NR columns
+ *             (NR a multiple of the vector width), MR * NR / width
+ *             accumulators kept in registers while k runs.
+ *   ATTN_BQ   attention q-tile rows, ATTN_BK key-tile rows (a multiple of
+ *             NR: the packed K^T / V^T are NR-aligned panels of ATTN_BK
+ *             columns). The backward's f32 working set is about
+ *             (3 BQ + 5 BK) D + 2 BQ BK floats.
+ *   LANES     partial sums of the row reductions. Fixed at 16 for every ISA:
+ *             the summation order of every row op is then the same on every
+ *             ISA, so the memory-bound kernels give the same bits whichever
+ *             table runs (their tests check it).
+ */
+#ifndef TG_MICRO_BLOCKING_H
+#define TG_MICRO_BLOCKING_H
+
+enum { LANES = 16 };
+
+#if defined(__AVX512F__)
+/* 32 zmm: an 8 x 32 block is 16 accumulators + 2 B vectors + broadcasts.
+ * 8 x 32 vs 8 x 16 / 4 x 32 at 1 thread, L = 1024 (Xeon, issue 5): D = 64
+ * 123 -> 157, D = 256 85 -> 164 GFLOP/s. */
+enum { MR = 8, NR = 32, ATTN_BQ = 64, ATTN_BK = 64 };
+
+#elif defined(__AVX2__) && defined(__FMA__)
+/* 16 ymm: a 6 x 16 block is 12 accumulators + 2 B vectors + 1 broadcast
+ * (the BLIS Haswell shape): per k, 8 loads feed 12 FMAs, so the FMA ports
+ * and not the load ports bound it. The 8 x 32 block of AVX-512 needs 32
+ * ymm accumulators and spills (issue 12: 22-31% of a Zen 3's FMA peak).
+ * Tiles of 48 rows are whole 6-row blocks and 16-column panels; with 64-row
+ * tiles one block in 11 is a 4-row edge. */
+enum { MR = 6, NR = 16, ATTN_BQ = 48, ATTN_BK = 48 };
+
+#else
+/* Portable: the target's baseline (SSE2 on x86-64, 16 xmm): 4 x 8 is 8
+ * accumulators of 4 floats, the most that leaves room for the B vectors
+ * and the broadcast. */
+enum { MR = 4, NR = 8, ATTN_BQ = 64, ATTN_BK = 64 };
+#endif
+
+#endif /* TG_MICRO_BLOCKING_H */

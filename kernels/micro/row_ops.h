@@ -1,0 +1,222 @@
+/*
+ * Row ops of the memory-bound kernels (cast, RMSNorm, softmax, embedding,
+ * cross-entropy, transpose, decode reduce, FWHT): part of kernels/micro/
+ * micro.c, which includes this file once per ISA build (TG_NAME, LANES and
+ * the simd_<isa>.h blocks come from there).
+ *
+ * Compiled without FMA contraction: each op then rounds exactly as its
+ * formula reads on every ISA (the portable build has no FMA anyway), so the
+ * kernels built on them give the same bits whatever table is chosen, as
+ * their tests check. They are memory-bound; the FMA would buy nothing. */
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+
+/* Streaming row ops prefetch PF_AHEAD floats (2 KiB) ahead, one line per 16
+ * floats: one thread walking one row at a time otherwise leans on the L2
+ * streamer alone, which stops at every 4 KiB page and keeps too few misses
+ * in flight to reach the bandwidth a multi-stream triad gets. A prefetch
+ * never faults, so running past the end of a row is harmless. */
+enum { PF_AHEAD = 512 };
+#define TG_PF(p) __builtin_prefetch((p) + PF_AHEAD, 0, 3)
+
+static float TG_NAME(dot_f32)(const float *restrict a, const float *restrict b, int64_t n) {
+  float acc[LANES] = {0};
+  int64_t i = 0;
+  for (; i + LANES <= n; i += LANES) {
+    TG_PF(a + i), TG_PF(b + i);
+#pragma omp simd
+    for (int l = 0; l < LANES; l++) acc[l] += a[i + l] * b[i + l];
+  }
+  for (int l = 0; i < n; i++, l++) acc[l] += a[i] * b[i];
+  return lane_tree(acc);
+}
+
+static float TG_NAME(dot3_f32)(const float *restrict a, const float *restrict b,
+                               const float *restrict c, int64_t n) {
+  float acc[LANES] = {0};
+  int64_t i = 0;
+  for (; i + LANES <= n; i += LANES) {
+    TG_PF(a + i), TG_PF(b + i), TG_PF(c + i);
+#pragma omp simd
+    for (int l = 0; l < LANES; l++) acc[l] += a[i + l] * b[i + l] * c[i + l];
+  }
+  for (int l = 0; i < n; i++, l++) acc[l] += a[i] * b[i] * c[i];
+  return lane_tree(acc);
+}
+
+static float TG_NAME(max_f32)(const float *restrict x, int64_t n) {
+  float acc[LANES];
+  for (int l = 0; l < LANES; l++) acc[l] = -__builtin_inff();
+  int64_t i = 0;
+  for (; i + LANES <= n; i += LANES) {
+    TG_PF(x + i);
+#pragma omp simd
+    for (int l = 0; l < LANES; l++) acc[l] = x[i + l] > acc[l] ? x[i + l] : acc[l];
+  }
+  for (int l = 0; i < n; i++, l++) acc[l] = x[i] > acc[l] ? x[i] : acc[l];
+  for (int w = LANES / 2; w > 0; w /= 2)
+    for (int l = 0; l < w; l++) acc[l] = acc[l + w] > acc[l] ? acc[l + w] : acc[l];
+  return acc[0];
+}
+
+/* Chunks of EXP_CHUNK (a multiple of LANES) stay in L1 between the subtract,
+ * the exp and the sum; the lanes run on across chunks, so the sum order is
+ * that of one 16-lane pass over the row. */
+enum { EXP_CHUNK = 1024 };
+static float TG_NAME(exp_shift_sum_f32)(const float *x, float shift, float *y, int64_t n) {
+  float acc[LANES] = {0};
+  int64_t i = 0;
+  while (i < n) {
+    const int64_t len = n - i < EXP_CHUNK ? n - i : EXP_CHUNK;
+#pragma omp simd
+    for (int64_t j = 0; j < len; j++) y[i + j] = x[i + j] - shift;
+    TG_NAME(exp_f32)(y + i, y + i, len);
+    const float *restrict e = y + i;
+    int64_t j = 0;
+    for (; j + LANES <= len; j += LANES) {
+#pragma omp simd
+      for (int l = 0; l < LANES; l++) acc[l] += e[j + l];
+    }
+    for (int l = 0; j < len; j++, l++) acc[l] += e[j]; /* only in the last chunk */
+    i += len;
+  }
+  return lane_tree(acc);
+}
+
+static void TG_NAME(scale2_f32)(float *restrict x, int64_t n, float a, float b) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; i++) x[i] = (x[i] * a) * b;
+}
+
+static void TG_NAME(add_f32)(float *restrict dst, const float *restrict src, int64_t n) {
+  for (int64_t i = 0; i < n; i += LANES) {
+    const int64_t m = n - i < LANES ? n - i : LANES;
+    /* within the row only: callers (embedding rows, partial sums) jump
+     * elsewhere next, and a prefetch of dst for writing past the end is a
+     * wasted read-for-ownership */
+    if (i + PF_AHEAD < n) TG_PF(src + i), TG_PF(dst + i);
+#pragma omp simd
+    for (int64_t j = 0; j < m; j++) dst[i + j] += src[i + j];
+  }
+}
+
+static void TG_NAME(acc_mul2_f32)(float *restrict acc, const float *restrict a,
+                                  const float *restrict b, float s, int64_t n) {
+  for (int64_t i = 0; i < n; i += LANES) {
+    const int64_t m = n - i < LANES ? n - i : LANES;
+    TG_PF(a + i), TG_PF(b + i);
+#pragma omp simd
+    for (int64_t j = 0; j < m; j++) acc[i + j] += a[i + j] * s * b[i + j];
+  }
+}
+
+static void TG_NAME(rms_dx_row)(const float *restrict x, const float *restrict w,
+                                const float *restrict dy, float r, float c,
+                                float *restrict dx, int64_t n) {
+#pragma omp simd
+  for (int64_t k = 0; k < n; k++) dx[k] = r * (dy[k] * w[k] - x[k] * c);
+}
+
+/*
+ * FWHT. Stages len = 1, 2, 4, 8 act inside each aligned block of 16 floats
+ * (fwht16_block of simd_<isa>.h): y[l] = x[l ^ len] + sgn_len(l) * x[l]
+ * with sgn = -1 where (l & len), i.e. x[l] + x[l^len] or x[l^len] - x[l],
+ * exactly the butterfly (sgn * x is exact, so with or without FMA
+ * contraction each output is one rounding of the same sum). Stages
+ * len >= 16 are plain butterflies vectorized over j; the factor mul is
+ * applied in the last one.
+ */
+static void TG_NAME(fwht_mul_f32)(float *restrict x, int64_t n, const float *restrict mul) {
+  for (int64_t b = 0; b < n; b += 16) {
+    __builtin_prefetch(x + b + PF_AHEAD, 1, 3); /* rows are walked in order */
+    fwht16_block(x + b);
+  }
+  for (int64_t len = 16; len < n; len *= 2) {
+    const int last = 2 * len == n;
+    for (int64_t i = 0; i < n; i += 2 * len) {
+      float *restrict lo = x + i, *restrict hi = x + i + len;
+      if (last) {
+#pragma omp simd
+        for (int64_t j = 0; j < len; j++) {
+          const float u = lo[j], v = hi[j];
+          lo[j] = (u + v) * mul[j];
+          hi[j] = (u - v) * mul[len + j];
+        }
+      } else {
+#pragma omp simd
+        for (int64_t j = 0; j < len; j++) {
+          const float u = lo[j], v = hi[j];
+          lo[j] = u + v;
+          hi[j] = u - v;
+        }
+      }
+    }
+  }
+  if (n <= 16)
+    for (int64_t j = 0; j < n; j++) x[j] *= mul[j];
+}
+
+/*
+ * Transpose: TB x TB register blocks from simd_<isa>.h (16 x 16 on AVX-512,
+ * 8 x 8 on AVX2; none in the portable build), edges copied element by
+ * element in 8 x 8 sub-blocks.
+ */
+static void transpose_small(int64_t rows, int64_t cols, const float *restrict src, int64_t lds,
+                            float *restrict dst, int64_t ldd) {
+  for (int64_t r0 = 0; r0 < rows; r0 += 8)
+    for (int64_t c0 = 0; c0 < cols; c0 += 8) {
+      const int64_t r1 = r0 + 8 < rows ? r0 + 8 : rows, c1 = c0 + 8 < cols ? c0 + 8 : cols;
+      for (int64_t c = c0; c < c1; c++)
+        for (int64_t r = r0; r < r1; r++) dst[c * ldd + r] = src[r * lds + c];
+    }
+}
+
+static void TG_NAME(transpose_f32)(int64_t rows, int64_t cols, const float *restrict src,
+                                   int64_t lds, float *restrict dst, int64_t ldd, int stream) {
+  if (TB == 0) {
+    transpose_small(rows, cols, src, lds, dst, ldd);
+    return;
+  }
+  stream = stream && transpose_can_stream(dst, ldd);
+  const int64_t rb = TB ? rows - rows % TB : 0, cb = TB ? cols - cols % TB : 0;
+  for (int64_t c = 0; c < cb; c += TB)
+    for (int64_t r = 0; r < rb; r += TB)
+      transpose_block(src + r * lds + c, lds, dst + c * ldd + r, ldd, stream);
+  if (rb < rows) transpose_small(rows - rb, cols, src + rb * lds, lds, dst + rb, ldd);
+  if (cb < cols) transpose_small(rb, cols - cb, src + cb, lds, dst + cb * ldd, ldd);
+  if (stream) stream_fence(); /* streamed stores visible before any later store */
+}
+
+/* Four c at a time (16 independent accumulators: four xmm-wide chains), each
+ * summing its workgroups in list order. */
+static void TG_NAME(wsum4_f32)(const float *restrict part, int64_t ld, const int32_t *restrict w,
+                               const float *restrict a, int64_t nw, int64_t n4, float div,
+                               float *restrict dst) {
+  int64_t c = 0;
+  for (; c + 4 <= n4; c += 4) {
+    float acc[4][4] = {{0}};
+    /* every line of the block of four c 4 blocks ahead (ld = 16: 4 KiB) */
+    const float *restrict ahead = part + (c + 16) * ld * 4;
+    for (int64_t l = 0; l < 16 * ld; l += 16) __builtin_prefetch(ahead + l, 0, 3);
+    for (int64_t i = 0; i < nw; i++) {
+      const float ai = a[i];
+      const float *restrict p = part + (c * ld + w[i]) * 4;
+      for (int cc = 0; cc < 4; cc++)
+#pragma omp simd
+        for (int k = 0; k < 4; k++) acc[cc][k] += p[cc * ld * 4 + k] * ai;
+    }
+    for (int cc = 0; cc < 4; cc++)
+      for (int k = 0; k < 4; k++) dst[(c + cc) * 4 + k] = acc[cc][k] / div;
+  }
+  for (; c < n4; c++) {
+    float acc[4] = {0};
+    for (int64_t i = 0; i < nw; i++) {
+      const float *restrict p = part + (c * ld + w[i]) * 4;
+      for (int k = 0; k < 4; k++) acc[k] += p[k] * a[i];
+    }
+    for (int k = 0; k < 4; k++) dst[c * 4 + k] = acc[k] / div;
+  }
+}
+
+#pragma GCC pop_options
+

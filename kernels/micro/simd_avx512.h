@@ -1,0 +1,72 @@
+/*
+ * AVX-512 blocks of kernels/micro/micro.c, where plain C does not reach the
+ * target: the 16-float Walsh-Hadamard block and the 16 x 16 transpose.
+ * (Intrinsics rather than vector extensions: they build with gcc and clang
+ * alike, and the fuzzer builds with clang.)
+ */
+#include <immintrin.h>
+
+/* One zmm per block: per stage a permute (x[l ^ len]), a multiply by the
+ * +-1 pattern (exact) and an add. */
+static inline void fwht16_block(float *restrict x) {
+  __m512 v = _mm512_loadu_ps(x);
+#define TG_FW_STAGE(len)                                                          \
+  do {                                                                            \
+    int32_t idx[16];                                                              \
+    float sg[16];                                                                 \
+    for (int l = 0; l < 16; l++) idx[l] = l ^ (len), sg[l] = (l & (len)) ? -1.0f : 1.0f; \
+    v = _mm512_add_ps(_mm512_permutexvar_ps(_mm512_loadu_si512(idx), v),          \
+                      _mm512_mul_ps(_mm512_loadu_ps(sg), v));                     \
+  } while (0)
+  TG_FW_STAGE(1);
+  TG_FW_STAGE(2);
+  TG_FW_STAGE(4);
+  TG_FW_STAGE(8);
+#undef TG_FW_STAGE
+  _mm512_storeu_ps(x, v);
+}
+
+/* Transpose blocks of TB x TB floats; streaming needs each block row to be a
+ * whole 64-byte line. */
+enum { TB = 16 };
+static inline int transpose_can_stream(const float *dst, int64_t ldd) {
+  return (uintptr_t)dst % 64 == 0 && ldd % 16 == 0;
+}
+
+/* 16 rows in 16 zmm, transposed by 4 stages of two-source permutes (stage b
+ * swaps bit b of the row index with bit b of the column index). */
+static inline void transpose_block(const float *restrict src, int64_t lds, float *restrict dst,
+                                   int64_t ldd, int stream) {
+  __m512 m[16];
+  for (int i = 0; i < 16; i++) m[i] = _mm512_loadu_ps(src + i * lds);
+  /* stage b: rows i (bit b clear) and i|b exchange the halves selected by
+   * bit b of the column: lo[j] = j&b ? hi_old[j^b] : lo_old[j],
+   *                       hi[j] = j&b ? hi_old[j]  : lo_old[j^b]. */
+#define TG_T_STAGE(b, MLO, MHI)                                         \
+  do {                                                                  \
+    const __m512i mlo = MLO, mhi = MHI;                                 \
+    for (int i = 0; i < 16; i++)                                        \
+      if (!(i & (b))) {                                                 \
+        const __m512 lo = m[i], hi = m[i | (b)];                        \
+        m[i] = _mm512_permutex2var_ps(lo, mlo, hi);                     \
+        m[i | (b)] = _mm512_permutex2var_ps(lo, mhi, hi);               \
+      }                                                                 \
+  } while (0)
+  /* index j < 16 picks lo[j], 16 + j picks hi[j] (_mm512_setr_epi32 lists
+   * lane 0 first) */
+  TG_T_STAGE(1, _mm512_setr_epi32(0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30),
+             _mm512_setr_epi32(1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31));
+  TG_T_STAGE(2, _mm512_setr_epi32(0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29),
+             _mm512_setr_epi32(2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31));
+  TG_T_STAGE(4, _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27),
+             _mm512_setr_epi32(4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31));
+  TG_T_STAGE(8, _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23),
+             _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31));
+#undef TG_T_STAGE
+  if (stream)
+    for (int i = 0; i < 16; i++) _mm512_stream_ps(dst + i * ldd, m[i]);
+  else
+    for (int i = 0; i < 16; i++) _mm512_storeu_ps(dst + i * ldd, m[i]);
+}
+
+static inline void stream_fence(void) { _mm_sfence(); }

@@ -1,0 +1,29 @@
+/*
+ * Portable versions of the blocks kernels/micro/micro.c takes from a
+ * simd_<isa>.h: the readable statement of what each computes.
+ */
+
+/* The 16-float Walsh-Hadamard block: stages len = 1, 2, 4, 8, each
+ * y[l] = x[l ^ len] + (l & len ? -x[l] : x[l]). */
+static inline void fwht16_block(float *restrict x) {
+  float t[16], u[16];
+  for (int l = 0; l < 16; l++) t[l] = x[l];
+  for (int l = 0; l < 16; l++) u[l] = t[l ^ 1] + ((l & 1) ? -t[l] : t[l]);
+  for (int l = 0; l < 16; l++) t[l] = u[l ^ 2] + ((l & 2) ? -u[l] : u[l]);
+  for (int l = 0; l < 16; l++) u[l] = t[l ^ 4] + ((l & 4) ? -t[l] : t[l]);
+  for (int l = 0; l < 16; l++) t[l] = u[l ^ 8] + ((l & 8) ? -u[l] : u[l]);
+  for (int l = 0; l < 16; l++) x[l] = t[l];
+}
+
+/* No transpose block: plain C has no register transpose and no
+ * non-temporal store; micro.c copies element by element. */
+enum { TB = 0 };
+static inline int transpose_can_stream(const float *dst, int64_t ldd) {
+  (void)dst, (void)ldd;
+  return 0;
+}
+static inline void transpose_block(const float *restrict src, int64_t lds, float *restrict dst,
+                                   int64_t ldd, int stream) {
+  (void)src, (void)lds, (void)dst, (void)ldd, (void)stream;
+}
+static inline void stream_fence(void) {}
