@@ -33,7 +33,9 @@ from .errors import (TG_ERR_BAD_INDEX, TG_ERR_BAD_PARAMS, TG_ERR_BAD_SHAPE,  # n
 TG_ISA_AUTO = 0
 TG_ISA_PORTABLE = 1
 TG_ISA_AVX512 = 2
-ISA_NAMES = {"auto": TG_ISA_AUTO, "portable": TG_ISA_PORTABLE, "avx512": TG_ISA_AVX512}
+TG_ISA_AVX2 = 3
+ISA_NAMES = {"auto": TG_ISA_AUTO, "portable": TG_ISA_PORTABLE, "avx2": TG_ISA_AVX2,
+             "avx512": TG_ISA_AVX512}
 # tg_attn_schedule (how the FA-2 backward shares out dK/dV work)
 TG_ATTN_SCHEDULE_KV = 0
 TG_ATTN_SCHEDULE_ATOMIC = 1
@@ -208,6 +210,7 @@ _OTHER_SIGNATURES = {
     "tg_ctx_set_isa": (_I, [_P, _I]),
     "tg_ctx_get_isa": (_I, [_P]),
     "tg_isa_name": (ctypes.c_char_p, [_I]),
+    "tg_isa_available": (_I, [_I]),
     "tg_ctx_set_attn_schedule": (_I, [_P, _I]),
     "tg_ctx_get_attn_schedule": (_I, [_P]),
     "tg_attn_params_init": (_I, [_PP, _I, _I, _I, _I, _I, _I, _F]),
@@ -330,7 +333,8 @@ class Context:
     threads: ``None`` or 0 = OpenMP's default (``OMP_NUM_THREADS``), n > 0 = n.
     deterministic: bitwise identical results across runs and thread counts.
     isa: ``None``/``"auto"`` (best the CPU has; ``TG_ISA`` env overrides),
-    ``"portable"`` or ``"avx512"`` (``UnsupportedError`` if unavailable).
+    ``"portable"``, ``"avx2"`` or ``"avx512"`` (``UnsupportedError`` if
+    unavailable).
     attn_schedule: ``None`` (library default, "kv"), ``"kv"`` or ``"atomic"``.
     """
 
@@ -384,7 +388,7 @@ class Context:
 
     @property
     def isa(self):
-        """Name of the microkernel table in use ("portable", "avx512")."""
+        """Name of the microkernel table in use ("portable", "avx2", "avx512")."""
         return self.lib.isa_name(self.isa_id)
 
     @isa.setter
