@@ -55,8 +55,9 @@ from tilegrad.errors import TilegradError  # noqa: E402
 
 # The covering grid: every (L, D, causal) of the grid, with (B, H,
 # H_kv) cycling through B in {1, 2, 4}, H in {8, 16}, with and without GQA;
-# B*H is lowered (B first) where a step would exceed MAX_GFLOP, to keep one
-# full run within ~20 minutes at 2 threads (three contenders per shape now).
+# B*H is lowered (B first) where a step would exceed MAX_GFLOP, which kept one
+# full run with torch bf16 alone within ~15 minutes at 2 threads (timing torch
+# f32 too about doubles that).
 LS, DS = (512, 1024, 2048, 4096), (64, 128, 256)
 HEADS = ((1, 8, 8), (2, 16, 4), (4, 8, 8), (1, 16, 4), (2, 8, 8), (4, 16, 16),
          (1, 8, 2), (2, 16, 16), (4, 8, 2), (1, 16, 16), (2, 8, 2), (4, 16, 4))
@@ -396,7 +397,7 @@ def main():
         fma, ceil = measure_peaks(threads)
         print(f"\n{threads} thread(s): f32 FMA peak {fma:.1f} GFLOP/s, exact-mode ceiling "
               f"{ceil:.1f} GFLOP/s; times in ms, speedup = faster torch / tilegrad, "
-              f"diff = tilegrad's max rel diff vs that torch")
+              f"diff = tilegrad's max rel gradient diff vs each torch dtype")
         print(fmt_row([c[0] for c in COLS]))
         rows = []
         for si, shape in enumerate(shapes):
