@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Plots bench/vs_torch.py results: FA-2 backward throughput vs sequence
 length, one panel per head dim, one row of panels per thread count; tilegrad
-and PyTorch (full and causal), with the machine's f32 FMA peak and the
-exact-mode ceiling as horizontal lines.
+and its peer, the faster of PyTorch's f32 and bf16 SDPA backward on each shape
+(full and causal; the peer's marker says which dtype won), with the machine's
+f32 FMA peak and the exact-mode ceiling as horizontal lines.
 
   python3 bench/plot.py bench/results/vs-torch-2t.json -o bench/results/vs-torch.png
 
 Needs matplotlib (pip install matplotlib, or Debian's python3-matplotlib).
-Several JSON files may be given; their results are pooled.
+Several JSON files may be given; their results are pooled. Files from the
+older bf16-only script (no `torch_faster` in a row) plot with bf16 as the peer.
 """
 import argparse
 import json
@@ -17,19 +19,31 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+# The marker of the peer's points, by the torch dtype that was faster there.
+DTYPE_MARKERS = {"f32": "^", "bf16": "s"}
+
+
+def peer_dtype(r):
+    return r.get("torch_faster", "bf16")  # the bf16-only script had no other
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("json", nargs="+", help="bench/vs_torch.py --json output(s)")
     ap.add_argument("-o", "--out", default="vs-torch.png")
     args = ap.parse_args()
-    results, torch_version, cpu = [], "", ""
+    results, torch_version, cpu, isas, timed = [], "", "", set(), set()
     for path in args.json:
         with open(path) as f:
             doc = json.load(f)
         results += doc["results"]
         torch_version, cpu = doc.get("torch", ""), doc.get("cpu", "")
+        timed.update(doc.get("torch_dtypes", ["bf16"]))
+        if doc.get("tilegrad_isa"):
+            isas.add(doc["tilegrad_isa"])
 
+    dtypes = sorted(timed, key=list(DTYPE_MARKERS).index)
+    peer_name = "PyTorch, faster dtype," if len(dtypes) > 1 else f"PyTorch {dtypes[0]}"
     threads = sorted({r["threads"] for r in results})
     dims = sorted({r["D"] for r in results})
     fig, axes = plt.subplots(len(threads), len(dims), figsize=(4.2 * len(dims), 3.6 * len(threads)),
@@ -46,8 +60,13 @@ def main():
                 kind = "causal" if causal else "full"
                 ax.plot(L, [r["tilegrad_gflops"] for r in sel], "o" + style, color="C0",
                         label=f"tilegrad {kind}")
-                ax.plot(L, [r["torch_gflops"] for r in sel], "s" + style, color="C1",
-                        label=f"PyTorch {kind}")
+                # `torch_gflops` is the peer's (the faster dtype's) throughput.
+                ax.plot(L, [r["torch_gflops"] for r in sel], style, color="C1",
+                        label=f"{peer_name} {kind} ({'filled' if causal else 'open'})")
+                for dtype, marker in DTYPE_MARKERS.items():
+                    pts = [r for r in sel if peer_dtype(r) == dtype]
+                    ax.plot([r["L"] for r in pts], [r["torch_gflops"] for r in pts], marker,
+                            color="C1", fillstyle="full" if causal else "none", ls="none")
             if rows:
                 ax.axhline(rows[0]["fma_peak_gflops"], color="k", lw=0.8, label="f32 FMA peak")
                 ax.axhline(rows[0]["exact_ceiling_gflops"], color="gray", lw=0.8, ls=":",
@@ -58,9 +77,25 @@ def main():
             ax.set_xlabel("sequence length L")
             if di == 0:
                 ax.set_ylabel("GFLOP/s (FA-2 backward step)")
-    axes[0][-1].legend(fontsize=7, loc="lower right")
-    fig.suptitle(f"tilegrad vs PyTorch {torch_version} SDPA backward, bf16 — {cpu}", fontsize=10)
-    fig.tight_layout()
+    # One legend for the figure, below the panels, where it hides no point:
+    # every panel's entries (a panel may lack causal or full rows) and the
+    # marker key saying which torch dtype was the faster peer at a point.
+    handles = {}
+    for ax in axes.flat:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, h)
+    if len(dtypes) > 1:
+        for dtype in dtypes:
+            handles[f"PyTorch {dtype} was faster"] = plt.Line2D(
+                [], [], marker=DTYPE_MARKERS[dtype], color="C1", ls="none")
+    legend_in = 0.1 + 0.2 * ((len(handles) + 3) // 4)  # inches: 4 entries a row
+    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=4, fontsize=8,
+               frameon=False)
+    peer = (f"the faster of PyTorch {torch_version} SDPA backward {' / '.join(dtypes)} per shape"
+            if len(dtypes) > 1 else f"PyTorch {torch_version} SDPA backward {dtypes[0]}")
+    isa = f", tilegrad ISA {', '.join(sorted(isas))}" if isas else ""
+    fig.suptitle(f"tilegrad vs {peer} — {cpu}{isa}", fontsize=10)
+    fig.tight_layout(rect=(0, legend_in / fig.get_figheight(), 1, 1))
     fig.savefig(args.out, dpi=110)
     print(f"wrote {args.out}")
 

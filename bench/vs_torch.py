@@ -1,15 +1,23 @@
 #!/usr/bin/env python3
 """FlashAttention-2 backward, tilegrad vs PyTorch CPU, side by side.
 
-Both contenders get the same bf16 Q, K, V, dO and thread count; their runs
-alternate (torch, tilegrad, torch, ...) and each reports the median of
---reps timed runs after one warm-up.
+The peer is what a user would run instead of tilegrad: PyTorch's SDPA
+backward in whichever dtype is *faster* on this CPU. So every shape is timed
+in PyTorch float32 and bfloat16 (by default; --torch-dtypes restricts it) and
+tilegrad's speedup is quoted against the faster of the two, shape by shape.
+Which dtype wins depends on the CPU (a bf16 dot unit or not) and on the
+PyTorch build, so it is measured rather than assumed.
 
-  torch     autograd.grad of F.scaled_dot_product_attention (bf16, scale
-            1/sqrt(D), is_causal; GQA through repeat_interleave inside the
-            graph, so its backward sums the group's gradients) on the flash
-            attention CPU backend when torch takes the shape, else whatever
-            SDPA picks (the table says which).
+All contenders get the same Q, K, V, dO (drawn in bf16; the float32 run gets
+them upcast, which is exact) and the same thread count; their runs alternate
+(torch f32, torch bf16, tilegrad, torch f32, ...) and each reports the median
+of --reps timed runs after one warm-up.
+
+  torch     autograd.grad of F.scaled_dot_product_attention (scale 1/sqrt(D),
+            is_causal; GQA through repeat_interleave inside the graph, so its
+            backward sums the group's gradients) on the flash attention CPU
+            backend when torch takes the shape, else whatever SDPA picks (the
+            table says which). Gradients come out in the run's dtype.
   tilegrad  zero dK/dV + compute_d + tg_flash_attn_train_bwd_bf16 + the three
             bf16 casts of dQ/dK/dV, i.e. the same bf16-in/bf16-out step. O and
             L come from tilegrad's forward (untimed).
@@ -19,14 +27,12 @@ given as a fraction of the ceilings `tilegrad bench --section peaks` measures
 on this machine at the same thread count: the f32 FMA peak, and the issue's
 exact-mode ceiling (QK^T and dO.V^T at the bf16-dot rate, the rest at FMA).
 
-Needs PyTorch 2.x (pip install torch numpy) and a built tilegrad
-(build/libtilegrad.so and build/tilegrad, or $TILEGRAD_LIB and $TILEGRAD_CLI);
-see bench/README.md.
+Needs PyTorch 2.x, numpy and a built tilegrad (build/libtilegrad.so and
+build/tilegrad, or $TILEGRAD_LIB and $TILEGRAD_CLI); see bench/README.md.
 
   python3 bench/vs_torch.py --threads 1,2 --json bench/results/vs-torch.json
 """
 import argparse
-import ctypes
 import json
 import math
 import os
@@ -43,18 +49,23 @@ import torch.nn.functional as F
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "python"))
-import tilegrad  # noqa: E402  (the package in python/, loaded from the source tree)
+import tilegrad  # noqa: E402,F401  (the package in python/, loaded from the source tree)
 from tilegrad import capi  # noqa: E402
+from tilegrad.errors import TilegradError  # noqa: E402
 
 # The covering grid: every (L, D, causal) of the issue's grid, with (B, H,
 # H_kv) cycling through B in {1, 2, 4}, H in {8, 16}, with and without GQA;
-# B*H is lowered (B first) where a step would exceed MAX_GFLOP, to keep one
-# full run within ~15 minutes at 2 threads.
+# B*H is lowered (B first) where a step would exceed MAX_GFLOP, which kept one
+# full run with torch bf16 alone within ~15 minutes at 2 threads (timing torch
+# f32 too about doubles that).
 LS, DS = (512, 1024, 2048, 4096), (64, 128, 256)
 HEADS = ((1, 8, 8), (2, 16, 4), (4, 8, 8), (1, 16, 4), (2, 8, 8), (4, 16, 16),
          (1, 8, 2), (2, 16, 16), (4, 8, 2), (1, 16, 16), (2, 8, 2), (4, 16, 4))
 MAX_GFLOP = 200.0
 QUICK = ((1, 8, 8, 512, 64, 0), (1, 8, 2, 512, 128, 1), (2, 8, 8, 1024, 64, 1))
+
+# PyTorch dtypes the peer may run in, by their --torch-dtypes names.
+TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 
 
 def flop(B, H, L, D, causal):
@@ -85,14 +96,29 @@ def parse_shapes(text):
     return out
 
 
+def parse_dtypes(text):
+    names = []
+    for name in text.split(","):
+        name = name.strip().lower()
+        if name not in TORCH_DTYPES:
+            raise argparse.ArgumentTypeError(
+                f"unknown torch dtype {name!r}; want a comma list of {', '.join(TORCH_DTYPES)}")
+        if name not in names:
+            names.append(name)
+    return names
+
+
 def measure_peaks(threads):
-    """The CLI's ceilings at `threads` (GFLOP/s): fma, exact-mode ceiling."""
+    """The CLI's ceilings at `threads` (GFLOP/s): fma, exact-mode ceiling.
+    They belong to the machine, not to the ISA tilegrad's kernels run, so the
+    CLI measures every variant the CPU has whatever --isa says."""
     exe = os.environ.get("TILEGRAD_CLI") or os.path.join(REPO, "build", "tilegrad")
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         subprocess.run([exe, "bench", "--section", "peaks", "--threads", str(threads),
                         "--json", f.name], check=True, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL)
-        peaks = json.load(open(f.name))["peaks"]
+        with open(f.name) as jf:
+            peaks = json.load(jf)["peaks"]
     return peaks["fma_f32_gflops"], peaks["attn_exact_ceiling_gflops"]
 
 
@@ -107,15 +133,48 @@ def cpu_name():
     return platform.processor() or platform.machine()
 
 
+def torch_cpu_capability():
+    """What ATen dispatches its vectorised CPU kernels to (e.g. AVX512, AVX2)."""
+    try:
+        return torch.backends.cpu.get_cpu_capability()
+    except AttributeError:  # older PyTorch
+        return "unknown"
+
+
+def make_context(isa):
+    """The tilegrad Context every shape runs on, on the microkernel set `isa`
+    (None: the library's choice). Exits with the library's word when it
+    refuses the name."""
+    if isa:
+        # tg_ctx_create reads TG_ISA itself; set it so a name that the C
+        # library knows but this Python binding does not yet still applies.
+        os.environ["TG_ISA"] = isa
+    try:
+        ctx = capi.Context()
+        if isa and isa.lower() in capi.ISA_NAMES:
+            ctx.isa = isa  # the library refuses a set this CPU or build lacks
+    except TilegradError as e:
+        sys.exit(f"vs_torch.py: --isa {isa}: {e}")
+    # tg_ctx_create falls back to its default on a TG_ISA it does not know,
+    # so check that the set the kernels will run is the one asked for.
+    if isa and isa.lower() != "auto" and ctx.isa != isa.lower():
+        sys.exit(f"vs_torch.py: --isa {isa}: tilegrad does not know this ISA "
+                 f"(it would run '{ctx.isa}')")
+    return ctx
+
+
 def bits(t):
     """bf16 torch tensor -> contiguous numpy uint16 (raw bits)."""
     return t.detach().contiguous().view(torch.int16).numpy().view(np.uint16)
 
 
 class TorchStep:
-    def __init__(self, q, k, v, do, causal, scale):
+    """One PyTorch SDPA forward kept with its graph; calling it runs the
+    backward, in `dtype` (the bf16 inputs upcast for float32: exact)."""
+
+    def __init__(self, q, k, v, do, causal, scale, dtype):
         gqa = q.shape[1] // k.shape[1]
-        self.inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+        self.inputs = [t.to(dtype).requires_grad_() for t in (q, k, v)]
         qq, kk, vv = self.inputs
         if gqa > 1:
             kk, vv = kk.repeat_interleave(gqa, 1), vv.repeat_interleave(gqa, 1)
@@ -129,7 +188,7 @@ class TorchStep:
             self.backend = "sdpa-default"
             self.out = F.scaled_dot_product_attention(qq, kk, vv, is_causal=bool(causal),
                                                       scale=scale)
-        self.do = do
+        self.do = do.to(dtype)
 
     def __call__(self):
         return torch.autograd.grad(self.out, self.inputs, self.do, retain_graph=True)
@@ -171,21 +230,31 @@ def timed(fn):
     return (time.perf_counter() - t0) * 1e3
 
 
-def check_agreement(tg_step, torch_step):
-    """Largest |tilegrad - torch| per gradient, relative to max |torch|: both
-    are bf16 results of the same math, so this should be a few bf16 ulps."""
-    ours = tg_step()
-    theirs = torch_step()
+def max_rel_diff(ours, theirs):
+    """Largest |ours - theirs| over dQ, dK, dV, each relative to max |theirs|.
+    Against torch bf16 (the same bf16 math) this should be a few bf16 ulps;
+    against torch f32 it is mostly the rounding of tilegrad's bf16 outputs."""
     worst = 0.0
     for a, t in zip(ours, theirs):
-        a = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16).float()
-        t = t.float()
+        a, t = a.float(), t.float()
         scale = t.abs().max().item() or 1.0
         worst = max(worst, (a - t).abs().max().item() / scale)
     return worst
 
 
-def run_shape(shape, threads, reps, ctx, seed):
+def check_agreement(tg_step, torch_steps):
+    """The gradient check, which is also every contender's warm-up run:
+    tilegrad vs each torch dtype, and torch bf16 vs torch f32 (what bf16
+    itself costs in PyTorch, to read tilegrad's f32 difference against)."""
+    ours = [torch.from_numpy(g.view(np.int16)).view(torch.bfloat16) for g in tg_step()]
+    theirs = {name: step() for name, step in torch_steps.items()}
+    diffs = {name: max_rel_diff(ours, g) for name, g in theirs.items()}
+    if "f32" in theirs and "bf16" in theirs:
+        diffs["bf16_vs_f32"] = max_rel_diff(theirs["bf16"], theirs["f32"])
+    return diffs
+
+
+def run_shape(shape, threads, reps, ctx, seed, dtypes):
     B, H, Hkv, L, D, causal = shape
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(B, H, L, D, generator=g).bfloat16()
@@ -193,68 +262,167 @@ def run_shape(shape, threads, reps, ctx, seed):
     v = torch.randn(B, Hkv, L, D, generator=g).bfloat16()
     do = torch.randn(B, H, L, D, generator=g).bfloat16()
     scale = 1.0 / math.sqrt(D)
-    torch_step = TorchStep(q, k, v, do, causal, scale)
+    torch_steps = {name: TorchStep(q, k, v, do, causal, scale, TORCH_DTYPES[name])
+                   for name in dtypes}
     tg_step = TilegradStep(ctx, q, k, v, do, causal, scale)
-    rel_diff = check_agreement(tg_step, torch_step)  # also the warm-up of both
-    t_torch, t_tg = [], []
+    diffs = check_agreement(tg_step, torch_steps)
+    t_torch, t_tg = {name: [] for name in dtypes}, []
     for _ in range(reps):
-        # A pause lets the other OpenMP runtime's idle threads stop spinning.
-        time.sleep(0.05)
-        t_torch.append(timed(torch_step))
+        for name, step in torch_steps.items():
+            # A pause lets the other OpenMP runtime's idle threads stop spinning.
+            time.sleep(0.05)
+            t_torch[name].append(timed(step))
         time.sleep(0.05)
         t_tg.append(timed(tg_step))
-    return {"B": B, "H": H, "Hkv": Hkv, "L": L, "D": D, "causal": bool(causal),
-            "threads": threads, "gflop": flop(B, H, L, D, causal) / 1e9,
-            "torch_backend": torch_step.backend,
-            "ms_torch": statistics.median(t_torch), "ms_tilegrad": statistics.median(t_tg),
-            "ms_torch_reps": t_torch, "ms_tilegrad_reps": t_tg,
-            "max_rel_diff_vs_torch": rel_diff}
+
+    gflop = flop(B, H, L, D, causal) / 1e9
+    ms_tg = statistics.median(t_tg)
+    ms = {name: statistics.median(t) for name, t in t_torch.items()}
+    peer = min(ms, key=ms.get)  # the faster torch dtype on this shape
+    r = {"B": B, "H": H, "Hkv": Hkv, "L": L, "D": D, "causal": bool(causal),
+         "threads": threads, "gflop": gflop, "tilegrad_isa": ctx.isa,
+         "ms_tilegrad": ms_tg, "ms_tilegrad_reps": t_tg,
+         "tilegrad_gflops": gflop / ms_tg * 1e3, "torch_dtypes": list(dtypes)}
+    for name in dtypes:
+        r[f"ms_torch_{name}"] = ms[name]
+        r[f"ms_torch_{name}_reps"] = t_torch[name]
+        r[f"torch_{name}_gflops"] = gflop / ms[name] * 1e3
+        r[f"torch_{name}_backend"] = torch_steps[name].backend
+        r[f"speedup_vs_torch_{name}"] = ms[name] / ms_tg
+        r[f"max_rel_diff_vs_torch_{name}"] = diffs[name]
+    if "bf16_vs_f32" in diffs:
+        r["max_rel_diff_torch_bf16_vs_f32"] = diffs["bf16_vs_f32"]
+    # The peer's figures under the keys the bf16-only script wrote, so older
+    # readers of the JSON (bench/plot.py among them) compare with the peer.
+    r.update({"torch_faster": peer, "ms_torch": ms[peer],
+              "torch_gflops": r[f"torch_{peer}_gflops"],
+              "torch_backend": r[f"torch_{peer}_backend"],
+              "speedup": ms[peer] / ms_tg,
+              "max_rel_diff_vs_torch": diffs[peer]})
+    return r
+
+
+def summarize(rows, dtypes):
+    """Speedups vs the faster peer over one thread count's shapes."""
+    sp = [r["speedup"] for r in rows]
+    s = {"threads": rows[0]["threads"], "shapes": len(sp),
+         "speedup_min": min(sp), "speedup_median": statistics.median(sp),
+         "speedup_max": max(sp),
+         "speedup_geomean": math.exp(sum(math.log(x) for x in sp) / len(sp)),
+         "shapes_ge_1x": sum(x >= 1.0 for x in sp),
+         "torch_wins": {name: sum(r["torch_faster"] == name for r in rows) for name in dtypes}}
+    for name in dtypes:
+        s[f"max_rel_diff_vs_torch_{name}"] = max(r[f"max_rel_diff_vs_torch_{name}"] for r in rows)
+    if len(dtypes) == 2:
+        s["max_rel_diff_torch_bf16_vs_f32"] = max(r["max_rel_diff_torch_bf16_vs_f32"]
+                                                  for r in rows)
+    return s
+
+
+# (header, width, alignment) of the table's columns; "faster" names the
+# torch dtype that is the peer, "speedup" is that dtype's time / tilegrad's.
+COLS = (("B,H,Hkv,L,D,causal", 20, "<"), ("tilegrad ms", 12, ">"), ("torch f32", 11, ">"),
+        ("torch bf16", 11, ">"), ("faster", 7, ">"), ("speedup", 9, ">"),
+        ("GFLOP/s", 9, ">"), ("%FMA", 6, ">"), ("%ceil", 6, ">"),
+        ("diff bf16", 10, ">"), ("diff f32", 10, ">"), ("  torch backend", 0, "<"))
+
+
+def fmt_row(cells):
+    return "".join(f"{c:{a}{w}}" for c, (_, w, a) in zip(cells, COLS)).rstrip()
+
+
+def fmt_result(r):
+    def ms(name):
+        return f"{r[f'ms_torch_{name}']:.1f}" if f"ms_torch_{name}" in r else "-"
+
+    def diff(name):
+        key = f"max_rel_diff_vs_torch_{name}"
+        return f"{r[key]:.1e}" if key in r else "-"
+
+    backends = {r[f"torch_{n}_backend"] for n in r["torch_dtypes"]}
+    backend = backends.pop() if len(backends) == 1 else \
+        " ".join(f"{n}:{r[f'torch_{n}_backend']}" for n in r["torch_dtypes"])
+    name = ",".join(str(r[k]) for k in ("B", "H", "Hkv", "L", "D")) + f",{int(r['causal'])}"
+    return fmt_row((name, f"{r['ms_tilegrad']:.1f}", ms("f32"), ms("bf16"), r["torch_faster"],
+                    f"{r['speedup']:.2f}x", f"{r['tilegrad_gflops']:.1f}",
+                    f"{r['pct_fma_peak']:.1f}", f"{r['pct_exact_ceiling']:.1f}",
+                    diff("bf16"), diff("f32"), "  " + backend))
+
+
+def fmt_summary(s, dtypes):
+    wins = ", ".join(f"{name} on {s['torch_wins'][name]}" for name in dtypes)
+    diffs = "tilegrad vs " + ", vs ".join(
+        f"torch {name} {s[f'max_rel_diff_vs_torch_{name}']:.1e}" for name in dtypes)
+    if "max_rel_diff_torch_bf16_vs_f32" in s:
+        diffs += f"; torch bf16 vs torch f32 {s['max_rel_diff_torch_bf16_vs_f32']:.1e}"
+    t = s["threads"]
+    return (f"speedup vs the faster torch at {t} thread(s): min {s['speedup_min']:.2f}x, "
+            f"median {s['speedup_median']:.2f}x, max {s['speedup_max']:.2f}x, "
+            f"geomean {s['speedup_geomean']:.2f}x; {s['shapes_ge_1x']}/{s['shapes']} shapes "
+            f">= 1.0x; faster torch dtype: {wins}\n"
+            f"largest max rel diff of the gradients: {diffs}")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", default="1,2", help="comma list (default 1,2)")
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=5, help="timed runs per contender (median)")
     ap.add_argument("--quick", action="store_true", help="3 small shapes")
     ap.add_argument("--shapes", help="'B,H,Hkv,L,D,causal;...' instead of the grid")
+    ap.add_argument("--isa", help="tilegrad's microkernel set (portable, avx2, avx512, auto; "
+                    "sets TG_ISA); default: the library's choice")
+    ap.add_argument("--torch-dtypes", type=parse_dtypes, default=list(TORCH_DTYPES),
+                    help="PyTorch dtypes to time, the faster is the peer (default f32,bf16)")
     ap.add_argument("--json", help="write all results here")
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
     shapes = parse_shapes(args.shapes) if args.shapes else (QUICK if args.quick else grid())
-    results = []
-    print(f"torch {torch.__version__}, tilegrad {tilegrad.__file__}, {cpu_name()}, {os.cpu_count()} cpus")
-    for threads in (int(t) for t in args.threads.split(",")):
+    thread_counts = [int(t) for t in args.threads.split(",")]
+    dtypes = args.torch_dtypes
+    ctx = make_context(args.isa)
+    cpu, capability = cpu_name(), torch_cpu_capability()
+
+    print(f"CPU: {cpu} ({os.cpu_count()} cpus)")
+    requested = os.environ.get("TG_ISA")  # --isa, or the caller's environment
+    asked = f"TG_ISA={requested}" if requested else "the library's choice"
+    print(f"tilegrad: ISA {ctx.isa} ({asked}), {ctx.lib.path}")
+    print(f"torch {torch.__version__}, CPU capability {capability}; timed in "
+          f"{' and '.join(dtypes)}" + (", the peer is the faster per shape"
+                                       if len(dtypes) > 1 else " only"))
+    print(f"threads: {args.threads}; median of {args.reps} alternating runs after one warm-up")
+    results, summaries = [], []
+    for threads in thread_counts:
         torch.set_num_threads(threads)
+        ctx.threads = threads
         fma, ceil = measure_peaks(threads)
-        ctx = capi.Context(threads=threads)
         print(f"\n{threads} thread(s): f32 FMA peak {fma:.1f} GFLOP/s, exact-mode ceiling "
-              f"{ceil:.1f} GFLOP/s; median of {args.reps}")
-        print(f"{'B,H,Hkv,L,D,causal':<22}{'torch ms':>10}{'tilegrad ms':>12}{'speedup':>9}"
-              f"{'GFLOP/s':>9}{'%FMA':>6}{'%ceil':>6}  torch backend, max rel diff")
+              f"{ceil:.1f} GFLOP/s; times in ms, speedup = faster torch / tilegrad, "
+              f"diff = tilegrad's max rel gradient diff vs each torch dtype")
+        print(fmt_row([c[0] for c in COLS]))
+        rows = []
         for si, shape in enumerate(shapes):
-            r = run_shape(shape, threads, args.reps, ctx, args.seed + si)
-            r["tilegrad_gflops"] = r["gflop"] / r["ms_tilegrad"] * 1e3
-            r["torch_gflops"] = r["gflop"] / r["ms_torch"] * 1e3
-            r["speedup"] = r["ms_torch"] / r["ms_tilegrad"]
+            r = run_shape(shape, threads, args.reps, ctx, args.seed + si, dtypes)
             r["pct_fma_peak"] = 100 * r["tilegrad_gflops"] / fma
             r["pct_exact_ceiling"] = 100 * r["tilegrad_gflops"] / ceil
             r["fma_peak_gflops"], r["exact_ceiling_gflops"] = fma, ceil
-            results.append(r)
-            name = ",".join(str(x) for x in shape)
-            print(f"{name:<22}{r['ms_torch']:>10.1f}{r['ms_tilegrad']:>12.1f}"
-                  f"{r['speedup']:>8.2f}x{r['tilegrad_gflops']:>9.1f}{r['pct_fma_peak']:>6.1f}"
-                  f"{r['pct_exact_ceiling']:>6.1f}  {r['torch_backend']}, "
-                  f"{r['max_rel_diff_vs_torch']:.1e}", flush=True)
-        ctx.close()
-        sp = [r["speedup"] for r in results if r["threads"] == threads]
-        print(f"speedup at {threads} thread(s): min {min(sp):.2f}x, median "
-              f"{statistics.median(sp):.2f}x, max {max(sp):.2f}x")
+            rows.append(r)
+            print(fmt_result(r), flush=True)
+        summaries.append(summarize(rows, dtypes))
+        print(fmt_summary(summaries[-1], dtypes))
+        results += rows
+    isa = ctx.isa
+    ctx.close()
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"tool": "bench/vs_torch.py", "torch": torch.__version__,
-                       "cpu": cpu_name(), "reps": args.reps,
+            json.dump({"tool": "bench/vs_torch.py", "cpu": cpu, "threads": thread_counts,
+                       "tilegrad_isa": isa, "isa_requested": requested,
+                       "torch": torch.__version__, "torch_cpu_capability": capability,
+                       "torch_dtypes": dtypes,
+                       "peer": "the faster of torch_dtypes per shape (ms_torch, "
+                               "torch_gflops, speedup, torch_backend, max_rel_diff_vs_torch)",
+                       "reps": args.reps,
                        "statistic": "median, alternating runs after one warm-up",
-                       "results": results}, f, indent=1)
+                       "summary": summaries, "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":
