@@ -61,7 +61,15 @@ int main(int argc, char **argv) {
     return version();
   if (!strcmp(cmd, "run")) return tg_cli_run_main(argc - 1, argv + 1);
   if (!strcmp(cmd, "bench")) return tg_bench_main(argc - 1, argv + 1);
-  if (!strcmp(cmd, "train")) return tg_cli_train_main(argc - 1, argv + 1);
+  if (!strcmp(cmd, "train")) {
+#ifdef TG_HAVE_TRAIN
+    return tg_cli_train_main(argc - 1, argv + 1);
+#else
+    fprintf(stderr, "tilegrad train: not in this build (no BLAS was found when it was "
+                    "configured; install libopenblas-dev and reconfigure)\n");
+    return 2;
+#endif
+  }
   fprintf(stderr, "tilegrad: unknown command '%s'\n\n", cmd);
   usage(stderr);
   return 2;
