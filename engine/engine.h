@@ -19,7 +19,8 @@
 #include "tilegrad.h"
 #include "micro.h"
 
-#define TG_ERRMSG_LEN 512
+/* Longest message tg_ctx_last_error keeps; a longer one ends in "..." */
+#define TG_ERRMSG_LEN 2048
 
 struct tg_ctx {
   int threads;        /* 0 = OpenMP default */
@@ -41,8 +42,17 @@ tg_status tg_fail(tg_ctx *ctx, tg_status s, const char *fmt, ...)
 /* Clears the last error; every entry point calls it first. */
 void tg_begin(tg_ctx *ctx);
 
-/* Number of OpenMP threads a kernel launched on ctx will use. */
+/* Number of OpenMP threads a kernel launched on ctx will use: the context's
+ * count if set, else OpenMP's default (affinity mask or OMP_NUM_THREADS)
+ * capped by the cgroup CPU quota when OMP_NUM_THREADS is unset. */
 int tg_threads(const tg_ctx *ctx);
+
+/* Whole CPUs (rounded up) of the tightest cgroup CPU quota on the path from
+ * this process's cgroup (read from the file proc_self_cgroup, normally
+ * /proc/self/cgroup) up to the hierarchy's root under cgroup_root (normally
+ * /sys/fs/cgroup): cgroup v2 cpu.max, or v1 cpu/cpu.cfs_quota_us over
+ * cpu.cfs_period_us. 0 when no quota is set or nothing can be read. */
+int tg_cgroup_cpu_limit(const char *cgroup_root, const char *proc_self_cgroup);
 
 /* --- checked arithmetic ----------------------------------------------------
  * Product of n non-negative int64 factors into *out; 0 on overflow. */

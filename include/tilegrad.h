@@ -56,7 +56,8 @@ const char *tg_status_str(tg_status s);
  * 1 GiB). tg_ctx_destroy frees them. */
 tg_status tg_ctx_create(tg_ctx **out);
 void tg_ctx_destroy(tg_ctx *ctx); /* NULL is a no-op */
-/* n > 0: use n OpenMP threads; 0: OpenMP's default (OMP_NUM_THREADS);
+/* n > 0: use n OpenMP threads; 0: OpenMP's default (OMP_NUM_THREADS if set,
+ * else the CPUs of the affinity mask capped by the cgroup CPU quota);
  * n < 0: TG_ERR_BAD_PARAMS. */
 tg_status tg_ctx_set_threads(tg_ctx *ctx, int n);
 /* on != 0: every kernel's output is bitwise identical across runs and across
