@@ -81,8 +81,7 @@ int tg_num_float(const char *label, const char *text, double *out, char *err, si
   }
   if (digits && (*p == 'e' || *p == 'E')) {
     const char *e = p + 1 + (p[1] == '-' || p[1] == '+');
-    if (!is_digit(*e)) p = e; /* "1e" / "1e+": no exponent digits: junk below */
-    else {
+    if (is_digit(*e)) { /* else "1e" / "1e+": p stays on the 'e', refused below */
       while (is_digit(*e)) e++;
       p = e;
     }

@@ -183,6 +183,11 @@ static int resolve(tg_out *o, const char *given, char *err, size_t errlen) {
       return out_fail(err, errlen, "%s=%s: %s is not a directory", w, given, dir);
     return out_fail(err, errlen, "%s=%s: directory %s: %s", w, given, dir, strerror(e));
   }
+  struct stat st;
+  if (stat(rdir, &st) == 0 && !S_ISDIR(st.st_mode)) {
+    free(rdir);
+    return out_fail(err, errlen, "%s=%s: %s is not a directory", w, given, dir);
+  }
   const int n = snprintf(o->path, sizeof o->path, "%s%s%s", rdir,
                          strcmp(rdir, "/") ? "/" : "", base);
   free(rdir);
@@ -190,7 +195,6 @@ static int resolve(tg_out *o, const char *given, char *err, size_t errlen) {
     return out_fail(err, errlen, "%s=%s: resolved path is too long", w, given);
   set_resolved(o, o->path);
 
-  struct stat st;
   if (lstat(o->path, &st) != 0) {
     if (errno == ENOENT) return 0; /* a new file */
     return out_fail(err, errlen, "%s=%s: %s", w, given, strerror(errno));
