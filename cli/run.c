@@ -702,6 +702,17 @@ static void run_usage(FILE *out) {
           "from --in NAME=file if given, else zeros), inout = modified in place.\n"
           "dtypes: f32 '<f4'; bf16 raw bits '<u2' (also '<V2', 'bfloat16');\n"
           "u32 '<u4' or non-negative '<i4'. Outputs are written as '<f4' / '<u2'.\n"
+          "\n"
+          "Outputs: at least one --out is required. Every output location is checked\n"
+          "before anything is computed; each output is written to a temporary file\n"
+          "next to its target and all are renamed over their targets only when every\n"
+          "one is complete, so a failed or interrupted run (Ctrl-C, SIGTERM, a full\n"
+          "disk, ulimit -f) changes no file. Two outputs may not name one file, and an\n"
+          "output may not replace an input file, except an inout or acc buffer's own\n"
+          "--in (updated in place). A symlink at a target is followed; a directory,\n"
+          "device or FIFO there is refused.\n"
+          "Numbers (--param, --threads) are decimal: no octal leading zeros, no hex,\n"
+          "no inf/nan; a float must fit float32 and not underflow to 0 or a subnormal.\n"
           "Exit status: 0 ok, 1 the kernel returned an error, 2 bad arguments or files.\n");
 }
 
@@ -1188,10 +1199,18 @@ static int run_prepare_and_call(run_call *c, int quiet) {
 
 int tg_cli_run_check_args(int argc, char **argv, char *msg, size_t msglen) {
   if (msg && msglen) msg[0] = '\0';
-  if (argc < 2) return RUN_EXIT_USAGE;
+  if (argc < 2) {
+    if (msg && msglen) snprintf(msg, msglen, "no kernel given");
+    return RUN_EXIT_USAGE;
+  }
   if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) return RUN_EXIT_OK;
   const kernel_spec *k = find_kernel(argv[1]);
-  if (!k) return RUN_EXIT_USAGE;
+  if (!k) {
+    char label[TG_NUM_LABEL_LEN];
+    if (msg && msglen)
+      snprintf(msg, msglen, "unknown %s", tg_num_label(label, sizeof label, "kernel", ' ', argv[1]));
+    return RUN_EXIT_USAGE;
+  }
   run_call *c = calloc(1, sizeof *c);
   if (!c) return RUN_EXIT_USAGE;
   c->k = k;

@@ -24,14 +24,16 @@ import numpy as np
 
 BIN = None
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CASES = []  # (function, class of bad input or fault, expected outcome)
+CASES = []  # (function, class of bad input or fault, expected outcome, before the fix)
 FAILS = []
 ENV = dict(os.environ, OMP_WAIT_POLICY="passive")
 
 
-def case(klass, outcome):
+def case(klass, outcome, before="failed"):
+    """Registers a case; `before`: what it gave on the CLI before issue 18's
+    fixes ("failed", or "passed" for a guard of behaviour kept)."""
     def reg(fn):
-        CASES.append((fn, klass, outcome))
+        CASES.append((fn, klass, outcome, before))
         return fn
     return reg
 
@@ -141,7 +143,8 @@ def symlink_to_device_not_removed(d):
 
 
 @case("output is a symlink to a regular file",
-      "the file it points to gets the result; the link stays a link")
+      "the file it points to gets the result; the link stays a link",
+      before="passed (guard)")
 def symlink_to_file_written_through(d):
     x = small_input(d)
     real = os.path.join(d, "real.npy")
@@ -156,7 +159,8 @@ def symlink_to_file_written_through(d):
 
 
 @case("existing output file's permissions",
-      "kept (0640 stays 0640); a new file gets 0666 less the umask")
+      "kept (0640 stays 0640); a new file gets 0666 less the umask",
+      before="passed (guard)")
 def output_mode_kept(d):
     x = small_input(d)
     out = os.path.join(d, "o.npy")
@@ -202,7 +206,8 @@ def output_over_input_refused(d):
 
 
 @case("in-place kernel: --in data=f --out data=f (fwht_sign_undo_f32)",
-      "allowed: f holds the result")
+      "allowed: f holds the result",
+      before="passed (guard)")
 def in_place_allowed(d):
     f = os.path.join(d, "h.npy")
     np.save(f, np.ones((2, 256), np.float32))
@@ -269,6 +274,9 @@ def run_without_out(d):
     x = small_input(d)
     p = tg(["run", "transpose_2d", "--in", f"input={x}"])
     expect_usage_error(p, "no --out", "output")
+    h = tg(["run", "--help"]).stdout
+    expect("at least one --out is required" in h and "decimal" in h,
+           "run --help does not state the --out and number rules")
 
 
 # --- numbers ----------------------------------------------------------------------
@@ -330,7 +338,8 @@ def bad_numbers_refused(d):
 
 
 @case("numbers that must be accepted (-3, 0.125, 1e-3, +2, 0, true)",
-      "exit 0")
+      "exit 0",
+      before="passed (guard)")
 def good_numbers_accepted(d):
     ins = bwd_inputs(d, 4, 4)[:6]
     for args in (["--param", "qL_off=-3", "--param", "scale=0.125"],
@@ -428,7 +437,8 @@ def signal_during_write(d):
 
 
 @case("SIGTERM during `tilegrad bench --json`",
-      "dies of SIGTERM; no JSON file and no temporary")
+      "dies of SIGTERM; no JSON file and no temporary",
+      before="passed (guard)")
 def signal_during_bench(d):
     out = os.path.join(d, "b.json")
     p = subprocess.Popen([BIN, "bench", "--quick", "--section", "peaks", "--triad-mib", "1",
@@ -445,17 +455,18 @@ def main():
     global BIN
     args = sys.argv[1:]
     if "--table" in args:
-        print("| class of bad input or fault | test (tests/cli_robust_check.py) | outcome |")
-        print("| --- | --- | --- |")
-        for fn, klass, outcome in CASES:
-            print(f"| {klass} | `{fn.__name__}` | {outcome} |")
+        print("| class of bad input or fault | test (tests/cli_robust_check.py) | outcome | "
+              "before the fix |")
+        print("| --- | --- | --- | --- |")
+        for fn, klass, outcome, before in CASES:
+            print(f"| {klass} | `{fn.__name__}` | {outcome} | {before} |")
         return 0
     if not args or args[0].startswith("-"):
         print(__doc__)
         return 2
     BIN = os.path.abspath(args[0])
     only = args[args.index("--only") + 1] if "--only" in args else None
-    for fn, _, _ in CASES:
+    for fn, _, _, _ in CASES:
         if only and fn.__name__ != only:
             continue
         with tempfile.TemporaryDirectory(prefix="tg_robust_") as d:
@@ -467,7 +478,7 @@ def main():
                 print(f"  FAIL  {fn.__name__}: {type(e).__name__}: {e}")
     doc = open(os.path.join(ROOT, "docs", "ROBUSTNESS.md")).read() \
         if os.path.exists(os.path.join(ROOT, "docs", "ROBUSTNESS.md")) else ""
-    missing = [fn.__name__ for fn, _, _ in CASES if f"`{fn.__name__}`" not in doc]
+    missing = [fn.__name__ for fn, _, _, _ in CASES if f"`{fn.__name__}`" not in doc]
     if missing and not only:
         print(f"  FAIL  docs/ROBUSTNESS.md lacks {missing} (regenerate with --table)")
         FAILS.append("docs")
