@@ -205,8 +205,9 @@ def output_over_input_refused(d):
     expect(open(x, "rb").read() == before, "the input was changed")
 
 
-@case("in-place kernel: --in data=f --out data=f (fwht_sign_undo_f32)",
-      "allowed: f holds the result",
+@case("in place: --in data=f --out data=f (fwht_sign_undo_f32, inout) and "
+      "--in/--out grad_weight=g (embedding_backward, acc)",
+      "allowed: f and g hold the results",
       before="passed (guard)")
 def in_place_allowed(d):
     f = os.path.join(d, "h.npy")
@@ -214,6 +215,15 @@ def in_place_allowed(d):
     p = tg(["run", "fwht_sign_undo_f32", "--in", f"data={f}", "--out", f"data={f}", "-q"])
     expect(p.returncode == 0, f"exit {p.returncode}: {p.stderr}")
     expect(not np.array_equal(np.load(f), np.ones((2, 256), np.float32)), "f not updated")
+    # an accumulating buffer updated in place: grad_weight += rows of grad_out
+    g, go, ids = (os.path.join(d, n) for n in ("g.npy", "go.npy", "ids.npy"))
+    np.save(g, np.ones((3, 4), np.float32))
+    np.save(go, np.full((2, 4), 2.0, np.float32))
+    np.save(ids, np.array([0, 2], np.uint32))
+    p = tg(["run", "embedding_backward", "--in", f"grad_out={go}", "--in", f"ids={ids}",
+            "--in", f"grad_weight={g}", "--out", f"grad_weight={g}", "-q"])
+    expect(p.returncode == 0, f"acc in place: exit {p.returncode}: {p.stderr}")
+    expect(np.array_equal(np.load(g)[:, 0], [3.0, 1.0, 3.0]), f"acc in place: {np.load(g)}")
 
 
 @case("output directory missing / a file / output path is a directory",
@@ -434,6 +444,22 @@ def signal_during_write(d):
                 os.remove(os.path.join(d, n))
         expect(sent and rc == -sig, f"{sig.name}: never caught the write (exit {rc})")
         expect(left == [], f"{sig.name}: left behind: {left}")
+
+
+@case("bench --json write fails (ulimit -f) over an earlier JSON",
+      "bench fails naming the file and 'File too large'; the earlier JSON unchanged; "
+      "no temporary left")
+def bench_json_write_fails_keeps_old(d):
+    out = os.path.join(d, "b.json")
+    with open(out, "w") as f:
+        f.write('{"earlier": true}')
+    lim = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (512, 512))  # noqa: E731
+    p = tg(["bench", "--section", "peaks", "--triad-mib", "1", "--reps", "1", "--threads", "1",
+            "--json", out], preexec_fn=lim, timeout=120)
+    expect(p.returncode != 0 and "File too large" in p.stderr and "b.json" in p.stderr,
+           f"exit {p.returncode}: {p.stderr.strip()[-300:]!r}")
+    expect(open(out).read() == '{"earlier": true}', "the earlier JSON was changed")
+    expect(os.listdir(d) == ["b.json"], f"left: {os.listdir(d)}")
 
 
 @case("SIGTERM during `tilegrad bench --json`",
