@@ -8,13 +8,16 @@
  * dtype and shape rule, and its scalar parameters) plus one small adapter
  * that turns the bound buffers/sizes/params into the C call. The generic
  * part below does everything else:
- *   1. parse the command line and load every --in array,
+ *   1. parse the command line and every --param value (cli/num.h), check
+ *      every --out location (cli/outfile.h), then load every --in array,
  *   2. check dtypes and match each input's shape against its rule, binding
  *      the rule's size symbols (B, H, qL, ...) and refusing disagreements,
  *   3. bind size symbols given as --param (e.g. vocab_size),
- *   4. allocate the outputs from their rules (accumulating outputs start from
- *      their --in array if one was given, else zeros),
- *   5. call the adapter, report a library error, write the --out arrays.
+ *   4. run the kernel's check hook if it has one, then allocate the outputs
+ *      from their rules (accumulating outputs start from their --in array if
+ *      one was given, else zeros),
+ *   5. call the adapter, report a library error, write the --out arrays to
+ *      temporaries and rename them over their targets: all of them or none.
  * The shape checks in step 2 are what keep the kernels in bounds: the C API
  * takes sizes, not array lengths.
  *
@@ -141,6 +144,16 @@ static int run_errorf(run_call *c, const char *fmt, ...) {
   vsnprintf(c->err, sizeof c->err, fmt, ap);
   va_end(ap);
   return -1;
+}
+
+/* run_errorf for the command-line parser: returns the exit code. */
+static int usage_errorf(run_call *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int usage_errorf(run_call *c, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(c->err, sizeof c->err, fmt, ap);
+  va_end(ap);
+  return RUN_EXIT_USAGE;
 }
 
 /* For adapters: refuse the inputs with a CLI-level message (exit code 2). */
@@ -962,7 +975,7 @@ static int parse_command_line(run_call *c, int argc, char **argv, run_opts *o) {
     for (size_t v = 0; v < sizeof valued / sizeof valued[0]; v++) {
       const size_t n = strlen(valued[v]);
       if (!strcmp(a, valued[v])) {
-        if (ai + 1 >= argc) return run_errorf(c, "%s needs a value", a), RUN_EXIT_USAGE;
+        if (ai + 1 >= argc) return usage_errorf(c, "%s needs a value", a);
         opt = valued[v];
         val = argv[++ai];
       } else if (!strncmp(a, valued[v], n) && a[n] == '=') {
@@ -972,8 +985,7 @@ static int parse_command_line(run_call *c, int argc, char **argv, run_opts *o) {
     }
     if (!opt) {
       tg_num_label(label, sizeof label, "argument", ' ', a);
-      return run_errorf(c, "unknown %s (see tilegrad run %s --help)", label, k->name),
-             RUN_EXIT_USAGE;
+      return usage_errorf(c, "unknown %s (see tilegrad run %s --help)", label, k->name);
     }
     if (!strcmp(opt, "--threads")) {
       int64_t v;
@@ -989,8 +1001,7 @@ static int parse_command_line(run_call *c, int argc, char **argv, run_opts *o) {
     if (!strcmp(opt, "--isa")) {
       if (tg_isa_from_name(val, &o->isa) != TG_OK) {
         tg_num_label(label, sizeof label, "--isa", ' ', val);
-        return run_errorf(c, "%s: expected auto, portable, avx2 or avx512", label),
-               RUN_EXIT_USAGE;
+        return usage_errorf(c, "%s: expected auto, portable, avx2 or avx512", label);
       }
       o->have_isa = 1;
       continue;
@@ -999,9 +1010,8 @@ static int parse_command_line(run_call *c, int argc, char **argv, run_opts *o) {
     const char *value;
     if (split_assign(val, name, sizeof name, &value)) {
       tg_num_label(label, sizeof label, opt, ' ', val);
-      return run_errorf(c, "%s: expected NAME=%s", label,
-                        strcmp(opt, "--param") ? "file.npy" : "value"),
-             RUN_EXIT_USAGE;
+      return usage_errorf(c, "%s: expected NAME=%s", label,
+                          strcmp(opt, "--param") ? "file.npy" : "value");
     }
     if (!strcmp(opt, "--param")) {
       const int pi = param_index(k, name);
@@ -1019,7 +1029,7 @@ static int parse_command_line(run_call *c, int argc, char **argv, run_opts *o) {
         }
         return RUN_EXIT_USAGE;
       }
-      if (c->params[pi].given) return run_errorf(c, "--param %s given twice", name), RUN_EXIT_USAGE;
+      if (c->params[pi].given) return usage_errorf(c, "--param %s given twice", name);
       c->params[pi].given = value;
       continue;
     }
@@ -1046,12 +1056,11 @@ static int parse_command_line(run_call *c, int argc, char **argv, run_opts *o) {
      * quoting all of it could crowd out the reason. */
     if (strlen(value) >= TG_OUT_PATH) {
       tg_num_label(label, sizeof label, opt, ' ', val);
-      return run_errorf(c, "%s: path of %zu bytes is longer than the system takes (%d)",
-                        label, strlen(value), TG_OUT_PATH - 1),
-             RUN_EXIT_USAGE;
+      return usage_errorf(c, "%s: path of %zu bytes is longer than the system takes (%d)",
+                          label, strlen(value), TG_OUT_PATH - 1);
     }
     const char **slot = is_in ? &c->bufs[bi].in_path : &c->bufs[bi].out_path;
-    if (*slot) return run_errorf(c, "%s %s given twice", opt, name), RUN_EXIT_USAGE;
+    if (*slot) return usage_errorf(c, "%s %s given twice", opt, name);
     *slot = value;
   }
   /* A run without --out computes and writes nothing, and exit 0 would read
