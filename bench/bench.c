@@ -26,6 +26,8 @@
 #endif
 
 #include "bench.h"
+#include "npy.h"     /* NPY_ERR_LEN: write_json's message buffer */
+#include "outfile.h" /* write_json's atomic output */
 #include "peak.h"
 #include "tilegrad.h"
 
@@ -960,11 +962,21 @@ static void fmt_shape(char *out, size_t cap, const attn_shape *s) {
            s->causal ? "causal" : "full");
 }
 
+/* Written to a temporary next to path and renamed over it when complete
+ * (cli/outfile.h): a failed or interrupted write leaves path as it was. */
 static int write_json(const char *path, const bench_opts *o, const char *cpu,
                       const char *isa, int threads, const tg_peaks *pk, double ceil,
                       const attn_result *ar, int na, const mem_result *mr, int nm) {
-  FILE *f = fopen(path, "w");
-  if (!f) return -1;
+  tg_outset out;
+  char err[NPY_ERR_LEN];
+  tg_outset_init(&out);
+  FILE *f = tg_outset_add(&out, "--json", path, err, sizeof err) < 0
+                ? NULL
+                : tg_outset_open(&out, 0, err, sizeof err);
+  if (!f) {
+    fprintf(stderr, "tilegrad bench: %s\n", err);
+    return -1;
+  }
   char ts[64] = "";
   time_t now = time(NULL);
   struct tm *g = gmtime(&now);
@@ -1077,9 +1089,11 @@ static int write_json(const char *path, const bench_opts *o, const char *cpu,
     fprintf(f, "}");
   }
   fprintf(f, "%s]\n  }\n}\n", nm ? "\n    " : "");
-  int bad = ferror(f);
-  if (fclose(f) != 0) bad = 1;
-  return bad ? -1 : 0;
+  if (tg_outset_commit(&out, err, sizeof err) != 0) {
+    fprintf(stderr, "tilegrad bench: %s\n", err);
+    return -1;
+  }
+  return 0;
 }
 
 /* ------------------------------------------------------------------------ */

@@ -13,6 +13,10 @@ older bf16-only script (no `torch_faster` in a row) plot with bf16 as the peer.
 """
 import argparse
 import json
+import os
+import signal
+import sys
+import tempfile
 
 import matplotlib
 
@@ -27,11 +31,75 @@ def peer_dtype(r):
     return r.get("torch_faster", "bf16")  # the bf16-only script had no other
 
 
+def output_target(path):
+    """The file an image for `path` replaces (a symlink is followed, as the C
+    CLI does); exits 2 now, before any plotting, if it cannot be written: the
+    directory must exist and take a new file, the path must not be a
+    directory or a device."""
+    real = os.path.realpath(path)
+    where = os.path.dirname(real)
+    why = None
+    if os.path.isdir(real) or path.endswith("/"):
+        why = "is a directory"
+    elif not os.path.isdir(where):
+        why = f"directory {os.path.dirname(path) or '.'} does not exist"
+    elif os.path.exists(real) and not os.path.isfile(real):
+        why = "is not a regular file"
+    else:
+        try:  # proves the directory takes a new file (permissions, read-only mount)
+            fd, probe = tempfile.mkstemp(dir=where, prefix="." + os.path.basename(real) + ".tmp-")
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as e:
+            why = f"cannot create a file in {where}: {e.strerror}"
+    if why:
+        sys.exit(f"plot.py: -o {path}: {why}")
+    return real
+
+
+def save_atomic(fig, path, **savefig_kw):
+    """Saves fig to a temporary next to path and renames it over path only
+    once complete: an error or a signal leaves path as it was and no
+    temporary behind."""
+    real = output_target(path)
+    fmt = os.path.splitext(real)[1][1:].lower() or "png"
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(real),
+                               prefix="." + os.path.basename(real) + ".tmp-")
+    old_term = signal.getsignal(signal.SIGTERM)
+
+    def on_term(signum, frame):  # SIGTERM unwinds like Ctrl-C: cleanup below
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            fig.savefig(f, format=fmt, **savefig_kw)
+            f.flush()
+            os.fsync(f.fileno())
+        mode = os.stat(real).st_mode & 0o7777 if os.path.exists(real) else \
+            0o666 & ~_umask()
+        os.chmod(tmp, mode)
+        os.replace(tmp, real)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+
+
+def _umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("json", nargs="+", help="bench/vs_torch.py --json output(s)")
     ap.add_argument("-o", "--out", default="vs-torch.png")
     args = ap.parse_args()
+    output_target(args.out)  # fail now, not after reading and plotting
     results, torch_version, cpu, isas, timed = [], "", "", set(), set()
     for path in args.json:
         with open(path) as f:
@@ -96,7 +164,7 @@ def main():
     isa = f", tilegrad ISA {', '.join(sorted(isas))}" if isas else ""
     fig.suptitle(f"tilegrad vs {peer} — {cpu}{isa}", fontsize=10)
     fig.tight_layout(rect=(0, legend_in / fig.get_figheight(), 1, 1))
-    fig.savefig(args.out, dpi=110)
+    save_atomic(fig, args.out, dpi=110)
     print(f"wrote {args.out}")
 
 

@@ -9,6 +9,9 @@
 #include <string.h>
 
 #include "bench.h"
+#include "bench_args.h"
+#include "npy.h"
+#include "outfile.h"
 #include "run.h"
 #include "tilegrad.h"
 
@@ -48,6 +51,8 @@ static int version(void) {
 }
 
 int main(int argc, char **argv) {
+  /* SIGINT/SIGTERM/SIGHUP remove the temporaries of unfinished outputs. */
+  tg_out_signals_install();
   if (argc < 2) {
     usage(stderr);
     return 2;
@@ -60,7 +65,16 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "--version") || !strcmp(cmd, "-V") || !strcmp(cmd, "version"))
     return version();
   if (!strcmp(cmd, "run")) return tg_cli_run_main(argc - 1, argv + 1);
-  if (!strcmp(cmd, "bench")) return tg_bench_main(argc - 1, argv + 1);
+  if (!strcmp(cmd, "bench")) {
+    /* Numbers and the --json location are checked before the bench runs
+     * (minutes), not found wrong after it. */
+    char msg[NPY_ERR_LEN];
+    if (tg_cli_bench_precheck(argc - 1, argv + 1, 1, msg, sizeof msg)) {
+      fprintf(stderr, "tilegrad bench: %s\n", msg);
+      return 2;
+    }
+    return tg_bench_main(argc - 1, argv + 1);
+  }
   if (!strcmp(cmd, "train")) {
 #ifdef TG_HAVE_TRAIN
     return tg_cli_train_main(argc - 1, argv + 1);

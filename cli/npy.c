@@ -1,10 +1,18 @@
 /* .npy v1/v2/v3 reader and writer; see npy.h for what is supported. */
+/* POSIX + XSI (fileno, stat, realpath, mkstemp, fsync, link, sigaction);
+ * the same in every CLI file, so tests can compile them into one unit. */
+#ifndef _XOPEN_SOURCE
+#define _XOPEN_SOURCE 700
+#endif
 #include "npy.h"
 
 #include <errno.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+
+#include "outfile.h"
 
 /* Headers longer than this are refused before anything is allocated: a
  * well-formed header for ndim <= 8 is well under 1 KiB. */
@@ -355,6 +363,8 @@ int npy_read_stream(FILE *f, const char *name, npy_array *out, char *err, size_t
   memset(out, 0, sizeof *out);
   unsigned char pre[12];
   size_t got = fread(pre, 1, 8, f);
+  if (got < 8 && ferror(f))
+    return npy_fail(err, errlen, "%s: read error: %s", name, strerror(errno));
   if (got < 8 || memcmp(pre, npy_magic, 6) != 0) {
     if (got < 8 && (got == 0 || memcmp(pre, npy_magic, got < 6 ? got : 6) == 0))
       return npy_fail(err, errlen, "%s: too short to be a .npy file (%zu bytes)", name, got);
@@ -455,6 +465,13 @@ int npy_read(const char *path, npy_array *out, char *err, size_t errlen) {
   memset(out, 0, sizeof *out);
   FILE *f = fopen(path, "rb");
   if (!f) return npy_fail(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+  /* fopen opens a directory for reading on Linux, and reading it then fails
+   * with EISDIR, which would be reported as a file "too short". */
+  struct stat st;
+  if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
+    fclose(f);
+    return npy_fail(err, errlen, "%s: is a directory, not a .npy file", path);
+  }
   const int rc = npy_read_stream(f, path, out, err, errlen);
   fclose(f);
   return rc;
@@ -510,11 +527,14 @@ int npy_write_stream(FILE *f, const char *name, const npy_array *a, char *err,
 }
 
 int npy_write(const char *path, const npy_array *a, char *err, size_t errlen) {
-  FILE *f = fopen(path, "wb");
-  if (!f) return npy_fail(err, errlen, "%s: cannot create: %s", path, strerror(errno));
-  int rc = npy_write_stream(f, path, a, err, errlen);
-  if (fclose(f) != 0 && rc == 0)
-    rc = npy_fail(err, errlen, "%s: write error on close: %s", path, strerror(errno));
-  if (rc) remove(path); /* never leave a half-written file behind */
-  return rc;
+  tg_outset set;
+  tg_outset_init(&set);
+  if (tg_outset_add(&set, "output", path, err, errlen) < 0) return -1;
+  FILE *f = tg_outset_open(&set, 0, err, errlen);
+  if (!f) return -1;
+  if (npy_write_stream(f, path, a, err, errlen)) {
+    tg_outset_discard(&set);
+    return -1;
+  }
+  return tg_outset_commit(&set, err, errlen);
 }

@@ -23,7 +23,9 @@
 #include <stdio.h>
 
 #define NPY_MAX_DIMS 8
-#define NPY_ERR_LEN 512
+/* Room for a message naming up to three paths of PATH_MAX (4096) bytes, so
+ * that the reason after a long path is never cut off. */
+#define NPY_ERR_LEN (3 * 4096 + 1024)
 
 typedef enum { NPY_F32 = 0, NPY_BF16 = 1, NPY_U32 = 2, NPY_I32 = 3 } npy_dtype;
 
@@ -64,7 +66,8 @@ int npy_parse_header(const char *text, size_t len, const char *name, npy_array *
                      char *err, size_t errlen);
 
 /* Writes an array (v1 header, or v2 when the header needs more than 65535
- * bytes). Returns 0 or -1 with a message naming path. */
+ * bytes) to path through a temporary file renamed over it (outfile.h): on
+ * failure path is unchanged. Returns 0 or -1 with a message naming path. */
 int npy_write(const char *path, const npy_array *a, char *err, size_t errlen);
 int npy_write_stream(FILE *f, const char *name, const npy_array *a, char *err,
                      size_t errlen);

@@ -8,13 +8,16 @@
  * dtype and shape rule, and its scalar parameters) plus one small adapter
  * that turns the bound buffers/sizes/params into the C call. The generic
  * part below does everything else:
- *   1. parse the command line and load every --in array,
+ *   1. parse the command line and every --param value (cli/num.h), check
+ *      every --out location (cli/outfile.h), then load every --in array,
  *   2. check dtypes and match each input's shape against its rule, binding
  *      the rule's size symbols (B, H, qL, ...) and refusing disagreements,
  *   3. bind size symbols given as --param (e.g. vocab_size),
- *   4. allocate the outputs from their rules (accumulating outputs start from
- *      their --in array if one was given, else zeros),
- *   5. call the adapter, report a library error, write the --out arrays.
+ *   4. run the kernel's check hook if it has one, then allocate the outputs
+ *      from their rules (accumulating outputs start from their --in array if
+ *      one was given, else zeros),
+ *   5. call the adapter, report a library error, write the --out arrays to
+ *      temporaries and rename them over their targets: all of them or none.
  * The shape checks in step 2 are what keep the kernels in bounds: the C API
  * takes sizes, not array lengths.
  *
@@ -23,6 +26,11 @@
  * be left out of the array altogether), or an integer literal ("1").
  * "*" accepts any shape; "=src" means "the shape of buffer src".
  */
+/* POSIX + XSI (fileno, stat, realpath, mkstemp, fsync, link, sigaction);
+ * the same in every CLI file, so tests can compile them into one unit. */
+#ifndef _XOPEN_SOURCE
+#define _XOPEN_SOURCE 700
+#endif
 #include "run.h"
 
 #include <errno.h>
@@ -32,9 +40,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "npy.h"
+#include "num.h"
+#include "outfile.h"
 #include "tilegrad.h"
 
 #define RUN_MAX_BUFS 12
@@ -90,6 +101,9 @@ typedef struct {
   buf_spec bufs[RUN_MAX_BUFS];       /* in C argument order; ends at name NULL */
   param_spec params[RUN_MAX_PARAMS]; /* ends at name NULL */
   tg_status (*adapter)(run_call *c);
+  /* Optional: checks the inputs against the params before the outputs are
+   * allocated (a mismatch must not cost an allocation sized by the params). */
+  tg_status (*check)(run_call *c);
 } kernel_spec;
 
 /* --- one invocation's state --------------------------------------------------- */
@@ -107,7 +121,7 @@ typedef struct {
 typedef struct {
   char name[32];
   int64_t value;
-  char from[320]; /* buffer or param that fixed it, for messages */
+  char from[TG_OUT_PATH + 320]; /* buffer or param that fixed it, for messages */
 } run_sym;
 
 struct run_call {
@@ -118,6 +132,8 @@ struct run_call {
   run_sym syms[RUN_MAX_SYMS];
   int n_syms;
   int cli_failed;       /* the adapter refused the inputs (message in err) */
+  tg_outset outs;       /* the --out files, all written or none */
+  int out_index[RUN_MAX_BUFS]; /* buffer -> its entry in outs, -1 = none */
   char err[NPY_ERR_LEN + 256];
 };
 
@@ -128,6 +144,16 @@ static int run_errorf(run_call *c, const char *fmt, ...) {
   vsnprintf(c->err, sizeof c->err, fmt, ap);
   va_end(ap);
   return -1;
+}
+
+/* run_errorf for the command-line parser: returns the exit code. */
+static int usage_errorf(run_call *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int usage_errorf(run_call *c, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(c->err, sizeof c->err, fmt, ap);
+  va_end(ap);
+  return RUN_EXIT_USAGE;
 }
 
 /* For adapters: refuse the inputs with a CLI-level message (exit code 2). */
@@ -376,6 +402,13 @@ static tg_status decode_nwg(run_call *c, const char *fn, uint32_t *nwg_out) {
   return TG_OK;
 }
 
+/* The check hook of both decode kernels: htmp's length against the params,
+ * before dst (nrows x head_dim, sized by the params alone) is allocated. */
+static tg_status decode_check(run_call *c) {
+  uint32_t nwg;
+  return decode_nwg(c, c->k->name, &nwg);
+}
+
 static tg_status run_flash_attn_vec_reduce(run_call *c) {
   uint32_t nwg;
   const tg_status s = decode_nwg(c, "flash_attn_vec_reduce", &nwg);
@@ -422,7 +455,7 @@ static const kernel_spec kernel_table[] = {
       {"D_out", ROLE_OUT, BT_F32, "B,H,qL", NULL},
       END_BUFS},
      {END_PARAMS},
-     run_flash_attn_train_bwd_compute_d_bf16},
+     run_flash_attn_train_bwd_compute_d_bf16, NULL},
 
     {"flash_attn_train_bwd_bf16",
      "FA-2 backward: dQ (writes), dK/dV (accumulate) from Q,K,V,L,dO,D_vec",
@@ -438,7 +471,7 @@ static const kernel_spec kernel_table[] = {
       ATTN_MASK_BUF,
       END_BUFS},
      ATTN_SCORE_PARAMS,
-     run_flash_attn_train_bwd_bf16},
+     run_flash_attn_train_bwd_bf16, NULL},
 
     {"flash_attn_train_fwd_bf16",
      "FA-2 training forward: O = softmax(S).V (bf16), L = logsumexp(S), S as in the backward",
@@ -450,7 +483,7 @@ static const kernel_spec kernel_table[] = {
       ATTN_MASK_BUF,
       END_BUFS},
      ATTN_SCORE_PARAMS,
-     run_flash_attn_train_fwd_bf16},
+     run_flash_attn_train_fwd_bf16, NULL},
 
     {"rms_norm_forward_f32",
      "y[b,k] = x[b,k]*r[b]*w[k], r_out[b] = 1/sqrt(mean_j x[b,j]^2 + eps)",
@@ -460,7 +493,7 @@ static const kernel_spec kernel_table[] = {
       {"r_out", ROLE_OUT, BT_F32, "rows", "input r of the backward kernels"},
       END_BUFS},
      {{"eps", P_FLOAT, NULL, "added to mean(x^2), e.g. 1e-6"}, END_PARAMS},
-     run_rms_norm_forward_f32},
+     run_rms_norm_forward_f32, NULL},
 
     {"f32_to_bf16_cast",
      "dst = bf16(src), round to nearest even (any shape; dst keeps src's shape)",
@@ -468,7 +501,7 @@ static const kernel_spec kernel_table[] = {
       {"dst", ROLE_OUT, BT_BF16, "=src", "written as '<u2' bf16 bits"},
       END_BUFS},
      {END_PARAMS},
-     run_f32_to_bf16_cast},
+     run_f32_to_bf16_cast, NULL},
 
     {"rms_norm_compute_rms_inv_f32",
      "r_out[b] = 1/sqrt(mean_j x[b,j]^2 + eps)",
@@ -476,7 +509,7 @@ static const kernel_spec kernel_table[] = {
       {"r_out", ROLE_OUT, BT_F32, "rows", NULL},
       END_BUFS},
      {{"eps", P_FLOAT, NULL, "added to mean(x^2), e.g. 1e-6"}, END_PARAMS},
-     run_rms_norm_compute_rms_inv_f32},
+     run_rms_norm_compute_rms_inv_f32, NULL},
 
     {"rms_norm_backward_dx_f32",
      "dx[b,k] = r[b]*(dy[b,k]*w[k] - x[b,k]*s[b]*r[b]^2/dim), s[b] = sum_i dy*x*w",
@@ -487,7 +520,7 @@ static const kernel_spec kernel_table[] = {
       {"dx", ROLE_OUT, BT_F32, "rows,dim", NULL},
       END_BUFS},
      {END_PARAMS},
-     run_rms_norm_backward_dx_f32},
+     run_rms_norm_backward_dx_f32, NULL},
 
     {"rms_norm_backward_dw_f32",
      "dw[i] = sum_b dy[b,i]*x[b,i]*r[b] (writes)",
@@ -497,7 +530,7 @@ static const kernel_spec kernel_table[] = {
       {"dw", ROLE_OUT, BT_F32, "dim", NULL},
       END_BUFS},
      {END_PARAMS},
-     run_rms_norm_backward_dw_f32},
+     run_rms_norm_backward_dw_f32, NULL},
 
     {"rms_norm_backward",
      "fused RMSNorm backward: grad_input (writes), grad_weight (accumulates)",
@@ -508,7 +541,7 @@ static const kernel_spec kernel_table[] = {
       {"grad_weight", ROLE_ACC, BT_F32, "dim", NULL},
       END_BUFS},
      {{"eps", P_FLOAT, NULL, "added to mean(x^2), e.g. 1e-6"}, END_PARAMS},
-     run_rms_norm_backward},
+     run_rms_norm_backward, NULL},
 
     {"softmax_backward",
      "grad_in = sm*(grad_out - sum_j sm*grad_out) per row",
@@ -517,7 +550,7 @@ static const kernel_spec kernel_table[] = {
       {"grad_in", ROLE_OUT, BT_F32, "n_rows,row_len", NULL},
       END_BUFS},
      {END_PARAMS},
-     run_softmax_backward},
+     run_softmax_backward, NULL},
 
     {"embedding_backward",
      "grad_weight[ids[t],:] += grad_out[t,:] (accumulates)",
@@ -528,7 +561,7 @@ static const kernel_spec kernel_table[] = {
      {{"vocab_size", P_U32, "",
        "rows of grad_weight (required unless --in grad_weight=... gives it)"},
       END_PARAMS},
-     run_embedding_backward},
+     run_embedding_backward, NULL},
 
     {"cross_entropy_fwd_bwd",
      "loss_out[0] += mean CE over non-pad rows (accumulates); grad = (softmax-onehot)/count",
@@ -540,7 +573,7 @@ static const kernel_spec kernel_table[] = {
      {{"pad_id", P_U32, "", "target id that marks padding (default: none, 0xFFFFFFFF)"},
       {"count", P_U32, "", "divisor (default: the number of non-pad targets)"},
       END_PARAMS},
-     run_cross_entropy_fwd_bwd},
+     run_cross_entropy_fwd_bwd, NULL},
 
     {"transpose_2d",
      "output[c,r] = input[r,c]",
@@ -548,7 +581,7 @@ static const kernel_spec kernel_table[] = {
       {"output", ROLE_OUT, BT_F32, "cols,rows", NULL},
       END_BUFS},
      {END_PARAMS},
-     run_transpose_2d},
+     run_transpose_2d, NULL},
 
     {"causal_attention_backward",
      "naive causal attention backward, token-major f32 (grad_Q writes, grad_K/V accumulate)",
@@ -564,7 +597,7 @@ static const kernel_spec kernel_table[] = {
       {"n_heads", P_U32, "", "query heads (default QC/head_dim)"},
       {"n_kv_heads", P_U32, "", "kv heads (default KC/head_dim)"},
       END_PARAMS},
-     run_causal_attention_backward},
+     run_causal_attention_backward, NULL},
 
     {"flash_attn_vec_reduce",
      "decode reduce of split-KV partials: dst[r,:] = sum_w a_w*part[r,w,:] / sum_w a_w*S_w",
@@ -576,7 +609,7 @@ static const kernel_spec kernel_table[] = {
       {"head_dim", P_U32, NULL, "value dim DV, a multiple of 4"},
       {"nwg", P_U32, "", "workgroups (default: implied by htmp's length)"},
       END_PARAMS},
-     run_flash_attn_vec_reduce},
+     run_flash_attn_vec_reduce, decode_check},
 
     {"flash_attn_vec_reduce_tq_hb_undo",
      "decode reduce, then normalised Walsh-Hadamard transform and D1 sign undo",
@@ -587,14 +620,14 @@ static const kernel_spec kernel_table[] = {
       {"head_dim", P_U32, NULL, "value dim DV: 256 or 512"},
       {"nwg", P_U32, "", "workgroups (default: implied by htmp's length)"},
       END_PARAMS},
-     run_flash_attn_vec_reduce_tq_hb_undo},
+     run_flash_attn_vec_reduce_tq_hb_undo, decode_check},
 
     {"fwht_sign_undo_f32",
      "in place: FWHT, * 1/sqrt(head_dim), D1 sign undo (head_dim 256 or 512)",
      {{"data", ROLE_INOUT, BT_F32, "num_heads,head_dim", "--in the input, --out the result"},
       END_BUFS},
      {END_PARAMS},
-     run_fwht_sign_undo_f32},
+     run_fwht_sign_undo_f32, NULL},
 };
 
 static const int n_kernels = (int)(sizeof kernel_table / sizeof kernel_table[0]);
@@ -682,6 +715,17 @@ static void run_usage(FILE *out) {
           "from --in NAME=file if given, else zeros), inout = modified in place.\n"
           "dtypes: f32 '<f4'; bf16 raw bits '<u2' (also '<V2', 'bfloat16');\n"
           "u32 '<u4' or non-negative '<i4'. Outputs are written as '<f4' / '<u2'.\n"
+          "\n"
+          "Outputs: at least one --out is required. Every output location is checked\n"
+          "before anything is computed; each output is written to a temporary file\n"
+          "next to its target and all are renamed over their targets only when every\n"
+          "one is complete, so a failed or interrupted run (Ctrl-C, SIGTERM, a full\n"
+          "disk, ulimit -f) changes no file. Two outputs may not name one file, and an\n"
+          "output may not replace an input file, except an inout or acc buffer's own\n"
+          "--in (updated in place). A symlink at a target is followed; a directory,\n"
+          "device or FIFO there is refused.\n"
+          "Numbers (--param, --threads) are decimal: no octal leading zeros, no hex,\n"
+          "no inf/nan; a float must fit float32 and not underflow to 0 or a subnormal.\n"
           "Exit status: 0 ok, 1 the kernel returned an error, 2 bad arguments or files.\n");
 }
 
@@ -755,7 +799,7 @@ static int bind_sym(run_call *c, const char *name, int64_t v, const char *from) 
 static int bind_input(run_call *c, int bi) {
   const buf_spec *b = &c->k->bufs[bi];
   const npy_array *a = &c->bufs[bi].arr;
-  char from[300], sb[256];
+  char from[TG_OUT_PATH + 300], sb[256];
   snprintf(from, sizeof from, "%s (%s, shape %s)", b->name, c->bufs[bi].in_path,
            npy_shape_str(a, sb, sizeof sb));
   if (!strcmp(b->shape, "*")) return 0;
@@ -825,31 +869,42 @@ static int alloc_output(run_call *c, int bi) {
 }
 
 /* --- params ------------------------------------------------------------------------ */
+/* Parses one param's text (given or its default) with the CLI's one number
+ * parser (num.h): decimal only, range of the param's type, float32 range
+ * without underflow for floats. */
 static int parse_param(run_call *c, int pi, const char *text, const char *what) {
   const param_spec *ps = &c->k->params[pi];
   run_param *p = &c->params[pi];
-  char *end = NULL;
-  errno = 0;
-  if (ps->type == P_FLOAT) {
-    p->f = strtod(text, &end);
-    if (end == text || *end || errno == ERANGE)
-      return run_errorf(c, "%s %s=%s: not a number", what, ps->name, text);
-    return 0;
-  }
+  char opt[96], label[TG_NUM_LABEL_LEN];
+  snprintf(opt, sizeof opt, "%s %s", what, ps->name);
+  tg_num_label(label, sizeof label, opt, '=', text);
+  if (ps->type == P_FLOAT) return tg_num_float(label, text, &p->f, c->err, sizeof c->err);
   if (ps->type == P_BOOL && (!strcmp(text, "true") || !strcmp(text, "false"))) {
     p->i = text[0] == 't';
   } else {
-    const long long v = strtoll(text, &end, 0);
-    if (end == text || *end || errno == ERANGE)
-      return run_errorf(c, "%s %s=%s: not an integer", what, ps->name, text);
-    p->i = v;
+    const int64_t lo = ps->type == P_I32 ? INT32_MIN : 0;
+    const int64_t hi = ps->type == P_BOOL ? 1 : ps->type == P_I32 ? INT32_MAX : UINT32_MAX;
+    if (tg_num_int(label, text, lo, hi, &p->i, c->err, sizeof c->err)) return -1;
   }
-  const int64_t lo = ps->type == P_I32 ? INT32_MIN : 0;
-  const int64_t hi = ps->type == P_BOOL ? 1 : ps->type == P_I32 ? INT32_MAX : UINT32_MAX;
-  if (p->i < lo || p->i > hi)
-    return run_errorf(c, "%s %s=%s: out of range [%lld, %lld]", what, ps->name, text,
-                      (long long)lo, (long long)hi);
   p->f = (double)p->i;
+  return 0;
+}
+
+/* Every param: the given text or the default, or a refusal when a required
+ * one is missing. Needs no file, so it runs before any input is read. */
+static int parse_params(run_call *c) {
+  const kernel_spec *k = c->k;
+  for (int i = 0; i < RUN_MAX_PARAMS && k->params[i].name; i++) {
+    const param_spec *ps = &k->params[i];
+    const run_param *p = &c->params[i];
+    if (p->given) {
+      if (parse_param(c, i, p->given, "--param")) return -1;
+    } else if (ps->def && ps->def[0]) {
+      if (parse_param(c, i, ps->def, "default")) return -1;
+    } else if (!ps->def) {
+      return run_errorf(c, "missing --param %s=... (%s)", ps->name, ps->help);
+    }
+  }
   return 0;
 }
 
@@ -870,17 +925,193 @@ static int split_assign(const char *arg, char *name, size_t namelen, const char 
   return 0;
 }
 
-static void list_names(FILE *out, const kernel_spec *k, int outputs) {
+/* Appends the kernel's input or output buffer names to buf. */
+static void list_names(char *buf, size_t buflen, const kernel_spec *k, int outputs) {
   int first = 1;
   for (int i = 0; i < RUN_MAX_BUFS && k->bufs[i].name; i++) {
     const buf_role r = k->bufs[i].role;
     const int is_out = r == ROLE_OUT || r == ROLE_ACC || r == ROLE_INOUT;
     const int is_in = r != ROLE_OUT;
     if (outputs ? is_out : is_in) {
-      fprintf(out, "%s%s", first ? "" : ", ", k->bufs[i].name);
+      const size_t used = strlen(buf);
+      snprintf(buf + used, buflen - used, "%s%s", first ? "" : ", ", k->bufs[i].name);
       first = 0;
     }
   }
+}
+
+/* The options that are not buffers or params. */
+typedef struct {
+  int threads; /* -1 = not given */
+  int deterministic, quiet, have_isa;
+  tg_isa isa;
+} run_opts;
+
+enum { PARSE_GO_ON = -1, PARSE_HELP = -2 };
+
+/* Step 1: the command line (argv[0] "run", argv[1] the kernel) into c and o.
+ * Touches no file. Returns PARSE_GO_ON, PARSE_HELP, or RUN_EXIT_USAGE with
+ * the message in c->err. */
+static int parse_command_line(run_call *c, int argc, char **argv, run_opts *o) {
+  const kernel_spec *k = c->k;
+  memset(o, 0, sizeof *o);
+  o->threads = -1;
+  o->isa = TG_ISA_AUTO;
+  char label[TG_NUM_LABEL_LEN];
+  for (int ai = 2; ai < argc; ai++) {
+    const char *a = argv[ai];
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) return PARSE_HELP;
+    if (!strcmp(a, "--deterministic")) {
+      o->deterministic = 1;
+      continue;
+    }
+    if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) {
+      o->quiet = 1;
+      continue;
+    }
+    /* options with a value: "--opt value" or "--opt=value" */
+    static const char *const valued[] = {"--in", "--out", "--param", "--threads", "--isa"};
+    const char *opt = NULL, *val = NULL;
+    for (size_t v = 0; v < sizeof valued / sizeof valued[0]; v++) {
+      const size_t n = strlen(valued[v]);
+      if (!strcmp(a, valued[v])) {
+        if (ai + 1 >= argc) return usage_errorf(c, "%s needs a value", a);
+        opt = valued[v];
+        val = argv[++ai];
+      } else if (!strncmp(a, valued[v], n) && a[n] == '=') {
+        opt = valued[v];
+        val = a + n + 1;
+      }
+    }
+    if (!opt) {
+      tg_num_label(label, sizeof label, "argument", ' ', a);
+      return usage_errorf(c, "unknown %s (see tilegrad run %s --help)", label, k->name);
+    }
+    if (!strcmp(opt, "--threads")) {
+      int64_t v;
+      tg_num_label(label, sizeof label, "--threads", ' ', val);
+      if (tg_num_int(label, val, 0, 4096, &v, c->err, sizeof c->err)) {
+        const size_t used = strlen(c->err);
+        snprintf(c->err + used, sizeof c->err - used, " (0 = OpenMP default)");
+        return RUN_EXIT_USAGE;
+      }
+      o->threads = (int)v;
+      continue;
+    }
+    if (!strcmp(opt, "--isa")) {
+      if (tg_isa_from_name(val, &o->isa) != TG_OK) {
+        tg_num_label(label, sizeof label, "--isa", ' ', val);
+        return usage_errorf(c, "%s: expected auto, portable, avx2 or avx512", label);
+      }
+      o->have_isa = 1;
+      continue;
+    }
+    char name[64];
+    const char *value;
+    if (split_assign(val, name, sizeof name, &value)) {
+      tg_num_label(label, sizeof label, opt, ' ', val);
+      return usage_errorf(c, "%s: expected NAME=%s", label,
+                          strcmp(opt, "--param") ? "file.npy" : "value");
+    }
+    if (!strcmp(opt, "--param")) {
+      const int pi = param_index(k, name);
+      if (pi < 0) {
+        run_errorf(c, "unknown param '%s'", name);
+        const size_t used = strlen(c->err);
+        if (!k->params[0].name) {
+          snprintf(c->err + used, sizeof c->err - used, " (this kernel takes none)");
+        } else {
+          snprintf(c->err + used, sizeof c->err - used, "; params:");
+          for (int i = 0; i < RUN_MAX_PARAMS && k->params[i].name; i++) {
+            const size_t u = strlen(c->err);
+            snprintf(c->err + u, sizeof c->err - u, " %s", k->params[i].name);
+          }
+        }
+        return RUN_EXIT_USAGE;
+      }
+      if (c->params[pi].given) return usage_errorf(c, "--param %s given twice", name);
+      c->params[pi].given = value;
+      continue;
+    }
+    const int is_in = !strcmp(opt, "--in");
+    const int bi = buf_index(k, name);
+    const buf_role role = bi >= 0 ? k->bufs[bi].role : ROLE_IN;
+    if (bi < 0 || (is_in && role == ROLE_OUT) ||
+        (!is_in && (role == ROLE_IN || role == ROLE_OPT_IN))) {
+      if (bi >= 0)
+        run_errorf(c, "%s %s: %s is %s", opt, name, name,
+                   is_in ? "an output the kernel overwrites (it takes no --in)"
+                         : "an input (it takes no --out)");
+      else
+        run_errorf(c, "%s %s: no such buffer", opt, name);
+      size_t used = strlen(c->err);
+      snprintf(c->err + used, sizeof c->err - used, "\n  inputs: ");
+      list_names(c->err, sizeof c->err, k, 0);
+      used = strlen(c->err);
+      snprintf(c->err + used, sizeof c->err - used, "\n  outputs: ");
+      list_names(c->err, sizeof c->err, k, 1);
+      return RUN_EXIT_USAGE;
+    }
+    /* A path the system cannot open is refused here, before a message
+     * quoting all of it could crowd out the reason. */
+    if (strlen(value) >= TG_OUT_PATH) {
+      tg_num_label(label, sizeof label, opt, ' ', val);
+      return usage_errorf(c, "%s: path of %zu bytes is longer than the system takes (%d)",
+                          label, strlen(value), TG_OUT_PATH - 1);
+    }
+    const char **slot = is_in ? &c->bufs[bi].in_path : &c->bufs[bi].out_path;
+    if (*slot) return usage_errorf(c, "%s %s given twice", opt, name);
+    *slot = value;
+  }
+  /* A run without --out computes and writes nothing, and exit 0 would read
+   * as success; no documented use needs it (timing is `tilegrad bench`). */
+  int outs = 0;
+  for (int i = 0; i < RUN_MAX_BUFS && k->bufs[i].name; i++) outs += c->bufs[i].out_path != NULL;
+  if (!outs) {
+    run_errorf(c, "no --out given: the run would write nothing; name at least one of: ");
+    list_names(c->err, sizeof c->err, k, 1);
+    const size_t used = strlen(c->err);
+    snprintf(c->err + used, sizeof c->err - used, " (--out NAME=file.npy)");
+    return RUN_EXIT_USAGE;
+  }
+  if (parse_params(c)) return RUN_EXIT_USAGE;
+  return PARSE_GO_ON;
+}
+
+/* Checks every --out location (outfile.h: writable directory, not a
+ * directory or device, no two outputs on one file), then refuses an output
+ * that would replace an input file, except its own buffer's --in where the
+ * kernel updates that buffer in place (inout and acc buffers). Runs before
+ * any input is read. */
+static int check_outputs(run_call *c) {
+  const kernel_spec *k = c->k;
+  tg_outset_init(&c->outs);
+  for (int i = 0; i < RUN_MAX_BUFS; i++) c->out_index[i] = -1;
+  for (int i = 0; i < RUN_MAX_BUFS && k->bufs[i].name; i++) {
+    if (!c->bufs[i].out_path) continue;
+    char what[64];
+    snprintf(what, sizeof what, "--out %s", k->bufs[i].name);
+    const int oi = tg_outset_add(&c->outs, what, c->bufs[i].out_path, c->err, sizeof c->err);
+    if (oi < 0) return -1;
+    c->out_index[i] = oi;
+  }
+  for (int i = 0; i < RUN_MAX_BUFS && k->bufs[i].name; i++) {
+    struct stat st;
+    if (!c->bufs[i].in_path || stat(c->bufs[i].in_path, &st) != 0) continue;
+    for (int j = 0; j < RUN_MAX_BUFS && k->bufs[j].name; j++) {
+      if (c->out_index[j] < 0 ||
+          !tg_out_is_file(&c->outs.o[c->out_index[j]], st.st_dev, st.st_ino))
+        continue;
+      if (i == j) continue; /* inout/acc: --in and --out of one buffer, in place */
+      return run_errorf(c,
+                        "--out %s=%s would replace the input --in %s=%s: %s does not work "
+                        "in place on these buffers (only an inout or acc buffer may name "
+                        "its own --in file); give another file name",
+                        k->bufs[j].name, c->bufs[j].out_path, k->bufs[i].name,
+                        c->bufs[i].in_path, k->name);
+    }
+  }
+  return 0;
 }
 
 /* Everything after loading; split out so main can free in one place. */
@@ -913,35 +1144,29 @@ static int run_prepare_and_call(run_call *c, int quiet) {
   }
   for (int i = 0; i < RUN_MAX_BUFS && k->bufs[i].name; i++)
     if (c->bufs[i].in_path && bind_input(c, i)) return -1;
-  /* 3. params: parse, defaults, size symbols */
+  /* 3. size symbols given as params (parsed with the command line) */
   for (int i = 0; i < RUN_MAX_PARAMS && k->params[i].name; i++) {
     const param_spec *ps = &k->params[i];
-    run_param *p = &c->params[i];
-    if (p->given) {
-      if (parse_param(c, i, p->given, "--param")) return -1;
-    } else if (ps->def && ps->def[0]) {
-      if (parse_param(c, i, ps->def, "default")) return -1;
-    } else if (!ps->def) {
-      return run_errorf(c, "missing --param %s=... (%s)", ps->name, ps->help);
-    }
-    if (p->given) {
-      char from[64];
-      snprintf(from, sizeof from, "--param %s", ps->name);
-      /* only size symbols that appear in a rule bind */
-      for (int j = 0; j < RUN_MAX_BUFS && k->bufs[j].name; j++) {
-        rule_dim dims[RUN_MAX_RULE_DIMS];
-        const char *rule = k->bufs[j].shape;
-        if (rule[0] == '=' || !strcmp(rule, "*")) continue;
-        const int nd = parse_rule(rule, dims);
-        int uses = 0;
-        for (int d = 0; d < nd; d++) uses |= !strcmp(dims[d].sym, ps->name);
-        if (uses) {
-          if (bind_sym(c, ps->name, p->i, from)) return -1;
-          break;
-        }
+    const run_param *p = &c->params[i];
+    if (!p->given) continue;
+    char from[64];
+    snprintf(from, sizeof from, "--param %s", ps->name);
+    /* only size symbols that appear in a rule bind */
+    for (int j = 0; j < RUN_MAX_BUFS && k->bufs[j].name; j++) {
+      rule_dim dims[RUN_MAX_RULE_DIMS];
+      const char *rule = k->bufs[j].shape;
+      if (rule[0] == '=' || !strcmp(rule, "*")) continue;
+      const int nd = parse_rule(rule, dims);
+      int uses = 0;
+      for (int d = 0; d < nd; d++) uses |= !strcmp(dims[d].sym, ps->name);
+      if (uses) {
+        if (bind_sym(c, ps->name, p->i, from)) return -1;
+        break;
       }
     }
   }
+  /* the kernel's own checks of inputs against params, before allocating */
+  if (k->check && k->check(c) != TG_OK) return -1;
   /* 4. outputs */
   for (int i = 0; i < RUN_MAX_BUFS && k->bufs[i].name; i++) {
     const buf_role r = k->bufs[i].role;
@@ -959,17 +1184,50 @@ static int run_prepare_and_call(run_call *c, int quiet) {
     return 1;
   }
   if (!quiet) fprintf(stderr, "tilegrad run %s: ok (%.3f ms)\n", k->name, (t1 - t0) * 1e3);
-  /* outputs to files */
+  /* 6. every output to its temporary, then all renamed at once, or none */
   for (int i = 0; i < RUN_MAX_BUFS && k->bufs[i].name; i++) {
-    run_buf *rb = &c->bufs[i];
-    if (!rb->out_path) continue;
-    char err[NPY_ERR_LEN], sb[256];
-    if (npy_write(rb->out_path, &rb->arr, err, sizeof err)) return run_errorf(c, "%s", err);
-    if (!quiet)
-      fprintf(stderr, "  wrote %s %s %s -> %s\n", k->bufs[i].name, npy_dtype_name(rb->arr.dtype),
-              npy_shape_str(&rb->arr, sb, sizeof sb), rb->out_path);
+    if (c->out_index[i] < 0) continue;
+    FILE *f = tg_outset_open(&c->outs, c->out_index[i], c->err, sizeof c->err);
+    if (!f || npy_write_stream(f, c->bufs[i].out_path, &c->bufs[i].arr, c->err,
+                               sizeof c->err)) {
+      tg_outset_discard(&c->outs);
+      return -1;
+    }
+  }
+  if (tg_outset_commit(&c->outs, c->err, sizeof c->err)) return -1;
+  for (int i = 0; !quiet && i < RUN_MAX_BUFS && k->bufs[i].name; i++) {
+    const run_buf *rb = &c->bufs[i];
+    char sb[256];
+    if (rb->out_path)
+      fprintf(stderr, "  wrote %s %s %s -> %s\n", k->bufs[i].name,
+              npy_dtype_name(rb->arr.dtype), npy_shape_str(&rb->arr, sb, sizeof sb),
+              rb->out_path);
   }
   return 0;
+}
+
+int tg_cli_run_check_args(int argc, char **argv, char *msg, size_t msglen) {
+  if (msg && msglen) msg[0] = '\0';
+  if (argc < 2) {
+    if (msg && msglen) snprintf(msg, msglen, "no kernel given");
+    return RUN_EXIT_USAGE;
+  }
+  if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) return RUN_EXIT_OK;
+  const kernel_spec *k = find_kernel(argv[1]);
+  if (!k) {
+    char label[TG_NUM_LABEL_LEN];
+    if (msg && msglen)
+      snprintf(msg, msglen, "unknown %s", tg_num_label(label, sizeof label, "kernel", ' ', argv[1]));
+    return RUN_EXIT_USAGE;
+  }
+  run_call *c = calloc(1, sizeof *c);
+  if (!c) return RUN_EXIT_USAGE;
+  c->k = k;
+  run_opts o;
+  const int r = parse_command_line(c, argc, argv, &o);
+  if (msg && msglen) snprintf(msg, msglen, "%s", c->err);
+  free(c);
+  return r == PARSE_GO_ON || r == PARSE_HELP ? RUN_EXIT_OK : r;
 }
 
 int tg_cli_run_main(int argc, char **argv) {
@@ -990,120 +1248,21 @@ int tg_cli_run_main(int argc, char **argv) {
     return RUN_EXIT_USAGE;
   }
   c->k = k;
-  int threads = -1, deterministic = 0, quiet = 0, rc = RUN_EXIT_USAGE;
-  tg_isa isa = TG_ISA_AUTO;
-  int have_isa = 0;
+  tg_outset_init(&c->outs);
+  int rc = RUN_EXIT_USAGE;
+  run_opts o;
 
-  /* 1. the command line */
-  for (int ai = 2; ai < argc; ai++) {
-    const char *a = argv[ai];
-    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-      kernel_help(stdout, k);
-      rc = RUN_EXIT_OK;
-      goto done;
-    }
-    if (!strcmp(a, "--deterministic")) {
-      deterministic = 1;
-      continue;
-    }
-    if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) {
-      quiet = 1;
-      continue;
-    }
-    /* options with a value: "--opt value" or "--opt=value" */
-    static const char *const valued[] = {"--in", "--out", "--param", "--threads", "--isa"};
-    const char *opt = NULL, *val = NULL;
-    for (size_t o = 0; o < sizeof valued / sizeof valued[0]; o++) {
-      const size_t n = strlen(valued[o]);
-      if (!strcmp(a, valued[o])) {
-        if (ai + 1 >= argc) {
-          fprintf(stderr, "tilegrad run: %s needs a value\n", a);
-          goto done;
-        }
-        opt = valued[o];
-        val = argv[++ai];
-      } else if (!strncmp(a, valued[o], n) && a[n] == '=') {
-        opt = valued[o];
-        val = a + n + 1;
-      }
-    }
-    if (!opt) {
-      fprintf(stderr, "tilegrad run: unknown argument '%s' (see tilegrad run %s --help)\n", a,
-              k->name);
-      goto done;
-    }
-    if (!strcmp(opt, "--threads")) {
-      char *end;
-      errno = 0;
-      const long v = strtol(val, &end, 10);
-      if (end == val || *end || errno || v < 0 || v > 4096) {
-        fprintf(stderr, "tilegrad run: --threads %s: expected 0..4096 (0 = OpenMP default)\n",
-                val);
-        goto done;
-      }
-      threads = (int)v;
-      continue;
-    }
-    if (!strcmp(opt, "--isa")) {
-      if (tg_isa_from_name(val, &isa) != TG_OK) {
-        fprintf(stderr, "tilegrad run: --isa %s: expected auto, portable, avx2 or avx512\n", val);
-        goto done;
-      }
-      have_isa = 1;
-      continue;
-    }
-    char name[64];
-    const char *value;
-    if (split_assign(val, name, sizeof name, &value)) {
-      fprintf(stderr, "tilegrad run: %s %s: expected NAME=%s\n", opt, val,
-              strcmp(opt, "--param") ? "file.npy" : "value");
-      goto done;
-    }
-    if (!strcmp(opt, "--param")) {
-      const int pi = param_index(k, name);
-      if (pi < 0) {
-        fprintf(stderr, "tilegrad run %s: unknown param '%s'", k->name, name);
-        if (!k->params[0].name) fprintf(stderr, " (this kernel takes none)");
-        else {
-          fprintf(stderr, "; params:");
-          for (int i = 0; i < RUN_MAX_PARAMS && k->params[i].name; i++)
-            fprintf(stderr, " %s", k->params[i].name);
-        }
-        fprintf(stderr, "\n");
-        goto done;
-      }
-      if (c->params[pi].given) {
-        fprintf(stderr, "tilegrad run: --param %s given twice\n", name);
-        goto done;
-      }
-      c->params[pi].given = value;
-      continue;
-    }
-    const int is_in = !strcmp(opt, "--in");
-    const int bi = buf_index(k, name);
-    const buf_role role = bi >= 0 ? k->bufs[bi].role : ROLE_IN;
-    if (bi < 0 || (is_in && role == ROLE_OUT) ||
-        (!is_in && (role == ROLE_IN || role == ROLE_OPT_IN))) {
-      fprintf(stderr, "tilegrad run %s: %s %s: ", k->name, opt, name);
-      if (bi >= 0)
-        fprintf(stderr, "%s is %s\n", name,
-                is_in ? "an output the kernel overwrites (it takes no --in)"
-                      : "an input (it takes no --out)");
-      else
-        fprintf(stderr, "no such buffer\n");
-      fprintf(stderr, "  inputs: ");
-      list_names(stderr, k, 0);
-      fprintf(stderr, "\n  outputs: ");
-      list_names(stderr, k, 1);
-      fprintf(stderr, "\n");
-      goto done;
-    }
-    const char **slot = is_in ? &c->bufs[bi].in_path : &c->bufs[bi].out_path;
-    if (*slot) {
-      fprintf(stderr, "tilegrad run: %s %s given twice\n", opt, name);
-      goto done;
-    }
-    *slot = value;
+  /* 1. the command line and params; then the output locations, before any
+   * input is read or anything computed */
+  const int pr = parse_command_line(c, argc, argv, &o);
+  if (pr == PARSE_HELP) {
+    kernel_help(stdout, k);
+    rc = RUN_EXIT_OK;
+    goto done;
+  }
+  if (pr != PARSE_GO_ON || check_outputs(c)) {
+    fprintf(stderr, "tilegrad run %s: %s\n", k->name, c->err);
+    goto done;
   }
 
   /* load the inputs */
@@ -1121,23 +1280,23 @@ int tg_cli_run_main(int argc, char **argv) {
     fprintf(stderr, "tilegrad run: tg_ctx_create: %s\n", tg_status_str(s));
     goto done;
   }
-  if (threads >= 0 && (s = tg_ctx_set_threads(c->ctx, threads)) != TG_OK) {
-    fprintf(stderr, "tilegrad run: --threads %d: %s: %s\n", threads, tg_status_str(s),
+  if (o.threads >= 0 && (s = tg_ctx_set_threads(c->ctx, o.threads)) != TG_OK) {
+    fprintf(stderr, "tilegrad run: --threads %d: %s: %s\n", o.threads, tg_status_str(s),
             tg_ctx_last_error(c->ctx));
     goto done;
   }
-  if (deterministic && (s = tg_ctx_set_deterministic(c->ctx, 1)) != TG_OK) {
+  if (o.deterministic && (s = tg_ctx_set_deterministic(c->ctx, 1)) != TG_OK) {
     fprintf(stderr, "tilegrad run: --deterministic: %s: %s\n", tg_status_str(s),
             tg_ctx_last_error(c->ctx));
     goto done;
   }
-  if (have_isa && (s = tg_ctx_set_isa(c->ctx, isa)) != TG_OK) {
-    fprintf(stderr, "tilegrad run: --isa %s: %s: %s\n", tg_isa_name(isa), tg_status_str(s),
+  if (o.have_isa && (s = tg_ctx_set_isa(c->ctx, o.isa)) != TG_OK) {
+    fprintf(stderr, "tilegrad run: --isa %s: %s: %s\n", tg_isa_name(o.isa), tg_status_str(s),
             tg_ctx_last_error(c->ctx));
     goto done;
   }
 
-  const int r = run_prepare_and_call(c, quiet);
+  const int r = run_prepare_and_call(c, o.quiet);
   if (r < 0) {
     fprintf(stderr, "tilegrad run %s: %s\n", k->name, c->err);
     rc = RUN_EXIT_USAGE;
@@ -1146,6 +1305,7 @@ int tg_cli_run_main(int argc, char **argv) {
   }
 
 done:
+  tg_outset_discard(&c->outs); /* after a commit there is nothing left to discard */
   for (int i = 0; i < RUN_MAX_BUFS; i++) npy_free(&c->bufs[i].arr);
   tg_ctx_destroy(c->ctx);
   free(c);

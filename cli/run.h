@@ -2,6 +2,7 @@
 #ifndef TG_CLI_RUN_H
 #define TG_CLI_RUN_H
 
+#include <stddef.h>
 #include <stdio.h>
 
 /* Exit codes of `tilegrad run`. */
@@ -13,6 +14,13 @@ enum {
 
 /* argv[0] is "run". Returns a process exit code. */
 int tg_cli_run_main(int argc, char **argv);
+
+/* The command-line half of tg_cli_run_main, for the fuzzer and tests: parses
+ * the options, buffer names and --param values (numbers included) and
+ * returns the exit code the command would give for them (0 = acceptable;
+ * --help counts as 0), with its message in msg. Touches no file: paths are
+ * not checked. */
+int tg_cli_run_check_args(int argc, char **argv, char *msg, size_t msglen);
 
 /* Help for one kernel (name) or for all kernels (name NULL). Returns 0, or -1
  * if name is not a known kernel. */

@@ -38,6 +38,36 @@ if ! "$bin" -runs=0 -artifact_prefix="$art/" fuzz/corpus >"$build/replay.log" 2>
   exit 1
 fi
 grep -E "INITED|DONE" "$build/replay.log" || true
+
+# The CLI's argument parsers (fuzz_cli_args.c, seeds fuzz/corpus_cli/ from
+# fuzz/make_cli_corpus.py): replay, then a brief run (TG_FUZZ_CLI_SECS,
+# default 20 s, none when replaying only).
+cli_bin="$build/fuzz_cli_args"
+echo "== fuzz the CLI argument parser: replay fuzz/corpus_cli ($(ls fuzz/corpus_cli | wc -l) inputs)"
+if ! "$cli_bin" -runs=0 -artifact_prefix="$art/" fuzz/corpus_cli >"$build/replay_cli.log" 2>&1; then
+  tail -40 "$build/replay_cli.log" >&2
+  echo "fuzz: a CLI seed input fails" >&2
+  exit 1
+fi
+cli_secs=${TG_FUZZ_CLI_SECS:-20}
+if [ "$secs" -gt 0 ] && [ "$cli_secs" -gt 0 ]; then
+  cli_work=$(mktemp -d)
+  echo "== fuzz the CLI argument parser: ${cli_secs} s"
+  set +e
+  "$cli_bin" -max_total_time="$cli_secs" -max_len=1024 -timeout=10 -rss_limit_mb=2048 \
+    -print_final_stats=1 -artifact_prefix="$art/" "$cli_work" fuzz/corpus_cli \
+    >"$build/fuzz_cli.log" 2>&1
+  cli_rc=$?
+  set -e
+  rm -rf "$cli_work"
+  grep -E "^#[0-9]+[[:space:]]+DONE|^stat::number_of_executed_units|FINDING|runtime error|ERROR: " \
+    "$build/fuzz_cli.log" | tail -6
+  if [ $cli_rc -ne 0 ]; then
+    echo "fuzz: CLI parser FAILED (exit $cli_rc); input in $art/, replay with: $cli_bin $art/<file>" >&2
+    tail -40 "$build/fuzz_cli.log" >&2
+    exit 1
+  fi
+fi
 [ "$secs" -eq 0 ] && exit 0
 
 # TG_FUZZ_WORK=dir keeps the inputs the run adds (e.g. for fuzz/coverage.sh)

@@ -9,6 +9,7 @@
  * size overflows; negative int32 ids. Every error must name the file.
  */
 #include "../cli/npy.c"
+#include "../cli/outfile.c" /* npy_write writes through it */
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,0 +1,119 @@
+/*
+ * libFuzzer target: the CLI's argument parsers (cli/run.c's command line and
+ * --param values, cli/bench_args.c's bench option checks, cli/num.c's number
+ * parser), without touching any file.
+ *
+ * Input: byte 0 picks the command (bit 0: run or bench); the rest is split
+ * at NUL bytes into at most 48 arguments (an argument ends at a NUL or at the
+ * end of the input). For run, argument 1 is the kernel name (the seeds in
+ * fuzz/corpus_cli/ give real ones).
+ *
+ * Invariants (a violation is abort() with a FINDING line):
+ *   - both parsers return 0 or 2; 2 comes with a non-empty message, and the
+ *     message is a NUL-terminated string within its buffer;
+ *   - tg_num_int accepts exactly the plain decimal integers: its value
+ *     printed back with %lld is the text without a '+' (and "-0" is 0), and
+ *     it lies in the range asked for;
+ *   - tg_num_float accepts only text of the grammar in cli/num.h (no 'x',
+ *     'n', 'i', blanks), and its value is 0 or a normal float32 that equals
+ *     (float)strtod(text);
+ *   - ASan/UBSan: no out-of-bounds access, overflow or leak anywhere in them.
+ */
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_args.h"
+#include "num.h"
+#include "run.h"
+
+#define MAX_ARGS 48
+
+static void finding(const char *what, const char *text) {
+  fprintf(stderr, "FINDING: %s: '%s'\n", what, text);
+  abort();
+}
+
+static void check_message(int rc, const char *msg, size_t cap, const char *what) {
+  if (rc != 0 && rc != 2) finding("exit code is neither 0 nor 2", what);
+  if (memchr(msg, '\0', cap) == NULL) finding("message not terminated", what);
+  if (rc == 2 && !msg[0]) finding("refusal without a message", what);
+}
+
+/* tg_num_int's result against printing it back. */
+static void check_int(const char *text) {
+  char err[512];
+  int64_t v = 0;
+  const int64_t lo = -1000000, hi = 4294967295LL;
+  if (tg_num_int("x", text, lo, hi, &v, err, sizeof err) != 0) {
+    if (!err[0]) finding("int refused without a message", text);
+    return;
+  }
+  if (v < lo || v > hi) finding("int out of the range asked for", text);
+  char back[32];
+  snprintf(back, sizeof back, "%lld", (long long)v);
+  const char *t = text[0] == '+' ? text + 1 : text;
+  if (strcmp(back, t) && !(v == 0 && !strcmp(t, "-0"))) finding("int not plain decimal", text);
+}
+
+/* tg_num_float's result against the grammar and strtod. */
+static void check_float(const char *text) {
+  char err[512];
+  double v = 0;
+  if (tg_num_float("x", text, &v, err, sizeof err) != 0) {
+    if (!err[0]) finding("float refused without a message", text);
+    return;
+  }
+  if (!text[0] || strspn(text, "0123456789+-.eE") != strlen(text))
+    finding("float accepted outside the decimal grammar", text);
+  const float f = (float)v;
+  if ((double)f != v) finding("float value is not a float32", text);
+  if (f != 0.0f && !(fabsf(f) >= FLT_MIN && fabsf(f) <= FLT_MAX))
+    finding("float accepted as subnormal or infinite", text);
+  if (f != (float)strtod(text, NULL)) finding("float value differs from strtod", text);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  if (size < 1) return 0;
+  const int bench = data[0] & 1;
+  /* Copy the rest so every argument is NUL-terminated. */
+  char *buf = malloc(size);
+  if (!buf) return 0;
+  memcpy(buf, data + 1, size - 1);
+  buf[size - 1] = '\0';
+  char *argv[MAX_ARGS + 2];
+  int argc = 0;
+  argv[argc++] = bench ? "bench" : "run";
+  for (size_t i = 0; i < size - 1 && argc < MAX_ARGS + 1;) {
+    argv[argc++] = buf + i;
+    i += strlen(buf + i) + 1;
+  }
+  argv[argc] = NULL;
+
+  static char msg[16384];
+  memset(msg, 'U', sizeof msg); /* a missing terminator shows up */
+  int rc;
+  if (bench) {
+    rc = tg_cli_bench_precheck(argc, argv, 0, msg, sizeof msg);
+    check_message(rc, msg, sizeof msg, "bench precheck");
+  } else {
+    rc = tg_cli_run_check_args(argc, argv, msg, sizeof msg);
+    check_message(rc, msg, sizeof msg, "run check_args");
+  }
+  for (int i = 1; i < argc; i++) {
+    const char *eq = strchr(argv[i], '=');
+    check_int(argv[i]);
+    check_float(argv[i]);
+    if (eq) {
+      check_int(eq + 1);
+      check_float(eq + 1);
+    }
+  }
+  char label[TG_NUM_LABEL_LEN];
+  if (argc > 1) tg_num_label(label, sizeof label, "--param p", '=', argv[argc - 1]);
+  free(buf);
+  return 0;
+}
