@@ -26,6 +26,7 @@
 #endif
 
 #include "bench.h"
+#include "num.h"
 #include "npy.h"     /* NPY_ERR_LEN: write_json's message buffer */
 #include "outfile.h" /* write_json's atomic output */
 #include "peak.h"
@@ -211,12 +212,13 @@ static void usage(FILE *f) {
           "  --help             this text\n");
 }
 
+/* The CLI's one number grammar (cli/num.h: decimal, no leading zero, no
+ * junk); the caller prints its own message. */
 static int parse_int(const char *s, long lo, long hi, long *out) {
-  if (!s || !*s) return -1;
-  char *end = NULL;
-  long v = strtol(s, &end, 10);
-  if (*end != '\0' || v < lo || v > hi) return -1;
-  *out = v;
+  int64_t v;
+  char err[TG_NUM_LABEL_LEN];
+  if (!s || tg_num_int("", s, lo, hi, &v, err, sizeof err) != 0) return -1;
+  *out = (long)v;
   return 0;
 }
 
