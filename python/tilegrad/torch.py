@@ -119,6 +119,13 @@ def _is_empty(q: Tensor, k: Tensor) -> bool:
     return q.numel() == 0 or k.shape[2] == 0
 
 
+def _need_dtype(op: str, dtype: torch.dtype, **ts: Optional[Tensor]) -> None:
+    """The ops' own contract (the functions below convert before calling)."""
+    for name, t in ts.items():
+        if t is not None and t.dtype != dtype:
+            raise TypeError(f"{op}: {name} must be {dtype}, got {t.dtype}")
+
+
 # ---------------------------------------------------------------------------
 # operator implementations (tensors in, tensors out; the only place that
 # calls the C library)
@@ -129,6 +136,7 @@ def _attn_fwd_impl(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], caus
     """q [B,H,qL,D], k/v [B,Hkv,kL,D] bf16 (strided views OK), mask None or
     bf16 4-D broadcastable to [B,H,qL,kL] (additive) -> o bf16 [B,H,qL,D]
     contiguous, lse f32 [B,H,qL] (-inf for a row that sees no key)."""
+    _need_dtype("tilegrad::attn_fwd", torch.bfloat16, q=q, k=k, v=v, mask=mask)
     B, H, qL, D = q.shape
     o = q.new_empty((B, H, qL, D))
     lse = q.new_empty((B, H, qL), dtype=torch.float32)
@@ -162,6 +170,8 @@ def _attn_bwd_impl(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: 
                    ) -> Tuple[Tensor, Tensor, Tensor]:
     """The FA-2 backward: dq, dk, dv bf16, contiguous, shapes of q, k, v
     (f32 results of the kernel rounded once to bf16, RNE)."""
+    _need_dtype("tilegrad::attn_bwd", torch.bfloat16, do=do, q=q, k=k, v=v, o=o, mask=mask)
+    _need_dtype("tilegrad::attn_bwd", torch.float32, lse=lse)
     B, H, qL, D = q.shape
     if _is_empty(q, k):
         return q.new_zeros(q.shape), k.new_zeros(k.shape), v.new_zeros(v.shape)
@@ -197,6 +207,7 @@ def _rms_fwd_impl(x: Tensor, weight: Tensor, eps: float, threads: int,
                   deterministic: bool) -> Tuple[Tensor, Tensor]:
     """x f32 [..., dim], weight f32 [dim] -> y f32 like x (contiguous),
     r = rsqrt(mean(x^2) + eps) f32 x.shape[:-1]."""
+    _need_dtype("tilegrad::rms_norm_fwd", torch.float32, x=x, weight=weight)
     x, weight = x.contiguous(), weight.contiguous()
     y = torch.empty(x.shape, dtype=torch.float32)
     r = torch.empty(x.shape[:-1], dtype=torch.float32)
@@ -218,6 +229,7 @@ def _rms_fwd_fake(x, weight, eps, threads, deterministic):
 def _rms_bwd_impl(dy: Tensor, x: Tensor, weight: Tensor, r: Tensor, threads: int,
                   deterministic: bool) -> Tuple[Tensor, Tensor]:
     """-> dx f32 like x, dw f32 [dim] (both written), from the forward's r."""
+    _need_dtype("tilegrad::rms_norm_bwd", torch.float32, dy=dy, x=x, weight=weight, r=r)
     dy, x, weight, r = dy.contiguous(), x.contiguous(), weight.contiguous(), r.contiguous()
     dx = torch.empty(x.shape, dtype=torch.float32)
     dw = torch.zeros(weight.shape, dtype=torch.float32)

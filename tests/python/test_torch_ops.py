@@ -17,6 +17,16 @@ pytestmark = pytest.mark.skipif(not tt.HAVE_CUSTOM_OPS,
                                 reason=f"torch {torch.__version__} < 2.4: no custom ops")
 
 
+@pytest.fixture(autouse=True)
+def _float32_default_dtype():
+    """The oracle modules set torch's default dtype to float64 at import;
+    these tests build float32 modules and tensors."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)
+    yield
+    torch.set_default_dtype(old)
+
+
 def bf(*shape, seed=0, rg=False):
     g = torch.Generator().manual_seed(seed)
     return torch.randn(shape, generator=g).to(torch.bfloat16).requires_grad_(rg)
@@ -165,3 +175,11 @@ def test_block_pickles_and_deepcopies(tmp_path):
     torch.save(model, path)
     m3 = torch.load(path, weights_only=False)
     assert torch.equal(m3(x), y)
+
+
+def test_ops_check_their_dtypes():
+    q = bf(1, 1, 4, 8)
+    with pytest.raises(TypeError, match="attn_fwd: q must be torch.bfloat16"):
+        torch.ops.tilegrad.attn_fwd(q.float(), q, q, None, False, 1.0, 1.0, 0, 0, False)
+    with pytest.raises(TypeError, match="rms_norm_fwd: x must be torch.float32"):
+        torch.ops.tilegrad.rms_norm_fwd(q.double(), torch.ones(8), 1e-5, 0, False)

@@ -30,6 +30,16 @@ import tilegrad.torch as tt  # noqa: E402
 F64 = torch.float64
 
 
+@pytest.fixture(autouse=True)
+def _float32_default_dtype():
+    """The oracle modules set torch's default dtype to float64 at import;
+    these tests build float32 modules and tensors."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)
+    yield
+    torch.set_default_dtype(old)
+
+
 def bf(*shape, seed=0, rg=False):
     g = torch.Generator().manual_seed(seed)
     return torch.randn(shape, generator=g).to(torch.bfloat16).requires_grad_(rg)

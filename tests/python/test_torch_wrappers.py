@@ -48,6 +48,16 @@ SAFETY = 2.0
 F64 = torch.float64
 
 
+@pytest.fixture(autouse=True)
+def _float32_default_dtype():
+    """The oracle modules set torch's default dtype to float64 at import;
+    these tests build float32 modules and tensors."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)
+    yield
+    torch.set_default_dtype(old)
+
+
 def bf(shape, gen, std=1.0, requires_grad=True):
     t = (torch.randn(shape, generator=gen, dtype=torch.float32) * std).to(torch.bfloat16)
     return t.requires_grad_(requires_grad)
