@@ -33,7 +33,7 @@ if ! "$tv/bin/python" -c 'import torch, numpy, pytest, hypothesis
 assert torch.__version__.split("+")[0] == "2.9.1"' 2>/dev/null; then
   rm -rf "$tv"
   python3 -m venv "$tv"
-  "$tv/bin/python" -m pip install --disable-pip-version-check -q \
+  "$tv/bin/python" -m pip install --disable-pip-version-check --no-cache-dir -q \
     torch==2.9.1 numpy pytest hypothesis
 fi
 TILEGRAD_LIB="$PWD/build/libtilegrad.so" TG_REQUIRE_CUSTOM_OPS=1 \
