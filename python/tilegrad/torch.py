@@ -103,16 +103,26 @@ def _mask_view(mask: Tensor, B: int, H: int, qL: int, kL: int) -> Tuple[Tensor, 
 
 def _attn_params(q: Tensor, k: Tensor, v: Tensor, o_strides, scale: float, softcap: float,
                  q_offset: int) -> "_capi.AttnParams":
+    """The 160-byte params struct for these views (O_strides: the output's
+    in the forward, dO's in the backward); the C kernel validates it."""
     B, H, qL, D = q.shape
     Hkv, kL = k.shape[1], k.shape[2]
-    return _capi.attn_params(B, H, Hkv, qL, kL, D, float(scale), float(softcap),
-                             Q_strides=_bhl_strides(q), K_strides=_bhl_strides(k),
-                             V_strides=_bhl_strides(v), O_strides=o_strides)
-
-
-def _set_q_offset(p, q_offset: int):
+    p = _capi.attn_params(B, H, Hkv, qL, kL, D, float(scale), float(softcap),
+                          Q_strides=_bhl_strides(q), K_strides=_bhl_strides(k),
+                          V_strides=_bhl_strides(v), O_strides=o_strides)
     p.qL_off = int(q_offset)
     return p
+
+
+def _mask_args(mask: Optional[Tensor], B: int, H: int, qL: int, kL: int):
+    """-> (mask view or None, AttnMaskParams or None) for the C call."""
+    if mask is None:
+        return None, None
+    m, ms = _mask_view(mask, B, H, qL, kL)
+    mp = _capi.AttnMaskParams()
+    for j in range(3):
+        mp.M_strides[j] = ms[j]
+    return m, mp
 
 
 def _is_empty(q: Tensor, k: Tensor) -> bool:
@@ -145,14 +155,8 @@ def _attn_fwd_impl(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], caus
         lse.fill_(-math.inf)
         return o, lse
     q, k, v = _inner_unit(q), _inner_unit(k), _inner_unit(v)
-    p = _set_q_offset(_attn_params(q, k, v, _bhl_strides(o), scale, softcap, q_offset),
-                      q_offset)
-    mp = m = None
-    if mask is not None:
-        m, ms = _mask_view(mask, B, H, qL, k.shape[2])
-        mp = _capi.AttnMaskParams()
-        for j in range(3):
-            mp.M_strides[j] = ms[j]
+    p = _attn_params(q, k, v, _bhl_strides(o), scale, softcap, q_offset)
+    m, mp = _mask_args(mask, B, H, qL, k.shape[2])
     ctx = _context(threads, deterministic)
     ctx.call("tg_flash_attn_train_fwd_bf16", _ptr(q), _ptr(k), _ptr(v), _ptr(o), _ptr(lse),
              p, mp, None if m is None else _ptr(m), 1 if causal else 0)
@@ -181,14 +185,8 @@ def _attn_bwd_impl(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: 
     delta = lse.new_empty((B, H, qL))
     ctx.call("tg_flash_attn_train_bwd_compute_d_bf16", _ptr(o), _ptr(do), _ptr(delta),
              B, H, qL, D)
-    p = _set_q_offset(_attn_params(q, k, v, _bhl_strides(do), scale, softcap, q_offset),
-                      q_offset)
-    mp = m = None
-    if mask is not None:
-        m, ms = _mask_view(mask, B, H, qL, k.shape[2])
-        mp = _capi.AttnMaskParams()
-        for j in range(3):
-            mp.M_strides[j] = ms[j]
+    p = _attn_params(q, k, v, _bhl_strides(do), scale, softcap, q_offset)
+    m, mp = _mask_args(mask, B, H, qL, k.shape[2])
     dq = torch.empty(q.shape, dtype=torch.float32)
     dk = torch.zeros(k.shape, dtype=torch.float32)    # dK, dV accumulate
     dv = torch.zeros(v.shape, dtype=torch.float32)

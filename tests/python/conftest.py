@@ -116,6 +116,5 @@ def pytest_sessionstart(session):
                     returncode=3)
     import tilegrad.torch as tt
     if not tt.HAVE_CUSTOM_OPS:
-        import torch
-        pytest.exit(f"TG_REQUIRE_CUSTOM_OPS=1 but torch {torch.__version__} has no "
+        pytest.exit(f"TG_REQUIRE_CUSTOM_OPS=1 but torch {tt.torch.__version__} has no "
                     "torch.library.custom_op (needs >= 2.4)", returncode=3)

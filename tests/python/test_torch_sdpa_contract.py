@@ -105,6 +105,18 @@ def test_any_broadcastable_mask_shape(shape, kind):
     assert torch.equal(o, o2)
 
 
+def test_mask_views_with_any_strides():
+    """A transposed (non-unit key stride) or sliced mask view gives what its
+    contiguous copy gives."""
+    q, k, v = bf(B, H, QL, D, seed=1), bf(B, HKV, KL, D, seed=2), bf(B, HKV, KL, D, seed=3)
+    g = torch.Generator().manual_seed(3)
+    mt = (2 * torch.randn(KL, QL, generator=g)).to(torch.bfloat16).t()   # strides (1, QL)
+    ms = (2 * torch.randn(B, H, QL, 2 * KL, generator=g)).to(torch.bfloat16)[..., ::2]
+    for m in (mt, ms):
+        assert not m.is_contiguous()
+        assert torch.equal(tt.attention(q, k, v, mask=m), tt.attention(q, k, v, mask=m.contiguous()))
+
+
 def test_mask_broadcast_over_keys_sdpa_and_grads():
     """(qL, 1): the case that raised TypeError in _mask_args; through
     autograd too (q/k/v gradients finite and equal to the full-mask run)."""
