@@ -129,6 +129,24 @@ def _is_empty(q: Tensor, k: Tensor) -> bool:
     return q.numel() == 0 or k.shape[2] == 0
 
 
+def _need_shapes(op: str, q: Tensor, k: Tensor, v: Tensor, **like_q: Tensor) -> None:
+    """Shape agreement the C kernels cannot see (they trust the params
+    struct for every buffer's extent): checked on every op call, so a direct
+    torch.ops.tilegrad call cannot make a kernel read outside a tensor."""
+    if q.dim() != 4 or k.dim() != 4 or tuple(k.shape) != tuple(v.shape):
+        raise ValueError(f"{op}: q [B,H,qL,D], k and v [B,H_kv,kL,D] expected; got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    B, H, qL, D = q.shape
+    if k.shape[0] != B or k.shape[3] != D or (k.shape[1] == 0) != (H == 0) or \
+            (H and H % k.shape[1]):
+        raise ValueError(f"{op}: q {tuple(q.shape)} and k {tuple(k.shape)} disagree "
+                         "(batch, head dim, or H not a multiple of H_kv)")
+    for name, t in like_q.items():
+        want = tuple(q.shape) if name != "lse" else (B, H, qL)
+        if tuple(t.shape) != want:
+            raise ValueError(f"{op}: {name} must have shape {want}, got {tuple(t.shape)}")
+
+
 def _need_dtype(op: str, dtype: torch.dtype, **ts: Optional[Tensor]) -> None:
     """The ops' own contract (the functions below convert before calling)."""
     for name, t in ts.items():
@@ -147,6 +165,7 @@ def _attn_fwd_impl(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], caus
     bf16 4-D broadcastable to [B,H,qL,kL] (additive) -> o bf16 [B,H,qL,D]
     contiguous, lse f32 [B,H,qL] (-inf for a row that sees no key)."""
     _need_dtype("tilegrad::attn_fwd", torch.bfloat16, q=q, k=k, v=v, mask=mask)
+    _need_shapes("tilegrad::attn_fwd", q, k, v)
     B, H, qL, D = q.shape
     o = q.new_empty((B, H, qL, D))
     lse = q.new_empty((B, H, qL), dtype=torch.float32)
@@ -176,6 +195,7 @@ def _attn_bwd_impl(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: 
     (f32 results of the kernel rounded once to bf16, RNE)."""
     _need_dtype("tilegrad::attn_bwd", torch.bfloat16, do=do, q=q, k=k, v=v, o=o, mask=mask)
     _need_dtype("tilegrad::attn_bwd", torch.float32, lse=lse)
+    _need_shapes("tilegrad::attn_bwd", q, k, v, do=do, o=o, lse=lse)
     B, H, qL, D = q.shape
     if _is_empty(q, k):
         return q.new_zeros(q.shape), k.new_zeros(k.shape), v.new_zeros(v.shape)
@@ -201,11 +221,23 @@ def _attn_bwd_fake(do, q, k, v, o, lse, mask, causal, scale, softcap, q_offset, 
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
+def _need_rms_shapes(op: str, x: Tensor, weight: Tensor, dy: Optional[Tensor] = None,
+                     r: Optional[Tensor] = None) -> None:
+    if x.dim() < 1 or tuple(weight.shape) != (x.shape[-1],):
+        raise ValueError(f"{op}: x [..., dim] and weight [dim] expected; got "
+                         f"{tuple(x.shape)}, {tuple(weight.shape)}")
+    if dy is not None and dy.shape != x.shape:
+        raise ValueError(f"{op}: dy {tuple(dy.shape)} must have x's shape {tuple(x.shape)}")
+    if r is not None and r.shape != x.shape[:-1]:
+        raise ValueError(f"{op}: r {tuple(r.shape)} must have shape {tuple(x.shape[:-1])}")
+
+
 def _rms_fwd_impl(x: Tensor, weight: Tensor, eps: float, threads: int,
                   deterministic: bool) -> Tuple[Tensor, Tensor]:
     """x f32 [..., dim], weight f32 [dim] -> y f32 like x (contiguous),
     r = rsqrt(mean(x^2) + eps) f32 x.shape[:-1]."""
     _need_dtype("tilegrad::rms_norm_fwd", torch.float32, x=x, weight=weight)
+    _need_rms_shapes("tilegrad::rms_norm_fwd", x, weight)
     x, weight = x.contiguous(), weight.contiguous()
     y = torch.empty(x.shape, dtype=torch.float32)
     r = torch.empty(x.shape[:-1], dtype=torch.float32)
@@ -228,6 +260,7 @@ def _rms_bwd_impl(dy: Tensor, x: Tensor, weight: Tensor, r: Tensor, threads: int
                   deterministic: bool) -> Tuple[Tensor, Tensor]:
     """-> dx f32 like x, dw f32 [dim] (both written), from the forward's r."""
     _need_dtype("tilegrad::rms_norm_bwd", torch.float32, dy=dy, x=x, weight=weight, r=r)
+    _need_rms_shapes("tilegrad::rms_norm_bwd", x, weight, dy=dy, r=r)
     dy, x, weight, r = dy.contiguous(), x.contiguous(), weight.contiguous(), r.contiguous()
     dx = torch.empty(x.shape, dtype=torch.float32)
     dw = torch.zeros(weight.shape, dtype=torch.float32)

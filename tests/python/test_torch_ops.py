@@ -183,3 +183,15 @@ def test_ops_check_their_dtypes():
         torch.ops.tilegrad.attn_fwd(q.float(), q, q, None, False, 1.0, 1.0, 0, 0, False)
     with pytest.raises(TypeError, match="rms_norm_fwd: x must be torch.float32"):
         torch.ops.tilegrad.rms_norm_fwd(q.double(), torch.ones(8), 1e-5, 0, False)
+
+    # shapes the C kernels cannot see are checked on every call (no reads
+    # outside a tensor through a direct op call)
+    k1 = bf(2, 1, 4, 8)
+    with pytest.raises(ValueError, match="attn_fwd: q .* and k .* disagree"):
+        torch.ops.tilegrad.attn_fwd(q, k1, k1, None, False, 1.0, 1.0, 0, 0, False)
+    o, lse = torch.ops.tilegrad.attn_fwd(q, q, q, None, False, 1.0, 1.0, 0, 0, False)
+    with pytest.raises(ValueError, match="attn_bwd: do must have shape"):
+        torch.ops.tilegrad.attn_bwd(bf(1, 1, 5, 8), q, q, q, o, lse, None, False, 1.0, 1.0, 0,
+                                    0, False)
+    with pytest.raises(ValueError, match="rms_norm_fwd: x .* and weight"):
+        torch.ops.tilegrad.rms_norm_fwd(torch.ones(3, 8), torch.ones(9), 1e-5, 0, False)
