@@ -31,8 +31,7 @@ echo "== torch front on PyTorch 2.9.1 (pytest in a venv)"
 tv="${TG_TORCH_VENV:-$PWD/build-torch-venv}"
 if ! "$tv/bin/python" -c 'import torch, numpy, pytest, hypothesis
 assert torch.__version__.split("+")[0] == "2.9.1"' 2>/dev/null; then
-  rm -rf "$tv"
-  python3 -m venv "$tv"
+  [ -x "$tv/bin/python" ] || python3 -m venv "$tv"
   "$tv/bin/python" -m pip install --disable-pip-version-check --no-cache-dir -q \
     torch==2.9.1 numpy pytest hypothesis
 fi
