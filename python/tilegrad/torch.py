@@ -300,6 +300,8 @@ def _attn_dmask(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Ten
     """dL/dS_masked = P * (dP - rowsum(O * dO)) for the additive mask (the
     C backward does not output dS): recomputed in f32 torch ops from the
     saved tensors, [B, H, qL, kL] memory. P = exp(S - L) as the kernel's."""
+    if _is_empty(q, k):
+        return torch.zeros(mask.shape, dtype=mask.dtype)
     g = q.shape[1] // k.shape[1]
     kf = k.float().repeat_interleave(g, 1)
     vf = v.float().repeat_interleave(g, 1)

@@ -223,8 +223,10 @@ def test_empty_in_empty_out(qs, ks):
     o.float().sum().backward()
     for t in (q, k, v):
         assert t.grad.shape == t.shape and not bool(t.grad.float().abs().sum())
-    # with a mask, causal and through a module-less call
-    tt.attention(q, k, v, mask=torch.ones(qs[2], ks[2], dtype=torch.bool), causal=True)
+    # with a mask (which gets a zero gradient), causal
+    m = torch.zeros(qs[2], ks[2], requires_grad=True)
+    tt.attention(q, k, v, mask=m, causal=True).float().sum().backward()
+    assert m.grad.shape == m.shape and not bool(m.grad.abs().sum())
 
 
 def test_rms_norm_empty():
