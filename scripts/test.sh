@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds tilegrad and runs every test: the C suites (ctest, Release), the same
 # suites under AddressSanitizer + UndefinedBehaviorSanitizer, the PyTorch
-# oracle and Python package suite (pytest), the pip-install check, a short
+# oracle and Python package suite (pytest; on Debian's torch 1.13, then on
+# torch 2.9.1 in a venv for the custom ops), the pip-install check, a short
 # libFuzzer run and the ThreadSanitizer race check. Installs what it needs
 # first (scripts/setup.sh).
 set -euo pipefail
@@ -19,8 +20,23 @@ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DTG_SANITIZE=ON >/dev/null
 cmake --build build-asan -j"$jobs" >/dev/null
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure)
 
-echo "== PyTorch oracle and Python package (pytest)"
+echo "== PyTorch oracle and Python package (pytest, Debian's torch 1.13)"
 TILEGRAD_LIB="$PWD/build/libtilegrad.so" /usr/bin/python3 -m pytest tests/python -q
+
+# The torch front's custom ops (torch.compile, torch.export, opcheck) need
+# torch >= 2.4: the whole suite again on torch 2.9.1 from the package index,
+# in a venv that is created once and reused (TG_TORCH_VENV; the x86-64 torch
+# wheel pulls its CUDA runtime wheels, ~3-4 GB, to import).
+echo "== torch front on PyTorch 2.9.1 (pytest in a venv)"
+tv="${TG_TORCH_VENV:-$PWD/build-torch-venv}"
+if ! "$tv/bin/python" -c 'import torch, numpy, pytest, hypothesis
+assert torch.__version__.split("+")[0] == "2.9.1"' 2>/dev/null; then
+  [ -x "$tv/bin/python" ] || python3 -m venv "$tv"
+  "$tv/bin/python" -m pip install --disable-pip-version-check --no-cache-dir -q \
+    torch==2.9.1 numpy pytest hypothesis
+fi
+TILEGRAD_LIB="$PWD/build/libtilegrad.so" TG_REQUIRE_CUSTOM_OPS=1 \
+  "$tv/bin/python" -m pytest tests/python -q
 
 echo "== pip install ./python in a fresh venv, then import it from elsewhere"
 bash python/ci_install_check.sh --offline

@@ -6,8 +6,10 @@
 
 * :mod:`tilegrad.kernels` -- every kernel of the contract as a numpy function
   (re-exported here);
-* :mod:`tilegrad.torch` -- ``torch.autograd.Function`` wrappers and
-  ``nn.Module`` drop-ins (attention, RMSNorm); imported on first access;
+* :mod:`tilegrad.torch` -- the kernels as ``torch.library`` custom ops
+  (``tilegrad::attn_fwd`` ...; PyTorch >= 2.4, autograd Functions on older
+  torch), functions and ``nn.Module`` s (attention, RMSNorm); imported on
+  first access;
 * :mod:`tilegrad.capi` -- the raw ctypes binding (params structs, Context.call);
 * :mod:`tilegrad.bf16` -- bfloat16 helpers (raw uint16 bits / ml_dtypes);
 * :mod:`tilegrad.errors` -- the exception per status code.

@@ -1,53 +1,434 @@
-"""PyTorch autograd wrappers and nn.Module drop-ins (CPU tensors).
+"""tilegrad kernels as PyTorch operators and modules (CPU tensors).
 
-* :func:`attention` -- FA-2 attention: forward ``tg_flash_attn_train_fwd_bf16``
-  (O and the logsumexp L), backward ``compute_d`` + ``tg_flash_attn_train_bwd_bf16``
-  + ``tg_f32_to_bf16_cast``. bf16 math; inputs of another float dtype are
-  cast to bf16 (and the output back) through autograd. GQA, causal
-  (bottom-right aligned), additive / boolean mask, scale, softcap.
-* :func:`scaled_dot_product_attention` -- the same kernels behind the
-  signature and semantics of ``torch.nn.functional.scaled_dot_product_attention``
-  (causal top-left aligned, ``enable_gqa``, no dropout).
-* :func:`rms_norm` -- RMSNorm: forward ``tg_rms_norm_forward_f32`` (keeps r),
-  backward ``tg_rms_norm_backward_dx_f32`` / ``_dw_f32`` with that r. f32 math.
-* Modules: :class:`RMSNorm`, :class:`Attention`, :class:`MultiHeadAttention`.
+On PyTorch >= 2.4 every kernel is a ``torch.library.custom_op`` in the
+``tilegrad::`` namespace, with a fake (meta) implementation and registered
+autograd, so ``torch.compile(fullgraph=True)``, ``torch.export`` and
+``torch.library.opcheck`` understand them:
 
-Works with PyTorch 1.13 (Debian's python3-torch) and 2.x. Every function takes
-``ctx=`` (a :class:`tilegrad.Context`; default: the calling thread's
-default context, also for the backward pass). Kernel errors raise
-:class:`tilegrad.TilegradError` subclasses.
+* ``tilegrad::attn_fwd(q, k, v, mask, causal, scale, softcap, q_offset,
+  threads, deterministic) -> (o, lse)`` -- ``tg_flash_attn_train_fwd_bf16``;
+* ``tilegrad::attn_bwd(do, q, k, v, o, lse, mask, ...) -> (dq, dk, dv)`` --
+  ``tg_flash_attn_train_bwd_compute_d_bf16`` + ``tg_flash_attn_train_bwd_bf16``;
+* ``tilegrad::rms_norm_fwd(x, weight, eps, threads, deterministic) -> (y, r)``
+  -- ``tg_rms_norm_forward_f32``;
+* ``tilegrad::rms_norm_bwd(dy, x, weight, r, threads, deterministic) ->
+  (dx, dw)`` -- ``tg_rms_norm_backward_dx_f32`` + ``_dw_f32``.
 
-Differences from PyTorch worth knowing: a query row that sees no key (fully
-masked) gives output 0 and zero gradients, where PyTorch gives NaN; the mask
-receives no gradient; double backward is not supported.
+The ops take tensors directly: the C functions get ``t.data_ptr()`` through
+ctypes inside the op's implementation (opaque to Dynamo), contiguous inputs
+are never copied and strided ``[B, H, L, D]`` views (e.g.
+``x.view(B, L, H, D).transpose(1, 2)``) go to the attention kernels by their
+strides. On PyTorch < 2.4 (Debian's 1.13) the same implementations run
+behind plain ``torch.autograd.Function`` s (no compile/export support).
+
+User-facing functions: :func:`attention`, :func:`scaled_dot_product_attention`,
+:func:`rms_norm`; modules :class:`RMSNorm`, :class:`Attention`,
+:class:`MultiHeadAttention`. python/README.md lists what differs from PyTorch.
+
+Threads: each call runs on this thread's tilegrad context with
+``torch.get_num_threads()`` threads unless ``threads=`` says otherwise.
 """
-import numpy as np
-import torch
-from torch.autograd.function import once_differentiable
+import math
+import threading
+from typing import Optional, Sequence, Tuple, Union
 
-from . import kernels as _k
-from .capi import default_context
+import ctypes
+import torch
+
+from . import capi as _capi
 
 __all__ = ["attention", "scaled_dot_product_attention", "rms_norm", "RMSNorm", "Attention",
-           "MultiHeadAttention", "FlashAttentionFunction", "RMSNormFunction"]
+           "MultiHeadAttention", "HAVE_CUSTOM_OPS"]
+
+Tensor = torch.Tensor
+
+#: True when the kernels are registered as ``torch.library.custom_op`` s
+#: (PyTorch >= 2.4); False: plain autograd Functions (no compile/export).
+HAVE_CUSTOM_OPS = hasattr(torch, "library") and hasattr(torch.library, "custom_op") \
+    and hasattr(torch.library, "register_autograd")
+
+_I32_MAX = 2 ** 31 - 1
 
 
 # ---------------------------------------------------------------------------
-# tensor <-> numpy (no copies)
+# contexts: one per (calling thread, deterministic flag), created lazily, so
+# nothing that holds a ctypes handle is ever stored in a module or a graph
 
-def _bits(t):
-    """bf16 CPU tensor -> numpy uint16 view sharing memory (strides kept)."""
-    return t.detach().view(torch.int16).numpy().view(np.uint16)
-
-
-def _from_bits(a):
-    """numpy uint16 bf16 bits -> bf16 tensor sharing memory."""
-    return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
+_tls = threading.local()
 
 
-def _f32(t):
-    """f32 CPU tensor -> C-contiguous float32 numpy array (view when possible)."""
-    return t.detach().to(torch.float32).contiguous().numpy()
+def _context(threads: int, deterministic: bool) -> "_capi.Context":
+    """This thread's Context for ``deterministic``, set to ``threads`` threads
+    (0: follow ``torch.get_num_threads()``, read at each call)."""
+    cache = getattr(_tls, "ctxs", None)
+    if cache is None:
+        cache = _tls.ctxs = {}
+    c = cache.get(bool(deterministic))
+    if c is None:
+        c = cache[bool(deterministic)] = _capi.Context(deterministic=bool(deterministic))
+    n = threads if threads > 0 else torch.get_num_threads()
+    if c.threads != n:
+        c.threads = n                       # one cheap ctypes call, only on change
+    return c
+
+
+def _ptr(t: Tensor) -> ctypes.c_void_p:
+    return ctypes.c_void_p(t.data_ptr())
+
+
+def _bhl_strides(t: Tensor) -> Tuple[int, int, int]:
+    """(batch, head, row) element strides of a 4-D tensor the kernels take
+    in place (innermost stride 1)."""
+    return tuple(int(s) for s in t.stride()[:3])
+
+
+def _inner_unit(t: Tensor) -> Tensor:
+    """``t`` itself when its innermost stride is 1 (or that dim has size <= 1),
+    else a contiguous copy: the kernels need unit stride along D / keys."""
+    return t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
+
+
+def _mask_view(mask: Tensor, B: int, H: int, qL: int, kL: int) -> Tuple[Tensor, Tuple[int, int, int]]:
+    """4-D bf16 mask broadcastable to [B, H, qL, kL] -> (expanded view, its
+    (batch, head, row) strides). Broadcast batch/head/row dims keep stride 0
+    (no copy); a mask broadcast over keys (last dim 1, e.g. shape (qL, 1)) is
+    materialised along the keys only, since the kernel reads keys at unit
+    stride."""
+    if mask.shape[-1] == 1 and kL > 1:
+        mask = mask.expand(*mask.shape[:-1], kL).contiguous()
+    m = _inner_unit(mask).expand(B, H, qL, kL)
+    st = tuple(0 if n == 1 else int(s) for n, s in zip(m.shape[:3], m.stride()[:3]))
+    return m, st
+
+
+def _attn_params(q: Tensor, k: Tensor, v: Tensor, o_strides, scale: float, softcap: float,
+                 q_offset: int) -> "_capi.AttnParams":
+    """The 160-byte params struct for these views (O_strides: the output's
+    in the forward, dO's in the backward); the C kernel validates it."""
+    B, H, qL, D = q.shape
+    Hkv, kL = k.shape[1], k.shape[2]
+    p = _capi.attn_params(B, H, Hkv, qL, kL, D, float(scale), float(softcap),
+                          Q_strides=_bhl_strides(q), K_strides=_bhl_strides(k),
+                          V_strides=_bhl_strides(v), O_strides=o_strides)
+    p.qL_off = int(q_offset)
+    return p
+
+
+def _mask_args(mask: Optional[Tensor], B: int, H: int, qL: int, kL: int):
+    """-> (mask view or None, AttnMaskParams or None) for the C call."""
+    if mask is None:
+        return None, None
+    m, ms = _mask_view(mask, B, H, qL, kL)
+    mp = _capi.AttnMaskParams()
+    for j in range(3):
+        mp.M_strides[j] = ms[j]
+    return m, mp
+
+
+def _is_empty(q: Tensor, k: Tensor) -> bool:
+    return q.numel() == 0 or k.shape[2] == 0
+
+
+def _need_shapes(op: str, q: Tensor, k: Tensor, v: Tensor, **like_q: Tensor) -> None:
+    """Shape agreement the C kernels cannot see (they trust the params
+    struct for every buffer's extent): checked on every op call, so a direct
+    torch.ops.tilegrad call cannot make a kernel read outside a tensor."""
+    if q.dim() != 4 or k.dim() != 4 or tuple(k.shape) != tuple(v.shape):
+        raise ValueError(f"{op}: q [B,H,qL,D], k and v [B,H_kv,kL,D] expected; got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    B, H, qL, D = q.shape
+    if k.shape[0] != B or k.shape[3] != D or (k.shape[1] == 0) != (H == 0) or \
+            (H and H % k.shape[1]):
+        raise ValueError(f"{op}: q {tuple(q.shape)} and k {tuple(k.shape)} disagree "
+                         "(batch, head dim, or H not a multiple of H_kv)")
+    for name, t in like_q.items():
+        want = tuple(q.shape) if name != "lse" else (B, H, qL)
+        if tuple(t.shape) != want:
+            raise ValueError(f"{op}: {name} must have shape {want}, got {tuple(t.shape)}")
+
+
+def _need_dtype(op: str, dtype: torch.dtype, **ts: Optional[Tensor]) -> None:
+    """The ops' own contract (the functions below convert before calling)."""
+    for name, t in ts.items():
+        if t is not None and t.dtype != dtype:
+            raise TypeError(f"{op}: {name} must be {dtype}, got {t.dtype}")
+
+
+# ---------------------------------------------------------------------------
+# operator implementations (tensors in, tensors out; the only place that
+# calls the C library)
+
+def _attn_fwd_impl(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], causal: bool,
+                   scale: float, softcap: float, q_offset: int, threads: int,
+                   deterministic: bool) -> Tuple[Tensor, Tensor]:
+    """q [B,H,qL,D], k/v [B,Hkv,kL,D] bf16 (strided views OK), mask None or
+    bf16 4-D broadcastable to [B,H,qL,kL] (additive) -> o bf16 [B,H,qL,D]
+    contiguous, lse f32 [B,H,qL] (-inf for a row that sees no key)."""
+    _need_dtype("tilegrad::attn_fwd", torch.bfloat16, q=q, k=k, v=v, mask=mask)
+    _need_shapes("tilegrad::attn_fwd", q, k, v)
+    B, H, qL, D = q.shape
+    o = q.new_empty((B, H, qL, D))
+    lse = q.new_empty((B, H, qL), dtype=torch.float32)
+    if _is_empty(q, k):          # nothing to attend to: zeros, as PyTorch (L = -inf)
+        o.zero_()
+        lse.fill_(-math.inf)
+        return o, lse
+    q, k, v = _inner_unit(q), _inner_unit(k), _inner_unit(v)
+    p = _attn_params(q, k, v, _bhl_strides(o), scale, softcap, q_offset)
+    m, mp = _mask_args(mask, B, H, qL, k.shape[2])
+    ctx = _context(threads, deterministic)
+    ctx.call("tg_flash_attn_train_fwd_bf16", _ptr(q), _ptr(k), _ptr(v), _ptr(o), _ptr(lse),
+             p, mp, None if m is None else _ptr(m), 1 if causal else 0)
+    return o, lse
+
+
+def _attn_fwd_fake(q, k, v, mask, causal, scale, softcap, q_offset, threads, deterministic):
+    B, H, qL, D = q.shape
+    return q.new_empty((B, H, qL, D)), q.new_empty((B, H, qL), dtype=torch.float32)
+
+
+def _attn_bwd_impl(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
+                   mask: Optional[Tensor], causal: bool, scale: float, softcap: float,
+                   q_offset: int, threads: int, deterministic: bool
+                   ) -> Tuple[Tensor, Tensor, Tensor]:
+    """The FA-2 backward: dq, dk, dv bf16, contiguous, shapes of q, k, v
+    (f32 results of the kernel rounded once to bf16, RNE)."""
+    _need_dtype("tilegrad::attn_bwd", torch.bfloat16, do=do, q=q, k=k, v=v, o=o, mask=mask)
+    _need_dtype("tilegrad::attn_bwd", torch.float32, lse=lse)
+    _need_shapes("tilegrad::attn_bwd", q, k, v, do=do, o=o, lse=lse)
+    B, H, qL, D = q.shape
+    if _is_empty(q, k):
+        return q.new_zeros(q.shape), k.new_zeros(k.shape), v.new_zeros(v.shape)
+    q, k, v = _inner_unit(q), _inner_unit(k), _inner_unit(v)
+    do, o, lse = do.contiguous(), o.contiguous(), lse.contiguous()   # compute_d: contiguous
+    ctx = _context(threads, deterministic)
+    delta = lse.new_empty((B, H, qL))
+    ctx.call("tg_flash_attn_train_bwd_compute_d_bf16", _ptr(o), _ptr(do), _ptr(delta),
+             B, H, qL, D)
+    p = _attn_params(q, k, v, _bhl_strides(do), scale, softcap, q_offset)
+    m, mp = _mask_args(mask, B, H, qL, k.shape[2])
+    dq = torch.empty(q.shape, dtype=torch.float32)
+    dk = torch.zeros(k.shape, dtype=torch.float32)    # dK, dV accumulate
+    dv = torch.zeros(v.shape, dtype=torch.float32)
+    ctx.call("tg_flash_attn_train_bwd_bf16", _ptr(q), _ptr(k), _ptr(v), _ptr(lse), _ptr(do),
+             _ptr(delta), _ptr(dq), _ptr(dk), _ptr(dv), p, mp,
+             None if m is None else _ptr(m), 1 if causal else 0)
+    return dq.to(torch.bfloat16), dk.to(torch.bfloat16), dv.to(torch.bfloat16)
+
+
+def _attn_bwd_fake(do, q, k, v, o, lse, mask, causal, scale, softcap, q_offset, threads,
+                   deterministic):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _need_rms_shapes(op: str, x: Tensor, weight: Tensor, dy: Optional[Tensor] = None,
+                     r: Optional[Tensor] = None) -> None:
+    if x.dim() < 1 or tuple(weight.shape) != (x.shape[-1],):
+        raise ValueError(f"{op}: x [..., dim] and weight [dim] expected; got "
+                         f"{tuple(x.shape)}, {tuple(weight.shape)}")
+    if dy is not None and dy.shape != x.shape:
+        raise ValueError(f"{op}: dy {tuple(dy.shape)} must have x's shape {tuple(x.shape)}")
+    if r is not None and r.shape != x.shape[:-1]:
+        raise ValueError(f"{op}: r {tuple(r.shape)} must have shape {tuple(x.shape[:-1])}")
+
+
+def _rms_fwd_impl(x: Tensor, weight: Tensor, eps: float, threads: int,
+                  deterministic: bool) -> Tuple[Tensor, Tensor]:
+    """x f32 [..., dim], weight f32 [dim] -> y f32 like x (contiguous),
+    r = rsqrt(mean(x^2) + eps) f32 x.shape[:-1]."""
+    _need_dtype("tilegrad::rms_norm_fwd", torch.float32, x=x, weight=weight)
+    _need_rms_shapes("tilegrad::rms_norm_fwd", x, weight)
+    x, weight = x.contiguous(), weight.contiguous()
+    y = torch.empty(x.shape, dtype=torch.float32)
+    r = torch.empty(x.shape[:-1], dtype=torch.float32)
+    dim = x.shape[-1]
+    rows = x.numel() // dim if dim else r.numel()
+    if rows == 0 or dim == 0:    # no kernel call; an empty row has mean 0
+        r.fill_(1.0 / math.sqrt(eps) if eps > 0 else math.inf)
+        return y, r
+    _context(threads, deterministic).call(
+        "tg_rms_norm_forward_f32", _ptr(x), _ptr(weight), _ptr(y), _ptr(r), rows, dim,
+        float(eps))
+    return y, r
+
+
+def _rms_fwd_fake(x, weight, eps, threads, deterministic):
+    return x.new_empty(x.shape), x.new_empty(x.shape[:-1])
+
+
+def _rms_bwd_impl(dy: Tensor, x: Tensor, weight: Tensor, r: Tensor, threads: int,
+                  deterministic: bool) -> Tuple[Tensor, Tensor]:
+    """-> dx f32 like x, dw f32 [dim] (both written), from the forward's r."""
+    _need_dtype("tilegrad::rms_norm_bwd", torch.float32, dy=dy, x=x, weight=weight, r=r)
+    _need_rms_shapes("tilegrad::rms_norm_bwd", x, weight, dy=dy, r=r)
+    dy, x, weight, r = dy.contiguous(), x.contiguous(), weight.contiguous(), r.contiguous()
+    dx = torch.empty(x.shape, dtype=torch.float32)
+    dw = torch.zeros(weight.shape, dtype=torch.float32)
+    dim = x.shape[-1]
+    rows = x.numel() // dim if dim else 0
+    if rows == 0 or dim == 0:
+        dx.zero_()
+        return dx, dw
+    ctx = _context(threads, deterministic)
+    ctx.call("tg_rms_norm_backward_dx_f32", _ptr(x), _ptr(weight), _ptr(dy), _ptr(r),
+             _ptr(dx), rows, dim)
+    ctx.call("tg_rms_norm_backward_dw_f32", _ptr(x), _ptr(dy), _ptr(r), _ptr(dw), rows, dim)
+    return dx, dw
+
+
+def _rms_bwd_fake(dy, x, weight, r, threads, deterministic):
+    return x.new_empty(x.shape), weight.new_empty(weight.shape)
+
+
+# ---------------------------------------------------------------------------
+# backward formulas (shared by the custom ops and the torch < 2.4 Functions)
+
+def _reduce_to(g: Tensor, shape: Sequence[int]) -> Tensor:
+    """Sum a [B, H, qL, kL] gradient over the dims ``shape`` broadcast."""
+    lead = g.dim() - len(shape)
+    if lead:
+        g = g.sum(dim=tuple(range(lead)))
+    dims = tuple(i for i, n in enumerate(shape) if n == 1 and g.shape[i] != 1)
+    if dims:
+        g = g.sum(dim=dims, keepdim=True)
+    return g
+
+
+def _attn_dmask(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
+                mask: Tensor, causal: bool, scale: float, softcap: float,
+                q_offset: int) -> Tensor:
+    """dL/dS_masked = P * (dP - rowsum(O * dO)) for the additive mask (the
+    C backward does not output dS): recomputed in f32 torch ops from the
+    saved tensors, [B, H, qL, kL] memory. P = exp(S - L) as the kernel's."""
+    if _is_empty(q, k):
+        return torch.zeros(mask.shape, dtype=mask.dtype)
+    g = q.shape[1] // k.shape[1]
+    kf = k.float().repeat_interleave(g, 1)
+    vf = v.float().repeat_interleave(g, 1)
+    s = scale * (q.float() @ kf.transpose(-1, -2))                 # [B, H, qL, kL]
+    if softcap != 1.0:
+        s = softcap * torch.tanh(s / softcap)
+    s = s + mask.float()
+    qL, kL = s.shape[-2], s.shape[-1]
+    if causal:
+        vis = torch.arange(kL).view(1, kL) <= torch.arange(qL).view(qL, 1) + q_offset
+        s = s.masked_fill(~vis, -math.inf)
+    L = lse.unsqueeze(-1)
+    # a row that sees no key has L = -inf: P = 0 there (not exp(-inf + inf))
+    p = torch.where(torch.isinf(L) & (L < 0), torch.zeros_like(s), torch.exp(s - L))
+    dof = do.float()
+    dp = dof @ vf.transpose(-1, -2)
+    delta = (o.float() * dof).sum(-1, keepdim=True)
+    ds = p * (dp - delta)
+    return _reduce_to(ds, mask.shape).to(mask.dtype)
+
+
+def _attn_grads(attn_bwd, saved, args, do: Tensor, need: Sequence[bool]):
+    """(dq, dk, dv, dmask) from the saved (q, k, v, o, lse, mask) and the op's
+    scalar args; ``need`` = needs_input_grad of (q, k, v, mask)."""
+    q, k, v, o, lse, mask = saved
+    causal, scale, softcap, q_offset, threads, deterministic = args
+    dq = dk = dv = dm = None
+    if need[0] or need[1] or need[2]:
+        dq, dk, dv = attn_bwd(do, q, k, v, o, lse, mask, causal, scale, softcap, q_offset,
+                              threads, deterministic)
+    if need[3]:
+        dm = _attn_dmask(do, q, k, v, o, lse, mask, causal, scale, softcap, q_offset)
+    return dq, dk, dv, dm
+
+
+if HAVE_CUSTOM_OPS:
+    _lib = torch.library
+    attn_fwd = _lib.custom_op("tilegrad::attn_fwd", mutates_args=(),
+                              device_types="cpu")(_attn_fwd_impl)
+    attn_fwd.register_fake(_attn_fwd_fake)
+    attn_bwd = _lib.custom_op("tilegrad::attn_bwd", mutates_args=(),
+                              device_types="cpu")(_attn_bwd_impl)
+    attn_bwd.register_fake(_attn_bwd_fake)
+    rms_norm_fwd = _lib.custom_op("tilegrad::rms_norm_fwd", mutates_args=(),
+                                  device_types="cpu")(_rms_fwd_impl)
+    rms_norm_fwd.register_fake(_rms_fwd_fake)
+    rms_norm_bwd = _lib.custom_op("tilegrad::rms_norm_bwd", mutates_args=(),
+                                  device_types="cpu")(_rms_bwd_impl)
+    rms_norm_bwd.register_fake(_rms_bwd_fake)
+
+    def _attn_setup_context(ctx, inputs, output):
+        q, k, v, mask = inputs[:4]
+        ctx.args = tuple(inputs[4:])
+        ctx.save_for_backward(q, k, v, output[0], output[1], mask)
+
+    def _attn_backward(ctx, do, dlse):
+        dq, dk, dv, dm = _attn_grads(attn_bwd, ctx.saved_tensors, ctx.args, do,
+                                     ctx.needs_input_grad[:4])
+        return dq, dk, dv, dm, None, None, None, None, None, None
+
+    attn_fwd.register_autograd(_attn_backward, setup_context=_attn_setup_context)
+
+    def _rms_setup_context(ctx, inputs, output):
+        x, weight = inputs[:2]
+        ctx.args = tuple(inputs[3:])
+        ctx.save_for_backward(x, weight, output[1])
+
+    def _rms_backward(ctx, dy, dr):
+        x, weight, r = ctx.saved_tensors
+        if not (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
+            return None, None, None, None, None
+        dx, dw = rms_norm_bwd(dy, x, weight, r, *ctx.args)
+        return (dx if ctx.needs_input_grad[0] else None,
+                dw if ctx.needs_input_grad[1] else None, None, None, None)
+
+    rms_norm_fwd.register_autograd(_rms_backward, setup_context=_rms_setup_context)
+
+    def _attn_call(q, k, v, mask, causal, scale, softcap, q_offset, threads, deterministic):
+        return attn_fwd(q, k, v, mask, causal, scale, softcap, q_offset, threads,
+                        deterministic)[0]
+
+    def _rms_call(x, weight, eps, threads, deterministic):
+        return rms_norm_fwd(x, weight, eps, threads, deterministic)[0]
+
+else:  # PyTorch < 2.4: the same implementations behind autograd Functions
+    attn_fwd = attn_bwd = rms_norm_fwd = rms_norm_bwd = None
+
+    class _AttnFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, mask, *args):
+            o, lse = _attn_fwd_impl(q, k, v, mask, *args)
+            ctx.args = args
+            ctx.save_for_backward(q, k, v, o, lse, mask)
+            return o
+
+        @staticmethod
+        def backward(ctx, do):
+            g = _attn_grads(_attn_bwd_impl, ctx.saved_tensors, ctx.args, do,
+                            ctx.needs_input_grad[:4])
+            return g + (None,) * 6
+
+    class _RMSFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, weight, eps, threads, deterministic):
+            y, r = _rms_fwd_impl(x, weight, eps, threads, deterministic)
+            ctx.args = (threads, deterministic)
+            ctx.save_for_backward(x, weight, r)
+            return y
+
+        @staticmethod
+        def backward(ctx, dy):
+            x, weight, r = ctx.saved_tensors
+            dx, dw = _rms_bwd_impl(dy, x, weight, r, *ctx.args)
+            return (dx if ctx.needs_input_grad[0] else None,
+                    dw if ctx.needs_input_grad[1] else None, None, None, None)
+
+    def _attn_call(*args):
+        return _AttnFunction.apply(*args)
+
+    def _rms_call(*args):
+        return _RMSFunction.apply(*args)
+
+
+# ---------------------------------------------------------------------------
+# argument checks (plain Python on shapes: traced by Dynamo without breaks)
+
+PRECISIONS = ("bf16",)
 
 
 def _check_cpu(*ts):
@@ -56,104 +437,132 @@ def _check_cpu(*ts):
             raise ValueError(f"tilegrad runs on the CPU; got a tensor on {t.device}")
 
 
-def _mask_np(mask):
-    """torch mask -> numpy (bool kept; bf16 as raw bits; floats as float32)."""
+def _threads_arg(threads: Optional[int]) -> int:
+    if threads is None:
+        return 0
+    if int(threads) < 0:
+        raise ValueError(f"threads must be None (follow torch.get_num_threads()) or >= 1, "
+                         f"got {threads}")
+    return int(threads)
+
+
+def _attn_dtype(dtype: torch.dtype, precision: Optional[str], name: str = "q") -> None:
+    """bf16 runs as is; float32/float16/float64 only with precision="bf16"
+    (rounded to bf16: the f32-accurate path is future work in the C library)."""
+    if precision is not None and precision not in PRECISIONS:
+        raise ValueError(f"precision must be None or one of {PRECISIONS}, got {precision!r}")
+    if not dtype.is_floating_point:
+        raise TypeError(f"attention needs floating point tensors, got {name}.dtype = {dtype}")
+    if dtype != torch.bfloat16 and precision != "bf16":
+        raise NotImplementedError(
+            f"tilegrad attention computes in bfloat16 and got {name}.dtype = {dtype}: the "
+            f"result would only be bf16-accurate (max abs error ~5e-3 on unit-variance "
+            f"inputs, where PyTorch's float32 SDPA gives ~3e-7). Pass precision=\"bf16\" to "
+            f"accept the bf16 rounding of the inputs and output, or give bfloat16 tensors; "
+            f"a float32-accurate path is not implemented yet")
+
+
+def _prepare_mask(mask, B: int, H: int, qL: int, kL: int) -> Optional[Tensor]:
+    """mask (bool: True = attend; float: additive, rounded to bf16 through
+    autograd, so it can get a gradient) -> bf16 4-D tensor broadcastable to
+    [B, H, qL, kL] (a view with leading 1-dims; no copy)."""
     if mask is None:
         return None
     if not isinstance(mask, torch.Tensor):
-        return np.asarray(mask)
+        mask = torch.as_tensor(mask)
     _check_cpu(mask)
-    m = mask.detach()
-    if m.dtype == torch.bool:
-        return m.numpy()
-    if m.dtype == torch.bfloat16:
-        return _bits(m)
-    if m.is_floating_point():
-        return m.to(torch.float32).numpy()
-    raise TypeError(f"attention mask must be bool or floating point, got {m.dtype}")
-
-
-def _inner_contig(t):
-    return t if t.dim() == 0 or t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
+    if mask.dim() > 4:
+        raise ValueError(f"mask: at most 4 dims [B, H, qL, kL], got shape {tuple(mask.shape)}")
+    full = (B, H, qL, kL)
+    shape = (1,) * (4 - mask.dim()) + tuple(mask.shape)
+    if any(s != 1 and s != f for s, f in zip(shape, full)):
+        raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to "
+                         f"[B, H, qL, kL] = {full}")
+    if mask.dtype == torch.bool:
+        m = torch.zeros(mask.shape, dtype=torch.bfloat16).masked_fill(~mask, -math.inf)
+    elif mask.dtype.is_floating_point:
+        m = mask.to(torch.bfloat16)
+    else:
+        raise TypeError(f"attention mask must be bool or floating point, got {mask.dtype}")
+    return m.reshape(shape)
 
 
 # ---------------------------------------------------------------------------
-# attention
+# functions
 
-class FlashAttentionFunction(torch.autograd.Function):
-    """``apply(q, k, v, mask_np, causal, scale, softcap, q_offset, ctx)`` on
-    bf16 CPU tensors ``[B, H, qL, D]`` / ``[B, H_kv, kL, D]``; returns O bf16.
-    ``mask_np`` is a numpy mask as :func:`tilegrad.flash_attn_train_fwd`
-    takes it (constant; no gradient). Prefer :func:`attention`."""
-
-    @staticmethod
-    def forward(fctx, q, k, v, mask_np, causal, scale, softcap, q_offset, tg_ctx):
-        kw = dict(mask=mask_np, causal=causal, scale=scale, softcap=softcap,
-                  q_offset=q_offset, ctx=tg_ctx)
-        o, lse = _k.flash_attn_train_fwd(_bits(q), _bits(k), _bits(v), **kw)
-        O = _from_bits(o)
-        fctx.save_for_backward(q, k, v, O, torch.from_numpy(lse))
-        fctx.kw = kw
-        return O
-
-    @staticmethod
-    @once_differentiable
-    def backward(fctx, dO):
-        q, k, v, O, L = fctx.saved_tensors
-        if dO.dtype != torch.bfloat16:
-            dO = dO.to(torch.bfloat16)
-        dO = _inner_contig(dO)
-        kw = dict(fctx.kw)
-        if kw["ctx"] is None:
-            kw["ctx"] = default_context()
-        dq, dk, dv = _k.flash_attn_backward(_bits(q), _bits(k), _bits(v), _bits(O), L.numpy(),
-                                            _bits(dO), **kw)
-        c = kw["ctx"]
-        need = fctx.needs_input_grad
-        g = [_from_bits(_k.f32_to_bf16_cast(a, ctx=c)) if need[i] else None
-             for i, a in enumerate((dq, dk, dv))]
-        return g[0], g[1], g[2], None, None, None, None, None, None
-
-
-def attention(q, k, v, mask=None, causal=False, scale=None, softcap=None, q_offset=None,
-              ctx=None):
+def attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None,
+              causal: bool = False, scale: Optional[float] = None,
+              softcap: Optional[float] = None, q_offset: Optional[int] = None, *,
+              precision: Optional[str] = None, threads: Optional[int] = None,
+              deterministic: bool = False) -> Tensor:
     """FA-2 attention on the CPU: ``softmax(S) @ v`` with
     ``S = scale * q @ k^T`` (``softcap`` c: ``c*tanh(S/c)``), then the causal
     limit and the additive mask.
 
     q ``[B, H, qL, D]``; k, v ``[B, H_kv, kL, D]`` with H a multiple of H_kv
-    (GQA); D a multiple of 8 up to 512. Any strides with a unit innermost
-    stride are used as they are (e.g. ``x.view(B, L, H, D).transpose(1, 2)``).
-    mask: bool (True = attend) or additive float/bf16, broadcastable to
-    ``[B, H, qL, kL]``. causal: key k visible to query i iff
-    ``k <= i + q_offset``, default ``q_offset = kL - qL`` (bottom-right, as
-    for a query block at the end of the keys). scale default ``1/sqrt(D)``.
+    (GQA); D a multiple of 8 up to 512, the same for q, k and v. Strided
+    views with a unit innermost stride are used in place. mask: bool
+    (True = attend) or additive float, any shape broadcastable to
+    ``[B, H, qL, kL]`` (rounded to bf16; a float mask that requires grad gets
+    ``dL/dS``, summed over its broadcast dims). causal: key k visible to
+    query i iff ``k <= i + q_offset``, default ``q_offset = kL - qL``
+    (bottom-right). scale default ``1/sqrt(D)``.
 
-    Computes in bf16 (f32 accumulation); q, k, v of another float dtype are
-    cast to bf16 and the output cast back, both through autograd.
+    Computes in bf16 with f32 accumulation. Inputs of another float dtype
+    need ``precision="bf16"`` (they are rounded to bf16 through autograd and
+    the output cast back); without it they raise ``NotImplementedError``.
+    threads: None = ``torch.get_num_threads()``; deterministic: bitwise
+    identical results across runs and thread counts.
     """
     _check_cpu(q, k, v)
-    dtype = q.dtype
-    if not dtype.is_floating_point:
-        raise TypeError(f"attention needs floating point tensors, got {dtype}")
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError("attention takes 4-D [B, heads, L, D] tensors; got shapes "
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    q, k, v = (_inner_contig(t.to(torch.bfloat16)) for t in (q, k, v))
-    o = FlashAttentionFunction.apply(q, k, v, _mask_np(mask), bool(causal), scale, softcap,
-                                     q_offset, ctx)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _attn_dtype(t.dtype, precision, name)
+    B, H, qL, D = q.shape
+    Bk, Hkv, kL, Dk = k.shape
+    if v.shape[-1] != D:
+        raise NotImplementedError(
+            f"value head dim {v.shape[-1]} != query/key head dim {D}: tilegrad's FA-2 "
+            "kernels take one head dim D (a multiple of 8, at most 512) for q, k and v")
+    if tuple(v.shape[:3]) != (Bk, Hkv, kL):
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must agree in batch, "
+                         "heads and length")
+    if Bk != B or Dk != D:
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} disagree in batch or "
+                         "head dim")
+    if Hkv == 0 and H != 0 or Hkv and H % Hkv:
+        raise ValueError(f"query heads H = {H} must be a multiple of kv heads {Hkv} (GQA)")
+    for n, x in (("B", B), ("H", H), ("qL", qL), ("kL", kL), ("D", D)):
+        if x > _I32_MAX:
+            raise ValueError(f"{n} = {x} does not fit the kernels' int32")
+    dtype = q.dtype
+    q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
+    m = _prepare_mask(mask, B, H, qL, kL)
+    if scale is None:
+        scale = 1.0 / math.sqrt(D) if D > 0 else 1.0
+    o = _attn_call(q, k, v, m, bool(causal), float(scale),
+                   1.0 if softcap is None else float(softcap),
+                   kL - qL if q_offset is None else int(q_offset),
+                   _threads_arg(threads), bool(deterministic))
     return o if dtype == torch.bfloat16 else o.to(dtype)
 
 
-def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
-                                 is_causal=False, scale=None, enable_gqa=False, ctx=None):
-    """Drop-in for ``torch.nn.functional.scaled_dot_product_attention`` on
-    the tilegrad kernels: same arguments and semantics (``is_causal`` is
-    top-left aligned, ``attn_mask`` bool = attend / float = additive,
-    ``enable_gqa``), for 3-D ``[N, L, E]`` or 4-D ``[N, H, L, E]`` CPU tensors.
-    ``dropout_p`` must be 0. Fully masked rows give 0, not NaN."""
+def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
+                                 attn_mask: Optional[Tensor] = None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, scale: Optional[float] = None,
+                                 enable_gqa: bool = False, *, precision: Optional[str] = None,
+                                 threads: Optional[int] = None,
+                                 deterministic: bool = False) -> Tensor:
+    """``torch.nn.functional.scaled_dot_product_attention`` on the tilegrad
+    kernels: the same arguments and semantics (``is_causal`` top-left
+    aligned, ``attn_mask`` bool = attend / float = additive, ``enable_gqa``),
+    3-D ``[N, L, E]`` or 4-D ``[N, H, L, E]`` CPU tensors. ``dropout_p``
+    must be 0; other differences in python/README.md."""
     if dropout_p:
-        raise NotImplementedError("tilegrad attention has no dropout (dropout_p must be 0)")
+        raise NotImplementedError(f"dropout_p = {dropout_p}: tilegrad attention has no "
+                                  "dropout yet (dropout_p must be 0)")
     if is_causal and attn_mask is not None:
         raise ValueError("give either attn_mask or is_causal, not both (as PyTorch)")
     squeeze = query.dim() == 3
@@ -167,96 +576,71 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         raise ValueError(f"query has {query.shape[1]} heads, key {key.shape[1]}: "
                          "pass enable_gqa=True for grouped-query attention")
     out = attention(query, key, value, mask=attn_mask, causal=is_causal, scale=scale,
-                    q_offset=0 if is_causal else None, ctx=ctx)
+                    q_offset=0 if is_causal else None, precision=precision, threads=threads,
+                    deterministic=deterministic)
     return out.squeeze(1) if squeeze else out
 
 
-# ---------------------------------------------------------------------------
-# RMSNorm
-
-class RMSNormFunction(torch.autograd.Function):
-    """``apply(x, weight, eps, ctx)`` on float32 CPU tensors, x ``[..., dim]``,
-    weight ``[dim]``. Prefer :func:`rms_norm`."""
-
-    @staticmethod
-    def forward(fctx, x, weight, eps, tg_ctx):
-        y, r = _k.rms_norm_forward(_f32(x), _f32(weight), eps, return_rms_inv=True,
-                                   ctx=tg_ctx)
-        # the inputs themselves are saved, so autograd's version check catches
-        # an in-place change before the backward
-        fctx.save_for_backward(x, weight, torch.from_numpy(r))
-        fctx.tg_ctx = tg_ctx
-        return torch.from_numpy(y)
-
-    @staticmethod
-    @once_differentiable
-    def backward(fctx, dy):
-        x, w, r = fctx.saved_tensors
-        c = fctx.tg_ctx if fctx.tg_ctx is not None else default_context()
-        dyn = _f32(dy)
-        xn, rn = _f32(x), r.numpy()
-        dx = dw = None
-        if fctx.needs_input_grad[0]:
-            dx = torch.from_numpy(_k.rms_norm_backward_dx(xn, _f32(w), dyn, rn, ctx=c))
-        if fctx.needs_input_grad[1]:
-            dw = torch.from_numpy(_k.rms_norm_backward_dw(xn, dyn, rn, ctx=c))
-        return dx, dw, None, None
-
-
-def rms_norm(x, weight=None, eps=1e-6, ctx=None):
+def rms_norm(x: Tensor, weight: Optional[Tensor] = None, eps: float = 1e-6, *,
+             threads: Optional[int] = None, deterministic: bool = False) -> Tensor:
     """``x * rsqrt(mean(x^2, -1) + eps) * weight`` over the last dim, in f32
-    on the tilegrad kernels (other float dtypes are cast through autograd).
-    ``weight=None``: no scale (no weight gradient)."""
+    on the tilegrad kernels (bf16/float16 inputs are widened exactly,
+    float64 inputs rounded to f32; the output has x's dtype). ``weight=None``:
+    no scale."""
     _check_cpu(x, weight)
     dtype = x.dtype
     if not dtype.is_floating_point:
-        raise TypeError(f"rms_norm needs a floating point tensor, got {dtype}")
-    x32 = x.to(torch.float32)
+        raise TypeError(f"rms_norm needs a floating point tensor, got x.dtype = {dtype}")
+    if x.dim() < 1:
+        raise ValueError("rms_norm needs at least one dim (the normalised one)")
+    dim = x.shape[-1]
     if weight is None:
-        weight = torch.ones(x.shape[-1], dtype=torch.float32)
-    w32 = weight.to(torch.float32)
-    if w32.shape != (x.shape[-1],):
-        raise ValueError(f"weight must have shape ({x.shape[-1]},), got {tuple(weight.shape)}")
-    y = RMSNormFunction.apply(x32, w32, float(eps), ctx)
+        weight = torch.ones(dim, dtype=torch.float32)
+    if tuple(weight.shape) != (dim,):
+        raise ValueError(f"weight must have shape ({dim},), got {tuple(weight.shape)}")
+    y = _rms_call(x.to(torch.float32), weight.to(torch.float32), float(eps),
+                  _threads_arg(threads), bool(deterministic))
     return y if dtype == torch.float32 else y.to(dtype)
 
 
 # ---------------------------------------------------------------------------
-# modules
+# modules (plain attributes only: they pickle and deepcopy)
 
 class RMSNorm(torch.nn.Module):
-    """Drop-in for ``torch.nn.RMSNorm`` (PyTorch >= 2.4; the same arguments)
-    running on tilegrad. ``eps=None`` uses ``torch.finfo(x.dtype).eps`` as
-    PyTorch does. A multi-dim ``normalized_shape`` normalises over the
-    trailing dims together."""
+    """``torch.nn.RMSNorm`` on tilegrad (the same arguments; PyTorch >= 2.4 has
+    the original). ``eps=None`` uses ``torch.finfo(x.dtype).eps`` as PyTorch
+    does. A multi-dim ``normalized_shape`` normalises over the trailing dims
+    together."""
 
-    def __init__(self, normalized_shape, eps=None, elementwise_affine=True, device=None,
-                 dtype=None, ctx=None):
+    def __init__(self, normalized_shape: Union[int, Sequence[int]], eps: Optional[float] = None,
+                 elementwise_affine: bool = True, device=None, dtype=None, *,
+                 threads: Optional[int] = None, deterministic: bool = False):
         super().__init__()
         if isinstance(normalized_shape, int):
             normalized_shape = (normalized_shape,)
         self.normalized_shape = tuple(int(n) for n in normalized_shape)
         self.eps = eps
         self.elementwise_affine = elementwise_affine
-        self.ctx = ctx
+        self.threads, self.deterministic = threads, deterministic
         if elementwise_affine:
             self.weight = torch.nn.Parameter(
                 torch.ones(self.normalized_shape, device=device, dtype=dtype))
         else:
             self.register_parameter("weight", None)
 
-    def forward(self, x):
+    def forward(self, x: Tensor) -> Tensor:
         n = len(self.normalized_shape)
-        if tuple(x.shape[-n:]) != self.normalized_shape:
-            raise ValueError(f"input trailing shape {tuple(x.shape[-n:])} != "
+        if tuple(x.shape[x.dim() - n:]) != self.normalized_shape:
+            raise ValueError(f"input trailing shape {tuple(x.shape[x.dim() - n:])} != "
                              f"normalized_shape {self.normalized_shape}")
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
         lead = x.shape[:x.dim() - n]
         xf = x.reshape(*lead, -1)
         w = self.weight.reshape(-1) if self.weight is not None else None
-        return rms_norm(xf, w, eps, ctx=self.ctx).reshape(x.shape)
+        return rms_norm(xf, w, eps, threads=self.threads,
+                        deterministic=self.deterministic).reshape(x.shape)
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         return (f"{self.normalized_shape}, eps={self.eps}, "
                 f"elementwise_affine={self.elementwise_affine}")
 
@@ -265,45 +649,75 @@ class Attention(torch.nn.Module):
     """Parameter-free module around :func:`attention`:
     ``Attention(causal=True)(q, k, v, mask=None)``."""
 
-    def __init__(self, causal=False, scale=None, softcap=None, ctx=None):
+    def __init__(self, causal: bool = False, scale: Optional[float] = None,
+                 softcap: Optional[float] = None, *, precision: Optional[str] = None,
+                 threads: Optional[int] = None, deterministic: bool = False):
         super().__init__()
-        self.causal, self.scale, self.softcap, self.ctx = causal, scale, softcap, ctx
+        self.causal, self.scale, self.softcap = causal, scale, softcap
+        self.precision, self.threads, self.deterministic = precision, threads, deterministic
 
-    def forward(self, q, k, v, mask=None):
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None) -> Tensor:
         return attention(q, k, v, mask=mask, causal=self.causal, scale=self.scale,
-                         softcap=self.softcap, ctx=self.ctx)
+                         softcap=self.softcap, precision=self.precision,
+                         threads=self.threads, deterministic=self.deterministic)
 
-    def extra_repr(self):
-        return f"causal={self.causal}, scale={self.scale}, softcap={self.softcap}"
+    def extra_repr(self) -> str:
+        return (f"causal={self.causal}, scale={self.scale}, softcap={self.softcap}, "
+                f"precision={self.precision}")
 
 
 class MultiHeadAttention(torch.nn.Module):
-    """Self-attention block (q/k/v/out projections, GQA) whose core is
-    :func:`attention`: ``x [B, L, embed_dim] -> [B, L, embed_dim]``.
-    ``num_kv_heads`` (default num_heads) must divide num_heads; the head dim
-    ``embed_dim // num_heads`` must be a multiple of 8."""
+    """Batch-first self-attention block (q/k/v/out projections, GQA) whose
+    core is :func:`attention`: ``x [B, L, embed_dim] -> [B, L, embed_dim]``.
 
-    def __init__(self, embed_dim, num_heads, num_kv_heads=None, causal=True, bias=False,
-                 softcap=None, ctx=None):
+    Not a drop-in for ``torch.nn.MultiheadAttention``: self-attention only,
+    always batch-first, returns the output tensor only (no attention
+    weights), separate q/k/v projections (GQA), ``causal`` (bottom-right)
+    built in. ``forward(x, mask=None, key_padding_mask=None)``: ``mask`` as
+    in :func:`attention` (bool True = attend, or additive), broadcastable to
+    ``[B, num_heads, L, L]``; ``key_padding_mask`` ``[B, L]`` bool with
+    ``nn.MultiheadAttention``'s convention (True = padding, ignored).
+    ``num_kv_heads`` (default num_heads) must divide num_heads; the head dim
+    ``embed_dim // num_heads`` must be a multiple of 8. ``precision="bf16"``
+    is needed for float32 activations (see :func:`attention`)."""
+
+    def __init__(self, embed_dim: int, num_heads: int, num_kv_heads: Optional[int] = None,
+                 causal: bool = True, bias: bool = False, softcap: Optional[float] = None, *,
+                 precision: Optional[str] = None, threads: Optional[int] = None,
+                 deterministic: bool = False, device=None, dtype=None):
         super().__init__()
         num_kv_heads = num_kv_heads or num_heads
         if embed_dim % num_heads or num_heads % num_kv_heads:
-            raise ValueError("embed_dim must be a multiple of num_heads, num_heads of "
-                             "num_kv_heads")
+            raise ValueError(f"embed_dim ({embed_dim}) must be a multiple of num_heads "
+                             f"({num_heads}), num_heads of num_kv_heads ({num_kv_heads})")
         self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
         self.head_dim = embed_dim // num_heads
-        self.q_proj = torch.nn.Linear(embed_dim, num_heads * self.head_dim, bias=bias)
-        self.k_proj = torch.nn.Linear(embed_dim, num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = torch.nn.Linear(embed_dim, num_kv_heads * self.head_dim, bias=bias)
-        self.out_proj = torch.nn.Linear(num_heads * self.head_dim, embed_dim, bias=bias)
-        self.attn = Attention(causal=causal, softcap=softcap, ctx=ctx)
+        fk = dict(bias=bias, device=device, dtype=dtype)
+        self.q_proj = torch.nn.Linear(embed_dim, num_heads * self.head_dim, **fk)
+        self.k_proj = torch.nn.Linear(embed_dim, num_kv_heads * self.head_dim, **fk)
+        self.v_proj = torch.nn.Linear(embed_dim, num_kv_heads * self.head_dim, **fk)
+        self.out_proj = torch.nn.Linear(num_heads * self.head_dim, embed_dim, **fk)
+        self.attn = Attention(causal=causal, softcap=softcap, precision=precision,
+                              threads=threads, deterministic=deterministic)
 
-    def forward(self, x, mask=None):
+    def forward(self, x: Tensor, mask: Optional[Tensor] = None,
+                key_padding_mask: Optional[Tensor] = None) -> Tensor:
         B, L, _ = x.shape
         D = self.head_dim
         # [B, L, heads*D] -> strided [B, heads, L, D] views: no copies
         q = self.q_proj(x).view(B, L, self.num_heads, D).transpose(1, 2)
         k = self.k_proj(x).view(B, L, self.num_kv_heads, D).transpose(1, 2)
         v = self.v_proj(x).view(B, L, self.num_kv_heads, D).transpose(1, 2)
+        if key_padding_mask is not None:
+            if key_padding_mask.dtype != torch.bool or tuple(key_padding_mask.shape) != (B, L):
+                raise ValueError(f"key_padding_mask must be a bool [B, L] = {(B, L)} tensor, "
+                                 f"got {key_padding_mask.dtype} {tuple(key_padding_mask.shape)}")
+            keep = (~key_padding_mask).view(B, 1, 1, L)        # True = attend
+            if mask is None:
+                mask = keep
+            elif mask.dtype == torch.bool:
+                mask = mask & keep
+            else:
+                mask = mask.masked_fill(~keep, -math.inf)
         o = self.attn(q, k, v, mask=mask)
         return self.out_proj(o.transpose(1, 2).reshape(B, L, self.num_heads * D))

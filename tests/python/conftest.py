@@ -102,3 +102,19 @@ def ctx_factory(lib):
     for c in cache.values():
         c.close()
 
+
+
+def pytest_sessionstart(session):
+    """TG_REQUIRE_CUSTOM_OPS=1 (the CI step on the PyPI torch): fail at once
+    unless torch imports and tilegrad.torch registered its torch.library
+    custom ops, so the compile/export/opcheck tests cannot be skipped
+    silently."""
+    if os.environ.get("TG_REQUIRE_CUSTOM_OPS") != "1":
+        return
+    if not HAVE_TORCH:
+        pytest.exit(f"TG_REQUIRE_CUSTOM_OPS=1 but torch is not importable ({_TORCH_ERR})",
+                    returncode=3)
+    import tilegrad.torch as tt
+    if not tt.HAVE_CUSTOM_OPS:
+        pytest.exit(f"TG_REQUIRE_CUSTOM_OPS=1 but torch {tt.torch.__version__} has no "
+                    "torch.library.custom_op (needs >= 2.4)", returncode=3)

@@ -1,5 +1,6 @@
-"""tilegrad.torch: the autograd wrappers and nn.Module drop-ins against
-PyTorch autograd of a float64 reference (CPU; PyTorch 1.13 and 2.x).
+"""tilegrad.torch: the operators (torch.library custom ops on PyTorch >= 2.4,
+autograd Functions on 1.13) and the modules against PyTorch autograd of a
+float64 reference (CPU; PyTorch 1.13 and 2.x).
 
 Attention (bf16). The wrapper's inputs are bf16 tensors, held exactly by the
 float64 reference (plain autograd of softmax(S).V with the same scale,
@@ -45,6 +46,16 @@ U32 = 2.0 ** -24
 UBF = 2.0 ** -8
 SAFETY = 2.0
 F64 = torch.float64
+
+
+@pytest.fixture(autouse=True)
+def _float32_default_dtype():
+    """The oracle modules set torch's default dtype to float64 at import;
+    these tests build float32 modules and tensors."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)
+    yield
+    torch.set_default_dtype(old)
 
 
 def bf(shape, gen, std=1.0, requires_grad=True):
@@ -160,15 +171,16 @@ def test_attention_grads_vs_float64_autograd(case):
 
 
 def test_attention_float32_path_is_the_bf16_path():
-    """float32 inputs are cast to bf16 through autograd: with bf16-exact
-    values the output and every gradient equal the bf16 path's, bitwise."""
+    """float32 inputs with precision="bf16" are cast to bf16 through autograd:
+    with bf16-exact values the output and every gradient equal the bf16
+    path's, bitwise."""
     gen = torch.Generator().manual_seed(1)
     qb, kb, vb = bf((2, 4, 11, 16), gen), bf((2, 2, 13, 16), gen), bf((2, 2, 13, 16), gen)
     q32, k32, v32 = (t.detach().float().requires_grad_(True) for t in (qb, kb, vb))
     dO = bf((2, 4, 11, 16), gen, requires_grad=False)
     ob = tt.attention(qb, kb, vb, causal=True)
     ob.backward(dO)
-    o32 = tt.attention(q32, k32, v32, causal=True)
+    o32 = tt.attention(q32, k32, v32, causal=True, precision="bf16")
     assert o32.dtype == torch.float32
     o32.backward(dO.float())
     assert torch.equal(o32, ob.float())
@@ -329,7 +341,8 @@ class Block(torch.nn.Module):
         if impl == "tilegrad":
             self.norm1, self.norm2 = tt.RMSNorm(dim, 1e-5, dtype=torch.float32), \
                 tt.RMSNorm(dim, 1e-5, dtype=torch.float32)
-            self.attn = tt.MultiHeadAttention(dim, heads, kv_heads, causal=True)
+            self.attn = tt.MultiHeadAttention(dim, heads, kv_heads, causal=True,
+                                              precision="bf16")
         else:
             self.norm1, self.norm2 = RefRMSNorm(dim), RefRMSNorm(dim)
             self.attn = RefMHA(dim, heads, kv_heads)
@@ -421,24 +434,29 @@ def test_inplace_change_after_forward_is_caught():
         o.float().sum().backward()
 
 
-def test_modules_use_given_context():
-    """ctx= reaches the kernels in forward and backward (a closed context
-    is refused, so the error proves the wiring)."""
-    c = tg.Context(threads=1, deterministic=True)
-    m = tt.MultiHeadAttention(16, 2, ctx=c).to(torch.float32)
+def test_modules_threads_and_deterministic():
+    """threads= and deterministic= reach the kernels in forward and backward:
+    deterministic results agree bitwise across thread counts; the default
+    follows torch.get_num_threads()."""
+    torch.manual_seed(7)
+    m1 = tt.MultiHeadAttention(16, 2, threads=1, deterministic=True, precision="bf16")
+    m3 = tt.MultiHeadAttention(16, 2, threads=3, deterministic=True, precision="bf16")
+    m3.load_state_dict(m1.state_dict())
     x = torch.randn(1, 5, 16, dtype=torch.float32, requires_grad=True)
-    y = m(x)
-    c2 = tg.Context(threads=3, deterministic=True)
-    m.attn.ctx = c2
-    y2 = m(x)
-    assert torch.equal(y, y2)                 # deterministic: thread counts agree
-    y.sum().backward()
-    c.close()
-    with pytest.raises(ValueError, match="closed"):
-        m.attn.ctx = c
-        m(x)
-    n = tt.RMSNorm(16, eps=1e-5, ctx=c2, dtype=torch.float32)
-    out = n(x)
-    c2.close()
-    with pytest.raises(ValueError, match="closed"):
-        out.sum().backward()
+    y1, y3 = m1(x), m3(x)
+    assert torch.equal(y1, y3)
+    g1 = torch.autograd.grad(y1.sum(), x)[0]
+    assert tt._context(1, True).threads == 1
+    g3 = torch.autograd.grad(y3.sum(), x)[0]
+    assert tt._context(3, True).threads == 3
+    assert torch.equal(g1, g3)
+    n = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        tt.rms_norm(x, None, 1e-5)
+        assert tt._context(0, False).threads == 1
+    finally:
+        torch.set_num_threads(n)
+    assert tt._context(0, False).threads == n
+    with pytest.raises(ValueError, match="threads"):
+        tt.rms_norm(x, None, threads=-1)

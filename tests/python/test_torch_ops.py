@@ -1,0 +1,197 @@
+"""tilegrad.torch's custom ops (PyTorch >= 2.4): torch.library.opcheck on each
+op, torch.compile(fullgraph=True) of a small transformer block with zero graph
+breaks matching eager, torch.export of it, and "no copies": the kernels read
+contiguous and strided [B, H, L, D] inputs in place.
+
+Skipped on PyTorch < 2.4 (no torch.library.custom_op; the front then runs on
+autograd Functions, tested by test_torch_wrappers.py)."""
+import copy
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the torch front needs PyTorch")
+import tilegrad.torch as tt  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not tt.HAVE_CUSTOM_OPS,
+                                reason=f"torch {torch.__version__} < 2.4: no custom ops")
+
+
+@pytest.fixture(autouse=True)
+def _float32_default_dtype():
+    """The oracle modules set torch's default dtype to float64 at import;
+    these tests build float32 modules and tensors."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)
+    yield
+    torch.set_default_dtype(old)
+
+
+def bf(*shape, seed=0, rg=False):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g).to(torch.bfloat16).requires_grad_(rg)
+
+
+# ---------------------------------------------------------------------------
+# opcheck
+
+def _attn_cases():
+    B, H, Hkv, qL, kL, D = 2, 4, 2, 9, 13, 16
+    q, k, v = bf(B, H, qL, D, seed=1, rg=True), bf(B, Hkv, kL, D, seed=2, rg=True), \
+        bf(B, Hkv, kL, D, seed=3, rg=True)
+    qs = bf(B, qL, H, D, seed=4).transpose(1, 2).requires_grad_(True)   # strided BLHD view
+    mask = torch.zeros(1, H, qL, kL, dtype=torch.bfloat16)
+    mask[..., 3] = -math.inf
+    mrow = bf(qL, 1, seed=5).reshape(1, 1, qL, 1).requires_grad_(True)  # broadcast over keys
+    sc = 1 / math.sqrt(D)
+    return [
+        (q, k, v, None, False, sc, 1.0, kL - qL, 1, True),
+        (qs, k, v, mask, True, sc, 1.0, kL - qL, 2, True),
+        (q, k, v, mrow, False, sc, 30.0, 0, 1, True),
+        (q.detach(), k.detach(), v.detach(), None, True, 0.5, 1.0, 0, 1, False),
+    ]
+
+
+@pytest.mark.parametrize("i", range(4))
+def test_opcheck_attn_fwd(i):
+    args = _attn_cases()[i]
+    torch.library.opcheck(torch.ops.tilegrad.attn_fwd.default, args)
+
+
+def test_opcheck_attn_bwd():
+    q, k, v, mask, causal, sc, cap, off, th, det = _attn_cases()[1]
+    q, k, v = q.detach(), k.detach(), v.detach()
+    o, lse = torch.ops.tilegrad.attn_fwd(q, k, v, mask, causal, sc, cap, off, th, det)
+    do = bf(*o.shape, seed=9)
+    torch.library.opcheck(torch.ops.tilegrad.attn_bwd.default,
+                          (do, q, k, v, o, lse, mask, causal, sc, cap, off, th, det))
+
+
+def test_opcheck_rms_norm():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 5, 24, generator=g).requires_grad_(True)
+    w = torch.randn(24, generator=g).requires_grad_(True)
+    torch.library.opcheck(torch.ops.tilegrad.rms_norm_fwd.default, (x, w, 1e-5, 0, True))
+    y, r = torch.ops.tilegrad.rms_norm_fwd(x.detach(), w.detach(), 1e-5, 0, True)
+    torch.library.opcheck(torch.ops.tilegrad.rms_norm_bwd.default,
+                          (torch.randn(3, 5, 24, generator=g), x.detach(), w.detach(), r,
+                           0, True))
+
+
+# ---------------------------------------------------------------------------
+# no copies: the kernels read the caller's memory (strided views by strides)
+
+def test_inputs_are_read_in_place(monkeypatch):
+    """The pointers the C forward gets are the tensors' own data_ptr()s,
+    for contiguous q/k/v and for [B, L, H, D] storage seen as [B, H, L, D]."""
+    seen = []
+    real = tt._ptr
+    monkeypatch.setattr(tt, "_ptr", lambda t: (seen.append(t.data_ptr()), real(t))[1])
+    q, k, v = bf(1, 2, 8, 16), bf(1, 2, 8, 16, seed=1), bf(1, 2, 8, 16, seed=2)
+    tt.attention(q, k, v)
+    assert seen[:3] == [q.data_ptr(), k.data_ptr(), v.data_ptr()]
+    seen.clear()
+    x = bf(1, 8, 2, 16, seed=3)
+    qv = x.transpose(1, 2)                      # strides (256, 16, 32, 1): not contiguous
+    tt.attention(qv, k, v)
+    assert seen[0] == x.data_ptr()
+
+
+# ---------------------------------------------------------------------------
+# torch.compile / torch.export of a transformer block
+
+class Block(torch.nn.Module):
+    def __init__(self, dim=32, heads=4, kv_heads=2):
+        super().__init__()
+        self.norm1 = tt.RMSNorm(dim, eps=1e-5)
+        self.attn = tt.MultiHeadAttention(dim, heads, kv_heads, causal=True,
+                                          precision="bf16", deterministic=True)
+        self.norm2 = tt.RMSNorm(dim, eps=1e-5)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(dim, 2 * dim), torch.nn.GELU(),
+                                       torch.nn.Linear(2 * dim, dim))
+
+    def forward(self, x):
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+def _block_and_input():
+    torch.manual_seed(0)
+    return Block(), torch.randn(2, 12, 32, requires_grad=True)
+
+
+def test_compile_fullgraph_zero_graph_breaks_matches_eager():
+    import torch._dynamo as dynamo
+    model, x = _block_and_input()
+    dynamo.reset()
+    exp = dynamo.explain(model)(x)
+    assert exp.graph_break_count == 0, exp.break_reasons
+    assert exp.graph_count == 1
+
+    y_eager = model(x)
+    gx_eager, *gp_eager = torch.autograd.grad(y_eager.square().sum(),
+                                              [x] + list(model.parameters()))
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    y = compiled(x)
+    gx, *gp = torch.autograd.grad(y.square().sum(), [x] + list(model.parameters()))
+    # the same kernels run in the same order (deterministic mode): the same bits
+    assert torch.equal(y, y_eager)
+    assert torch.equal(gx, gx_eager)
+    for a, b in zip(gp, gp_eager):
+        assert torch.equal(a, b)
+
+
+def test_compile_inductor_fullgraph_matches_eager():
+    """The default backend (Inductor) compiles the block too; its fused
+    torch ops may round differently from eager: compared to 1e-4."""
+    model, x = _block_and_input()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    try:
+        y = compiled(x)
+    except Exception as e:   # no C++ compiler for Inductor on this machine
+        if "compiler" in str(e).lower() or "cpp" in str(e).lower():
+            pytest.skip(f"Inductor unavailable: {type(e).__name__}")
+        raise
+    y_eager = model(x)
+    assert float((y - y_eager).detach().abs().max()) < 1e-4
+    y.square().sum().backward()
+
+
+def test_export_block():
+    model, x = _block_and_input()
+    ep = torch.export.export(model, (x.detach(),))
+    targets = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
+    assert "tilegrad.attn_fwd.default" in targets and "tilegrad.rms_norm_fwd.default" in targets
+    assert torch.equal(ep.module()(x.detach()), model(x.detach()))
+
+
+def test_block_pickles_and_deepcopies(tmp_path):
+    model, x = _block_and_input()
+    y = model(x)
+    m2 = copy.deepcopy(model)
+    assert torch.equal(m2(x), y)
+    path = tmp_path / "block.pt"
+    torch.save(model, path)
+    m3 = torch.load(path, weights_only=False)
+    assert torch.equal(m3(x), y)
+
+
+def test_ops_check_their_dtypes():
+    q = bf(1, 1, 4, 8)
+    with pytest.raises(TypeError, match="attn_fwd: q must be torch.bfloat16"):
+        torch.ops.tilegrad.attn_fwd(q.float(), q, q, None, False, 1.0, 1.0, 0, 0, False)
+    with pytest.raises(TypeError, match="rms_norm_fwd: x must be torch.float32"):
+        torch.ops.tilegrad.rms_norm_fwd(q.double(), torch.ones(8), 1e-5, 0, False)
+
+    # shapes the C kernels cannot see are checked on every call (no reads
+    # outside a tensor through a direct op call)
+    k1 = bf(2, 1, 4, 8)
+    with pytest.raises(ValueError, match="attn_fwd: q .* and k .* disagree"):
+        torch.ops.tilegrad.attn_fwd(q, k1, k1, None, False, 1.0, 1.0, 0, 0, False)
+    o, lse = torch.ops.tilegrad.attn_fwd(q, q, q, None, False, 1.0, 1.0, 0, 0, False)
+    with pytest.raises(ValueError, match="attn_bwd: do must have shape"):
+        torch.ops.tilegrad.attn_bwd(bf(1, 1, 5, 8), q, q, q, o, lse, None, False, 1.0, 1.0, 0,
+                                    0, False)
+    with pytest.raises(ValueError, match="rms_norm_fwd: x .* and weight"):
+        torch.ops.tilegrad.rms_norm_fwd(torch.ones(3, 8), torch.ones(9), 1e-5, 0, False)
