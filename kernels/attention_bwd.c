@@ -139,9 +139,8 @@ static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_
     /* A fully masked row has L = -inf: P = exp(S - L) is 0 for every key. */
     const float Li = L[i] == -INFINITY ? INFINITY : L[i];
     if (pr->softcap == 0.0f) {
-      ops->attn_score_row(P, nk, tg_attn_visible(pr, qi, k0, nk), pr->scale,
-                          mrow ? mrow + k0 : NULL, Li);
-      ops->exp_f32(P, P, nk); /* exp(-inf) = 0 for masked keys */
+      ops->attn_prob_row(P, nk, tg_attn_visible(pr, qi, k0, nk), pr->scale,
+                         mrow ? mrow + k0 : NULL, Li); /* 0 for masked keys */
       ops->attn_ds_row(dS, P, nk, Dv[i], pr->scale);
       continue;
     }

@@ -104,7 +104,7 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
         continue;
       }
       const float alpha = w.m[i] == -INFINITY ? 0.0f : expf(w.m[i] - m_new);
-      const float sum = ops->exp_shift_sum_f32(P, m_new, P, nk); /* P = exp(S - m') */
+      const float sum = ops->attn_exp_sum_row(P, nk, m_new); /* P = exp(S - m') */
       w.l[i] = alpha * w.l[i] + sum;
       w.m[i] = m_new;
       if (alpha != 1.0f) ops->scale2_f32(w.acc + i * D, D, alpha, 1.0f);
