@@ -77,9 +77,8 @@ static inline void tg_attn_load_rows(const tg_micro_ops *ops, tg_attn_dtype t,
       memcpy(dst + r * D, src, sizeof(float) * (size_t)D);
     else
       ops->bf16_to_f32(src, dst + r * D, D);
-    if (trans)
-      for (int64_t d = 0; d < D; d++) trans[d * ldt + r] = dst[r * D + d];
   }
+  if (trans) ops->transpose_f32(n, D, dst, D, trans, ldt, 0);
 }
 
 /* --- the engine, shared by the bf16 entry points and kernel 10 ------------

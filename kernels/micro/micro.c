@@ -285,21 +285,34 @@ static void TG_NAME(attn_prob_row)(float *restrict s, int64_t n, int64_t n_vis, 
   for (int64_t k = n_vis < 0 ? 0 : n_vis; k < n; k++) s[k] = 0.0f;
 }
 
+/* LANES partial sums in a generic vector (one zmm, two ymm or four xmm), so
+ * the tree at the end stays in registers: lane_tree's order, where its
+ * array form goes through memory one scalar add at a time, which costs more
+ * than the exp of a 64-key row. */
+typedef float lanes_v __attribute__((vector_size(LANES * sizeof(float))));
+typedef float half_v __attribute__((vector_size(LANES / 2 * sizeof(float))));
+_Static_assert(LANES == 16, "lanes_sum is a tree over 16 lanes");
+static inline float lanes_sum(lanes_v x) {
+  half_v lo, hi;
+  memcpy(&lo, &x, sizeof lo);
+  memcpy(&hi, (char *)&x + sizeof lo, sizeof hi);
+  const half_v h = lo + hi; /* l + 8 */
+  const float q[4] = {h[0] + h[4], h[1] + h[5], h[2] + h[6], h[3] + h[7]};
+  return (q[0] + q[2]) + (q[1] + q[3]);
+}
+
 static float TG_NAME(attn_exp_sum_row)(float *restrict s, int64_t n, float shift) {
-  float acc[LANES] = {0};
+#pragma omp simd
+  for (int64_t k = 0; k < n; k++) s[k] = exp_lane(s[k] - shift);
+  lanes_v acc = {0};
   int64_t i = 0;
   for (; i + LANES <= n; i += LANES) {
-#pragma omp simd
-    for (int l = 0; l < LANES; l++) {
-      s[i + l] = exp_lane(s[i + l] - shift);
-      acc[l] += s[i + l];
-    }
+    lanes_v x;
+    memcpy(&x, s + i, sizeof x);
+    acc += x;
   }
-  for (int l = 0; i < n; i++, l++) {
-    s[i] = exp_lane(s[i] - shift);
-    acc[l] += s[i];
-  }
-  return lane_tree(acc);
+  for (int l = 0; i < n; i++, l++) acc[l] += s[i];
+  return lanes_sum(acc);
 }
 #pragma GCC pop_options
 
