@@ -103,7 +103,8 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
         memset(P, 0, sizeof(float) * (size_t)nk);
         continue;
       }
-      const float alpha = w.m[i] == -INFINITY ? 0.0f : expf(w.m[i] - m_new);
+      const float alpha = w.m[i] == m_new ? 1.0f /* the usual case, after a few tiles */
+                          : w.m[i] == -INFINITY ? 0.0f : expf(w.m[i] - m_new);
       const float sum = ops->attn_exp_sum_row(P, nk, m_new); /* P = exp(S - m') */
       w.l[i] = alpha * w.l[i] + sum;
       w.m[i] = m_new;
