@@ -59,6 +59,10 @@ typedef struct {
   /* Forward row: s[k] = exp(s[k] - shift) in place (exp_f32's polynomial);
    * returns sum_k s[k] (LANES partials and a fixed tree). */
   float (*attn_exp_sum_row)(float *s, int64_t n, float shift);
+  /* attn_score_row with shift 0, returning max_k s[k] (-inf when every key
+   * is masked; NaN entries are skipped by the compare). */
+  float (*attn_score_max_row)(float *s, int64_t n, int64_t n_vis, float scale,
+                              const uint16_t *mask);
 
   /* --- row ops of the memory-bound kernels (any n >= 0 unless stated;
    * reductions use 16 lane-parallel partials and a fixed pairwise tree, so

@@ -91,13 +91,14 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
     for (int64_t i = 0; i < nq; i++) {
       const int64_t qi = q0 + i;
       const tg_bf16 *mrow = pr->Ms ? a->mask + tg_attn_offset(pr->Ms, b, h, qi) : NULL;
-      float *P = w.S + i * BK, unused;
-      if (pr->softcap == 0.0f)
-        ops->attn_score_row(P, nk, tg_attn_visible(pr, qi, k0, nk), pr->scale,
-                            mrow ? mrow + k0 : NULL, 0.0f);
-      else
+      float *P = w.S + i * BK, unused, tile_max;
+      if (pr->softcap == 0.0f) {
+        tile_max = ops->attn_score_max_row(P, nk, tg_attn_visible(pr, qi, k0, nk), pr->scale,
+                                           mrow ? mrow + k0 : NULL);
+      } else {
         for (int64_t k = 0; k < nk; k++) P[k] = tg_attn_score(pr, P[k], qi, k0 + k, mrow, &unused);
-      const float tile_max = ops->max_f32(P, nk);
+        tile_max = ops->max_f32(P, nk);
+      }
       const float m_new = tile_max > w.m[i] ? tile_max : w.m[i];
       if (m_new == -INFINITY) { /* nothing visible yet: P = 0, state unchanged */
         memset(P, 0, sizeof(float) * (size_t)nk);

@@ -314,6 +314,30 @@ static float TG_NAME(attn_exp_sum_row)(float *restrict s, int64_t n, float shift
   for (int l = 0; i < n; i++, l++) acc[l] += s[i];
   return lanes_sum(acc);
 }
+
+static float TG_NAME(attn_score_max_row)(float *restrict s, int64_t n, int64_t n_vis,
+                                         float scale, const uint16_t *restrict mask) {
+  if (n_vis > n) n_vis = n;
+  float mx = -__builtin_inff();
+  if (mask) {
+#pragma omp simd reduction(max : mx)
+    for (int64_t k = 0; k < n_vis; k++) {
+      const uint32_t u = (uint32_t)mask[k] << 16;
+      float m;
+      memcpy(&m, &u, sizeof m);
+      s[k] = m == -__builtin_inff() ? m : scale * s[k] + m;
+      mx = s[k] > mx ? s[k] : mx;
+    }
+  } else {
+#pragma omp simd reduction(max : mx)
+    for (int64_t k = 0; k < n_vis; k++) {
+      s[k] = scale * s[k];
+      mx = s[k] > mx ? s[k] : mx;
+    }
+  }
+  for (int64_t k = n_vis < 0 ? 0 : n_vis; k < n; k++) s[k] = -__builtin_inff();
+  return mx;
+}
 #pragma GCC pop_options
 
 #include "row_ops.h"
@@ -334,6 +358,7 @@ const tg_micro_ops TG_NAME(tg_micro) = {
     .attn_ds_row = TG_NAME(attn_ds_row),
     .attn_prob_row = TG_NAME(attn_prob_row),
     .attn_exp_sum_row = TG_NAME(attn_exp_sum_row),
+    .attn_score_max_row = TG_NAME(attn_score_max_row),
     .dot_f32 = TG_NAME(dot_f32),
     .dot3_f32 = TG_NAME(dot3_f32),
     .max_f32 = TG_NAME(max_f32),
