@@ -26,6 +26,9 @@
  * (and unread): the partials cost one write and one read of the rows that
  * matter, in a workspace the context keeps between calls.
  *
+ * tg_attn_backward_kv is the KV schedule on a validated problem (bf16 or
+ * f32 inputs, gradients through strides); kernel 10 runs it too.
+ *
  * ATOMIC: the Metal kernel's grid, one work item per (q-tile, query head,
  * batch); dQ of the tile stays local and is written once, dK/dV of every pair
  * are added to the output with `omp atomic` (the Metal atomic_fetch_add).

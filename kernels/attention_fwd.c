@@ -14,6 +14,10 @@
  * A row that sees no key (all -inf) gets O = 0 and L = -inf. Every row is
  * computed by one item in a fixed order: the forward is deterministic for
  * any thread count.
+ *
+ * tg_attn_forward is the loop itself, on a validated problem with bf16 or
+ * f32 inputs; kernel 10 (causal_attention.c) runs it on f32 token-major
+ * rows, storing no O but delta = dO . O (O in f32) for its backward.
  */
 #include <math.h>
 #include <string.h>
