@@ -57,7 +57,8 @@ typedef struct {
   void (*attn_prob_row)(float *s, int64_t n, int64_t n_vis, float scale,
                         const uint16_t *mask, float shift);
   /* Forward row: s[k] = exp(s[k] - shift) in place (exp_f32's polynomial);
-   * returns sum_k s[k] (LANES partials and a fixed tree). */
+   * returns sum_k s[k] (LANES partials and a fixed tree, then the tail of
+   * n % LANES in order). */
   float (*attn_exp_sum_row)(float *s, int64_t n, float shift);
   /* attn_score_row with shift 0, returning max_k s[k] (-inf when every key
    * is masked; NaN entries are skipped by the compare). */

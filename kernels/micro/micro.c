@@ -286,18 +286,16 @@ static void TG_NAME(attn_prob_row)(float *restrict s, int64_t n, int64_t n_vis, 
 }
 
 /* LANES partial sums in a generic vector (one zmm, two ymm or four xmm), so
- * the tree at the end stays in registers: lane_tree's order, where its
- * array form goes through memory one scalar add at a time, which costs more
- * than the exp of a 64-key row. */
+ * the tree at the end stays in registers (lane_tree's order): its array
+ * form goes through memory one scalar add at a time, which costs more than
+ * the exp of a 64-key row. */
 typedef float lanes_v __attribute__((vector_size(LANES * sizeof(float))));
-typedef float half_v __attribute__((vector_size(LANES / 2 * sizeof(float))));
 _Static_assert(LANES == 16, "lanes_sum is a tree over 16 lanes");
 static inline float lanes_sum(lanes_v x) {
-  half_v lo, hi;
-  memcpy(&lo, &x, sizeof lo);
-  memcpy(&hi, (char *)&x + sizeof lo, sizeof hi);
-  const half_v h = lo + hi; /* l + 8 */
-  const float q[4] = {h[0] + h[4], h[1] + h[5], h[2] + h[6], h[3] + h[7]};
+  const lanes_v h = x + __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2,
+                                                3, 4, 5, 6, 7); /* l + 8 */
+  const lanes_v q = h + __builtin_shufflevector(h, h, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0,
+                                                1, 2, 3); /* l + 4 */
   return (q[0] + q[2]) + (q[1] + q[3]);
 }
 
@@ -311,8 +309,9 @@ static float TG_NAME(attn_exp_sum_row)(float *restrict s, int64_t n, float shift
     memcpy(&x, s + i, sizeof x);
     acc += x;
   }
-  for (int l = 0; i < n; i++, l++) acc[l] += s[i];
-  return lanes_sum(acc);
+  float sum = lanes_sum(acc);
+  for (; i < n; i++) sum += s[i]; /* the tail (< LANES) in order */
+  return sum;
 }
 
 static float TG_NAME(attn_score_max_row)(float *restrict s, int64_t n, int64_t n_vis,
