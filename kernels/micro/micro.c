@@ -291,7 +291,8 @@ static void TG_NAME(attn_prob_row)(float *restrict s, int64_t n, int64_t n_vis, 
  * the exp of a 64-key row. */
 typedef float lanes_v __attribute__((vector_size(LANES * sizeof(float))));
 _Static_assert(LANES == 16, "lanes_sum is a tree over 16 lanes");
-static inline float lanes_sum(lanes_v x) {
+static inline float lanes_sum(const lanes_v *px) { /* by pointer: no vector ABI */
+  const lanes_v x = *px;
   const lanes_v h = x + __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2,
                                                 3, 4, 5, 6, 7); /* l + 8 */
   const lanes_v q = h + __builtin_shufflevector(h, h, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0,
@@ -309,7 +310,7 @@ static float TG_NAME(attn_exp_sum_row)(float *restrict s, int64_t n, float shift
     memcpy(&x, s + i, sizeof x);
     acc += x;
   }
-  float sum = lanes_sum(acc);
+  float sum = lanes_sum(&acc);
   for (; i < n; i++) sum += s[i]; /* the tail (< LANES) in order */
   return sum;
 }
