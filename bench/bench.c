@@ -7,6 +7,9 @@
  *              (dQ, dK, dV) -- what a training step pays. dK/dV are
  *              zero-filled before every repetition, outside the timed region.
  *              FLOPs = 10*B*H*qL*kL*D, halved for causal (qL == kL).
+ *              The training forward (tg_flash_attn_train_fwd_bf16, O and L)
+ *              is timed on its own on the same shapes and inputs: FLOPs =
+ *              4*B*H*qL*kL*D, halved for causal.
  *   memory     kernels 3-11, each with the minimum bytes it must move (every
  *              input read once, every output written once; an accumulated
  *              output counts read + write), as GB/s and % of the triad.
@@ -402,12 +405,16 @@ typedef struct {
   double ms_d_med, ms_bwd_med, ms_cast_med; /* parts (medians) */
   double gflops, pct_fma, pct_ceil;
   int finite; /* dQ, dK, dV all finite after the last rep */
+  double gflop_fwd, ms_fwd_med, ms_fwd_min, gflops_fwd, pct_fma_fwd; /* forward */
 } attn_result;
 
 static double attn_gflop(const attn_shape *s) {
   double f = 10.0 * s->B * (double)s->H * (double)s->L * (double)s->L * s->D;
   return (s->causal ? 0.5 * f : f) * 1e-9;
 }
+
+/* The forward's two products Q.K^T and P.V. */
+static double attn_fwd_gflop(const attn_shape *s) { return 0.4 * attn_gflop(s); }
 
 /* Scores of one query row against nk keys: s[k] = scale * q . K[k].
  * Cloned per ISA where the toolchain supports ifunc dispatch; only used to
@@ -490,6 +497,7 @@ static void run_attn_shape(tg_ctx *ctx, const bench_opts *o, attn_result *r) {
   double *ms_d = calloc((size_t)o->reps, sizeof(double));
   double *ms_b = calloc((size_t)o->reps, sizeof(double));
   double *ms_c = calloc((size_t)o->reps, sizeof(double));
+  double *ms_f = calloc((size_t)o->reps, sizeof(double));
 
   tg_bf16 *Q = xalloc((size_t)nq * 2), *K = xalloc((size_t)nk * 2),
           *V = xalloc((size_t)nk * 2), *O = xalloc((size_t)nq * 2),
@@ -499,8 +507,11 @@ static void run_attn_shape(tg_ctx *ctx, const bench_opts *o, attn_result *r) {
   float *Lse = xalloc((size_t)nrow * 4), *Dv = xalloc((size_t)nrow * 4);
   float *dQ = xalloc((size_t)nq * 4), *dK = xalloc((size_t)nk * 4), *dV = xalloc((size_t)nk * 4);
   float *Qf = xalloc((size_t)nq * 4), *Kf = xalloc((size_t)nk * 4);
-  if (!r->ms || !ms_d || !ms_b || !ms_c || !Q || !K || !V || !O || !dO || !dQb || !dKb ||
-      !dVb || !Lse || !Dv || !dQ || !dK || !dV || !Qf || !Kf) {
+  tg_bf16 *Ofwd = xalloc((size_t)nq * 2); /* the forward's outputs: the */
+  float *Lfwd = xalloc((size_t)nrow * 4);  /* backward's inputs stay as they are */
+  r->gflop_fwd = attn_fwd_gflop(s);
+  if (!r->ms || !ms_d || !ms_b || !ms_c || !ms_f || !Q || !K || !V || !O || !dO || !dQb ||
+      !dKb || !dVb || !Lse || !Dv || !dQ || !dK || !dV || !Qf || !Kf || !Ofwd || !Lfwd) {
     snprintf(r->err, sizeof r->err, "out of memory allocating the buffers");
     goto done;
   }
@@ -534,6 +545,17 @@ static void run_attn_shape(tg_ctx *ctx, const bench_opts *o, attn_result *r) {
   tg_attn_params p;
   CHECK_TG(tg_attn_params_init(&p, s->B, s->H, s->Hkv, s->L, s->L, s->D, scale),
            "tg_attn_params_init");
+
+  /* The forward alone, reps of its own (rep -1: untimed warm-up). */
+  for (int rep = -1; rep < o->reps; rep++) {
+    double t0 = omp_get_wtime();
+    CHECK_TG(tg_flash_attn_train_fwd_bf16(ctx, Q, K, V, Ofwd, Lfwd, &p, NULL, NULL, s->causal),
+             "tg_flash_attn_train_fwd_bf16");
+    if (rep >= 0) ms_f[rep] = (omp_get_wtime() - t0) * 1e3;
+  }
+  r->ms_fwd_med = median(ms_f, o->reps);
+  r->ms_fwd_min = minimum(ms_f, o->reps);
+  r->gflops_fwd = r->ms_fwd_med > 0 ? r->gflop_fwd / (r->ms_fwd_med * 1e-3) : 0.0;
 
   /* rep -1 is the untimed warm-up (first touch, scratch arenas, caches) */
   for (int rep = -1; rep < o->reps; rep++) {
@@ -573,6 +595,9 @@ done:
   free(ms_d);
   free(ms_b);
   free(ms_c);
+  free(ms_f);
+  free(Ofwd);
+  free(Lfwd);
   free(Q);
   free(K);
   free(V);
@@ -1051,7 +1076,18 @@ static int write_json(const char *path, const bench_opts *o, const char *cpu,
     json_num(f, r->pct_fma);
     fprintf(f, ", \"pct_exact_ceiling\": ");
     json_num(f, r->pct_ceil);
-    fprintf(f, ", \"outputs_finite\": %s}", r->finite ? "true" : "false");
+    fprintf(f, ", \"outputs_finite\": %s", r->finite ? "true" : "false");
+    fprintf(f, ", \"fwd\": {\"flops\": \"4*B*H*qL*kL*D, x0.5 when causal\", \"gflop\": ");
+    json_num(f, r->gflop_fwd);
+    fprintf(f, ", \"ms_median\": ");
+    json_num(f, r->ms_fwd_med);
+    fprintf(f, ", \"ms_min\": ");
+    json_num(f, r->ms_fwd_min);
+    fprintf(f, ", \"gflops\": ");
+    json_num(f, r->gflops_fwd);
+    fprintf(f, ", \"pct_fma_peak\": ");
+    json_num(f, r->pct_fma_fwd);
+    fprintf(f, "}}");
   }
   fprintf(f, "%s]\n  },\n", na ? "\n    " : "");
 
@@ -1216,6 +1252,7 @@ int tg_bench_main(int argc, char **argv) {
         rc = 1;
       } else {
         r->pct_fma = pk.fma_gflops > 0 ? 100.0 * r->gflops / pk.fma_gflops : 0.0;
+        r->pct_fma_fwd = pk.fma_gflops > 0 ? 100.0 * r->gflops_fwd / pk.fma_gflops : 0.0;
         r->pct_ceil = ceil > 0 ? 100.0 * r->gflops / ceil : 0.0;
         printf("%-3d %-26s %9.2f %10.2f %10.2f %9.1f %7.1f %7.1f%s\n", i + 1, sh, r->gflop,
                r->ms_med, r->ms_min, r->gflops, r->pct_fma, r->pct_ceil,
@@ -1223,6 +1260,21 @@ int tg_bench_main(int argc, char **argv) {
       }
       fflush(stdout);
     }
+    printf("\nFlashAttention-2 training forward (O bf16 and L), same shapes and inputs, "
+           "timed alone;\nFLOP = 4*B*H*L^2*D (x0.5 causal)\n");
+    printf("%-3s %-26s %9s %10s %10s %9s %7s\n", "#", "B,H,Hkv,L,D,mask", "GFLOP", "ms(med)",
+           "ms(min)", "GFLOP/s", "%FMA");
+    for (int i = 0; i < na; i++) {
+      const attn_result *r = &ar[i];
+      char sh[64];
+      fmt_shape(sh, sizeof sh, &r->s);
+      if (r->ok)
+        printf("%-3d %-26s %9.2f %10.2f %10.2f %9.1f %7.1f\n", i + 1, sh, r->gflop_fwd,
+               r->ms_fwd_med, r->ms_fwd_min, r->gflops_fwd, r->pct_fma_fwd);
+      else
+        printf("%-3d %-26s %9.2f  FAILED (see above)\n", i + 1, sh, r->gflop_fwd);
+    }
+    fflush(stdout);
   }
 
   /* --- memory-bound kernels -------------------------------------------------- */

@@ -51,6 +51,19 @@ typedef struct {
                          const uint16_t *mask, float shift);
   /* Attention dS row: dp[k] = scale * (p[k] * (dp[k] - d)) */
   void (*attn_ds_row)(float *dp, const float *p, int64_t n, float d, float scale);
+  /* Attention probability row without softcapping, in place on s = Q.K^T:
+   * s[k] = exp(scale*s[k] + m[k] - shift) for k < n_vis (attn_score_row and
+   * exp_f32's polynomial in one pass), 0 for k >= n_vis or a mask of -inf. */
+  void (*attn_prob_row)(float *s, int64_t n, int64_t n_vis, float scale,
+                        const uint16_t *mask, float shift);
+  /* Forward row: s[k] = exp(s[k] - shift) in place (exp_f32's polynomial);
+   * returns sum_k s[k] (LANES partials and a fixed tree, then the tail of
+   * n % LANES in order). */
+  float (*attn_exp_sum_row)(float *s, int64_t n, float shift);
+  /* attn_score_row with shift 0, returning max_k s[k] (-inf when every key
+   * is masked; NaN entries are skipped by the compare). */
+  float (*attn_score_max_row)(float *s, int64_t n, int64_t n_vis, float scale,
+                              const uint16_t *mask);
 
   /* --- row ops of the memory-bound kernels (any n >= 0 unless stated;
    * reductions use 16 lane-parallel partials and a fixed pairwise tree, so

@@ -8,6 +8,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "bf16.h"
 #include "engine.h"
@@ -23,17 +24,25 @@ enum { TG_ATTN_MAX_D = 512 };
  * blocking.h), at most TG_ATTN_MAX_TILE each. */
 enum { TG_ATTN_MAX_TILE = 128 };
 
-/* A validated attention problem: sizes as int64, strides copied out. */
+/* Element type of the attention inputs Q, K, V and dO: bf16 (the FA-2
+ * entry points) or f32 (kernel 10, token-major). The mask is always bf16. */
+typedef enum { TG_ATTN_BF16 = 0, TG_ATTN_F32 = 1 } tg_attn_dtype;
+
+/* A validated attention problem: sizes as int64, strides copied out. All
+ * strides are [batch, head, row] in elements of their tensor. */
 typedef struct {
   int64_t B, H, H_kv, gqa, qL, kL, D, qL_off;
   float scale;
   float softcap; /* 0 = off (params softcapping == 1.0), else the cap c */
-  const int64_t *Qs, *Ks, *Vs, *Os; /* batch, head, row strides */
+  const int64_t *Qs, *Ks, *Vs, *Os; /* inputs; Os is also dO's */
   const int64_t *Ms;                /* NULL when there is no mask */
   int causal;
+  tg_attn_dtype in;                 /* element type of Q, K, V, dO */
+  int64_t dQs[3], dKs[3];           /* f32 gradients dQ and dK, dV (same layout) */
 } tg_attn_problem;
 
-/* Validates p (+ mask params) for entry point `fn` and fills *out. Checks:
+/* Validates p (+ mask params) for entry point `fn` and fills *out (bf16
+ * inputs, contiguous [B, H, qL, D] / [B, H_kv, kL, D] gradients). Checks:
  * NULL struct, sizes >= 1, H % gqa_factor, head dim, Metal tiling fields,
  * scale / softcapping finite, strides >= 0 and every addressed element's
  * offset within int64, mask pointer/params pairing, output sizes. */
@@ -48,18 +57,50 @@ static inline int64_t tg_attn_offset(const int64_t s[3], int64_t b, int64_t head
   return b * s[0] + head * s[1] + row * s[2];
 }
 
-/* Rows [r0, r0 + n) of a strided bf16 head -> f32 dst [n, D]; when trans is
- * not NULL also transposed into trans [D, ldt] (the packed K^T / V^T the
- * score GEMMs take, ldt = the key-tile rows). */
-static inline void tg_attn_load_rows(const tg_micro_ops *ops, const tg_bf16 *head,
-                                     int64_t row_stride, int64_t r0, int64_t n, int64_t D,
-                                     float *dst, float *trans, int64_t ldt) {
-  for (int64_t r = 0; r < n; r++) {
-    ops->bf16_to_f32(head + (r0 + r) * row_stride, dst + r * D, D);
-    if (trans)
-      for (int64_t d = 0; d < D; d++) trans[d * ldt + r] = dst[r * D + d];
-  }
+/* Element `off` of an input tensor of type t. */
+static inline const void *tg_attn_at(tg_attn_dtype t, const void *base, int64_t off) {
+  return t == TG_ATTN_F32 ? (const void *)((const float *)base + off)
+                          : (const void *)((const tg_bf16 *)base + off);
 }
+
+/* Rows [r0, r0 + n) of a strided head of type t (bf16 widened, f32 copied)
+ * -> f32 dst [n, D]; when trans is not NULL also transposed into trans
+ * [D, ldt] (the packed K^T / V^T the score GEMMs take, ldt = the key-tile
+ * rows). */
+static inline void tg_attn_load_rows(const tg_micro_ops *ops, tg_attn_dtype t,
+                                     const void *head, int64_t row_stride, int64_t r0,
+                                     int64_t n, int64_t D, float *dst, float *trans,
+                                     int64_t ldt) {
+  for (int64_t r = 0; r < n; r++) {
+    const void *src = tg_attn_at(t, head, (r0 + r) * row_stride);
+    if (t == TG_ATTN_F32)
+      memcpy(dst + r * D, src, sizeof(float) * (size_t)D);
+    else
+      ops->bf16_to_f32(src, dst + r * D, D);
+  }
+  if (trans) ops->transpose_f32(n, D, dst, D, trans, ldt, 0);
+}
+
+/* --- the engine, shared by the bf16 entry points and kernel 10 ------------
+ * Both run on a validated problem; neither checks its arguments again. */
+
+/* Forward (attention_fwd.c): L [B, H, qL] natural-log logsumexp (writes);
+ * O bf16 through pr->Os when O != NULL; when dO != NULL (type pr->in,
+ * through pr->Os) also delta [B, H, qL] = rowsum(dO * O) with O in f32,
+ * the D_vec of the backward. mask: as pr->Ms (NULL without). */
+tg_status tg_attn_forward(tg_ctx *ctx, const tg_attn_problem *pr, const void *Q,
+                          const void *K, const void *V, const tg_bf16 *mask, tg_bf16 *O,
+                          float *L, const void *dO, float *delta);
+
+/* Backward, KV schedule (attention_bwd.c): dQ writes through pr->dQs, dK
+ * and dV accumulate through pr->dKs; L, D_vec [B, H, qL]. `workspace` holds
+ * tg_attn_bwd_workspace_bytes(pr, ops) bytes (the dQ partials; may be NULL
+ * when that is 0). Bitwise the same for every thread count. */
+size_t tg_attn_bwd_workspace_bytes(const tg_attn_problem *pr, const tg_micro_ops *ops);
+tg_status tg_attn_backward_kv(tg_ctx *ctx, const tg_attn_problem *pr, const void *Q,
+                              const void *K, const void *V, const void *dO,
+                              const tg_bf16 *mask, const float *L, const float *D_vec,
+                              float *dQ, float *dK, float *dV, void *workspace);
 
 /* The score S[i,k] from the raw product qk = Q[i].K[k] (f32), per contract:
  * s = scale * qk; with softcapping c: s = c * tanh(s / c) (*tanh_out gets the

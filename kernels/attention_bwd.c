@@ -26,6 +26,9 @@
  * (and unread): the partials cost one write and one read of the rows that
  * matter, in a workspace the context keeps between calls.
  *
+ * tg_attn_backward_kv is the KV schedule on a validated problem (bf16 or
+ * f32 inputs, gradients through strides); kernel 10 runs it too.
+ *
  * ATOMIC: the Metal kernel's grid, one work item per (q-tile, query head,
  * batch); dQ of the tile stays local and is written once, dK/dV of every pair
  * are added to the output with `omp atomic` (the Metal atomic_fetch_add).
@@ -48,7 +51,8 @@ enum { TG_ATTN_ITEMS = 64, MIN_RANGE_TILES = 4, MAX_RANGES = 16 };
 
 typedef struct {
   tg_attn_problem pr;
-  const tg_bf16 *Q, *K, *V, *dO, *mask;
+  const void *Q, *K, *V, *dO; /* type pr.in */
+  const tg_bf16 *mask;
   const float *L, *D_vec;
   float *dQ, *dK, *dV;
   const tg_micro_ops *ops;
@@ -56,6 +60,7 @@ typedef struct {
   int64_t n_qtiles, n_ktiles;
   int64_t n_ranges, range_tiles; /* KV schedule: key ranges per kv head */
   float *dQ_partial;             /* KV schedule: [n_ranges - 1][B, H, qL, D] */
+  int64_t dq_elems;              /* B * H * qL * D: one partial */
 } bwd_args;
 
 /* Per-thread scratch, carved from tg_dispatch's buffer. */
@@ -96,21 +101,21 @@ static bwd_scratch carve(void *base, int64_t D, int64_t BQ, int64_t BK) {
 static void load_qtile(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_t nq,
                        bwd_scratch *w) {
   const tg_attn_problem *pr = &a->pr;
-  tg_attn_load_rows(a->ops, a->Q + tg_attn_offset(pr->Qs, b, h, 0), pr->Qs[2], q0, nq,
-                    pr->D, w->Q, NULL, 0);
-  tg_attn_load_rows(a->ops, a->dO + tg_attn_offset(pr->Os, b, h, 0), pr->Os[2], q0, nq,
-                    pr->D, w->dO, NULL, 0);
+  tg_attn_load_rows(a->ops, pr->in, tg_attn_at(pr->in, a->Q, tg_attn_offset(pr->Qs, b, h, 0)),
+                    pr->Qs[2], q0, nq, pr->D, w->Q, NULL, 0);
+  tg_attn_load_rows(a->ops, pr->in, tg_attn_at(pr->in, a->dO, tg_attn_offset(pr->Os, b, h, 0)),
+                    pr->Os[2], q0, nq, pr->D, w->dO, NULL, 0);
 }
 
 /* Keys [k0, k0 + nk) of kv head h_kv -> w->K, w->KT, w->VT (f32). */
 static void load_ktile(const bwd_args *a, int64_t b, int64_t h_kv, int64_t k0, int64_t nk,
                        bwd_scratch *w) {
   const tg_attn_problem *pr = &a->pr;
-  tg_attn_load_rows(a->ops, a->K + tg_attn_offset(pr->Ks, b, h_kv, 0), pr->Ks[2], k0, nk,
-                    pr->D, w->K, w->KT, a->BK);
+  tg_attn_load_rows(a->ops, pr->in, tg_attn_at(pr->in, a->K, tg_attn_offset(pr->Ks, b, h_kv, 0)),
+                    pr->Ks[2], k0, nk, pr->D, w->K, w->KT, a->BK);
   /* V is only used transposed; w->dV is free until the pair body runs. */
-  tg_attn_load_rows(a->ops, a->V + tg_attn_offset(pr->Vs, b, h_kv, 0), pr->Vs[2], k0, nk,
-                    pr->D, w->dV, w->VT, a->BK);
+  tg_attn_load_rows(a->ops, pr->in, tg_attn_at(pr->in, a->V, tg_attn_offset(pr->Vs, b, h_kv, 0)),
+                    pr->Vs[2], k0, nk, pr->D, w->dV, w->VT, a->BK);
 }
 
 /* The pair body for loaded tiles: dQ [nq, D] (leading dim ldq) += dS . K;
@@ -137,9 +142,8 @@ static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_
     /* A fully masked row has L = -inf: P = exp(S - L) is 0 for every key. */
     const float Li = L[i] == -INFINITY ? INFINITY : L[i];
     if (pr->softcap == 0.0f) {
-      ops->attn_score_row(P, nk, tg_attn_visible(pr, qi, k0, nk), pr->scale,
-                          mrow ? mrow + k0 : NULL, Li);
-      ops->exp_f32(P, P, nk); /* exp(-inf) = 0 for masked keys */
+      ops->attn_prob_row(P, nk, tg_attn_visible(pr, qi, k0, nk), pr->scale,
+                         mrow ? mrow + k0 : NULL, Li); /* 0 for masked keys */
       ops->attn_ds_row(dS, P, nk, Dv[i], pr->scale);
       continue;
     }
@@ -159,12 +163,29 @@ static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_
 }
 
 /* KV schedule: the dQ rows [nq, D] of query head h, q-tile at q0, that key
- * range `range` sums into (the output for range 0, a partial otherwise). */
-static float *dq_rows(const bwd_args *a, int64_t range, int64_t b, int64_t h, int64_t q0) {
+ * range `range` sums into (the output through pr->dQs for range 0, a
+ * contiguous partial otherwise); *ld gets their row stride. */
+static float *dq_rows(const bwd_args *a, int64_t range, int64_t b, int64_t h, int64_t q0,
+                      int64_t *ld) {
   const tg_attn_problem *pr = &a->pr;
-  float *base = range == 0 ? a->dQ
-                           : a->dQ_partial + (range - 1) * pr->B * pr->H * pr->qL * pr->D;
-  return base + ((b * pr->H + h) * pr->qL + q0) * pr->D;
+  if (range == 0) {
+    *ld = pr->dQs[2];
+    return a->dQ + tg_attn_offset(pr->dQs, b, h, q0);
+  }
+  *ld = pr->D;
+  return a->dQ_partial + (range - 1) * a->dq_elems + ((b * pr->H + h) * pr->qL + q0) * pr->D;
+}
+
+/* dst rows [n, D] (row stride ld) += src [n, D] (contiguous), or = 0 when
+ * src is NULL; atomic as tg_add_f32. */
+static void add_rows(float *dst, int64_t ld, const float *src, int64_t n, int64_t D,
+                     int atomic) {
+  for (int64_t r = 0; r < n; r++) {
+    if (src)
+      tg_add_f32(dst + r * ld, src + r * D, D, atomic);
+    else
+      memset(dst + r * ld, 0, sizeof(float) * (size_t)D);
+  }
 }
 
 /* KV schedule: does the q-tile at q0 see any key of range `range`? (Only
@@ -190,19 +211,20 @@ static void bwd_group_kv(const void *vargs, int64_t range, int64_t h_kv, int64_t
     for (int64_t h = h_kv * gqa; h < (h_kv + 1) * gqa; h++)
       for (int64_t q0 = 0; q0 < pr->qL; q0 += BQ) {
         const int64_t nq = pr->qL - q0 < BQ ? pr->qL - q0 : BQ;
+        int64_t ld;
+        float *dq = dq_rows(a, range, b, h, q0, &ld);
         if (tg_attn_key_end(pr, q0, nq) <= k0) { /* causal: sees none */
           /* Output rows no key reaches are zeros; a partial's rows its range
            * never reaches stay unwritten, and the sum skips them. */
-          if (kt == 0) memset(dq_rows(a, 0, b, h, q0), 0, sizeof(float) * (size_t)(nq * D));
+          if (kt == 0) add_rows(dq, ld, NULL, nq, D, 0);
           continue;
         }
         load_qtile(a, b, h, q0, nq, &w);
-        bwd_pair(a, b, h, q0, nq, k0, nk, dq_rows(a, range, b, h, q0), D, kt == kt_first,
-                 &w);
+        bwd_pair(a, b, h, q0, nq, k0, nk, dq, ld, kt == kt_first, &w);
       }
-    const int64_t kv_row = (b * pr->H_kv + h_kv) * pr->kL + k0;
-    tg_add_f32(a->dK + kv_row * D, w.dK, nk * D, 0);
-    tg_add_f32(a->dV + kv_row * D, w.dV, nk * D, 0);
+    const int64_t kv = tg_attn_offset(pr->dKs, b, h_kv, k0);
+    add_rows(a->dK + kv, pr->dKs[2], w.dK, nk, D, 0);
+    add_rows(a->dV + kv, pr->dKs[2], w.dV, nk, D, 0);
   }
 }
 
@@ -213,8 +235,10 @@ static void bwd_group_sum_dq(const void *vargs, int64_t qt, int64_t h, int64_t b
                              void *scratch) {
   const bwd_args *a = vargs;
   const int64_t BQ = a->BQ, q0 = qt * BQ, nq = a->pr.qL - q0 < BQ ? a->pr.qL - q0 : BQ;
+  int64_t ld, ld_r;
+  float *dq = dq_rows(a, 0, b, h, q0, &ld);
   for (int64_t r = 1; r < a->n_ranges && range_visible(a, r, q0, nq); r++)
-    tg_add_f32(dq_rows(a, 0, b, h, q0), dq_rows(a, r, b, h, q0), nq * a->pr.D, 0);
+    add_rows(dq, ld, dq_rows(a, r, b, h, q0, &ld_r), nq, a->pr.D, 0);
 }
 
 /* ATOMIC schedule: x = q-tile (heaviest causal tiles first), y = query head,
@@ -236,11 +260,58 @@ static void bwd_group_atomic(const void *vargs, int64_t x, int64_t h, int64_t b,
     memset(w.dK, 0, sizeof(float) * (size_t)(nk * D));
     memset(w.dV, 0, sizeof(float) * (size_t)(nk * D));
     bwd_pair(a, b, h, q0, nq, k0, nk, w.dQ, D, 0, &w);
-    const int64_t kv_row = (b * pr->H_kv + h_kv) * pr->kL + k0;
-    tg_add_f32(a->dK + kv_row * D, w.dK, nk * D, 1);
-    tg_add_f32(a->dV + kv_row * D, w.dV, nk * D, 1);
+    const int64_t kv = tg_attn_offset(pr->dKs, b, h_kv, k0);
+    add_rows(a->dK + kv, pr->dKs[2], w.dK, nk, D, 1);
+    add_rows(a->dV + kv, pr->dKs[2], w.dV, nk, D, 1);
   }
-  memcpy(a->dQ + ((b * pr->H + h) * pr->qL + q0) * D, w.dQ, sizeof(float) * (size_t)(nq * D));
+  float *dq = a->dQ + tg_attn_offset(pr->dQs, b, h, q0);
+  for (int64_t i = 0; i < nq; i++)
+    memcpy(dq + i * pr->dQs[2], w.dQ + i * D, sizeof(float) * (size_t)D);
+}
+
+/* KV schedule: key ranges per kv head (see TG_ATTN_ITEMS), from the shape
+ * alone; sets a->range_tiles, n_ranges, dq_elems. */
+static void plan_ranges(bwd_args *a) {
+  const tg_attn_problem *pr = &a->pr;
+  const int64_t heads = pr->B * pr->H_kv;
+  const int64_t dq_bytes = pr->B * pr->H * pr->qL * pr->D * (int64_t)sizeof(float);
+  int64_t ranges = (TG_ATTN_ITEMS + heads - 1) / heads;
+  if (ranges > a->n_ktiles / MIN_RANGE_TILES) ranges = a->n_ktiles / MIN_RANGE_TILES;
+  if (ranges > MAX_RANGES) ranges = MAX_RANGES;
+  if (ranges > 1 + PARTIALS_BUDGET / dq_bytes) ranges = 1 + PARTIALS_BUDGET / dq_bytes;
+  if (ranges < 1) ranges = 1;
+  a->range_tiles = (a->n_ktiles + ranges - 1) / ranges;
+  a->n_ranges = (a->n_ktiles + a->range_tiles - 1) / a->range_tiles;
+  a->dq_elems = pr->B * pr->H * pr->qL * pr->D;
+}
+
+static bwd_args make_args(const tg_attn_problem *pr, const tg_micro_ops *ops) {
+  bwd_args a = {.pr = *pr, .ops = ops, .BQ = ops->attn_bq, .BK = ops->attn_bk};
+  a.n_qtiles = (pr->qL + a.BQ - 1) / a.BQ;
+  a.n_ktiles = (pr->kL + a.BK - 1) / a.BK;
+  plan_ranges(&a);
+  return a;
+}
+
+size_t tg_attn_bwd_workspace_bytes(const tg_attn_problem *pr, const tg_micro_ops *ops) {
+  const bwd_args a = make_args(pr, ops);
+  /* (n_ranges - 1) partials <= PARTIALS_BUDGET bytes by plan_ranges' caps */
+  return (size_t)((a.n_ranges - 1) * a.dq_elems) * sizeof(float);
+}
+
+tg_status tg_attn_backward_kv(tg_ctx *ctx, const tg_attn_problem *pr, const void *Q,
+                              const void *K, const void *V, const void *dO,
+                              const tg_bf16 *mask, const float *L, const float *D_vec,
+                              float *dQ, float *dK, float *dV, void *workspace) {
+  bwd_args a = make_args(pr, ctx->ops);
+  a.Q = Q, a.K = K, a.V = V, a.dO = dO, a.mask = mask, a.L = L, a.D_vec = D_vec;
+  a.dQ = dQ, a.dK = dK, a.dV = dV, a.dQ_partial = workspace;
+  tg_status st = tg_dispatch(ctx, a.n_ranges, pr->H_kv, pr->B,
+                             bwd_scratch_bytes(pr->D, a.BQ, a.BK), bwd_group_kv, &a);
+  /* The second pass needs no scratch: it cannot fail once the first wrote. */
+  if (st == TG_OK && a.n_ranges > 1)
+    st = tg_dispatch(ctx, a.n_qtiles, pr->H, pr->B, 0, bwd_group_sum_dq, &a);
+  return st;
 }
 
 tg_status tg_flash_attn_train_bwd_bf16(tg_ctx *ctx, const tg_bf16 *Q, const tg_bf16 *K,
@@ -256,39 +327,20 @@ tg_status tg_flash_attn_train_bwd_bf16(tg_ctx *ctx, const tg_bf16 *Q, const tg_b
   const char *names[] = {"Q", "K", "V", "L", "dO", "D_vec", "dQ", "dK", "dV"};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
     if (!bufs[i]) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: %s is NULL", fn, names[i]);
-  bwd_args a = {.Q = Q, .K = K, .V = V, .dO = dO, .mask = mask, .L = L, .D_vec = D_vec,
-                .dQ = dQ, .dK = dK, .dV = dV, .ops = ctx->ops,
-                .BQ = ctx->ops->attn_bq, .BK = ctx->ops->attn_bk};
-  tg_status st = tg_attn_validate(ctx, fn, p, mp, mask, causal, &a.pr);
+  tg_attn_problem pr;
+  tg_status st = tg_attn_validate(ctx, fn, p, mp, mask, causal, &pr);
   if (st != TG_OK) return st;
-  const tg_attn_problem *pr = &a.pr;
-  a.n_qtiles = (pr->qL + a.BQ - 1) / a.BQ;
-  a.n_ktiles = (pr->kL + a.BK - 1) / a.BK;
-  const size_t scratch = bwd_scratch_bytes(pr->D, a.BQ, a.BK);
-  if (ctx->attn_schedule == TG_ATTN_SCHEDULE_ATOMIC && !ctx->deterministic)
-    return tg_dispatch(ctx, a.n_qtiles, pr->H, pr->B, scratch, bwd_group_atomic, &a);
-
-  /* Key ranges per kv head (see TG_ATTN_ITEMS). */
-  const int64_t heads = pr->B * pr->H_kv;
-  const int64_t dq_bytes = pr->B * pr->H * pr->qL * pr->D * (int64_t)sizeof(float);
-  int64_t ranges = (TG_ATTN_ITEMS + heads - 1) / heads;
-  if (ranges > a.n_ktiles / MIN_RANGE_TILES) ranges = a.n_ktiles / MIN_RANGE_TILES;
-  if (ranges > MAX_RANGES) ranges = MAX_RANGES;
-  if (ranges > 1 + PARTIALS_BUDGET / dq_bytes) ranges = 1 + PARTIALS_BUDGET / dq_bytes;
-  if (ranges < 1) ranges = 1;
-  a.range_tiles = (a.n_ktiles + ranges - 1) / ranges;
-  a.n_ranges = (a.n_ktiles + a.range_tiles - 1) / a.range_tiles;
-  if (a.n_ranges > 1) {
-    void *ws; /* (n_ranges - 1) * dq_bytes <= PARTIALS_BUDGET by the caps above */
-    st = tg_workspace(ctx, (size_t)((a.n_ranges - 1) * dq_bytes), &ws);
-    if (st != TG_OK) return st;
-    a.dQ_partial = ws;
+  if (ctx->attn_schedule == TG_ATTN_SCHEDULE_ATOMIC && !ctx->deterministic) {
+    bwd_args a = make_args(&pr, ctx->ops);
+    a.Q = Q, a.K = K, a.V = V, a.dO = dO, a.mask = mask, a.L = L, a.D_vec = D_vec;
+    a.dQ = dQ, a.dK = dK, a.dV = dV;
+    return tg_dispatch(ctx, a.n_qtiles, pr.H, pr.B, bwd_scratch_bytes(pr.D, a.BQ, a.BK),
+                       bwd_group_atomic, &a);
   }
-  st = tg_dispatch(ctx, a.n_ranges, pr->H_kv, pr->B, scratch, bwd_group_kv, &a);
-  /* The second pass needs no scratch: it cannot fail once the first wrote. */
-  if (st == TG_OK && a.n_ranges > 1)
-    st = tg_dispatch(ctx, a.n_qtiles, pr->H, pr->B, 0, bwd_group_sum_dq, &a);
-  return st;
+  const size_t ws_bytes = tg_attn_bwd_workspace_bytes(&pr, ctx->ops);
+  void *ws = NULL;
+  if (ws_bytes > 0 && (st = tg_workspace(ctx, ws_bytes, &ws)) != TG_OK) return st;
+  return tg_attn_backward_kv(ctx, &pr, Q, K, V, dO, mask, L, D_vec, dQ, dK, dV, ws);
 }
 
 /* --- 1. pre-pass: D[b,h,i] = sum_d O[b,h,i,d] * dO[b,h,i,d] ----------------

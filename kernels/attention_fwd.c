@@ -14,6 +14,10 @@
  * A row that sees no key (all -inf) gets O = 0 and L = -inf. Every row is
  * computed by one item in a fixed order: the forward is deterministic for
  * any thread count.
+ *
+ * tg_attn_forward is the loop itself, on a validated problem with bf16 or
+ * f32 inputs; kernel 10 (causal_attention.c) runs it on f32 token-major
+ * rows, storing no O but delta = dO . O (O in f32) for its backward.
  */
 #include <math.h>
 #include <string.h>
@@ -22,9 +26,11 @@
 
 typedef struct {
   tg_attn_problem pr;
-  const tg_bf16 *Q, *K, *V, *mask;
-  tg_bf16 *O;
+  const void *Q, *K, *V, *dO; /* type pr.in */
+  const tg_bf16 *mask;
+  tg_bf16 *O;   /* NULL: O is not written */
   float *L;
+  float *delta; /* with dO: rowsum(dO * O) */
   const tg_micro_ops *ops;
   int64_t BQ, BK; /* the ISA's tiles (ops->attn_bq, attn_bk) */
   int64_t n_qtiles;
@@ -69,61 +75,74 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
   const int64_t D = pr->D, h_kv = h / pr->gqa, qt = a->n_qtiles - 1 - x;
   const int64_t q0 = qt * BQ, nq = pr->qL - q0 < BQ ? pr->qL - q0 : BQ;
 
-  const tg_bf16 *Qh = a->Q + tg_attn_offset(pr->Qs, b, h, 0);
-  tg_attn_load_rows(ops, Qh, pr->Qs[2], q0, nq, D, w.Q, NULL, 0);
+  tg_attn_load_rows(ops, pr->in, tg_attn_at(pr->in, a->Q, tg_attn_offset(pr->Qs, b, h, 0)),
+                    pr->Qs[2], q0, nq, D, w.Q, NULL, 0);
   for (int64_t i = 0; i < nq; i++) {
     w.m[i] = -INFINITY;
     w.l[i] = 0.0f;
   }
   memset(w.acc, 0, sizeof(float) * (size_t)(nq * D));
 
-  const tg_bf16 *Kh = a->K + tg_attn_offset(pr->Ks, b, h_kv, 0);
-  const tg_bf16 *Vh = a->V + tg_attn_offset(pr->Vs, b, h_kv, 0);
+  const void *Kh = tg_attn_at(pr->in, a->K, tg_attn_offset(pr->Ks, b, h_kv, 0));
+  const void *Vh = tg_attn_at(pr->in, a->V, tg_attn_offset(pr->Vs, b, h_kv, 0));
   const int64_t key_end = tg_attn_key_end(pr, q0, nq);
   for (int64_t k0 = 0; k0 < key_end; k0 += BK) {
     const int64_t nk = key_end - k0 < BK ? key_end - k0 : BK;
-    tg_attn_load_rows(ops, Kh, pr->Ks[2], k0, nk, D, w.K, w.KT, BK);
-    tg_attn_load_rows(ops, Vh, pr->Vs[2], k0, nk, D, w.V, NULL, 0);
+    tg_attn_load_rows(ops, pr->in, Kh, pr->Ks[2], k0, nk, D, w.K, w.KT, BK);
+    tg_attn_load_rows(ops, pr->in, Vh, pr->Vs[2], k0, nk, D, w.V, NULL, 0);
     ops->mm_nn((int)nq, (int)nk, (int)D, w.Q, D, w.KT, BK, w.S, BK, 0); /* Q.K^T */
 
     for (int64_t i = 0; i < nq; i++) {
       const int64_t qi = q0 + i;
       const tg_bf16 *mrow = pr->Ms ? a->mask + tg_attn_offset(pr->Ms, b, h, qi) : NULL;
-      float *P = w.S + i * BK;
-      float m_new = w.m[i], unused;
-      if (pr->softcap == 0.0f)
-        ops->attn_score_row(P, nk, tg_attn_visible(pr, qi, k0, nk), pr->scale,
-                            mrow ? mrow + k0 : NULL, 0.0f);
-      else
+      float *P = w.S + i * BK, unused, tile_max;
+      if (pr->softcap == 0.0f) {
+        tile_max = ops->attn_score_max_row(P, nk, tg_attn_visible(pr, qi, k0, nk), pr->scale,
+                                           mrow ? mrow + k0 : NULL);
+      } else {
         for (int64_t k = 0; k < nk; k++) P[k] = tg_attn_score(pr, P[k], qi, k0 + k, mrow, &unused);
-      for (int64_t k = 0; k < nk; k++) m_new = P[k] > m_new ? P[k] : m_new;
+        tile_max = ops->max_f32(P, nk);
+      }
+      const float m_new = tile_max > w.m[i] ? tile_max : w.m[i];
       if (m_new == -INFINITY) { /* nothing visible yet: P = 0, state unchanged */
         memset(P, 0, sizeof(float) * (size_t)nk);
         continue;
       }
-      const float alpha = w.m[i] == -INFINITY ? 0.0f : expf(w.m[i] - m_new);
-      for (int64_t k = 0; k < nk; k++) P[k] -= m_new;
-      ops->exp_f32(P, P, nk);
-      float sum = 0.0f;
-      for (int64_t k = 0; k < nk; k++) sum += P[k];
+      const float alpha = w.m[i] == m_new ? 1.0f /* the usual case, after a few tiles */
+                          : w.m[i] == -INFINITY ? 0.0f : expf(w.m[i] - m_new);
+      const float sum = ops->attn_exp_sum_row(P, nk, m_new); /* P = exp(S - m') */
       w.l[i] = alpha * w.l[i] + sum;
       w.m[i] = m_new;
-      if (alpha != 1.0f)
-        for (int64_t d = 0; d < D; d++) w.acc[i * D + d] *= alpha;
+      if (alpha != 1.0f) ops->scale2_f32(w.acc + i * D, D, alpha, 1.0f);
     }
     ops->mm_nn((int)nq, (int)D, (int)nk, w.S, BK, w.V, D, w.acc, D, 1); /* acc += P.V */
   }
 
-  tg_bf16 *Oh = a->O + tg_attn_offset(pr->Os, b, h, 0);
-  float *L = a->L + (b * pr->H + h) * pr->qL + q0;
+  /* O = acc / l; delta = dO . O (one dO row at a time through w.K, free now) */
+  const int64_t row0 = (b * pr->H + h) * pr->qL + q0;
+  const void *dOh = a->dO ? tg_attn_at(pr->in, a->dO, tg_attn_offset(pr->Os, b, h, 0)) : NULL;
   for (int64_t i = 0; i < nq; i++) {
     const float l = w.l[i];
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
     float *o = w.acc + i * D;
-    for (int64_t d = 0; d < D; d++) o[d] *= inv;
-    ops->f32_to_bf16(o, Oh + (q0 + i) * pr->Os[2], D);
-    L[i] = l > 0.0f ? w.m[i] + logf(l) : -INFINITY;
+    ops->scale2_f32(o, D, l > 0.0f ? 1.0f / l : 0.0f, 1.0f);
+    if (a->O) ops->f32_to_bf16(o, a->O + tg_attn_offset(pr->Os, b, h, q0 + i), D);
+    if (dOh) {
+      tg_attn_load_rows(ops, pr->in, dOh, pr->Os[2], q0 + i, 1, D, w.K, NULL, 0);
+      a->delta[row0 + i] = ops->dot_f32(w.K, o, D);
+    }
+    a->L[row0 + i] = l > 0.0f ? w.m[i] + logf(l) : -INFINITY;
   }
+}
+
+tg_status tg_attn_forward(tg_ctx *ctx, const tg_attn_problem *pr, const void *Q,
+                          const void *K, const void *V, const tg_bf16 *mask, tg_bf16 *O,
+                          float *L, const void *dO, float *delta) {
+  fwd_args a = {.pr = *pr, .Q = Q, .K = K, .V = V, .dO = dO, .mask = mask, .O = O, .L = L,
+                .delta = delta, .ops = ctx->ops, .BQ = ctx->ops->attn_bq,
+                .BK = ctx->ops->attn_bk};
+  a.n_qtiles = (pr->qL + a.BQ - 1) / a.BQ;
+  return tg_dispatch(ctx, a.n_qtiles, pr->H, pr->B, fwd_scratch_bytes(pr->D, a.BQ, a.BK),
+                     fwd_group, &a);
 }
 
 tg_status tg_flash_attn_train_fwd_bf16(tg_ctx *ctx, const tg_bf16 *Q, const tg_bf16 *K,
@@ -138,11 +157,8 @@ tg_status tg_flash_attn_train_fwd_bf16(tg_ctx *ctx, const tg_bf16 *Q, const tg_b
   const char *names[] = {"Q", "K", "V", "O", "L"};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
     if (!bufs[i]) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: %s is NULL", fn, names[i]);
-  fwd_args a = {.Q = Q, .K = K, .V = V, .mask = mask, .O = O, .L = L, .ops = ctx->ops,
-                .BQ = ctx->ops->attn_bq, .BK = ctx->ops->attn_bk};
-  tg_status st = tg_attn_validate(ctx, fn, p, mp, mask, causal, &a.pr);
+  tg_attn_problem pr;
+  tg_status st = tg_attn_validate(ctx, fn, p, mp, mask, causal, &pr);
   if (st != TG_OK) return st;
-  a.n_qtiles = (a.pr.qL + a.BQ - 1) / a.BQ;
-  return tg_dispatch(ctx, a.n_qtiles, a.pr.H, a.pr.B, fwd_scratch_bytes(a.pr.D, a.BQ, a.BK),
-                     fwd_group, &a);
+  return tg_attn_forward(ctx, &pr, Q, K, V, mask, O, L, NULL, NULL);
 }

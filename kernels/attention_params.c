@@ -140,6 +140,8 @@ tg_status tg_attn_validate(tg_ctx *ctx, const char *fn, const tg_attn_params *p,
       .qL_off = p->qL_off, .scale = p->scale,
       .softcap = p->softcapping == 1.0f ? 0.0f : p->softcapping,
       .Qs = p->Q_strides, .Ks = p->K_strides, .Vs = p->V_strides, .Os = p->O_strides,
-      .Ms = mp ? mp->M_strides : NULL, .causal = causal != 0};
+      .Ms = mp ? mp->M_strides : NULL, .causal = causal != 0, .in = TG_ATTN_BF16};
+  set_contiguous(out->dQs, H, qL, D);
+  set_contiguous(out->dKs, H_kv, kL, D);
   return TG_OK;
 }

@@ -7,23 +7,50 @@
  *   dS_j = P_j (dP_j - delta), dQ = scale sum_j dS_j k_j,
  *   dK_j += scale dS_j q, dV_j += P_j dO.
  *
- * Tolerance (u = 2^-24), a first-order forward error bound propagated through
- * those steps and evaluated per element in f64 (gamma_n ~ n*u for a sum of n
- * terms, applied to the sum of the terms' magnitudes):
- *   es_j  = (D + 2) u A_j,  A_j = scale sum_d |q_d k_jd|
+ * The kernel (kernels/causal_attention.c) runs the FA-2 engine: pass 1 is
+ * the training forward's tile loop, giving each row's logsumexp L and
+ * delta = dO . O; pass 2 the FA-2 backward with P = exp(s - L).
+ *
+ * Tolerance (u = 2^-24), a first-order forward error bound of that
+ * algorithm, propagated through the steps and evaluated per element in f64
+ * (gamma_n ~ n*u for a sum of n terms, applied to the sum of the terms'
+ * magnitudes). With n = i + 1 visible keys, T = ceil(n / 16) key tiles at
+ * most (every ISA's attn_bk is >= 16; blocking.h has 48 and 64), R = max_j
+ * (m - s_j), m = max_j s_j, and exp within 2 ulp (4u):
+ *   es_j  = (D + 2) u A_j,  A_j = scale sum_d |q_d k_jd|, Es = max_j es_j
  *           (dot of D terms, times the rounded f32 scale)
- *   rho   = 2 max_j es_j + (2R + n + 5) u,  R = max_j (m - s_j)
- *           relative error of P_j: softmax moves by <= 2 max|ds|; rounding of
- *           s_j - m (relative R u after exp), expf, the n-term sum Z, division
- *   edp_j = (D + 1) u sum_d |dO_d v_jd|
- *   edelta= sum_j P_j (rho |dP_j| + edp_j) + (n + 1) u sum_j P_j |dP_j|
- *   eds_j = rho P_j |dP_j - delta| + P_j (edp_j + edelta) + 2u P_j (|dP_j| + |delta|)
+ *   L     = m + log sum_j exp(s_j - m), in pass 1 from the online softmax:
+ *           each term exp(s_j - m_t) rounds s_j - m_t (<= R u) and the exp
+ *           (4u); each of <= T rescales exp(m_old - m_new) rounds its
+ *           difference (these telescope to <= R u in all), the exp (4u) and
+ *           the product (u); the n-term sum (n u): l within (2R + n + 5T + 4) u
+ *           relatively; log(l) (2u ln n), m + log(l) (u |L|), and s moved by
+ *           Es moves L by <= Es:
+ *           |dL| <= Es + (2R + n + 5T + 4 + 2 ln n + |L|) u
+ *   rho   = 2 Es + (3R + n + 5T + 8 + 3 ln n + |L|) u
+ *           relative error of P_j = exp(s_j - L) in pass 2: es_j, dL, the
+ *           rounding of s_j - L (<= (R + ln n) u) and the exp (4u)
+ *   edp_j = (D + 1) u M_j,  M_j = sum_d |dO_d v_jd|
+ *   edelta= (rho + (n + T + D + 2) u) sum_j P_j M_j
+ *           delta = dO . O with O from pass 1: its weights within rho, the
+ *           n-term P.V sums with <= T rescales and the 1/l scaling
+ *           ((n + T + 2) u sum_j P_j |v_jd|), the D-term dot (D u)
+ *   eds_j = rho P_j |dP_j - delta| + P_j (edp_j + edelta) + 3u P_j (|dP_j| + |delta|)
+ *           (dP_j - delta, the product by P_j and by scale)
  *   dQ_d: scale sum_j eds_j |k_jd|         + (n + 3) u scale sum_j |dS_j k_jd|
  *   dK_d: scale sum eds |q_d|              + (N + 3) u (|prefill| + sum scale |dS q_d|)
  *   dV_d: sum rho P |dO_d|                 + (N + 2) u (|prefill| + sum P |dO_d|)
- * where N is the number of (i, h) contributions to that key row. We allow
+ * where N is the number of (i, h) contributions to that key row; the sums
+ * over key tiles and the dQ partials of the key ranges are n - 1 (N)
+ * additions in some fixed order, which gamma_n (gamma_N) covers. We allow
  * twice the first-order bound (second-order terms, the reference's own
- * rounding). */
+ * rounding).
+ *
+ * Changed with the engine (was: the scalar two-pass kernel, P = exp(s - m)/Z
+ * with rho = 2 Es + (2R + n + 5) u and edelta = sum_j P_j (rho |dP_j| +
+ * edp_j) + (n + 1) u sum_j P_j |dP_j|, eds with 2u): L now carries the
+ * online softmax's rescales and two exp (T, R and |L| terms), and delta is
+ * computed from O, so its bound weighs M_j rather than |dP_j|. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -84,8 +111,9 @@ static void reference(const ca_case *c, ca_data *t) {
         Z += exp(s[j] - m);
         R = m - s[j] > R ? m - s[j] : R;
       }
-      const double rho = 2 * Es + (2 * R + n + 5) * U;
-      double delta = 0, sum_pdp = 0;
+      const double T = ceil(n / 16.0), Lse = m + log(Z);
+      const double rho = 2 * Es + (3 * R + n + 5 * T + 8 + 3 * log((double)n) + fabs(Lse)) * U;
+      double delta = 0, sum_pm = 0;
       for (int64_t j = 0; j < n; j++) {
         const float *v = t->V + j * ldk + g * D;
         double acc = 0, mag = 0;
@@ -97,14 +125,13 @@ static void reference(const ca_case *c, ca_data *t) {
         dP[j] = acc;
         edp[j] = (D + 1) * U * mag;
         delta += P[j] * dP[j];
-        sum_pdp += P[j] * fabs(dP[j]);
+        sum_pm += P[j] * mag;
       }
-      double edelta = (n + 1) * U * sum_pdp;
-      for (int64_t j = 0; j < n; j++) edelta += P[j] * (rho * fabs(dP[j]) + edp[j]);
+      const double edelta = (rho + (n + T + D + 2) * U) * sum_pm;
       for (int64_t j = 0; j < n; j++) {
         dS[j] = P[j] * (dP[j] - delta);
         eds[j] = rho * P[j] * fabs(dP[j] - delta) + P[j] * (edp[j] + edelta) +
-                 2 * U * P[j] * (fabs(dP[j]) + fabs(delta));
+                 3 * U * P[j] * (fabs(dP[j]) + fabs(delta));
       }
       /* dQ[i,h,:] */
       for (int64_t d = 0; d < D; d++) {
@@ -219,6 +246,10 @@ static void test_causal_small(void **state) {
       {64, 8, 1, 64, 1.0},  /* MQA */
       {100, 3, 3, 24, 1.0}, /* MHA */
       {40, 2, 1, 32, 4.0},  /* peaked softmax: scores spread over tens */
+      {1, 4, 2, 64, 1.0},   /* seq = 1 with GQA */
+      {150, 4, 2, 8, 1.0},  /* ragged (not a multiple of 48 or 64), D = 8 */
+      {97, 2, 1, 256, 1.0}, /* ragged, D = 256 */
+      {200, 6, 2, 40, 2.0}, /* several key tiles, GQA 3 */
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], 20 + i);
 }
@@ -231,10 +262,9 @@ static void test_causal_long(void **state) {
 
 /* ctx->deterministic: grad_Q, grad_K, grad_V bitwise identical across thread
  * counts 1, 2, 3, 5. */
-static void test_causal_deterministic(void **state) {
-  const ca_case c = {300, 4, 2, 16, 1.0};
+static void check_deterministic(const ca_case c, uint64_t seed) {
   ca_data t;
-  make_data(&c, 50, &t);
+  make_data(&c, seed, &t);
   const int64_t nq = (int64_t)c.S * c.H * c.D, nk = (int64_t)c.S * c.Hkv * c.D;
   float *gQ = tu_alloc(nq * sizeof(float)), *gK = tu_alloc(nk * sizeof(float));
   float *gV = tu_alloc(nk * sizeof(float)), *fQ = tu_alloc(nq * sizeof(float));
@@ -274,6 +304,13 @@ static void test_causal_deterministic(void **state) {
   free_data(&t);
 }
 
+static void test_causal_deterministic(void **state) {
+  check_deterministic((ca_case){300, 4, 2, 16, 1.0}, 50);
+  /* 11 (64-key) to 15 (48-key) tiles: the backward splits them into key ranges whose dQ
+   * partials are summed afterwards */
+  check_deterministic((ca_case){700, 4, 2, 16, 1.0}, 51);
+}
+
 static void test_causal_bad_input(void **state) {
   tg_ctx *ctx = tu_ctx(2, TG_ISA_PORTABLE);
   enum { S = 3, H = 4, HKV = 2, D = 2, NQ = S * H * D, NK = S * HKV * D };
@@ -303,8 +340,8 @@ static void test_causal_bad_input(void **state) {
   TU_EXPECT_STATUS(ctx, CALL(ctx, dO, Q, K, V, gQ, gK, gV, S, 6, 4, 1), TG_ERR_BAD_SHAPE);
   assert_non_null(strstr(tg_ctx_last_error(ctx), "n_kv_heads = 4"));
   TU_EXPECT_STATUS(ctx, CALL(ctx, dO, Q, K, V, gQ, gK, gV, S, 2, 4, D), TG_ERR_BAD_SHAPE);
-  /* Q [2^32-1, (2^32-1)*(2^32-1)] overflows; so does the [seq, n_heads, 3]
-   * side table for seq = n_heads = 2^30, head_dim = 1 although Q fits. */
+  /* Q [2^32-1, (2^32-1)*(2^32-1)] overflows; so do the row statistics
+   * [2, n_heads, seq] for seq = n_heads = 2^30, head_dim = 1 although Q fits. */
   TU_EXPECT_STATUS(ctx,
                    CALL(ctx, dO, Q, K, V, gQ, gK, gV, 0xFFFFFFFFu, 0xFFFFFFFFu, 1, 0xFFFFFFFFu),
                    TG_ERR_OVERFLOW);

@@ -232,6 +232,114 @@ static void TG_NAME(attn_ds_row)(float *restrict dp, const float *restrict p, in
   for (int64_t k = 0; k < n; k++) dp[k] = scale * (p[k] * (dp[k] - d));
 }
 
+/*
+ * The attention rows' exp, one lane at a time: exp_f32's polynomial with its
+ * range handling as selects. Compiled without trapping math so that gcc
+ * if-converts the compares of the selects (a compare may raise FE_INVALID on
+ * a NaN, which the kernels never test): the loops below then vectorize on
+ * every ISA, where the branchy form runs scalar on avx2 and portable.
+ */
+#pragma GCC push_options
+#pragma GCC optimize("no-trapping-math")
+static inline float exp_lane(float v) {
+  const float log2e = 1.44269504088896341f, ln2_hi = 0.693359375f,
+              ln2_lo = -2.12194440e-4f, round_magic = 12582912.0f; /* 1.5 * 2^23 */
+  float xc = v > 89.0f ? 89.0f : v;
+  xc = xc >= -104.0f ? xc : -104.0f; /* NaN too; restored below */
+  const float k = (xc * log2e + round_magic) - round_magic; /* nearest integer */
+  float r = xc - k * ln2_hi;
+  r = r - k * ln2_lo;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float er = p * (r * r) + r + 1.0f;
+  const int32_t ki = (int32_t)k, k1 = ki / 2, k2 = ki - k1; /* each in [-75, 64] */
+  const uint32_t b1 = (uint32_t)(k1 + 127) << 23, b2 = (uint32_t)(k2 + 127) << 23;
+  float s1, s2;
+  memcpy(&s1, &b1, sizeof s1);
+  memcpy(&s2, &b2, sizeof s2);
+  float out = (er * s1) * s2;
+  out = v > 88.7228394f ? __builtin_inff() : out;
+  out = v < -103.972084f ? 0.0f : out;
+  return v == v ? out : v;
+}
+
+static void TG_NAME(attn_prob_row)(float *restrict s, int64_t n, int64_t n_vis, float scale,
+                                   const uint16_t *restrict mask, float shift) {
+  if (n_vis > n) n_vis = n;
+  if (mask) {
+#pragma omp simd
+    for (int64_t k = 0; k < n_vis; k++) {
+      const uint32_t u = (uint32_t)mask[k] << 16;
+      float m;
+      memcpy(&m, &u, sizeof m);
+      s[k] = m == -__builtin_inff() ? 0.0f : exp_lane((scale * s[k] + m) - shift);
+    }
+  } else {
+#pragma omp simd
+    for (int64_t k = 0; k < n_vis; k++) s[k] = exp_lane(scale * s[k] - shift);
+  }
+  for (int64_t k = n_vis < 0 ? 0 : n_vis; k < n; k++) s[k] = 0.0f;
+}
+
+/* LANES partial sums in a generic vector (one zmm, two ymm or four xmm), so
+ * the tree at the end stays in registers (lane_tree's order): its array
+ * form goes through memory one scalar add at a time, which costs more than
+ * the exp of a 64-key row. */
+typedef float lanes_v __attribute__((vector_size(LANES * sizeof(float))));
+_Static_assert(LANES == 16, "lanes_sum is a tree over 16 lanes");
+static inline float lanes_sum(const lanes_v *px) { /* by pointer: no vector ABI */
+  const lanes_v x = *px;
+  const lanes_v h = x + __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2,
+                                                3, 4, 5, 6, 7); /* l + 8 */
+  const lanes_v q = h + __builtin_shufflevector(h, h, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0,
+                                                1, 2, 3); /* l + 4 */
+  return (q[0] + q[2]) + (q[1] + q[3]);
+}
+
+static float TG_NAME(attn_exp_sum_row)(float *restrict s, int64_t n, float shift) {
+#pragma omp simd
+  for (int64_t k = 0; k < n; k++) s[k] = exp_lane(s[k] - shift);
+  lanes_v acc = {0};
+  int64_t i = 0;
+  for (; i + LANES <= n; i += LANES) {
+    lanes_v x;
+    memcpy(&x, s + i, sizeof x);
+    acc += x;
+  }
+  float sum = lanes_sum(&acc);
+  for (; i < n; i++) sum += s[i]; /* the tail (< LANES) in order */
+  return sum;
+}
+
+static float TG_NAME(attn_score_max_row)(float *restrict s, int64_t n, int64_t n_vis,
+                                         float scale, const uint16_t *restrict mask) {
+  if (n_vis > n) n_vis = n;
+  float mx = -__builtin_inff();
+  if (mask) {
+#pragma omp simd reduction(max : mx)
+    for (int64_t k = 0; k < n_vis; k++) {
+      const uint32_t u = (uint32_t)mask[k] << 16;
+      float m;
+      memcpy(&m, &u, sizeof m);
+      s[k] = m == -__builtin_inff() ? m : scale * s[k] + m;
+      mx = s[k] > mx ? s[k] : mx;
+    }
+  } else {
+#pragma omp simd reduction(max : mx)
+    for (int64_t k = 0; k < n_vis; k++) {
+      s[k] = scale * s[k];
+      mx = s[k] > mx ? s[k] : mx;
+    }
+  }
+  for (int64_t k = n_vis < 0 ? 0 : n_vis; k < n; k++) s[k] = -__builtin_inff();
+  return mx;
+}
+#pragma GCC pop_options
+
 #include "row_ops.h"
 
 const tg_micro_ops TG_NAME(tg_micro) = {
@@ -248,6 +356,9 @@ const tg_micro_ops TG_NAME(tg_micro) = {
     .exp_f32 = TG_NAME(exp_f32),
     .attn_score_row = TG_NAME(attn_score_row),
     .attn_ds_row = TG_NAME(attn_ds_row),
+    .attn_prob_row = TG_NAME(attn_prob_row),
+    .attn_exp_sum_row = TG_NAME(attn_exp_sum_row),
+    .attn_score_max_row = TG_NAME(attn_score_max_row),
     .dot_f32 = TG_NAME(dot_f32),
     .dot3_f32 = TG_NAME(dot3_f32),
     .max_f32 = TG_NAME(max_f32),
