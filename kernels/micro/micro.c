@@ -172,40 +172,46 @@ static float TG_NAME(dot_bf16)(const uint16_t *restrict a, const uint16_t *restr
 }
 
 /*
- * exp(x) for a whole row, in a form the compiler vectorizes: x = n ln2 + r
- * with |r| <= ln2/2 (ln2 split in two for an exact n ln2), e^r by a degree-7
- * polynomial (the Cephes expf minimax coefficients), 2^n applied as two
- * exponent-field scalings so results down to the subnormal range stay right.
+ * exp(x), one lane: x = n ln2 + r with |r| <= ln2/2 (ln2 split in two for an
+ * exact n ln2), e^r by a degree-7 polynomial (the Cephes expf minimax
+ * coefficients), 2^n applied as two exponent-field scalings so results down
+ * to the subnormal range stay right; measured within 1 ulp. The range
+ * handling is selects, which gcc turns into vector blends on every ISA (the
+ * tables are built with -fno-trapping-math, cmake/isa.cmake): every loop that
+ * calls it vectorizes. The one exp of the attention rows and exp_f32.
  */
-static void TG_NAME(exp_f32)(const float *x, float *y, int64_t n) {
+static inline float exp_lane(float v) {
   const float log2e = 1.44269504088896341f, ln2_hi = 0.693359375f,
               ln2_lo = -2.12194440e-4f, round_magic = 12582912.0f; /* 1.5 * 2^23 */
+  float xc = v > 89.0f ? 89.0f : v;
+  xc = xc >= -104.0f ? xc : -104.0f; /* NaN too (float->int of NaN is UB); restored below */
+  const float k = (xc * log2e + round_magic) - round_magic; /* nearest integer */
+  float r = xc - k * ln2_hi;
+  r = r - k * ln2_lo;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float er = p * (r * r) + r + 1.0f;
+  const int32_t ki = (int32_t)k, k1 = ki / 2, k2 = ki - k1; /* each in [-75, 64] */
+  const uint32_t b1 = (uint32_t)(k1 + 127) << 23, b2 = (uint32_t)(k2 + 127) << 23;
+  float s1, s2;
+  memcpy(&s1, &b1, sizeof s1);
+  memcpy(&s2, &b2, sizeof s2);
+  float out = (er * s1) * s2;
+  out = v > 88.7228394f ? __builtin_inff() : out;
+  out = v < -103.972084f ? 0.0f : out;
+  return v == v ? out : v;
+}
+
+/* y[i] = exp(x[i]); y may alias x. Never inlined: the row ops of row_ops.h
+ * that call it are compiled without FMA contraction, and an inlined copy
+ * there would round its polynomial differently from this one. */
+__attribute__((noinline)) static void TG_NAME(exp_f32)(const float *x, float *y, int64_t n) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; i++) {
-    const float v = x[i];
-    /* NaN clamps to -104 too (float->int of NaN is UB); the NaN is restored below */
-    const float xc = !(v >= -104.0f) ? -104.0f : (v > 89.0f ? 89.0f : v);
-    const float k = (xc * log2e + round_magic) - round_magic; /* nearest integer */
-    float r = xc - k * ln2_hi;
-    r = r - k * ln2_lo;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    const float er = p * (r * r) + r + 1.0f;
-    const int32_t ki = (int32_t)k, k1 = ki / 2, k2 = ki - k1; /* each in [-52, 45] */
-    const uint32_t b1 = (uint32_t)(k1 + 127) << 23, b2 = (uint32_t)(k2 + 127) << 23;
-    float s1, s2;
-    memcpy(&s1, &b1, sizeof s1);
-    memcpy(&s2, &b2, sizeof s2);
-    float out = (er * s1) * s2;
-    if (v > 88.7228394f) out = __builtin_inff();
-    if (v < -103.972084f) out = 0.0f;
-    if (v != v) out = v;
-    y[i] = out;
-  }
+  for (int64_t i = 0; i < n; i++) y[i] = exp_lane(x[i]);
 }
 
 static void TG_NAME(attn_score_row)(float *restrict s, int64_t n, int64_t n_vis, float scale,
@@ -232,40 +238,6 @@ static void TG_NAME(attn_ds_row)(float *restrict dp, const float *restrict p, in
   for (int64_t k = 0; k < n; k++) dp[k] = scale * (p[k] * (dp[k] - d));
 }
 
-/*
- * The attention rows' exp, one lane at a time: exp_f32's polynomial with its
- * range handling as selects. Compiled without trapping math so that gcc
- * if-converts the compares of the selects (a compare may raise FE_INVALID on
- * a NaN, which the kernels never test): the loops below then vectorize on
- * every ISA, where the branchy form runs scalar on avx2 and portable.
- */
-#pragma GCC push_options
-#pragma GCC optimize("no-trapping-math")
-static inline float exp_lane(float v) {
-  const float log2e = 1.44269504088896341f, ln2_hi = 0.693359375f,
-              ln2_lo = -2.12194440e-4f, round_magic = 12582912.0f; /* 1.5 * 2^23 */
-  float xc = v > 89.0f ? 89.0f : v;
-  xc = xc >= -104.0f ? xc : -104.0f; /* NaN too; restored below */
-  const float k = (xc * log2e + round_magic) - round_magic; /* nearest integer */
-  float r = xc - k * ln2_hi;
-  r = r - k * ln2_lo;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float er = p * (r * r) + r + 1.0f;
-  const int32_t ki = (int32_t)k, k1 = ki / 2, k2 = ki - k1; /* each in [-75, 64] */
-  const uint32_t b1 = (uint32_t)(k1 + 127) << 23, b2 = (uint32_t)(k2 + 127) << 23;
-  float s1, s2;
-  memcpy(&s1, &b1, sizeof s1);
-  memcpy(&s2, &b2, sizeof s2);
-  float out = (er * s1) * s2;
-  out = v > 88.7228394f ? __builtin_inff() : out;
-  out = v < -103.972084f ? 0.0f : out;
-  return v == v ? out : v;
-}
 
 static void TG_NAME(attn_prob_row)(float *restrict s, int64_t n, int64_t n_vis, float scale,
                                    const uint16_t *restrict mask, float shift) {
@@ -338,8 +310,6 @@ static float TG_NAME(attn_score_max_row)(float *restrict s, int64_t n, int64_t n
   for (int64_t k = n_vis < 0 ? 0 : n_vis; k < n; k++) s[k] = -__builtin_inff();
   return mx;
 }
-#pragma GCC pop_options
-
 #include "row_ops.h"
 
 const tg_micro_ops TG_NAME(tg_micro) = {
