@@ -60,8 +60,9 @@ typedef struct {
    * returns sum_k s[k] (LANES partials and a fixed tree, then the tail of
    * n % LANES in order). */
   float (*attn_exp_sum_row)(float *s, int64_t n, float shift);
-  /* attn_score_row with shift 0, returning max_k s[k] (-inf when every key
-   * is masked; NaN entries are skipped by the compare). */
+  /* attn_score_row with shift 0, returning max_k s[k]: -inf when every key
+   * is masked, NaN when any visible s[k] is NaN (a NaN input reaches its
+   * row's max, so the softmax of that row is NaN, as in IEEE arithmetic). */
   float (*attn_score_max_row)(float *s, int64_t n, int64_t n_vis, float scale,
                               const uint16_t *mask);
 

@@ -152,7 +152,9 @@ tg_status tg_f32_to_bf16_cast(tg_ctx *ctx, const float *src, tg_bf16 *dst, uint6
  * O = softmax(S) . V with S exactly as in tg_flash_attn_train_bwd_bf16
  * (same params, mask and causal rule); O bf16 through O_strides (writes;
  * rows must not overlap), L [B,H,qL] f32 natural-log logsumexp (writes;
- * -inf for a row that sees no key, whose O row is 0). */
+ * -inf for a row that sees no key, whose O row is 0). A NaN in Q, K or the
+ * mask makes O and L of every row whose scores it enters NaN (so does a +inf
+ * score: softmax of +inf); a NaN in V, the O elements it enters. */
 tg_status tg_flash_attn_train_fwd_bf16(tg_ctx *ctx, const tg_bf16 *Q, const tg_bf16 *K,
                                        const tg_bf16 *V, tg_bf16 *O, float *L,
                                        const tg_attn_params *p,

@@ -101,9 +101,12 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
                                            mrow ? mrow + k0 : NULL);
       } else {
         for (int64_t k = 0; k < nk; k++) P[k] = tg_attn_score(pr, P[k], qi, k0 + k, mrow, &unused);
-        tile_max = ops->max_f32(P, nk);
+        tile_max = ops->max_f32(P, nk); /* skips NaN: */
+        for (int64_t k = 0; k < nk; k++) tile_max = P[k] != P[k] ? P[k] : tile_max;
       }
-      const float m_new = tile_max > w.m[i] ? tile_max : w.m[i];
+      /* NaN-propagating max: once a score of the row is NaN, so are its
+       * running max, P, sum, O row and L (PyTorch's and IEEE's semantics) */
+      const float m_new = tile_max > w.m[i] || tile_max != tile_max ? tile_max : w.m[i];
       if (m_new == -INFINITY) { /* nothing visible yet: P = 0, state unchanged */
         memset(P, 0, sizeof(float) * (size_t)nk);
         continue;
@@ -124,13 +127,19 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
   for (int64_t i = 0; i < nq; i++) {
     const float l = w.l[i];
     float *o = w.acc + i * D;
-    ops->scale2_f32(o, D, l > 0.0f ? 1.0f / l : 0.0f, 1.0f);
+    /* l == 0: the row sees no key: O = 0 and L = -inf (the contract), also
+     * when V holds a NaN that P = 0 multiplied; l NaN: a NaN reached the
+     * row's scores (O and L NaN) */
+    if (l == 0.0f)
+      memset(o, 0, sizeof(float) * (size_t)D);
+    else
+      ops->scale2_f32(o, D, l > 0.0f ? 1.0f / l : l, 1.0f);
     if (a->O) ops->f32_to_bf16(o, a->O + tg_attn_offset(pr->Os, b, h, q0 + i), D);
     if (dOh) {
       tg_attn_load_rows(ops, pr->in, dOh, pr->Os[2], q0 + i, 1, D, w.K, NULL, 0);
       a->delta[row0 + i] = ops->dot_f32(w.K, o, D);
     }
-    a->L[row0 + i] = l > 0.0f ? w.m[i] + logf(l) : -INFINITY;
+    a->L[row0 + i] = l == 0.0f ? -INFINITY : w.m[i] + logf(l);
   }
 }
 

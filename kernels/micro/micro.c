@@ -291,24 +291,27 @@ static float TG_NAME(attn_score_max_row)(float *restrict s, int64_t n, int64_t n
                                          float scale, const uint16_t *restrict mask) {
   if (n_vis > n) n_vis = n;
   float mx = -__builtin_inff();
+  int nan = 0; /* a NaN score makes the row's max NaN (the compare alone skips it) */
   if (mask) {
-#pragma omp simd reduction(max : mx)
+#pragma omp simd reduction(max : mx) reduction(| : nan)
     for (int64_t k = 0; k < n_vis; k++) {
       const uint32_t u = (uint32_t)mask[k] << 16;
       float m;
       memcpy(&m, &u, sizeof m);
       s[k] = m == -__builtin_inff() ? m : scale * s[k] + m;
       mx = s[k] > mx ? s[k] : mx;
+      nan |= s[k] != s[k];
     }
   } else {
-#pragma omp simd reduction(max : mx)
+#pragma omp simd reduction(max : mx) reduction(| : nan)
     for (int64_t k = 0; k < n_vis; k++) {
       s[k] = scale * s[k];
       mx = s[k] > mx ? s[k] : mx;
+      nan |= s[k] != s[k];
     }
   }
   for (int64_t k = n_vis < 0 ? 0 : n_vis; k < n; k++) s[k] = -__builtin_inff();
-  return mx;
+  return nan ? __builtin_nanf("") : mx;
 }
 #include "row_ops.h"
 

@@ -7,7 +7,7 @@ same bf16 inputs (PyTorch 1.13 and 2.x):
 * a float mask that requires grad gets dL/dS (scale-free, after softcap),
   summed over its broadcast dims;
 * empty tensors in -> empty (or zero) tensors out, as PyTorch;
-* NaN in the inputs reaches the outputs (xfail where the C forward hides it);
+* NaN in the inputs reaches the outputs (the C forward propagates it);
 * value head dim != query head dim, float16/float32 without precision="bf16",
   dropout_p > 0: clear errors naming the limit;
 * modules pickle and deepcopy; MultiHeadAttention's key_padding_mask.
@@ -238,13 +238,7 @@ def test_rms_norm_empty():
     assert x.grad.shape == x.shape and torch.equal(w.grad, torch.zeros(16))
 
 
-_NAN_IN_Q = pytest.mark.xfail(
-    reason="C forward hides NaN in q (issue 18 part 2, to be fixed in the C library): "
-           "tg_flash_attn_train_fwd_bf16 gives that O row 0 and L = -inf where PyTorch "
-           "gives NaN", strict=False)
-
-
-@pytest.mark.parametrize("where", [pytest.param("q", marks=_NAN_IN_Q), "k", "v", "mask"])
+@pytest.mark.parametrize("where", ["q", "k", "v", "mask"])
 def test_nan_in_inputs_propagates_to_output(where):
     """One NaN in q, k, v or the additive mask: the NaN elements of O are
     exactly those of the float64 reference (PyTorch's rule)."""

@@ -1,0 +1,143 @@
+/*
+ * NaN and infinity in the attention forward (issue 18, part 2; the contract
+ * in ../shared/spec/KERNELS.md): an input NaN reaches every output element
+ * that depends on it, as IEEE arithmetic and PyTorch give; a +inf score makes
+ * its row NaN (softmax of +inf); a row that -inf masks entirely still gives
+ * O = 0 and L = -inf. For each case the expected pattern follows from which
+ * scores of each row the poisoned element enters, and every other element
+ * must stay finite. GQA (2 query heads per kv head), causal with qL != kL, a
+ * mask with a fully masked row; every ISA, 1 and 3 threads.
+ *
+ * Cases: NaN in one element of Q, of K, of V, of the mask; +inf and -inf in
+ * one element of Q (a row of +-inf scores, so its max is +inf: NaN row).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bf16.h"
+#include "testutil.h"
+
+enum { B = 1, H = 2, HKV = 1, QL = 9, KL = 13, D = 16, FULLY_MASKED_ROW = 6 };
+
+typedef struct {
+  tg_bf16 Q[B * H * QL * D], K[B * HKV * KL * D], V[B * HKV * KL * D], M[QL * KL];
+  tg_bf16 O[B * H * QL * D];
+  float L[B * H * QL];
+} bufs;
+
+/* causal with qL_off = kL - qL; the mask [qL, kL] broadcast over heads */
+static int visible(int i, int k, const bufs *b) {
+  return k <= i + (KL - QL) && tg_bf16_to_f32(b->M[i * KL + k]) != -INFINITY;
+}
+
+static void fill(bufs *b, tu_rng *r) {
+  tu_fill_bf16(r, b->Q, B * H * QL * D, -1, 1);
+  tu_fill_bf16(r, b->K, B * HKV * KL * D, -1, 1);
+  tu_fill_bf16(r, b->V, B * HKV * KL * D, -1, 1);
+  tu_fill_bf16(r, b->M, QL * KL, -0.5, 0.5);
+  for (int k = 0; k < KL; k++) b->M[FULLY_MASKED_ROW * KL + k] = tg_f32_to_bf16(-INFINITY);
+  b->M[2 * KL + 1] = tg_f32_to_bf16(-INFINITY); /* one masked key in row 2 */
+}
+
+/* Runs the forward; checks row (h, i) of O and L against the expectation:
+ * 'n' NaN (L and every O element), 'z' fully masked (O = 0, L = -inf), 'f'
+ * finite, 'v' O NaN in column vd and finite elsewhere, 'w' O finite except
+ * column vd (not checked); L finite for 'f', 'v', 'w'. */
+static void check(const char *what, bufs *b, const char expect[H][QL], int vd, int threads,
+                  tg_isa isa) {
+  tg_ctx *ctx = tu_ctx(threads, isa);
+  tg_attn_params p;
+  assert_int_equal(tg_attn_params_init(&p, B, H, HKV, QL, KL, D, 0.25f), TG_OK);
+  tg_attn_mask_params mp = {{0, 0, KL}};
+  for (int i = 0; i < B * H * QL * D; i++) b->O[i] = 0x7FC1; /* poison */
+  tu_poison_f32(b->L, B * H * QL);
+  TU_EXPECT_STATUS(ctx, tg_flash_attn_train_fwd_bf16(ctx, b->Q, b->K, b->V, b->O, b->L, &p, &mp,
+                                                     b->M, 1),
+                   TG_OK);
+  for (int h = 0; h < H; h++)
+    for (int i = 0; i < QL; i++) {
+      const float L = b->L[h * QL + i];
+      const char e = expect[h][i];
+      const int L_ok = e == 'n' ? isnan(L) : e == 'z' ? L == -INFINITY : isfinite(L);
+      if (!L_ok)
+        TU_FAIL("%s (%s, %d threads): L[%d,%d] = %g, want %s", what, tg_isa_name(isa), threads,
+                h, i, (double)L, e == 'n' ? "NaN" : e == 'z' ? "-inf" : "finite");
+      for (int d = 0; d < D; d++) {
+        const float o = tg_bf16_to_f32(b->O[(h * QL + i) * D + d]);
+        if (e == 'w' && d == vd) continue;
+        const int nan_want = e == 'n' || (e == 'v' && d == vd);
+        const int ok = nan_want ? isnan(o) : e == 'z' ? o == 0.0f : isfinite(o);
+        if (!ok)
+          TU_FAIL("%s (%s, %d threads): O[%d,%d,%d] = %g, want %s", what, tg_isa_name(isa),
+                  threads, h, i, d, (double)o, nan_want ? "NaN" : e == 'z' ? "0" : "finite");
+      }
+    }
+  tg_ctx_destroy(ctx);
+}
+
+static void test_nan_and_inf(void **state) {
+  tu_rng r = tu_rng_make(tu_seed() + 101);
+  bufs *b = tu_alloc(sizeof *b);
+  tg_isa isas[4];
+  const int nisa = tu_isas(isas);
+  const int threads[] = {1, 3};
+  for (int ii = 0; ii < nisa; ii++)
+    for (int t = 0; t < 2; t++) {
+      char ex[H][QL];
+      const int qi = 3, kj = 5, vd = 7;
+      /* the clean baseline: only the fully masked row is special */
+      fill(b, &r);
+      for (int h = 0; h < H; h++)
+        for (int i = 0; i < QL; i++) ex[h][i] = i == FULLY_MASKED_ROW ? 'z' : 'f';
+      check("no NaN", b, ex, -1, threads[t], isas[ii]);
+
+      /* NaN in Q[h=1, i=qi, d=2]: that row alone */
+      b->Q[(1 * QL + qi) * D + 2] = tg_f32_to_bf16(NAN);
+      ex[1][qi] = 'n';
+      check("NaN in Q", b, ex, -1, threads[t], isas[ii]);
+      ex[1][qi] = 'f';
+
+      /* +inf / -inf in Q: the row's scores are +-inf, so its max is +inf: NaN */
+      b->Q[(1 * QL + qi) * D + 2] = tg_f32_to_bf16(INFINITY);
+      ex[1][qi] = 'n';
+      check("+inf in Q", b, ex, -1, threads[t], isas[ii]);
+      b->Q[(1 * QL + qi) * D + 2] = tg_f32_to_bf16(-INFINITY);
+      check("-inf in Q", b, ex, -1, threads[t], isas[ii]);
+      ex[1][qi] = 'f';
+
+      /* NaN in K[kj]: every row of both heads (GQA) that sees key kj */
+      fill(b, &r);
+      b->K[kj * D + 4] = tg_f32_to_bf16(NAN);
+      for (int h = 0; h < H; h++)
+        for (int i = 0; i < QL; i++)
+          ex[h][i] = i == FULLY_MASKED_ROW ? 'z' : visible(i, kj, b) ? 'n' : 'f';
+      check("NaN in K", b, ex, -1, threads[t], isas[ii]);
+
+      /* NaN in V[kj, vd]: column vd of the O rows that see kj; L unaffected.
+       * Rows that do not see kj ('w'): column vd is not checked (the P.V
+       * product may multiply the NaN by an exact 0 there, as PyTorch's
+       * matmul does), every other element must stay finite. */
+      fill(b, &r);
+      b->V[kj * D + vd] = tg_f32_to_bf16(NAN);
+      for (int h = 0; h < H; h++)
+        for (int i = 0; i < QL; i++)
+          ex[h][i] = i == FULLY_MASKED_ROW ? 'z' : visible(i, kj, b) ? 'v' : 'w';
+      check("NaN in V", b, ex, vd, threads[t], isas[ii]);
+
+      /* NaN in the mask at (row 2, key 4, visible): that row of both heads */
+      fill(b, &r);
+      b->M[2 * KL + 4] = tg_f32_to_bf16(NAN);
+      for (int h = 0; h < H; h++)
+        for (int i = 0; i < QL; i++) ex[h][i] = i == FULLY_MASKED_ROW ? 'z' : i == 2 ? 'n' : 'f';
+      check("NaN in mask", b, ex, -1, threads[t], isas[ii]);
+    }
+  free(b);
+}
+
+int main(void) {
+  tu_seed();
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_nan_and_inf)};
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
