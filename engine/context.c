@@ -17,6 +17,7 @@ const char *tg_status_str(tg_status s) {
     case TG_ERR_BAD_PARAMS: return "parameter fields are inconsistent";
     case TG_ERR_OVERFLOW: return "a size overflows 64-bit arithmetic";
     case TG_ERR_NO_MEMORY: return "out of memory";
+    case TG_ERR_BUSY: return "the context is in use by a call on another thread";
   }
   return "unknown status code";
 }
@@ -34,6 +35,16 @@ tg_status tg_fail(tg_ctx *ctx, tg_status s, const char *fmt, ...) {
 }
 
 void tg_begin(tg_ctx *ctx) { ctx->err[0] = '\0'; }
+
+tg_call tg_enter(tg_ctx *ctx) {
+  if (atomic_exchange_explicit(&ctx->busy, 1, memory_order_acquire)) return (tg_call){NULL};
+  tg_begin(ctx);
+  return (tg_call){ctx};
+}
+
+void tg_leave(tg_call *call) {
+  if (call->ctx) atomic_store_explicit(&call->ctx->busy, 0, memory_order_release);
+}
 
 const char *tg_ctx_last_error(const tg_ctx *ctx) {
   return ctx ? ctx->err : "tg_ctx_last_error: ctx is NULL";
@@ -107,7 +118,7 @@ static tg_isa isa_of(const tg_micro_ops *ops) {
 
 tg_status tg_ctx_set_isa(tg_ctx *ctx, tg_isa isa) {
   if (!ctx) return TG_ERR_NULL_ARG;
-  tg_begin(ctx);
+  TG_ENTER(ctx);
   const tg_micro_ops *ops = tg_micro_table(isa);
   if (!ops)
     return tg_fail(ctx, TG_ERR_UNSUPPORTED,
@@ -132,7 +143,7 @@ tg_status tg_ctx_create(tg_ctx **out) {
   const char *env = getenv("TG_ISA");
   if (env && tg_isa_from_name(env, &isa) != TG_OK) isa = TG_ISA_AUTO;
   if (tg_ctx_set_isa(ctx, isa) != TG_OK) tg_ctx_set_isa(ctx, TG_ISA_AUTO);
-  tg_begin(ctx);
+  tg_begin(ctx); /* not shared yet: no claim needed */
   *out = ctx;
   return TG_OK;
 }
@@ -146,7 +157,7 @@ void tg_ctx_destroy(tg_ctx *ctx) {
 
 tg_status tg_ctx_set_threads(tg_ctx *ctx, int n) {
   if (!ctx) return TG_ERR_NULL_ARG;
-  tg_begin(ctx);
+  TG_ENTER(ctx);
   if (n < 0)
     return tg_fail(ctx, TG_ERR_BAD_PARAMS,
                    "tg_ctx_set_threads: n = %d; a thread count must be >= 0", n);
@@ -156,14 +167,14 @@ tg_status tg_ctx_set_threads(tg_ctx *ctx, int n) {
 
 tg_status tg_ctx_set_deterministic(tg_ctx *ctx, int on) {
   if (!ctx) return TG_ERR_NULL_ARG;
-  tg_begin(ctx);
+  TG_ENTER(ctx);
   ctx->deterministic = on != 0;
   return TG_OK;
 }
 
 tg_status tg_ctx_set_attn_schedule(tg_ctx *ctx, tg_attn_schedule s) {
   if (!ctx) return TG_ERR_NULL_ARG;
-  tg_begin(ctx);
+  TG_ENTER(ctx);
   if (s != TG_ATTN_SCHEDULE_KV && s != TG_ATTN_SCHEDULE_ATOMIC)
     return tg_fail(ctx, TG_ERR_BAD_PARAMS,
                    "tg_ctx_set_attn_schedule: %d is not a tg_attn_schedule", (int)s);

@@ -13,6 +13,7 @@
 #define TG_ENGINE_H
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -32,6 +33,7 @@ struct tg_ctx {
   size_t scratch_bytes;
   void *workspace;    /* one shared buffer (attention dQ partials), reused */
   size_t workspace_bytes;
+  atomic_int busy;    /* a call is inside the context (TG_ENTER) */
   char err[TG_ERRMSG_LEN];
 };
 
@@ -39,8 +41,25 @@ struct tg_ctx {
 tg_status tg_fail(tg_ctx *ctx, tg_status s, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* Clears the last error; every entry point calls it first. */
+/* Clears the last error. */
 void tg_begin(tg_ctx *ctx);
+
+/* --- one call at a time per context ------------------------------------------
+ * Every entry point that takes a context starts with TG_ENTER(ctx) (after
+ * its NULL check): it claims the context with one atomic exchange for the
+ * rest of the function -- released on every return by the cleanup attribute
+ * -- and clears the last error. A context another thread is inside gives
+ * TG_ERR_BUSY at once, with nothing written and no message (the context's
+ * message belongs to the call that holds it): never a race on its scratch,
+ * workspace or message. */
+typedef struct {
+  tg_ctx *ctx; /* NULL: not held */
+} tg_call;
+tg_call tg_enter(tg_ctx *ctx);
+void tg_leave(tg_call *call);
+#define TG_ENTER(ctx)                                                        \
+  tg_call tg_call_ __attribute__((cleanup(tg_leave))) = tg_enter(ctx);      \
+  if (!tg_call_.ctx) return TG_ERR_BUSY
 
 /* Number of OpenMP threads a kernel launched on ctx will use: the context's
  * count if set, else OpenMP's default (affinity mask or OMP_NUM_THREADS)

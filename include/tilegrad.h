@@ -41,7 +41,8 @@ typedef enum {
   TG_ERR_BAD_INDEX = 4,   /* an id / target is out of range */
   TG_ERR_BAD_PARAMS = 5,  /* params struct fields are inconsistent */
   TG_ERR_OVERFLOW = 6,    /* an element count / byte size overflows int64 */
-  TG_ERR_NO_MEMORY = 7    /* scratch allocation failed */
+  TG_ERR_NO_MEMORY = 7,   /* scratch allocation failed */
+  TG_ERR_BUSY = 8         /* the context is inside a call on another thread */
 } tg_status;
 
 typedef struct tg_ctx tg_ctx;

@@ -322,7 +322,7 @@ tg_status tg_flash_attn_train_bwd_bf16(tg_ctx *ctx, const tg_bf16 *Q, const tg_b
                                        const tg_bf16 *mask, int causal) {
   static const char fn[] = "tg_flash_attn_train_bwd_bf16";
   if (!ctx) return TG_ERR_NULL_ARG;
-  tg_begin(ctx);
+  TG_ENTER(ctx);
   const void *bufs[] = {Q, K, V, L, dO, D_vec, dQ, dK, dV};
   const char *names[] = {"Q", "K", "V", "L", "dO", "D_vec", "dQ", "dK", "dV"};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
@@ -370,7 +370,7 @@ tg_status tg_flash_attn_train_bwd_compute_d_bf16(tg_ctx *ctx, const tg_bf16 *O,
                                                  uint32_t q_seq_len, uint32_t head_dim) {
   static const char fn[] = "tg_flash_attn_train_bwd_compute_d_bf16";
   if (!ctx) return TG_ERR_NULL_ARG;
-  tg_begin(ctx);
+  TG_ENTER(ctx);
   if (!O || !dO || !D_out)
     return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: %s is NULL", fn,
                    !O ? "O" : !dO ? "dO" : "D_out");

@@ -161,7 +161,7 @@ tg_status tg_flash_attn_train_fwd_bf16(tg_ctx *ctx, const tg_bf16 *Q, const tg_b
                                        int causal) {
   static const char fn[] = "tg_flash_attn_train_fwd_bf16";
   if (!ctx) return TG_ERR_NULL_ARG;
-  tg_begin(ctx);
+  TG_ENTER(ctx);
   const void *bufs[] = {Q, K, V, O, L};
   const char *names[] = {"Q", "K", "V", "O", "L"};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)

@@ -21,7 +21,7 @@ static void cast_group(const void *vargs, int64_t chunk, int64_t y, int64_t z,
 
 tg_status tg_f32_to_bf16_cast(tg_ctx *ctx, const float *src, tg_bf16 *dst, uint64_t n) {
   if (!ctx) return TG_ERR_NULL_ARG;
-  tg_begin(ctx);
+  TG_ENTER(ctx);
   if (!src || !dst)
     return tg_fail(ctx, TG_ERR_NULL_ARG, "tg_f32_to_bf16_cast: %s is NULL",
                    !src ? "src" : "dst");

@@ -44,7 +44,7 @@ tg_status tg_causal_attention_backward(tg_ctx *ctx, const float *grad_out, const
                                        uint32_t n_heads, uint32_t n_kv_heads,
                                        uint32_t head_dim) {
   if (!ctx) return TG_ERR_NULL_ARG;
-  tg_begin(ctx);
+  TG_ENTER(ctx);
   static const char fn[] = "tg_causal_attention_backward";
   const struct { const void *p; const char *name; } ptrs[] = {
       {grad_out, "grad_out"}, {Q, "Q"},           {K, "K"},          {V, "V"},

@@ -98,7 +98,7 @@ tg_status tg_cross_entropy_fwd_bwd(tg_ctx *ctx, const float *logits,
                                    uint32_t count) {
   static const char fn[] = "tg_cross_entropy_fwd_bwd";
   if (!ctx) return TG_ERR_NULL_ARG;
-  tg_begin(ctx);
+  TG_ENTER(ctx);
   const char *null = !logits    ? "logits"
                      : !targets ? "targets"
                      : !grad    ? "grad"

@@ -147,7 +147,7 @@ static tg_status check_reduce(tg_ctx *ctx, const char *fn, const float *htmp,
 tg_status tg_flash_attn_vec_reduce(tg_ctx *ctx, const float *htmp, float *dst,
                                    uint32_t nrows, uint32_t head_dim, uint32_t nwg) {
   if (!ctx) return TG_ERR_NULL_ARG;
-  tg_begin(ctx);
+  TG_ENTER(ctx);
   static const char fn[] = "tg_flash_attn_vec_reduce";
   tg_status st = check_reduce(ctx, fn, htmp, dst, "dst", nrows, head_dim, nwg);
   if (st) return st;
@@ -165,7 +165,7 @@ tg_status tg_flash_attn_vec_reduce_tq_hb_undo(tg_ctx *ctx, const float *htmp,
                                               float *output, uint32_t nrows,
                                               uint32_t head_dim, uint32_t nwg) {
   if (!ctx) return TG_ERR_NULL_ARG;
-  tg_begin(ctx);
+  TG_ENTER(ctx);
   static const char fn[] = "tg_flash_attn_vec_reduce_tq_hb_undo";
   tg_status st = check_reduce(ctx, fn, htmp, output, "output", nrows, head_dim, nwg);
   if (st) return st;
@@ -183,7 +183,7 @@ tg_status tg_flash_attn_vec_reduce_tq_hb_undo(tg_ctx *ctx, const float *htmp,
 tg_status tg_fwht_sign_undo_f32(tg_ctx *ctx, float *data, uint32_t num_heads,
                                 uint32_t head_dim) {
   if (!ctx) return TG_ERR_NULL_ARG;
-  tg_begin(ctx);
+  TG_ENTER(ctx);
   static const char fn[] = "tg_fwht_sign_undo_f32";
   if (!data) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: data is NULL", fn);
   if (num_heads == 0)

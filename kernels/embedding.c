@@ -68,7 +68,7 @@ tg_status tg_embedding_backward(tg_ctx *ctx, const float *grad_out, const uint32
                                 float *grad_weight, uint32_t vocab_size, uint32_t seq_len,
                                 uint32_t dim) {
   if (!ctx) return TG_ERR_NULL_ARG;
-  tg_begin(ctx);
+  TG_ENTER(ctx);
   static const char fn[] = "tg_embedding_backward";
   if (!grad_out) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: grad_out is NULL", fn);
   if (!ids) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: ids is NULL", fn);

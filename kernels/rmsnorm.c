@@ -107,7 +107,7 @@ tg_status tg_rms_norm_compute_rms_inv_f32(tg_ctx *ctx, const float *x, float *r_
                                           uint32_t rows, uint32_t dim, float eps) {
   static const char fn[] = "tg_rms_norm_compute_rms_inv_f32";
   if (!ctx) return TG_ERR_NULL_ARG;
-  tg_begin(ctx);
+  TG_ENTER(ctx);
   if (!x || !r_out)
     return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: %s is NULL", fn, !x ? "x" : "r_out");
   tg_status st = check_shape(ctx, fn, "x", rows, dim);
@@ -142,7 +142,7 @@ tg_status tg_rms_norm_forward_f32(tg_ctx *ctx, const float *x, const float *w, f
                                   float *r_out, uint32_t rows, uint32_t dim, float eps) {
   static const char fn[] = "tg_rms_norm_forward_f32";
   if (!ctx) return TG_ERR_NULL_ARG;
-  tg_begin(ctx);
+  TG_ENTER(ctx);
   const char *null = !x ? "x" : !w ? "w" : !y ? "y" : NULL;
   if (null) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: %s is NULL", fn, null);
   tg_status st = check_shape(ctx, fn, "x", rows, dim);
@@ -174,7 +174,7 @@ tg_status tg_rms_norm_backward_dx_f32(tg_ctx *ctx, const float *x, const float *
                                       uint32_t rows, uint32_t dim) {
   static const char fn[] = "tg_rms_norm_backward_dx_f32";
   if (!ctx) return TG_ERR_NULL_ARG;
-  tg_begin(ctx);
+  TG_ENTER(ctx);
   const char *null = !x ? "x" : !w ? "w" : !dy ? "dy" : !r ? "r" : !dx ? "dx" : NULL;
   if (null) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: %s is NULL", fn, null);
   tg_status st = check_shape(ctx, fn, "x", rows, dim);
@@ -219,7 +219,7 @@ tg_status tg_rms_norm_backward_dw_f32(tg_ctx *ctx, const float *x, const float *
                                       uint32_t dim) {
   static const char fn[] = "tg_rms_norm_backward_dw_f32";
   if (!ctx) return TG_ERR_NULL_ARG;
-  tg_begin(ctx);
+  TG_ENTER(ctx);
   const char *null = !x ? "x" : !dy ? "dy" : !r ? "r" : !dw ? "dw" : NULL;
   if (null) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: %s is NULL", fn, null);
   tg_status st = check_shape(ctx, fn, "x", rows, dim);
@@ -289,7 +289,7 @@ tg_status tg_rms_norm_backward(tg_ctx *ctx, const float *input, const float *wei
                                float eps) {
   static const char fn[] = "tg_rms_norm_backward";
   if (!ctx) return TG_ERR_NULL_ARG;
-  tg_begin(ctx);
+  TG_ENTER(ctx);
   const char *null = !input        ? "input"
                      : !weight     ? "weight"
                      : !grad_out   ? "grad_out"

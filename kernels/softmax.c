@@ -39,7 +39,7 @@ tg_status tg_softmax_backward(tg_ctx *ctx, const float *sm, const float *grad_ou
                               float *grad_in, uint32_t n_rows, uint32_t row_len) {
   static const char fn[] = "tg_softmax_backward";
   if (!ctx) return TG_ERR_NULL_ARG;
-  tg_begin(ctx);
+  TG_ENTER(ctx);
   const char *null = !sm ? "sm" : !grad_out ? "grad_out" : !grad_in ? "grad_in" : NULL;
   if (null) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: %s is NULL", fn, null);
   char name[160];

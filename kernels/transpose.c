@@ -55,7 +55,7 @@ static void transpose_group(const void *vargs, int64_t stripe, int64_t tile_row,
 tg_status tg_transpose_2d(tg_ctx *ctx, const float *input, float *output, uint32_t rows,
                           uint32_t cols) {
   if (!ctx) return TG_ERR_NULL_ARG;
-  tg_begin(ctx);
+  TG_ENTER(ctx);
   static const char fn[] = "tg_transpose_2d";
   if (!input) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: input is NULL", fn);
   if (!output) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: output is NULL", fn);

@@ -1,8 +1,14 @@
 /*
- * The default thread count: the cgroup CPU quota reader (engine/context.c)
- * on fake cgroup trees, v2 and v1, nested limits, no limit, unreadable
- * files; and that a context with no thread count set never starts more
- * threads than OpenMP's default.
+ * Threads around the library:
+ *  - the default thread count: the cgroup CPU quota reader (engine/context.c)
+ *    on fake cgroup trees, v2 and v1, nested limits, no limit, unreadable
+ *    files; a context with no thread count set never starts more threads
+ *    than OpenMP's default;
+ *  - one context entered by two threads at once: the second call gets
+ *    TG_ERR_BUSY with its outputs untouched, and the first call's result is
+ *    the serial one (issue 18, 5c);
+ *  - several contexts in several threads at once give the same bits as
+ *    serial runs.
  */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
 #include <stdio.h>
@@ -10,6 +16,8 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <pthread.h>
 
 #include <omp.h>
 
@@ -93,12 +101,129 @@ static void test_default_within_openmp(void **state) {
   tg_ctx_destroy(ctx);
 }
 
+/* A transpose big enough to take a while (tens of ms), on a given context. */
+enum { TR_ROWS = 1536, TR_COLS = 2048 };
+typedef struct {
+  tg_ctx *ctx;
+  const float *in;
+  float *out;
+  tg_status st;
+  volatile int *started, *done;
+} tr_job;
+
+static void *run_transposes(void *arg) {
+  tr_job *j = arg;
+  *j->started = 1;
+  j->st = TG_OK;
+  /* the main thread's probes may hold the context for a moment too: those
+   * calls are refused with TG_ERR_BUSY and tried again */
+  for (int rep = 0; rep < 20 && j->st == TG_OK; rep++)
+    do j->st = tg_transpose_2d(j->ctx, j->in, j->out, TR_ROWS, TR_COLS);
+    while (j->st == TG_ERR_BUSY);
+  *j->done = 1;
+  return NULL;
+}
+
+static void test_context_busy(void **state) {
+  const size_t n = (size_t)TR_ROWS * TR_COLS;
+  float *in = tu_alloc(sizeof(float) * n), *out = tu_alloc(sizeof(float) * n);
+  float *mine = tu_alloc(sizeof(float) * 64);
+  tu_rng r = tu_rng_make(tu_seed() + 7);
+  tu_fill_f32(&r, in, (int64_t)n, -1, 1);
+  tg_ctx *ctx = tu_ctx(1, TG_ISA_AUTO);
+  volatile int started = 0, done = 0;
+  tr_job job = {ctx, in, out, TG_OK, &started, &done};
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, run_transposes, &job), 0);
+  while (!started) {
+  }
+  /* while the other thread is inside the context: BUSY, nothing written */
+  int busy = 0, other = 0;
+  const float src[64] = {1};
+  while (!done) {
+    for (int i = 0; i < 64; i++) mine[i] = 42.0f;
+    const tg_status st = tg_transpose_2d(ctx, src, mine, 8, 8);
+    if (st == TG_ERR_BUSY) {
+      busy++;
+      for (int i = 0; i < 64; i++)
+        if (mine[i] != 42.0f) TU_FAIL("a call refused with TG_ERR_BUSY wrote its output");
+    } else if (st == TG_OK) {
+      other++; /* between two of the other thread's calls */
+    } else {
+      TU_FAIL("unexpected status %d (%s)", (int)st, tg_status_str(st));
+    }
+  }
+  pthread_join(th, NULL);
+  printf("  concurrent calls on one context: %d refused with TG_ERR_BUSY, %d ran between\n",
+         busy, other);
+  assert_int_equal(job.st, TG_OK);
+  assert_true(busy > 0);
+  for (int64_t i = 0; i < TR_ROWS; i++)
+    for (int64_t c = 0; c < TR_COLS; c++)
+      if (out[c * TR_ROWS + i] != in[i * TR_COLS + c]) TU_FAIL("transpose wrong at %lld", (long long)i);
+  assert_int_equal(tg_transpose_2d(ctx, src, mine, 8, 8), TG_OK); /* released */
+  tg_ctx_destroy(ctx);
+  free(in), free(out), free(mine);
+}
+
+/* Two contexts, two threads, at once: the same bits as one after the other
+ * (an RMSNorm backward with its accumulated grad_weight, 2 OpenMP threads
+ * each). */
+typedef struct {
+  tg_ctx *ctx;
+  const float *x, *w, *dy;
+  float *dx, *dw;
+  tg_status st;
+} rms_job;
+enum { RMS_ROWS = 300, RMS_DIM = 1000 };
+static void *run_rms(void *arg) {
+  rms_job *j = arg;
+  j->st = tg_rms_norm_backward(j->ctx, j->x, j->w, j->dy, j->dx, j->dw, RMS_ROWS, RMS_DIM,
+                               1e-5f);
+  return NULL;
+}
+
+static void test_contexts_in_parallel(void **state) {
+  const int64_t n = (int64_t)RMS_ROWS * RMS_DIM;
+  tu_rng r = tu_rng_make(tu_seed() + 9);
+  float *x = tu_alloc(sizeof(float) * n), *dy = tu_alloc(sizeof(float) * n);
+  float *w = tu_alloc(sizeof(float) * RMS_DIM);
+  tu_fill_f32(&r, x, n, -1, 1), tu_fill_f32(&r, dy, n, -1, 1), tu_fill_f32(&r, w, RMS_DIM, -1, 1);
+  float *dx[2][2], *dw[2][2]; /* [serial/parallel][job] */
+  for (int m = 0; m < 2; m++)
+    for (int j = 0; j < 2; j++) {
+      dx[m][j] = tu_alloc(sizeof(float) * n);
+      dw[m][j] = calloc(RMS_DIM, sizeof(float));
+    }
+  rms_job jobs[2][2];
+  for (int m = 0; m < 2; m++)
+    for (int j = 0; j < 2; j++) {
+      jobs[m][j] = (rms_job){tu_ctx(2, TG_ISA_AUTO), x, w, dy, dx[m][j], dw[m][j], TG_OK};
+      assert_int_equal(tg_ctx_set_deterministic(jobs[m][j].ctx, 1), TG_OK);
+    }
+  run_rms(&jobs[0][0]), run_rms(&jobs[0][1]); /* serial */
+  pthread_t th[2];
+  for (int j = 0; j < 2; j++) assert_int_equal(pthread_create(&th[j], NULL, run_rms, &jobs[1][j]), 0);
+  for (int j = 0; j < 2; j++) pthread_join(th[j], NULL);
+  for (int j = 0; j < 2; j++) {
+    assert_int_equal(jobs[0][j].st, TG_OK);
+    assert_int_equal(jobs[1][j].st, TG_OK);
+    assert_memory_equal(dx[0][j], dx[1][j], sizeof(float) * n);
+    assert_memory_equal(dw[0][j], dw[1][j], sizeof(float) * RMS_DIM);
+  }
+  for (int m = 0; m < 2; m++)
+    for (int j = 0; j < 2; j++) tg_ctx_destroy(jobs[m][j].ctx), free(dx[m][j]), free(dw[m][j]);
+  free(x), free(dy), free(w);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_v2),
       cmocka_unit_test(test_v1),
       cmocka_unit_test(test_unreadable),
       cmocka_unit_test(test_default_within_openmp),
+      cmocka_unit_test(test_context_busy),
+      cmocka_unit_test(test_contexts_in_parallel),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -25,6 +25,7 @@ TG_ERR_BAD_INDEX = 4
 TG_ERR_BAD_PARAMS = 5
 TG_ERR_OVERFLOW = 6
 TG_ERR_NO_MEMORY = 7
+TG_ERR_BUSY = 8
 
 
 class TilegradError(RuntimeError):
@@ -81,6 +82,12 @@ class NoMemoryError(TilegradError, MemoryError):
     status = TG_ERR_NO_MEMORY
 
 
+class BusyError(TilegradError):
+    """TG_ERR_BUSY: the context is inside a call on another thread (nothing
+    was written; use one context per thread)."""
+    status = TG_ERR_BUSY
+
+
 ERRORS = {
     TG_ERR_NULL_ARG: NullArgError,
     TG_ERR_BAD_SHAPE: BadShapeError,
@@ -89,6 +96,7 @@ ERRORS = {
     TG_ERR_BAD_PARAMS: BadParamsError,
     TG_ERR_OVERFLOW: SizeOverflowError,
     TG_ERR_NO_MEMORY: NoMemoryError,
+    TG_ERR_BUSY: BusyError,
 }
 
 
