@@ -91,6 +91,18 @@ typedef struct {
    * weights a[i]; the others are never read); ld = workgroups per c. */
   void (*wsum4_f32)(const float *part, int64_t ld, const int32_t *w, const float *a, int64_t nw,
                     int64_t n4, float div, float *dst);
+  /* Softmax exponentials of a row in one read (online max), chunks of
+   * TG_SOFTMAX_CHUNK floats (engine/reduce.h): m_c = max of x up to the end
+   * of chunk c, shift[c] = m_c, e[j] = exp(x[j] - m_c) for j in chunk c
+   * (x[j] - 0 while m_c = -inf); returns S = sum_j exp(x[j] - M) with
+   * M = shift[last] (lane sums rescaled as the max grows). exp within 2 ulp
+   * (subnormals, -inf -> 0, NaN -> NaN); NaN entries are skipped by the max
+   * and reach e and S. n >= 1; e, shift do not alias x. */
+  float (*softmax_exp_f32)(const float *x, int64_t n, float *e, float *shift);
+  /* y[j] = (e[j] * a[j / TG_SOFTMAX_CHUNK]) * b. stream != 0: whole aligned
+   * 64-byte lines of y with non-temporal stores (fenced before return). */
+  void (*scale_chunks_f32)(const float *e, const float *a, float b, float *y, int64_t n,
+                           int stream);
 } tg_micro_ops;
 
 #define TG_MICRO_DECLARE(name, id, cpu) extern const tg_micro_ops tg_micro_##name;

@@ -18,6 +18,10 @@ static inline int64_t tg_rows_per_block(int64_t row_len) {
   return row_len >= TG_ROW_BLOCK_ELEMS ? 1 : TG_ROW_BLOCK_ELEMS / row_len;
 }
 
+/* Chunk of the online softmax row ops (softmax_exp_f32, scale_chunks_f32):
+ * 4 KiB, so a chunk stays in L1 between its max and its exp. */
+enum { TG_SOFTMAX_CHUNK = 1024 };
+
 static inline float tg_lane_tree(float acc[TG_LANES]) {
   for (int w = TG_LANES / 2; w > 0; w /= 2)
     for (int l = 0; l < w; l++) acc[l] += acc[l + w];

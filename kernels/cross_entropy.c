@@ -42,18 +42,51 @@
 #include "reduce.h"
 
 
+/* Outputs at least this large are written with non-temporal stores: far
+ * past the caches a cached store first reads its line from memory
+ * (read-for-ownership), a third stream next to the logits read and the grad
+ * write. */
+#define CE_STREAM_BYTES ((int64_t)16 << 20)
+
 typedef struct {
   const float *logits;
   const uint32_t *targets;
   float *grad;
   double *row_loss; /* [n_pos], loss_t (0 for pad rows) */
-  int64_t n_pos, vocab, rpg;
+  int64_t n_pos, vocab, rpg, nchunks;
   uint32_t pad_id;
   float inv_count;
+  int stream;
   const tg_micro_ops *ops;
 } ce_args;
 
-static void ce_row(const ce_args *a, int64_t t) {
+/* Per-thread scratch: e [vocab] (the row's exponentials, in L2 between the
+ * two passes), then shift and a [nchunks] each. */
+static size_t ce_scratch_bytes(int64_t vocab, int64_t nchunks) {
+  return tg_align64((size_t)vocab * sizeof(float)) + 2 * (size_t)nchunks * sizeof(float);
+}
+
+/* All logits -inf, or NaN among -inf (the max skips NaN): no softmax. */
+static void ce_row_no_max(const ce_args *a, const float *l, float *g, uint32_t y, int64_t t) {
+  const int64_t V = a->vocab;
+  int has_nan = 0;
+  for (int64_t j = 0; j < V; j++) has_nan |= isnan(l[j]);
+  const float p = has_nan ? NAN : 1.0f / (float)V; /* all -inf: p_j = 1/vocab */
+  for (int64_t j = 0; j < V; j++) g[j] = (p - (float)(j == y)) * a->inv_count;
+  a->row_loss[t] = has_nan ? NAN : INFINITY;
+}
+
+/* Two passes over the row, the logits read from memory once:
+ *   1. softmax_exp_f32: e[j] = exp(l[j] - m_c) into scratch, with the running
+ *      max m_c of its chunk c (an online max: the exp of each chunk overlaps
+ *      the read of the next), and S = sum_j exp(l[j] - m) for the row max m;
+ *   2. grad[j] = (e[j] * a_c) * inv_count with a_c = exp(m_c - m) / S (= 1/S
+ *      exactly where m_c = m), the target fixed up from its own e_y; written
+ *      around the caches when the output is large.
+ * Where m_c < m, e[j] * a_c rounds twice more than exp(l[j] - m) / S would:
+ * that happens only with more than one chunk (vocab > TG_SOFTMAX_CHUNK), where
+ * the (vocab - 1) u of the sum S dominates the error anyway. */
+static void ce_row(const ce_args *a, int64_t t, float *scratch) {
   const float *l = a->logits + t * a->vocab;
   float *g = a->grad + t * a->vocab;
   const int64_t V = a->vocab;
@@ -63,33 +96,29 @@ static void ce_row(const ce_args *a, int64_t t) {
     a->row_loss[t] = 0.0;
     return;
   }
-  const float m = a->ops->max_f32(l, V);
-  if (m == -INFINITY) { /* no logit above -inf: all -inf, or NaN among them */
-    int has_nan = 0;
-    for (int64_t j = 0; j < V; j++) has_nan |= isnan(l[j]);
-    const float p = has_nan ? NAN : 1.0f / (float)V; /* all -inf: p_j = 1/vocab */
-    for (int64_t j = 0; j < V; j++) g[j] = (p - (float)(j == y)) * a->inv_count;
-    a->row_loss[t] = has_nan ? NAN : INFINITY;
+  float *e = scratch;
+  float *shift = (float *)((char *)scratch + tg_align64((size_t)V * sizeof(float)));
+  float *ac = shift + a->nchunks;
+  const float S = a->ops->softmax_exp_f32(l, V, e, shift);
+  const float m = shift[a->nchunks - 1];
+  if (m == -INFINITY) {
+    ce_row_no_max(a, l, g, y, t);
     return;
   }
-  const float ly = l[y] - m;                /* read before g is written */
-  /* Two passes over the row (V = 32 Ki floats is 128 KiB: the second reads it
-   * from L2): g[j] = exp(l[j] - m) with S = sum_j g[j] (16 lanes, fixed tree),
-   * then g[j] = (g[j] * inv_S - [j == y]) * inv_count, as (g*inv_S)*inv_count
-   * for j != y and the target fixed up from its own e_y. */
-  const float S = a->ops->exp_shift_sum_f32(l, m, g, V);
-  a->row_loss[t] = (double)(logf(S) - ly);
   const float inv_S = 1.0f / S;
-  const float ey = g[y];
-  a->ops->scale2_f32(g, V, inv_S, a->inv_count);
-  g[y] = (ey * inv_S - 1.0f) * a->inv_count;
+  for (int64_t c = 0; c < a->nchunks; c++)
+    ac[c] = shift[c] == m ? inv_S : expf(shift[c] - m) * inv_S;
+  const int64_t cy = y / TG_SOFTMAX_CHUNK;
+  a->row_loss[t] = (double)(logf(S) - (l[y] - m));
+  a->ops->scale_chunks_f32(e, ac, a->inv_count, g, V, a->stream);
+  g[y] = (e[y] * ac[cy] - 1.0f) * a->inv_count;
 }
 
 static void ce_group(const void *vargs, int64_t grp, int64_t y, int64_t z,
                      void *scratch) {
   const ce_args *a = vargs;
   const int64_t t1 = (grp + 1) * a->rpg < a->n_pos ? (grp + 1) * a->rpg : a->n_pos;
-  for (int64_t t = grp * a->rpg; t < t1; t++) ce_row(a, t);
+  for (int64_t t = grp * a->rpg; t < t1; t++) ce_row(a, t, scratch);
 }
 
 tg_status tg_cross_entropy_fwd_bwd(tg_ctx *ctx, const float *logits,
@@ -118,14 +147,16 @@ tg_status tg_cross_entropy_fwd_bwd(tg_ctx *ctx, const float *logits,
                      "%s: targets[%lld] = %u is >= vocab = %u and is not pad_id = %u", fn,
                      (long long)t, targets[t], vocab, pad_id);
 
+  const int64_t nchunks = ((int64_t)vocab + TG_SOFTMAX_CHUNK - 1) / TG_SOFTMAX_CHUNK;
   ce_args a = {logits, targets, grad, NULL, n_pos, vocab,
-               tg_rows_per_block(vocab), pad_id,
-               1.0f / (float)count, ctx->ops};
+               tg_rows_per_block(vocab), nchunks, pad_id,
+               1.0f / (float)count, n * (int64_t)sizeof(float) >= CE_STREAM_BYTES, ctx->ops};
   a.row_loss = malloc((size_t)n_pos * sizeof(double));
   if (!a.row_loss)
     return tg_fail(ctx, TG_ERR_NO_MEMORY, "%s: cannot allocate %u per-position losses",
                    fn, n_pos);
-  st = tg_dispatch(ctx, (a.n_pos + a.rpg - 1) / a.rpg, 1, 1, 0, ce_group, &a);
+  st = tg_dispatch(ctx, (a.n_pos + a.rpg - 1) / a.rpg, 1, 1, ce_scratch_bytes(vocab, nchunks),
+                   ce_group, &a);
   if (st == TG_OK) {
     double total = 0.0; /* position order, whatever the thread count */
     for (int64_t t = 0; t < n_pos; t++) total += a.row_loss[t];

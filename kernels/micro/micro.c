@@ -259,4 +259,6 @@ const tg_micro_ops TG_NAME(tg_micro) = {
     .fwht_mul_f32 = TG_NAME(fwht_mul_f32),
     .transpose_f32 = TG_NAME(transpose_f32),
     .wsum4_f32 = TG_NAME(wsum4_f32),
+    .softmax_exp_f32 = TG_NAME(softmax_exp_f32),
+    .scale_chunks_f32 = TG_NAME(scale_chunks_f32),
 };

@@ -7,9 +7,15 @@
  * Compiled without FMA contraction: each op then rounds exactly as its
  * formula reads on every ISA (the portable build has no FMA anyway), so the
  * kernels built on them give the same bits whatever table is chosen, as
- * their tests check. They are memory-bound; the FMA would buy nothing. */
+ * their tests check. They are memory-bound; the FMA would buy nothing.
+ * And with no-trapping-math: gcc may then evaluate both arms of a select
+ * (`v < c ? 0 : expensive(v)`) and blend them, which is what lets loops with
+ * selects vectorize for AVX2 (no masked stores); no result changes, since
+ * nothing here reads the floating-point exception flags. */
 #pragma GCC push_options
-#pragma GCC optimize("fp-contract=off")
+#pragma GCC optimize("fp-contract=off", "no-trapping-math")
+
+#include "reduce.h" /* TG_SOFTMAX_CHUNK */
 
 /* Streaming row ops prefetch PF_AHEAD floats (2 KiB) ahead, one line per 16
  * floats: one thread walking one row at a time otherwise leans on the L2
@@ -216,6 +222,117 @@ static void TG_NAME(wsum4_f32)(const float *restrict part, int64_t ld, const int
     }
     for (int k = 0; k < 4; k++) dst[c * 4 + k] = acc[k] / div;
   }
+}
+
+/*
+ * exp(v) for the row ops, branch-free so that every ISA build vectorizes it
+ * (exp_f32's clamps and fix-ups leave control flow that gcc 12 does not
+ * if-convert for AVX2, where it runs scalar: 35 ns per 16 floats against
+ * 4 ns on AVX-512, Zen 5), in the steps of exp_f32: v = k ln2 + r with
+ * |r| <= ln2/2 (ln2 in two parts, so k ln2 is exact), e^r by the same
+ * degree-7 polynomial, 2^k as two power-of-two factors, the first product
+ * exact, so results down to the subnormals round once. k comes from the bits
+ * of the rounding sum t = v log2e + 1.5 * 2^23 (whose low mantissa bits are
+ * k + 2^22), with no float-to-int conversion. v is clamped to [-105, 89],
+ * so k is in [-152, 128]: above 88.72 the product overflows to inf by itself,
+ * and at k <= -151 it is below half the least subnormal and rounds to 0
+ * (-inf gives 0); NaN passes through every step. Without FMA contraction
+ * (this file) it gives the same bits on every ISA; within 2 ulp like exp_f32
+ * (tests/test_micro.c checks both).
+ */
+static inline float exp_rowop(float v) {
+  const float log2e = 1.44269504088896341f, ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f,
+              round_magic = 12582912.0f; /* 1.5 * 2^23 */
+  float xc = v < -105.0f ? -105.0f : v; /* NaN stays NaN */
+  xc = xc > 89.0f ? 89.0f : xc;
+  const float t = xc * log2e + round_magic; /* k + 1.5 * 2^23, k = nearest integer */
+  const float k = t - round_magic;
+  float r = xc - k * ln2_hi;
+  r = r - k * ln2_lo;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float er = p * (r * r) + r + 1.0f;
+  /* u = k + 254 in [102, 382]: 2^k = 2^(floor(u/2) - 127) * 2^(ceil(u/2) - 127),
+   * both normal (exponents -76 .. 64), so er * s1 is exact */
+  uint32_t tb;
+  memcpy(&tb, &t, sizeof tb);
+  const uint32_t u = tb - (0x4B400000u - 254u), h = u >> 1;
+  const uint32_t b1 = h << 23, b2 = (u - h) << 23;
+  float s1, s2;
+  memcpy(&s1, &b1, sizeof s1);
+  memcpy(&s2, &b2, sizeof s2);
+  return (er * s1) * s2;
+}
+
+/* Softmax exponentials of one row, read from memory once: an online max over
+ * chunks of TG_SOFTMAX_CHUNK floats (4 KiB, in L1 between the max and the
+ * exp). Chunk c is shifted by m_c = max(x[0 .. end of chunk c]) (by 0 while
+ * that is -inf, so -inf entries give 0, not NaN): e[j] = exp(x[j] - m_c),
+ * shift[c] = m_c. The 16 lane sums are rescaled by exp(m_old - m_c) when the
+ * max grows, so the result is S = sum_j exp(x[j] - M), M = shift[last].
+ * The exp of chunk c runs while chunk c + 1 is prefetched: the memory stream
+ * never waits on the arithmetic (the row's three passes of max, exp and
+ * scale read it from L2 and ran at 44-65% of triad on AVX-512, Zen 5). */
+static float TG_NAME(softmax_exp_f32)(const float *restrict x, int64_t n, float *restrict e,
+                                      float *restrict shift) {
+  float acc[LANES] = {0};
+  float m = -__builtin_inff();
+  for (int64_t c0 = 0, c = 0; c0 < n; c0 += TG_SOFTMAX_CHUNK, c++) {
+    const int64_t len = n - c0 < TG_SOFTMAX_CHUNK ? n - c0 : TG_SOFTMAX_CHUNK;
+    const float *restrict xc = x + c0;
+    float *restrict ec = e + c0;
+    const float mc = TG_NAME(max_f32)(xc, len), m_new = mc > m ? mc : m;
+    if (m_new > m && m != -__builtin_inff()) {
+      const float f = exp_rowop(m - m_new);
+      for (int l = 0; l < LANES; l++) acc[l] *= f;
+    }
+    m = m_new;
+    shift[c] = m;
+    const float s = m == -__builtin_inff() ? 0.0f : m;
+    int64_t j = 0;
+    for (; j + LANES <= len; j += LANES) {
+      __builtin_prefetch(xc + j + TG_SOFTMAX_CHUNK, 0, 3);
+#pragma omp simd
+      for (int l = 0; l < LANES; l++) {
+        const float v = exp_rowop(xc[j + l] - s);
+        ec[j + l] = v;
+        acc[l] += v;
+      }
+    }
+    for (int l = 0; j < len; j++, l++) { /* only in the last chunk */
+      ec[j] = exp_rowop(xc[j] - s);
+      acc[l] += ec[j];
+    }
+  }
+  return lane_tree(acc);
+}
+
+/* y[j] = (e[j] * a[j / TG_SOFTMAX_CHUNK]) * b; stream: whole aligned 64-byte
+ * lines of y with non-temporal stores (stream16 of simd_<isa>.h), fenced
+ * before return. */
+static void TG_NAME(scale_chunks_f32)(const float *restrict e, const float *restrict a, float b,
+                                      float *restrict y, int64_t n, int stream) {
+  for (int64_t c0 = 0; c0 < n; c0 += TG_SOFTMAX_CHUNK) {
+    const int64_t c1 = n - c0 < TG_SOFTMAX_CHUNK ? n : c0 + TG_SOFTMAX_CHUNK;
+    const float ac = a[c0 / TG_SOFTMAX_CHUNK];
+    int64_t j = c0;
+    if (stream) {
+      for (; j < c1 && (uintptr_t)(y + j) % 64; j++) y[j] = (e[j] * ac) * b;
+      for (; j + 16 <= c1; j += 16) {
+        float t[16];
+#pragma omp simd
+        for (int l = 0; l < 16; l++) t[l] = (e[j + l] * ac) * b;
+        stream16(y + j, t);
+      }
+    }
+#pragma omp simd
+    for (int64_t i = j; i < c1; i++) y[i] = (e[i] * ac) * b;
+  }
+  if (stream) stream_fence();
 }
 
 #pragma GCC pop_options
