@@ -103,6 +103,14 @@ typedef struct {
    * 64-byte lines of y with non-temporal stores (fenced before return). */
   void (*scale_chunks_f32)(const float *e, const float *a, float b, float *y, int64_t n,
                            int stream);
+  /* *xx = sum_i x[i]^2 and *dyxw = sum_i dy[i] * x[i] * w[i] in one read,
+   * bit-equal to dot_f32(x, x) and dot3_f32(dy, x, w) */
+  void (*rms_sums_f32)(const float *x, const float *dy, const float *w, int64_t n, float *xx,
+                       float *dyxw);
+  /* part[k] += x[k] * r * dy[k] and dx[k] = r * (dy[k] * w[k] - x[k] * c) in one
+   * walk, bit-equal to acc_mul2_f32 and rms_dx_row */
+  void (*rms_bwd_row)(const float *x, const float *w, const float *dy, float r, float c,
+                      float *part, float *dx, int64_t n);
 } tg_micro_ops;
 
 #define TG_MICRO_DECLARE(name, id, cpu) extern const tg_micro_ops tg_micro_##name;

@@ -264,10 +264,14 @@ static void fused_group(const void *vargs, int64_t g, int64_t y, int64_t z,
   for (int64_t i = 0; i < dim; i++) part[i] = 0.0f;
   const int64_t b1 = min64((g + 1) * a->rows_per_block, a->rows);
   for (int64_t b = g * a->rows_per_block; b < b1; b++) {
+    /* two walks over the row (the second from L1/L2), with the roundings of
+     * row_rms_inv, acc_mul2_f32 and row_dx: the same bits as the split kernels */
     const float *x = a->x + b * dim, *dy = a->dy + b * dim;
-    const float r = row_rms_inv(a->ops, x, dim, a->eps);
-    a->ops->acc_mul2_f32(part, x, dy, r, dim);
-    row_dx(a->ops, x, a->w, dy, r, a->dx + b * dim, dim);
+    float xx, s;
+    a->ops->rms_sums_f32(x, dy, a->w, dim, &xx, &s);
+    const float r = 1.0f / sqrtf(xx / (float)dim + a->eps);
+    const float coeff = s * r * r / (float)dim;
+    a->ops->rms_bwd_row(x, a->w, dy, r, coeff, part, a->dx + b * dim, dim);
   }
   if (!a->partials) tg_add_f32(a->dw, part, dim, 1);
 }

@@ -539,6 +539,39 @@ static void test_softmax_rows(void **state) {
   free(x), free(e), free(e0), free(y), free(y1);
 }
 
+/* The fused RMSNorm row ops are bit-equal to the ops they fuse (whose bounds
+ * are checked above): rms_sums_f32 to dot_f32(x, x) and dot3_f32(dy, x, w),
+ * rms_bwd_row to acc_mul2_f32 and rms_dx_row. */
+static void test_rms_fused_rows(void **state) {
+  const tg_micro_ops *tabs[3];
+  const int nt = n_tables(tabs);
+  tu_rng r = tu_rng_make(tu_seed() + 43);
+  enum { NMAX = 2600 };
+  float *x = tu_alloc(sizeof(float) * NMAX), *w = tu_alloc(sizeof(float) * NMAX);
+  float *dy = tu_alloc(sizeof(float) * NMAX), *p0 = tu_alloc(sizeof(float) * NMAX);
+  float *p1 = tu_alloc(sizeof(float) * NMAX), *p2 = tu_alloc(sizeof(float) * NMAX);
+  float *d1 = tu_alloc(sizeof(float) * NMAX), *d2 = tu_alloc(sizeof(float) * NMAX);
+  tu_fill_f32(&r, x, NMAX, -3, 3);
+  tu_fill_f32(&r, w, NMAX, -2, 2);
+  tu_fill_f32(&r, dy, NMAX, -1, 1);
+  tu_fill_f32(&r, p0, NMAX, -1, 1);
+  for (int t = 0; t < nt; t++)
+    for (int li = 0; li < N_LENS; li++) {
+      const int64_t n = k_lens[li];
+      float xx, s;
+      tabs[t]->rms_sums_f32(x, dy, w, n, &xx, &s);
+      if (xx != tabs[t]->dot_f32(x, x, n) || s != tabs[t]->dot3_f32(dy, x, w, n))
+        TU_FAIL("%s rms_sums_f32 n %lld differs from dot_f32 / dot3_f32", tabs[t]->name, (long long)n);
+      memcpy(p1, p0, sizeof(float) * NMAX), memcpy(p2, p0, sizeof(float) * NMAX);
+      tabs[t]->rms_bwd_row(x, w, dy, 1.3f, 0.21f, p1, d1, n);
+      tabs[t]->acc_mul2_f32(p2, x, dy, 1.3f, n);
+      tabs[t]->rms_dx_row(x, w, dy, 1.3f, 0.21f, d2, n);
+      if (n && (memcmp(p1, p2, sizeof(float) * NMAX) || memcmp(d1, d2, sizeof(float) * n)))
+        TU_FAIL("%s rms_bwd_row n %lld differs from acc_mul2_f32 / rms_dx_row", tabs[t]->name, (long long)n);
+    }
+  free(x), free(w), free(dy), free(p0), free(p1), free(p2), free(d1), free(d2);
+}
+
 int main(void) {
   tu_seed();
   const struct CMUnitTest tests[] = {
@@ -553,6 +586,7 @@ int main(void) {
       cmocka_unit_test(test_transpose),
       cmocka_unit_test(test_wsum4),
       cmocka_unit_test(test_softmax_rows),
+      cmocka_unit_test(test_rms_fused_rows),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

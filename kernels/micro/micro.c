@@ -261,4 +261,6 @@ const tg_micro_ops TG_NAME(tg_micro) = {
     .wsum4_f32 = TG_NAME(wsum4_f32),
     .softmax_exp_f32 = TG_NAME(softmax_exp_f32),
     .scale_chunks_f32 = TG_NAME(scale_chunks_f32),
+    .rms_sums_f32 = TG_NAME(rms_sums_f32),
+    .rms_bwd_row = TG_NAME(rms_bwd_row),
 };

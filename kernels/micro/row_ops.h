@@ -335,5 +335,37 @@ static void TG_NAME(scale_chunks_f32)(const float *restrict e, const float *rest
   if (stream) stream_fence();
 }
 
+/* RMSNorm backward row, pass 1: both sums in one read of x and dy, each in
+ * the order of its own op: *xx = dot_f32(x, x), *dyxw = dot3_f32(dy, x, w). */
+static void TG_NAME(rms_sums_f32)(const float *restrict x, const float *restrict dy,
+                                  const float *restrict w, int64_t n, float *xx, float *dyxw) {
+  float a2[LANES] = {0}, a3[LANES] = {0};
+  int64_t i = 0;
+  for (; i + LANES <= n; i += LANES) {
+    TG_PF(x + i), TG_PF(dy + i);
+#pragma omp simd
+    for (int l = 0; l < LANES; l++) {
+      a2[l] += x[i + l] * x[i + l];
+      a3[l] += dy[i + l] * x[i + l] * w[i + l];
+    }
+  }
+  for (int l = 0; i < n; i++, l++) a2[l] += x[i] * x[i], a3[l] += dy[i] * x[i] * w[i];
+  *xx = lane_tree(a2);
+  *dyxw = lane_tree(a3);
+}
+
+/* RMSNorm backward row, pass 2 (x and dy now in L1/L2): acc_mul2_f32 and
+ * rms_dx_row in one walk, each element rounded as in those ops:
+ * part[k] += x[k] * r * dy[k];  dx[k] = r * (dy[k] * w[k] - x[k] * c). */
+static void TG_NAME(rms_bwd_row)(const float *restrict x, const float *restrict w,
+                                 const float *restrict dy, float r, float c,
+                                 float *restrict part, float *restrict dx, int64_t n) {
+#pragma omp simd
+  for (int64_t k = 0; k < n; k++) {
+    part[k] += x[k] * r * dy[k];
+    dx[k] = r * (dy[k] * w[k] - x[k] * c);
+  }
+}
+
 #pragma GCC pop_options
 
