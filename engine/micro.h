@@ -91,14 +91,16 @@ typedef struct {
    * weights a[i]; the others are never read); ld = workgroups per c. */
   void (*wsum4_f32)(const float *part, int64_t ld, const int32_t *w, const float *a, int64_t nw,
                     int64_t n4, float div, float *dst);
-  /* Softmax exponentials of a row in one read (online max), chunks of
-   * TG_SOFTMAX_CHUNK floats (engine/reduce.h): m_c = max of x up to the end
-   * of chunk c, shift[c] = m_c, e[j] = exp(x[j] - m_c) for j in chunk c
-   * (x[j] - 0 while m_c = -inf); returns S = sum_j exp(x[j] - M) with
-   * M = shift[last] (lane sums rescaled as the max grows). exp within 2 ulp
-   * (subnormals, -inf -> 0, NaN -> NaN); NaN entries are skipped by the max
-   * and reach e and S. n >= 1; e, shift do not alias x. */
-  float (*softmax_exp_f32)(const float *x, int64_t n, float *e, float *shift);
+  /* One chunk of an online softmax over a row (chunks of TG_SOFTMAX_CHUNK
+   * floats, engine/reduce.h; len a multiple of 16 but in the row's last):
+   * state[0..15] lane sums, state[16] running max (start 0s, -inf). The max
+   * m_c grows to cover the chunk, the sums are rescaled by exp(m_old - m_c),
+   * e[j] = exp(x[j] - m_c) (x[j] - 0 while m_c = -inf) is written and
+   * added; returns m_c. After a row's last chunk the fixed tree of the lane
+   * sums is S = sum_j exp(x[j] - M), M the row max. exp within 2 ulp
+   * (subnormals; -inf -> 0, NaN -> NaN); NaN entries are skipped by the max
+   * and reach e and S. */
+  float (*softmax_exp_chunk)(const float *x, int64_t len, float *e, float *state);
   /* y[j] = (e[j] * a[j / TG_SOFTMAX_CHUNK]) * b. stream != 0: whole aligned
    * 64-byte lines of y with non-temporal stores (fenced before return). */
   void (*scale_chunks_f32)(const float *e, const float *a, float b, float *y, int64_t n,

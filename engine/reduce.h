@@ -21,4 +21,14 @@ static inline int64_t tg_rows_per_block(int64_t row_len) {
  * 4 KiB, so a chunk stays in L1 between its max and its exp. */
 enum { TG_SOFTMAX_CHUNK = 1024 };
 
+/* The sum S of an online softmax state (softmax_exp_chunk: 16 lane sums and
+ * the running max): the fixed pairwise tree over the lanes. */
+static inline float tg_softmax_state_sum(const float state[17]) {
+  float acc[16];
+  for (int l = 0; l < 16; l++) acc[l] = state[l];
+  for (int w = 8; w > 0; w /= 2)
+    for (int l = 0; l < w; l++) acc[l] += acc[l + w];
+  return acc[0];
+}
+
 #endif /* TG_REDUCE_H */

@@ -450,8 +450,8 @@ static void test_wsum4(void **state) {
     }
 }
 
-/* softmax_exp_f32 (chunks of TG_SOFTMAX_CHUNK, an online max) and
- * scale_chunks_f32. Bounds (u = 2^-24):
+/* softmax_exp_chunk over whole rows (chunks of TG_SOFTMAX_CHUNK, an online
+ * max, S from tg_softmax_state_sum) and scale_chunks_f32. Bounds (u = 2^-24):
  *   shift[c]   exactly the running max (0-based chunks), -inf while nothing
  *              above -inf was seen
  *   e[j]       within 2 ulp of exp(f32(x[j] - s_c)) (s_c = shift[c], 0 while
@@ -490,31 +490,38 @@ static void test_softmax_rows(void **state) {
         x[0] = 0.0f, x[n / 2] = -INFINITY;
       }
       for (int t = 0; t < nt; t++) {
-        const float S = tabs[t]->softmax_exp_f32(x, n, e, shift);
+        float state[17] = {0};
+        state[16] = -INFINITY;
+        for (int64_t c = 0; c < nc; c++) {
+          const int64_t c0 = c * TG_SOFTMAX_CHUNK;
+          shift[c] = tabs[t]->softmax_exp_chunk(x + c0, n - c0 < TG_SOFTMAX_CHUNK ? n - c0 : TG_SOFTMAX_CHUNK,
+                                                e + c0, state);
+        }
+        const float S = tg_softmax_state_sum(state);
         float m = -INFINITY;
         double Sref = 0;
         for (int64_t c = 0; c < nc; c++) {
           const int64_t c0 = c * TG_SOFTMAX_CHUNK, c1 = c0 + TG_SOFTMAX_CHUNK < n ? c0 + TG_SOFTMAX_CHUNK : n;
           for (int64_t j = c0; j < c1; j++) m = x[j] > m ? x[j] : m;
-          if (!(shift[c] == m)) TU_FAIL("%s softmax_exp_f32 n %lld: shift[%lld]", tabs[t]->name, (long long)n, (long long)c);
+          if (!(shift[c] == m)) TU_FAIL("%s softmax_exp_chunk n %lld: shift[%lld]", tabs[t]->name, (long long)n, (long long)c);
           const float sc = m == -INFINITY ? 0.0f : m;
           for (int64_t j = c0; j < c1; j++) {
             const double want = exp((double)(float)(x[j] - sc));
             const double ulp = want < 0x1p-126 ? 0x1p-149 : ldexp(1.0, ilogb(want) - 23);
             if (!(fabs(e[j] - want) <= 2 * ulp))
-              TU_FAIL("%s softmax_exp_f32 n %lld fill %d: e[%lld] = %a, want %a", tabs[t]->name,
+              TU_FAIL("%s softmax_exp_chunk n %lld fill %d: e[%lld] = %a, want %a", tabs[t]->name,
                       (long long)n, fill, (long long)j, (double)e[j], want);
           }
         }
         for (int64_t j = 0; j < n; j++) Sref += exp((double)x[j] - m);
         const double bound = (12.0 + (double)(n / 16 + 4) + 5.0 * nc) * U * Sref;
         if (m == -INFINITY ? S != 0.0f : !(fabs(S - Sref) <= bound))
-          TU_FAIL("%s softmax_exp_f32 n %lld fill %d: S %g want %g", tabs[t]->name, (long long)n,
+          TU_FAIL("%s softmax_exp_chunk n %lld fill %d: S %g want %g", tabs[t]->name, (long long)n,
                   fill, (double)S, Sref);
         if (t == 0) {
           memcpy(e0, e, sizeof(float) * n), memcpy(shift0, shift, sizeof(float) * nc);
         } else if (memcmp(e, e0, sizeof(float) * n) || memcmp(shift, shift0, sizeof(float) * nc)) {
-          TU_FAIL("%s softmax_exp_f32 n %lld differs bitwise from %s", tabs[t]->name, (long long)n,
+          TU_FAIL("%s softmax_exp_chunk n %lld differs bitwise from %s", tabs[t]->name, (long long)n,
                   tabs[0]->name);
         }
         /* scale_chunks: aligned and misaligned y, streaming on and off */

@@ -269,47 +269,42 @@ static inline float exp_rowop(float v) {
   return (er * s1) * s2;
 }
 
-/* Softmax exponentials of one row, read from memory once: an online max over
- * chunks of TG_SOFTMAX_CHUNK floats (4 KiB, in L1 between the max and the
- * exp). Chunk c is shifted by m_c = max(x[0 .. end of chunk c]) (by 0 while
- * that is -inf, so -inf entries give 0, not NaN): e[j] = exp(x[j] - m_c),
- * shift[c] = m_c. The 16 lane sums are rescaled by exp(m_old - m_c) when the
- * max grows, so the result is S = sum_j exp(x[j] - M), M = shift[last].
- * The exp of chunk c runs while chunk c + 1 is prefetched: the memory stream
- * never waits on the arithmetic (the row's three passes of max, exp and
- * scale read it from L2 and ran at 44-65% of triad on AVX-512, Zen 5). */
-static float TG_NAME(softmax_exp_f32)(const float *restrict x, int64_t n, float *restrict e,
-                                      float *restrict shift) {
-  float acc[LANES] = {0};
-  float m = -__builtin_inff();
-  for (int64_t c0 = 0, c = 0; c0 < n; c0 += TG_SOFTMAX_CHUNK, c++) {
-    const int64_t len = n - c0 < TG_SOFTMAX_CHUNK ? n - c0 : TG_SOFTMAX_CHUNK;
-    const float *restrict xc = x + c0;
-    float *restrict ec = e + c0;
-    const float mc = TG_NAME(max_f32)(xc, len), m_new = mc > m ? mc : m;
-    if (m_new > m && m != -__builtin_inff()) {
-      const float f = exp_rowop(m - m_new);
-      for (int l = 0; l < LANES; l++) acc[l] *= f;
-    }
-    m = m_new;
-    shift[c] = m;
-    const float s = m == -__builtin_inff() ? 0.0f : m;
-    int64_t j = 0;
-    for (; j + LANES <= len; j += LANES) {
-      __builtin_prefetch(xc + j + TG_SOFTMAX_CHUNK, 0, 3);
+/* One chunk (len <= TG_SOFTMAX_CHUNK floats, a multiple of 16 but in a row's
+ * last chunk) of an online softmax over a row, so the row is read from memory
+ * once: state[0..15] are 16 lane sums, state[16] the running max (start: 0s
+ * and -inf). The max m_c grows to cover the chunk; the lane sums are
+ * rescaled by exp(m_old - m_c) if it grew, then take e[j] = exp(x[j] - m_c)
+ * (x[j] - 0 while m_c = -inf, so -inf entries give 0, not NaN). Returns m_c.
+ * Lane l sums the elements j = l mod 16 of the chunk, so a row's sums follow
+ * the order of one 16-lane pass whatever the chunking. The exp of this chunk
+ * runs while the next 4 KiB are prefetched, so the read overlaps the
+ * arithmetic. */
+static float TG_NAME(softmax_exp_chunk)(const float *restrict x, int64_t len, float *restrict e,
+                                        float *restrict state) {
+  float *acc = state;
+  const float m_old = state[LANES], mc = TG_NAME(max_f32)(x, len);
+  const float m = mc > m_old ? mc : m_old;
+  if (m > m_old && m_old != -__builtin_inff()) {
+    const float f = exp_rowop(m_old - m);
+    for (int l = 0; l < LANES; l++) acc[l] *= f;
+  }
+  state[LANES] = m;
+  const float s = m == -__builtin_inff() ? 0.0f : m;
+  int64_t j = 0;
+  for (; j + LANES <= len; j += LANES) {
+    __builtin_prefetch(x + j + TG_SOFTMAX_CHUNK, 0, 3);
 #pragma omp simd
-      for (int l = 0; l < LANES; l++) {
-        const float v = exp_rowop(xc[j + l] - s);
-        ec[j + l] = v;
-        acc[l] += v;
-      }
-    }
-    for (int l = 0; j < len; j++, l++) { /* only in the last chunk */
-      ec[j] = exp_rowop(xc[j] - s);
-      acc[l] += ec[j];
+    for (int l = 0; l < LANES; l++) {
+      const float v = exp_rowop(x[j + l] - s);
+      e[j + l] = v;
+      acc[l] += v;
     }
   }
-  return lane_tree(acc);
+  for (int l = 0; j < len; j++, l++) {
+    e[j] = exp_rowop(x[j] - s);
+    acc[l] += e[j];
+  }
+  return m;
 }
 
 /* y[j] = (e[j] * a[j / TG_SOFTMAX_CHUNK]) * b; stream: whole aligned 64-byte
