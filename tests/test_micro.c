@@ -465,7 +465,9 @@ static void test_wsum4(void **state) {
  *   scale_chunks (e * a_c) * b within 2 u (1 + u) |e a_c b| + 2^-148 (two roundings
  *              that may be subnormal), bit-equal with
  *              and without streaming.
- * Everything is bit-equal between tables (no FMA contraction in the row ops). */
+ * Bit-equal between the tables with FMA (AVX2, AVX-512): the row ops' exp uses
+ * fused multiply-adds where the ISA has them (kernels/micro/row_ops.h says
+ * why), so the portable table rounds differently, within the same bounds. */
 static void test_softmax_rows(void **state) {
   const tg_micro_ops *tabs[3];
   const int nt = n_tables(tabs);
@@ -518,11 +520,12 @@ static void test_softmax_rows(void **state) {
         if (m == -INFINITY ? S != 0.0f : !(fabs(S - Sref) <= bound))
           TU_FAIL("%s softmax_exp_chunk n %lld fill %d: S %g want %g", tabs[t]->name, (long long)n,
                   fill, (double)S, Sref);
-        if (t == 0) {
+        /* bitwise: the tables with FMA (all but the portable one) agree */
+        if (t == 1) {
           memcpy(e0, e, sizeof(float) * n), memcpy(shift0, shift, sizeof(float) * nc);
-        } else if (memcmp(e, e0, sizeof(float) * n) || memcmp(shift, shift0, sizeof(float) * nc)) {
+        } else if (t > 1 && (memcmp(e, e0, sizeof(float) * n) || memcmp(shift, shift0, sizeof(float) * nc))) {
           TU_FAIL("%s softmax_exp_chunk n %lld differs bitwise from %s", tabs[t]->name, (long long)n,
-                  tabs[0]->name);
+                  tabs[1]->name);
         }
         /* scale_chunks: aligned and misaligned y, streaming on and off */
         for (int64_t c = 0; c < nc; c++) ac[c] = 0.5f + (float)c * 0.37f;
