@@ -110,9 +110,10 @@ typedef struct {
   void (*rms_sums_f32)(const float *x, const float *dy, const float *w, int64_t n, float *xx,
                        float *dyxw);
   /* part[k] += x[k] * r * dy[k] and dx[k] = r * (dy[k] * w[k] - x[k] * c) in one
-   * walk, bit-equal to acc_mul2_f32 and rms_dx_row */
+   * walk, bit-equal to acc_mul2_f32 and rms_dx_row. stream != 0: whole aligned
+   * 64-byte lines of dx with non-temporal stores (fenced before return). */
   void (*rms_bwd_row)(const float *x, const float *w, const float *dy, float r, float c,
-                      float *part, float *dx, int64_t n);
+                      float *part, float *dx, int64_t n, int stream);
 } tg_micro_ops;
 
 #define TG_MICRO_DECLARE(name, id, cpu) extern const tg_micro_ops tg_micro_##name;

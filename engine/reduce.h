@@ -17,6 +17,11 @@ static inline int64_t tg_rows_per_block(int64_t row_len) {
   return row_len >= TG_ROW_BLOCK_ELEMS ? 1 : TG_ROW_BLOCK_ELEMS / row_len;
 }
 
+/* Outputs at least this large are written with non-temporal stores where the
+ * row op offers them: far past the caches a cached store first reads its line
+ * from memory (read-for-ownership), a stream more than the kernel needs. */
+#define TG_STREAM_BYTES ((int64_t)16 << 20)
+
 /* Chunk of the online softmax row ops (softmax_exp_f32, scale_chunks_f32):
  * 4 KiB, so a chunk stays in L1 between its max and its exp. */
 enum { TG_SOFTMAX_CHUNK = 1024 };

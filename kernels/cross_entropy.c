@@ -42,12 +42,6 @@
 #include "reduce.h"
 
 
-/* Outputs at least this large are written with non-temporal stores: far
- * past the caches a cached store first reads its line from memory
- * (read-for-ownership), a third stream next to the logits read and the grad
- * write. */
-#define CE_STREAM_BYTES ((int64_t)16 << 20)
-
 typedef struct {
   const float *logits;
   const uint32_t *targets;
@@ -207,7 +201,7 @@ tg_status tg_cross_entropy_fwd_bwd(tg_ctx *ctx, const float *logits,
   const int64_t nchunks = ((int64_t)vocab + TG_SOFTMAX_CHUNK - 1) / TG_SOFTMAX_CHUNK;
   ce_args a = {logits, targets, grad, NULL, n_pos, vocab,
                ce_rows_per_group(n_pos, vocab, tg_threads(ctx)), nchunks, pad_id,
-               1.0f / (float)count, n * (int64_t)sizeof(float) >= CE_STREAM_BYTES, ctx->ops};
+               1.0f / (float)count, n * (int64_t)sizeof(float) >= TG_STREAM_BYTES, ctx->ops};
   a.row_loss = malloc((size_t)n_pos * sizeof(double));
   if (!a.row_loss)
     return tg_fail(ctx, TG_ERR_NO_MEMORY, "%s: cannot allocate %u per-position losses",

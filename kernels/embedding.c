@@ -12,27 +12,28 @@
  * atomic_fetch_add, so tokens that share an id race on the same row.
  *
  * CPU: atomic-free. The grid is (column block, vocab block). Group (cb, vb)
- * owns grad_weight[vb's rows, cb's columns] outright and walks t = 0, 1, ...,
- * seq_len-1 in order, applying the tokens whose id falls in its rows. Every
- * element of grad_weight therefore receives its additions in token order,
- * one after the other:
+ * owns grad_weight[vb's rows, cb's columns] outright; it sorts the tokens
+ * whose id falls in its rows by id, stably (a counting sort), and applies
+ * them in that order. Every element of grad_weight therefore receives its
+ * additions in token order, one after the other:
  *
  *   grad_weight[v, d] = ((gw + grad_out[t1, d]) + grad_out[t2, d]) + ...
  *                       (t1 < t2 < ... the tokens with id v)
  *
  * whatever the blocking or thread count, so the result is bitwise identical
  * across runs and thread counts in both modes (ctx->deterministic needs
- * nothing extra). Column blocks are wide -- dim / threads columns, clamped
- * to 1..16 KiB of a row -- so a group reads and adds long contiguous runs
- * (one ISA-layer add per token) instead of 256-byte pieces at a row stride,
- * while a heavily repeated id is still split over about one column block
- * per thread. The rest of the parallelism comes from vocab blocks, each of
- * which rescans ids (4 bytes per token), cheap next to the row adds.
+ * nothing extra). The sort makes each row of grad_weight read and written
+ * once, however often its id repeats. Column blocks are wide -- dim / threads
+ * columns, clamped to 4..16 KiB of a row -- so a group reads and adds long
+ * contiguous runs (one ISA-layer add per token), while a heavily repeated id
+ * of a wide table is still split over about one column block per thread.
+ * The rest of the parallelism comes from vocab blocks, each of which rescans
+ * ids (4 bytes per token), cheap next to the row adds.
  */
 #include "engine.h"
 
 enum {
-  EMB_COLS_MIN = 256,        /* columns per block: 1 KiB .. */
+  EMB_COLS_MIN = 1024,       /* columns per block: 4 KiB (whole rows up to dim 1024) .. */
   EMB_COLS_MAX = 4096,       /* .. 16 KiB of each row */
   EMB_GROUPS_PER_THREAD = 8  /* aim for this many groups per thread */
 };

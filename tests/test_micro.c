@@ -560,7 +560,8 @@ static void test_rms_fused_rows(void **state) {
   float *x = tu_alloc(sizeof(float) * NMAX), *w = tu_alloc(sizeof(float) * NMAX);
   float *dy = tu_alloc(sizeof(float) * NMAX), *p0 = tu_alloc(sizeof(float) * NMAX);
   float *p1 = tu_alloc(sizeof(float) * NMAX), *p2 = tu_alloc(sizeof(float) * NMAX);
-  float *d1 = tu_alloc(sizeof(float) * NMAX), *d2 = tu_alloc(sizeof(float) * NMAX);
+  float *d1 = aligned_alloc(64, sizeof(float) * (NMAX + 64)), *d2 = tu_alloc(sizeof(float) * NMAX);
+  assert_non_null(d1);
   tu_fill_f32(&r, x, NMAX, -3, 3);
   tu_fill_f32(&r, w, NMAX, -2, 2);
   tu_fill_f32(&r, dy, NMAX, -1, 1);
@@ -573,11 +574,19 @@ static void test_rms_fused_rows(void **state) {
       if (xx != tabs[t]->dot_f32(x, x, n) || s != tabs[t]->dot3_f32(dy, x, w, n))
         TU_FAIL("%s rms_sums_f32 n %lld differs from dot_f32 / dot3_f32", tabs[t]->name, (long long)n);
       memcpy(p1, p0, sizeof(float) * NMAX), memcpy(p2, p0, sizeof(float) * NMAX);
-      tabs[t]->rms_bwd_row(x, w, dy, 1.3f, 0.21f, p1, d1, n);
       tabs[t]->acc_mul2_f32(p2, x, dy, 1.3f, n);
       tabs[t]->rms_dx_row(x, w, dy, 1.3f, 0.21f, d2, n);
-      if (n && (memcmp(p1, p2, sizeof(float) * NMAX) || memcmp(d1, d2, sizeof(float) * n)))
-        TU_FAIL("%s rms_bwd_row n %lld differs from acc_mul2_f32 / rms_dx_row", tabs[t]->name, (long long)n);
+      for (int stream = 0; stream <= 1; stream++)
+        for (int off = 0; off < 2; off++) { /* dx aligned to 64 bytes and not */
+          float *dxo = d1 + 16 + off * 5;
+          memcpy(p1, p0, sizeof(float) * NMAX);
+          dxo[n] = 777.0f;
+          tabs[t]->rms_bwd_row(x, w, dy, 1.3f, 0.21f, p1, dxo, n, stream);
+          assert_true(dxo[n] == 777.0f);
+          if (n && (memcmp(p1, p2, sizeof(float) * NMAX) || memcmp(dxo, d2, sizeof(float) * n)))
+            TU_FAIL("%s rms_bwd_row n %lld stream %d differs from acc_mul2_f32 / rms_dx_row",
+                    tabs[t]->name, (long long)n, stream);
+        }
     }
   free(x), free(w), free(dy), free(p0), free(p1), free(p2), free(d1), free(d2);
 }

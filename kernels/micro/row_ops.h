@@ -364,15 +364,34 @@ static void TG_NAME(rms_sums_f32)(const float *restrict x, const float *restrict
 
 /* RMSNorm backward row, pass 2 (x and dy now in L1/L2): acc_mul2_f32 and
  * rms_dx_row in one walk, each element rounded as in those ops:
- * part[k] += x[k] * r * dy[k];  dx[k] = r * (dy[k] * w[k] - x[k] * c). */
+ * part[k] += x[k] * r * dy[k];  dx[k] = r * (dy[k] * w[k] - x[k] * c).
+ * stream: whole aligned 64-byte lines of dx with non-temporal stores. */
 static void TG_NAME(rms_bwd_row)(const float *restrict x, const float *restrict w,
                                  const float *restrict dy, float r, float c,
-                                 float *restrict part, float *restrict dx, int64_t n) {
+                                 float *restrict part, float *restrict dx, int64_t n,
+                                 int stream) {
+  int64_t k = 0;
+  if (stream) {
+    for (; k < n && (uintptr_t)(dx + k) % 64; k++) {
+      part[k] += x[k] * r * dy[k];
+      dx[k] = r * (dy[k] * w[k] - x[k] * c);
+    }
+    for (; k + 16 <= n; k += 16) {
+      float t[16];
 #pragma omp simd
-  for (int64_t k = 0; k < n; k++) {
-    part[k] += x[k] * r * dy[k];
-    dx[k] = r * (dy[k] * w[k] - x[k] * c);
+      for (int l = 0; l < 16; l++) {
+        part[k + l] += x[k + l] * r * dy[k + l];
+        t[l] = r * (dy[k + l] * w[k + l] - x[k + l] * c);
+      }
+      stream16(dx + k, t);
+    }
   }
+#pragma omp simd
+  for (int64_t i = k; i < n; i++) {
+    part[i] += x[i] * r * dy[i];
+    dx[i] = r * (dy[i] * w[i] - x[i] * c);
+  }
+  if (stream) stream_fence();
 }
 
 #pragma GCC pop_options
