@@ -476,7 +476,7 @@ static void test_softmax_rows(void **state) {
   enum { NMAX = 5000, CMAX = (NMAX + TG_SOFTMAX_CHUNK - 1) / TG_SOFTMAX_CHUNK };
   float *x = tu_alloc(sizeof(float) * NMAX), *e = tu_alloc(sizeof(float) * NMAX);
   float *e0 = tu_alloc(sizeof(float) * NMAX);
-  float *y = aligned_alloc(64, sizeof(float) * (NMAX + 64)), *y1 = tu_alloc(sizeof(float) * (NMAX + 64));
+  float *y = aligned_alloc(64, sizeof(float) * (NMAX + 64) / 64 * 64), *y1 = tu_alloc(sizeof(float) * (NMAX + 64));
   assert_non_null(y);
   float shift[CMAX], shift0[CMAX], ac[CMAX];
   for (int fill = 0; fill < 4; fill++) /* random, ascending, -inf head, exp range */
@@ -560,7 +560,7 @@ static void test_rms_fused_rows(void **state) {
   float *x = tu_alloc(sizeof(float) * NMAX), *w = tu_alloc(sizeof(float) * NMAX);
   float *dy = tu_alloc(sizeof(float) * NMAX), *p0 = tu_alloc(sizeof(float) * NMAX);
   float *p1 = tu_alloc(sizeof(float) * NMAX), *p2 = tu_alloc(sizeof(float) * NMAX);
-  float *d1 = aligned_alloc(64, sizeof(float) * (NMAX + 64)), *d2 = tu_alloc(sizeof(float) * NMAX);
+  float *d1 = aligned_alloc(64, sizeof(float) * (NMAX + 64) / 64 * 64), *d2 = tu_alloc(sizeof(float) * NMAX);
   assert_non_null(d1);
   tu_fill_f32(&r, x, NMAX, -3, 3);
   tu_fill_f32(&r, w, NMAX, -2, 2);
