@@ -102,7 +102,8 @@ typedef struct {
    * and reach e and S. */
   float (*softmax_exp_chunk)(const float *x, int64_t len, float *e, float *state);
   /* y[j] = (e[j] * a[j / TG_SOFTMAX_CHUNK]) * b. stream != 0: whole aligned
-   * 64-byte lines of y with non-temporal stores (fenced before return). */
+   * 64-byte lines of y with non-temporal stores, not fenced: call
+   * stream_fence before y is read or stored to again. */
   void (*scale_chunks_f32)(const float *e, const float *a, float b, float *y, int64_t n,
                            int stream);
   /* *xx = sum_i x[i]^2 and *dyxw = sum_i dy[i] * x[i] * w[i] in one read,
@@ -111,9 +112,12 @@ typedef struct {
                        float *dyxw);
   /* part[k] += x[k] * r * dy[k] and dx[k] = r * (dy[k] * w[k] - x[k] * c) in one
    * walk, bit-equal to acc_mul2_f32 and rms_dx_row. stream != 0: whole aligned
-   * 64-byte lines of dx with non-temporal stores (fenced before return). */
+   * 64-byte lines of dx with non-temporal stores, not fenced (stream_fence). */
   void (*rms_bwd_row)(const float *x, const float *w, const float *dy, float r, float c,
                       float *part, float *dx, int64_t n, int stream);
+  /* Orders the unfenced non-temporal stores of the ops above before any
+   * later store (before the work item ends). */
+  void (*stream_fence)(void);
 } tg_micro_ops;
 
 #define TG_MICRO_DECLARE(name, id, cpu) extern const tg_micro_ops tg_micro_##name;

@@ -97,13 +97,16 @@ static void ce_row_no_max(const ce_args *a, const float *l, float *g, uint32_t y
   a->row_loss[t] = has_nan ? NAN : INFINITY;
 }
 
-/* grad[t, chunk c] = (e[j] * a_c) * inv_count (around the caches when large) */
+/* grad[t, chunk c] = (e[j] * a_c) * inv_count, around the caches when the
+ * output is large, but for the target's chunk: its element is fixed up by an
+ * ordinary store right after (ce_fix_target), which then needs no fence. */
 static void ce_write_chunk(const ce_args *a, const float *e, const float *ac, int64_t t,
                            int64_t c) {
   const int64_t c0 = c * TG_SOFTMAX_CHUNK;
   const int64_t len = a->vocab - c0 < TG_SOFTMAX_CHUNK ? a->vocab - c0 : TG_SOFTMAX_CHUNK;
+  const int stream = a->stream && c != a->targets[t] / TG_SOFTMAX_CHUNK;
   a->ops->scale_chunks_f32(e + c0, ac + c, a->inv_count, a->grad + t * a->vocab + c0, len,
-                           a->stream);
+                           stream);
 }
 
 /* The target element of a written row, from its own e_y: (e_y a_c - 1) / count. */
@@ -170,6 +173,7 @@ static void ce_group(const void *vargs, int64_t grp, int64_t y_, int64_t z, void
     for (int64_t c = 0; c < nc; c++) ce_write_chunk(a, sc.e[cur ^ 1], sc.ac[cur ^ 1], pend, c);
     ce_fix_target(a, sc.e[cur ^ 1], sc.ac[cur ^ 1], pend);
   }
+  if (a->stream) a->ops->stream_fence();
 }
 
 tg_status tg_cross_entropy_fwd_bwd(tg_ctx *ctx, const float *logits,

@@ -274,6 +274,7 @@ static void fused_group(const void *vargs, int64_t g, int64_t y, int64_t z,
     const float coeff = s * r * r / (float)dim;
     a->ops->rms_bwd_row(x, a->w, dy, r, coeff, part, a->dx + b * dim, dim, a->stream);
   }
+  if (a->stream) a->ops->stream_fence();
   if (!a->partials) tg_add_f32(a->dw, part, dim, 1);
 }
 

@@ -534,6 +534,7 @@ static void test_softmax_rows(void **state) {
           float *yo = y + off * 3;
           yo[n] = 777.0f;
           tabs[t]->scale_chunks_f32(e, ac, b, yo, n, 1);
+          tabs[t]->stream_fence();
           tabs[t]->scale_chunks_f32(e, ac, b, y1, n, 0);
           assert_true(yo[n] == 777.0f);
           if (memcmp(yo, y1, sizeof(float) * n))
@@ -582,6 +583,7 @@ static void test_rms_fused_rows(void **state) {
           memcpy(p1, p0, sizeof(float) * NMAX);
           dxo[n] = 777.0f;
           tabs[t]->rms_bwd_row(x, w, dy, 1.3f, 0.21f, p1, dxo, n, stream);
+          tabs[t]->stream_fence();
           assert_true(dxo[n] == 777.0f);
           if (n && (memcmp(p1, p2, sizeof(float) * NMAX) || memcmp(dxo, d2, sizeof(float) * n)))
             TU_FAIL("%s rms_bwd_row n %lld stream %d differs from acc_mul2_f32 / rms_dx_row",

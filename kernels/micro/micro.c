@@ -263,4 +263,5 @@ const tg_micro_ops TG_NAME(tg_micro) = {
     .scale_chunks_f32 = TG_NAME(scale_chunks_f32),
     .rms_sums_f32 = TG_NAME(rms_sums_f32),
     .rms_bwd_row = TG_NAME(rms_bwd_row),
+    .stream_fence = TG_NAME(stream_fence),
 };
