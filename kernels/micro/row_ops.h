@@ -325,6 +325,7 @@ static float TG_NAME(softmax_exp_chunk)(const float *restrict x, int64_t len, fl
  * pieces, and a fence after each cost 15% of the kernel on AVX-512 (Zen 5). */
 static void TG_NAME(scale_chunks_f32)(const float *restrict e, const float *restrict a, float b,
                                       float *restrict y, int64_t n, int stream) {
+  stream = stream && STREAM_STORES;
   for (int64_t c0 = 0; c0 < n; c0 += TG_SOFTMAX_CHUNK) {
     const int64_t c1 = n - c0 < TG_SOFTMAX_CHUNK ? n : c0 + TG_SOFTMAX_CHUNK;
     const float ac = a[c0 / TG_SOFTMAX_CHUNK];
@@ -371,6 +372,7 @@ static void TG_NAME(rms_bwd_row)(const float *restrict x, const float *restrict 
                                  const float *restrict dy, float r, float c,
                                  float *restrict part, float *restrict dx, int64_t n,
                                  int stream) {
+  stream = stream && STREAM_STORES;
   int64_t k = 0;
   if (stream) {
     for (; k < n && (uintptr_t)(dx + k) % 64; k++) {
