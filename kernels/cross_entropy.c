@@ -24,14 +24,14 @@
  * limit of equal logits (p_j = 1/vocab) for the grad, and loss_t = +inf. +inf
  * or NaN logits give NaN in that row's grad and in the loss.
  * m, S, log S, p and grad are f32 (S is a 16-lane f32 sum with a fixed lane
- * tree). loss_t is f32; the sum over positions is a double sum in position
+ * tree, rescaled as the online max grows; see ce_group). loss_t is f32; the sum over positions is a double sum in position
  * order, divided by count and added to loss_out[0] with one final rounding
  * to f32. That order never depends on the thread count or on the
  * deterministic flag: loss_out is bitwise reproducible in every mode.
  *
  * Metal grid: one threadgroup per position, with loss_out added atomically.
- * Here one group runs a block of consecutive positions (enough for ~8 Ki
- * elements, at least one row) and leaves each loss_t in a buffer; the
+ * Here one group runs a block of consecutive positions (about 1 Mi logits,
+ * at least four groups per thread) and leaves each loss_t in a buffer; the
  * serial fixed-order sum replaces the atomic add.
  */
 #include <math.h>
@@ -40,7 +40,6 @@
 
 #include "engine.h"
 #include "reduce.h"
-
 
 typedef struct {
   const float *logits;

@@ -7,7 +7,8 @@
  * Compiled without FMA contraction: each op then rounds exactly as its
  * formula reads on every ISA (the portable build has no FMA anyway), so the
  * kernels built on them give the same bits whatever table is chosen, as
- * their tests check. They are memory-bound; the FMA would buy nothing.
+ * their tests check. They are memory-bound; the FMA would buy nothing (one
+ * exception, the exp of the softmax row ops, says why at exp_rowop).
  * And with no-trapping-math: gcc may then evaluate both arms of a select
  * (`v < c ? 0 : expensive(v)`) and blend them, which is what lets loops with
  * selects vectorize for AVX2 (no masked stores); no result changes, since
@@ -239,10 +240,10 @@ static void TG_NAME(wsum4_f32)(const float *restrict part, int64_t ld, const int
  * it runs scalar (35 ns per 16 floats against 4 ns on AVX-512, Zen 5).
  * The steps of exp_f32: v = k ln2 + r with |r| <= ln2/2 (ln2 in two parts,
  * so k ln2 is exact), e^r from the same degree-7 polynomial, here evaluated
- * by Estrin's scheme (half the dependent steps of Horner's: the loop is
- * bound by latency), and 2^k applied as 2^(k+64) (exact: er 2^(k+64) is a
- * normal number) times 2^-64, so results down to the subnormals round once.
- * k comes from the bits of the rounding sum t = v log2e + 1.5 * 2^23 (its
+ * by Estrin's scheme (half the dependent steps of Horner's; 4.1 -> 3.7 ns
+ * per 16 floats on AVX-512 before the FMAs below), and 2^k applied as
+ * 2^(k+64) (exact: er 2^(k+64) is a normal number) times 2^-64, so results
+ * down to the subnormals round once. k comes from the bits of the rounding sum t = v log2e + 1.5 * 2^23 (its
  * low mantissa bits are k + 2^22), with no float-to-int conversion. v is
  * clamped below at -105 (k >= -152, so k + 64 + 127 >= 39): at k <= -151 the
  * result is below half the least subnormal and rounds to 0, so -inf gives
@@ -250,8 +251,8 @@ static void TG_NAME(wsum4_f32)(const float *restrict part, int64_t ld, const int
  * This is the one row op with FMA (MADD) where the ISA has it, and so the
  * one whose bits differ between the portable table and the AVX2 / AVX-512
  * ones (which agree with each other): it bounds cross-entropy, the kernel
- * furthest from memory speed, and fused multiply-adds make it 30% fewer
- * operations (Zen 5, per 16 floats in L1: AVX2 6.4 -> 5.3 ns, AVX-512
+ * furthest from memory speed, and fused multiply-adds take a third of its
+ * floating-point operations away (Zen 5, per 16 floats in L1: AVX2 6.4 -> 5.3 ns, AVX-512
  * 3.6 -> 3.2 ns). Within 2 ulp like exp_f32 over (-inf, 0]
  * (tests/test_micro.c); measured on a third of all floats in [-112, 0]:
  * at most 1.007 ulp (portable), 1.031 ulp (FMA).
