@@ -105,6 +105,33 @@ typedef struct {
    * weights a[i]; the others are never read); ld = workgroups per c. */
   void (*wsum4_f32)(const float *part, int64_t ld, const int32_t *w, const float *a, int64_t nw,
                     int64_t n4, float div, float *dst);
+  /* One chunk of an online softmax over a row (chunks of TG_SOFTMAX_CHUNK
+   * floats, engine/reduce.h; len a multiple of 16 but in the row's last):
+   * state[0..15] lane sums, state[16] running max (start 0s, -inf). The max
+   * m_c grows to cover the chunk, the sums are rescaled by exp(m_old - m_c),
+   * e[j] = exp(x[j] - m_c) (x[j] - 0 while m_c = -inf) is written and
+   * added; returns m_c. After a row's last chunk the fixed tree of the lane
+   * sums is S = sum_j exp(x[j] - M), M the row max. exp within 2 ulp
+   * (subnormals; -inf -> 0, NaN -> NaN); NaN entries are skipped by the max
+   * and reach e and S. */
+  float (*softmax_exp_chunk)(const float *x, int64_t len, float *e, float *state);
+  /* y[j] = (e[j] * a[j / TG_SOFTMAX_CHUNK]) * b. stream != 0: whole aligned
+   * 64-byte lines of y with non-temporal stores, not fenced: call
+   * stream_fence before y is read or stored to again. */
+  void (*scale_chunks_f32)(const float *e, const float *a, float b, float *y, int64_t n,
+                           int stream);
+  /* *xx = sum_i x[i]^2 and *dyxw = sum_i dy[i] * x[i] * w[i] in one read,
+   * bit-equal to dot_f32(x, x) and dot3_f32(dy, x, w) */
+  void (*rms_sums_f32)(const float *x, const float *dy, const float *w, int64_t n, float *xx,
+                       float *dyxw);
+  /* part[k] += x[k] * r * dy[k] and dx[k] = r * (dy[k] * w[k] - x[k] * c) in one
+   * walk, bit-equal to acc_mul2_f32 and rms_dx_row. stream != 0: whole aligned
+   * 64-byte lines of dx with non-temporal stores, not fenced (stream_fence). */
+  void (*rms_bwd_row)(const float *x, const float *w, const float *dy, float r, float c,
+                      float *part, float *dx, int64_t n, int stream);
+  /* Orders the unfenced non-temporal stores of the ops above before any
+   * later store (before the work item ends). */
+  void (*stream_fence)(void);
 } tg_micro_ops;
 
 #define TG_MICRO_DECLARE(name, id, cpu) extern const tg_micro_ops tg_micro_##name;

@@ -12,27 +12,28 @@
  * atomic_fetch_add, so tokens that share an id race on the same row.
  *
  * CPU: atomic-free. The grid is (column block, vocab block). Group (cb, vb)
- * owns grad_weight[vb's rows, cb's columns] outright and walks t = 0, 1, ...,
- * seq_len-1 in order, applying the tokens whose id falls in its rows. Every
- * element of grad_weight therefore receives its additions in token order,
- * one after the other:
+ * owns grad_weight[vb's rows, cb's columns] outright; it sorts the tokens
+ * whose id falls in its rows by id, stably (a counting sort), and applies
+ * them in that order. Every element of grad_weight therefore receives its
+ * additions in token order, one after the other:
  *
  *   grad_weight[v, d] = ((gw + grad_out[t1, d]) + grad_out[t2, d]) + ...
  *                       (t1 < t2 < ... the tokens with id v)
  *
  * whatever the blocking or thread count, so the result is bitwise identical
  * across runs and thread counts in both modes (ctx->deterministic needs
- * nothing extra). Column blocks are wide -- dim / threads columns, clamped
- * to 1..16 KiB of a row -- so a group reads and adds long contiguous runs
- * (one ISA-layer add per token) instead of 256-byte pieces at a row stride,
- * while a heavily repeated id is still split over about one column block
- * per thread. The rest of the parallelism comes from vocab blocks, each of
- * which rescans ids (4 bytes per token), cheap next to the row adds.
+ * nothing extra). The sort makes each row of grad_weight read and written
+ * once, however often its id repeats. Column blocks are wide -- dim / threads
+ * columns, clamped to 4..16 KiB of a row -- so a group reads and adds long
+ * contiguous runs (one ISA-layer add per token), while a heavily repeated id
+ * of a wide table is still split over about one column block per thread.
+ * The rest of the parallelism comes from vocab blocks, each of which rescans
+ * ids (4 bytes per token), cheap next to the row adds.
  */
 #include "engine.h"
 
 enum {
-  EMB_COLS_MIN = 256,        /* columns per block: 1 KiB .. */
+  EMB_COLS_MIN = 1024,       /* columns per block: 4 KiB (whole rows up to dim 1024) .. */
   EMB_COLS_MAX = 4096,       /* .. 16 KiB of each row */
   EMB_GROUPS_PER_THREAD = 8  /* aim for this many groups per thread */
 };
@@ -46,8 +47,25 @@ typedef struct {
   const tg_micro_ops *ops;
 } emb_args;
 
+/* Entries ahead whose rows are prefetched: the rows are scattered (random ids,
+ * and the tokens of one id scattered over the sequence), so no hardware
+ * prefetcher sees them coming. */
+enum { EMB_PF_AHEAD = 2 };
+
+static void prefetch_piece(const float *p, int64_t n, int write) {
+  for (int64_t i = 0; i < n; i += 16) {
+    if (write) __builtin_prefetch(p + i, 1, 3);
+    else __builtin_prefetch(p + i, 0, 3);
+  }
+}
+
 /* Group (cb, vb): grad_weight[v, c0:c1] += grad_out[t, c0:c1] for every t in
- * order whose id v lies in [v0, v1). */
+ * order whose id v lies in [v0, v1). The group's tokens are first sorted by
+ * id with a stable counting sort (scratch: the counts, then the sorted
+ * tokens), so each row of grad_weight is read and written once however often
+ * its id repeats (in token order its repeats were far apart, and the row
+ * went back to memory in between), while each element still receives its
+ * adds in token order: the bits are those of the token-order walk. */
 static void embedding_backward_group(const void *vargs, int64_t cb, int64_t vb, int64_t z,
                                      void *scratch) {
   const emb_args *a = vargs;
@@ -55,12 +73,29 @@ static void embedding_backward_group(const void *vargs, int64_t cb, int64_t vb, 
   const int64_t c1 = c0 + a->cols_per_block < a->dim ? c0 + a->cols_per_block : a->dim;
   const int64_t v0 = vb * a->rows_per_block;
   const int64_t v1 = v0 + a->rows_per_block < a->vocab ? v0 + a->rows_per_block : a->vocab;
+  uint32_t *start = scratch;                      /* [v1 - v0 + 1] */
+  uint32_t *order = start + a->rows_per_block + 1; /* [tokens in the group] */
+  for (int64_t v = 0; v <= v1 - v0; v++) start[v] = 0;
   for (int64_t t = 0; t < a->seq_len; t++) {
     const int64_t v = a->ids[t];
-    if (v < v0 || v >= v1) continue;
-    float *dst = a->grad_weight + v * a->dim;
-    const float *src = a->grad_out + t * a->dim;
-    a->ops->add_f32(dst + c0, src + c0, c1 - c0);
+    if (v >= v0 && v < v1) start[v - v0 + 1]++;
+  }
+  for (int64_t v = 0; v < v1 - v0; v++) start[v + 1] += start[v];
+  const int64_t n = start[v1 - v0];
+  for (int64_t t = 0; t < a->seq_len; t++) {
+    const int64_t v = a->ids[t];
+    if (v >= v0 && v < v1) order[start[v - v0]++] = (uint32_t)t;
+  }
+  for (int64_t i = 0; i < n; i++) {
+    if (i + EMB_PF_AHEAD < n) {
+      const int64_t tp = order[i + EMB_PF_AHEAD], vp = a->ids[tp];
+      prefetch_piece(a->grad_out + tp * a->dim + c0, c1 - c0, 0);
+      if (vp != a->ids[order[i + EMB_PF_AHEAD - 1]])
+        prefetch_piece(a->grad_weight + vp * a->dim + c0, c1 - c0, 1);
+    }
+    const int64_t t = order[i];
+    a->ops->add_f32(a->grad_weight + a->ids[t] * a->dim + c0, a->grad_out + t * a->dim + c0,
+                    c1 - c0);
   }
 }
 
@@ -108,5 +143,7 @@ tg_status tg_embedding_backward(tg_ctx *ctx, const float *grad_out, const uint32
                       .seq_len = seq_len, .dim = dim, .vocab = vocab_size,
                       .cols_per_block = cols, .rows_per_block = rows_per_block,
                       .ops = ctx->ops};
-  return tg_dispatch(ctx, ncb, nvb, 1, 0, embedding_backward_group, &a);
+  /* scratch: the counting sort's starts and the sorted tokens */
+  const size_t scratch = ((size_t)rows_per_block + 1 + seq_len) * sizeof(uint32_t);
+  return tg_dispatch(ctx, ncb, nvb, 1, scratch, embedding_backward_group, &a);
 }

@@ -251,6 +251,7 @@ typedef struct {
   float *partials; /* deterministic: [nblocks, dim] row-block partials; else NULL */
   int64_t rows, dim, rows_per_block, nblocks;
   float eps;
+  int stream; /* grad_input with non-temporal stores */
   const tg_micro_ops *ops;
 } fused_args;
 
@@ -264,11 +265,16 @@ static void fused_group(const void *vargs, int64_t g, int64_t y, int64_t z,
   for (int64_t i = 0; i < dim; i++) part[i] = 0.0f;
   const int64_t b1 = min64((g + 1) * a->rows_per_block, a->rows);
   for (int64_t b = g * a->rows_per_block; b < b1; b++) {
+    /* two walks over the row (the second from L1/L2), with the roundings of
+     * row_rms_inv, acc_mul2_f32 and row_dx: the same bits as the split kernels */
     const float *x = a->x + b * dim, *dy = a->dy + b * dim;
-    const float r = row_rms_inv(a->ops, x, dim, a->eps);
-    a->ops->acc_mul2_f32(part, x, dy, r, dim);
-    row_dx(a->ops, x, a->w, dy, r, a->dx + b * dim, dim);
+    float xx, s;
+    a->ops->rms_sums_f32(x, dy, a->w, dim, &xx, &s);
+    const float r = 1.0f / sqrtf(xx / (float)dim + a->eps);
+    const float coeff = s * r * r / (float)dim;
+    a->ops->rms_bwd_row(x, a->w, dy, r, coeff, part, a->dx + b * dim, dim, a->stream);
   }
+  if (a->stream) a->ops->stream_fence();
   if (!a->partials) tg_add_f32(a->dw, part, dim, 1);
 }
 
@@ -312,8 +318,9 @@ tg_status tg_rms_norm_backward(tg_ctx *ctx, const float *input, const float *wei
   int64_t nblocks = min64((rows + DW_MIN_ROWS - 1) / DW_MIN_ROWS, max_blocks);
   const int64_t rpb = (rows + nblocks - 1) / nblocks;
   nblocks = (rows + rpb - 1) / rpb;
-  fused_args a = {input, weight, grad_out, grad_input, grad_weight, NULL,
-                  rows,  dim,    rpb,      nblocks,    eps,         ctx->ops};
+  fused_args a = {input, weight, grad_out, grad_input, grad_weight, NULL, rows, dim, rpb,
+                  nblocks, eps, rows * dim * (int64_t)sizeof(float) >= TG_STREAM_BYTES,
+                  ctx->ops};
 
   if (!ctx->deterministic) /* partial in per-thread scratch, atomic add */
     return tg_dispatch(ctx, nblocks, 1, 1, (size_t)dim * sizeof(float), fused_group, &a);

@@ -21,6 +21,7 @@ typedef struct {
   const float *sm, *go;
   float *gi;
   int64_t rows, len, rpg;
+  const tg_micro_ops *ops;
 } softmax_bwd_args;
 
 static void softmax_bwd_group(const void *vargs, int64_t g, int64_t y, int64_t z,
@@ -30,7 +31,7 @@ static void softmax_bwd_group(const void *vargs, int64_t g, int64_t y, int64_t z
   for (int64_t b = g * a->rpg; b < b1; b++) {
     const float *sm = a->sm + b * a->len, *go = a->go + b * a->len;
     float *gi = a->gi + b * a->len;
-    const float dot = tg_dot_f32(sm, go, a->len);
+    const float dot = a->ops->dot_f32(sm, go, a->len);
     for (int64_t j = 0; j < a->len; j++) gi[j] = sm[j] * (go[j] - dot);
   }
 }
@@ -49,6 +50,6 @@ tg_status tg_softmax_backward(tg_ctx *ctx, const float *sm, const float *grad_ou
       tg_shape_count(ctx, name, sizeof(float), &n, 2, (int64_t)n_rows, (int64_t)row_len);
   if (st != TG_OK) return st;
   const int64_t rpg = tg_rows_per_block(row_len);
-  const softmax_bwd_args a = {sm, grad_out, grad_in, n_rows, row_len, rpg};
+  const softmax_bwd_args a = {sm, grad_out, grad_in, n_rows, row_len, rpg, ctx->ops};
   return tg_dispatch(ctx, (a.rows + rpg - 1) / rpg, 1, 1, 0, softmax_bwd_group, &a);
 }

@@ -16,17 +16,18 @@
  * the 4-byte scattered stores of an element loop. A pure copy: exact.
  */
 #include "engine.h"
+#include "reduce.h"
 
 enum {
   TR_TILE = 64,  /* 64 x 64 floats = 16 KiB per tile */
   TR_STRIPE = 4  /* tiles per group along a tile row */
 };
 
-/* Outputs this large are written with non-temporal stores where the ISA has
- * them: far past the L2s, a cached store first reads each output line from
- * memory (read-for-ownership), one stream more than the copy needs, and the
- * column-order writes of a transpose also thrash the L1 sets. */
-#define TR_STREAM_BYTES ((int64_t)16 << 20)
+/* Outputs of TG_STREAM_BYTES or more (engine/reduce.h) are written with
+ * non-temporal stores where the ISA has them: far past the L2s, a cached
+ * store first reads each output line from memory (read-for-ownership), one
+ * stream more than the copy needs, and the column-order writes of a
+ * transpose also thrash the L1 sets. */
 
 typedef struct {
   const float *in;
@@ -65,7 +66,7 @@ tg_status tg_transpose_2d(tg_ctx *ctx, const float *input, float *output, uint32
                                 NULL, 2, (int64_t)rows, (int64_t)cols);
   if (st) return st;
   const int64_t bytes = (int64_t)rows * cols * (int64_t)sizeof(float);
-  const tr_args a = {input, output, rows, cols, bytes >= TR_STREAM_BYTES, ctx->ops};
+  const tr_args a = {input, output, rows, cols, bytes >= TG_STREAM_BYTES, ctx->ops};
   const int64_t tile_rows = ((int64_t)rows + TR_TILE - 1) / TR_TILE;
   const int64_t stripes = ((int64_t)cols + TR_TILE * TR_STRIPE - 1) / (TR_TILE * TR_STRIPE);
   return tg_dispatch(ctx, stripes, tile_rows, 1, 0, transpose_group, &a);

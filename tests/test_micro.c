@@ -14,6 +14,7 @@
 
 #include "bf16.h"
 #include "micro.h"
+#include "reduce.h"
 #include "testutil.h"
 
 static const double U = 0x1.0p-24;
@@ -449,6 +450,149 @@ static void test_wsum4(void **state) {
     }
 }
 
+/* softmax_exp_chunk over whole rows (chunks of TG_SOFTMAX_CHUNK, an online
+ * max, S from tg_softmax_state_sum) and scale_chunks_f32. Bounds (u = 2^-24):
+ *   shift[c]   exactly the running max (0-based chunks), -inf while nothing
+ *              above -inf was seen
+ *   e[j]       within 2 ulp of exp(f32(x[j] - s_c)) (s_c = shift[c], 0 while
+ *              -inf): the op's exp has exp_f32's accuracy, subnormals included
+ *   S          |S - sum_j exp(x[j] - M)| <= (12 + (n/16 + 4) + 5 nchunks) u S:
+ *              per term 4u (2 ulp of exp) + 8u (the rounding of x - s_c,
+ *              |x - s_c| <= 16 here); the 16 lane sums and the 4-level tree
+ *              (n/16 + 4) u; each rescale by exp(m_old - m_new): 2 ulp + the
+ *              rounding of the difference (<= 8u here) + the product (u),
+ *              at most 5u more per chunk once the differences sum to <= 16.
+ *   scale_chunks (e * a_c) * b within 2 u (1 + u) |e a_c b| + 2^-148 (two roundings
+ *              that may be subnormal), bit-equal with
+ *              and without streaming.
+ * Bit-equal between the tables with FMA (AVX2, AVX-512): the row ops' exp uses
+ * fused multiply-adds where the ISA has them (kernels/micro/row_ops.h says
+ * why), so the portable table rounds differently, within the same bounds. */
+static void test_softmax_rows(void **state) {
+  const tg_micro_ops *tabs[3];
+  const int nt = n_tables(tabs);
+  tu_rng r = tu_rng_make(tu_seed() + 41);
+  const int64_t lens[] = {1, 5, 17, 1000, 1024, 1025, 2500, 5000};
+  enum { NMAX = 5000, CMAX = (NMAX + TG_SOFTMAX_CHUNK - 1) / TG_SOFTMAX_CHUNK };
+  float *x = tu_alloc(sizeof(float) * NMAX), *e = tu_alloc(sizeof(float) * NMAX);
+  float *e0 = tu_alloc(sizeof(float) * NMAX);
+  float *y = aligned_alloc(64, sizeof(float) * (NMAX + 64) / 64 * 64), *y1 = tu_alloc(sizeof(float) * (NMAX + 64));
+  assert_non_null(y);
+  float shift[CMAX], shift0[CMAX], ac[CMAX];
+  for (int fill = 0; fill < 4; fill++) /* random, ascending, -inf head, exp range */
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+      const int64_t n = lens[li], nc = (n + TG_SOFTMAX_CHUNK - 1) / TG_SOFTMAX_CHUNK;
+      tu_fill_f32(&r, x, n, -8, 8);
+      if (fill == 1)
+        for (int64_t j = 0; j < n; j++) x[j] = -8.0f + 16.0f * (float)j / (float)n + x[j] * 1e-3f;
+      if (fill == 2)
+        for (int64_t j = 0; j < n && j < 1100; j++) x[j] = -INFINITY;
+      if (fill == 3) { /* the exp over (-inf, 0]: subnormal and zero results */
+        tu_fill_f32(&r, x, n, -110, 0);
+        x[0] = 0.0f, x[n / 2] = -INFINITY;
+      }
+      for (int t = 0; t < nt; t++) {
+        float state[17] = {0};
+        state[16] = -INFINITY;
+        for (int64_t c = 0; c < nc; c++) {
+          const int64_t c0 = c * TG_SOFTMAX_CHUNK;
+          shift[c] = tabs[t]->softmax_exp_chunk(x + c0, n - c0 < TG_SOFTMAX_CHUNK ? n - c0 : TG_SOFTMAX_CHUNK,
+                                                e + c0, state);
+        }
+        const float S = tg_softmax_state_sum(state);
+        float m = -INFINITY;
+        double Sref = 0;
+        for (int64_t c = 0; c < nc; c++) {
+          const int64_t c0 = c * TG_SOFTMAX_CHUNK, c1 = c0 + TG_SOFTMAX_CHUNK < n ? c0 + TG_SOFTMAX_CHUNK : n;
+          for (int64_t j = c0; j < c1; j++) m = x[j] > m ? x[j] : m;
+          if (!(shift[c] == m)) TU_FAIL("%s softmax_exp_chunk n %lld: shift[%lld]", tabs[t]->name, (long long)n, (long long)c);
+          const float sc = m == -INFINITY ? 0.0f : m;
+          for (int64_t j = c0; j < c1; j++) {
+            const double want = exp((double)(float)(x[j] - sc));
+            const double ulp = want < 0x1p-126 ? 0x1p-149 : ldexp(1.0, ilogb(want) - 23);
+            if (!(fabs(e[j] - want) <= 2 * ulp))
+              TU_FAIL("%s softmax_exp_chunk n %lld fill %d: e[%lld] = %a, want %a", tabs[t]->name,
+                      (long long)n, fill, (long long)j, (double)e[j], want);
+          }
+        }
+        for (int64_t j = 0; j < n; j++) Sref += exp((double)x[j] - m);
+        const double bound = (12.0 + (double)(n / 16 + 4) + 5.0 * nc) * U * Sref;
+        if (m == -INFINITY ? S != 0.0f : !(fabs(S - Sref) <= bound))
+          TU_FAIL("%s softmax_exp_chunk n %lld fill %d: S %g want %g", tabs[t]->name, (long long)n,
+                  fill, (double)S, Sref);
+        /* bitwise: the tables with FMA (all but the portable one) agree */
+        if (t == 1) {
+          memcpy(e0, e, sizeof(float) * n), memcpy(shift0, shift, sizeof(float) * nc);
+        } else if (t > 1 && (memcmp(e, e0, sizeof(float) * n) || memcmp(shift, shift0, sizeof(float) * nc))) {
+          TU_FAIL("%s softmax_exp_chunk n %lld differs bitwise from %s", tabs[t]->name, (long long)n,
+                  tabs[1]->name);
+        }
+        /* scale_chunks: aligned and misaligned y, streaming on and off */
+        for (int64_t c = 0; c < nc; c++) ac[c] = 0.5f + (float)c * 0.37f;
+        const float b = 0.3f;
+        for (int off = 0; off < 2; off++) {
+          float *yo = y + off * 3;
+          yo[n] = 777.0f;
+          tabs[t]->scale_chunks_f32(e, ac, b, yo, n, 1);
+          tabs[t]->stream_fence();
+          tabs[t]->scale_chunks_f32(e, ac, b, y1, n, 0);
+          assert_true(yo[n] == 777.0f);
+          if (memcmp(yo, y1, sizeof(float) * n))
+            TU_FAIL("%s scale_chunks_f32 n %lld: streamed differs", tabs[t]->name, (long long)n);
+          for (int64_t j = 0; j < n; j++) {
+            const double want = (double)e[j] * ac[j / TG_SOFTMAX_CHUNK] * b;
+            if (!(fabs(yo[j] - want) <= 2 * U * (1 + U) * fabs(want) + 0x1p-148))
+              TU_FAIL("%s scale_chunks_f32 n %lld j %lld", tabs[t]->name, (long long)n, (long long)j);
+          }
+        }
+      }
+    }
+  free(x), free(e), free(e0), free(y), free(y1);
+}
+
+/* The fused RMSNorm row ops are bit-equal to the ops they fuse (whose bounds
+ * are checked above): rms_sums_f32 to dot_f32(x, x) and dot3_f32(dy, x, w),
+ * rms_bwd_row to acc_mul2_f32 and rms_dx_row. */
+static void test_rms_fused_rows(void **state) {
+  const tg_micro_ops *tabs[3];
+  const int nt = n_tables(tabs);
+  tu_rng r = tu_rng_make(tu_seed() + 43);
+  enum { NMAX = 2600 };
+  float *x = tu_alloc(sizeof(float) * NMAX), *w = tu_alloc(sizeof(float) * NMAX);
+  float *dy = tu_alloc(sizeof(float) * NMAX), *p0 = tu_alloc(sizeof(float) * NMAX);
+  float *p1 = tu_alloc(sizeof(float) * NMAX), *p2 = tu_alloc(sizeof(float) * NMAX);
+  float *d1 = aligned_alloc(64, sizeof(float) * (NMAX + 64) / 64 * 64), *d2 = tu_alloc(sizeof(float) * NMAX);
+  assert_non_null(d1);
+  tu_fill_f32(&r, x, NMAX, -3, 3);
+  tu_fill_f32(&r, w, NMAX, -2, 2);
+  tu_fill_f32(&r, dy, NMAX, -1, 1);
+  tu_fill_f32(&r, p0, NMAX, -1, 1);
+  for (int t = 0; t < nt; t++)
+    for (int li = 0; li < N_LENS; li++) {
+      const int64_t n = k_lens[li];
+      float xx, s;
+      tabs[t]->rms_sums_f32(x, dy, w, n, &xx, &s);
+      if (xx != tabs[t]->dot_f32(x, x, n) || s != tabs[t]->dot3_f32(dy, x, w, n))
+        TU_FAIL("%s rms_sums_f32 n %lld differs from dot_f32 / dot3_f32", tabs[t]->name, (long long)n);
+      memcpy(p1, p0, sizeof(float) * NMAX), memcpy(p2, p0, sizeof(float) * NMAX);
+      tabs[t]->acc_mul2_f32(p2, x, dy, 1.3f, n);
+      tabs[t]->rms_dx_row(x, w, dy, 1.3f, 0.21f, d2, n);
+      for (int stream = 0; stream <= 1; stream++)
+        for (int off = 0; off < 2; off++) { /* dx aligned to 64 bytes and not */
+          float *dxo = d1 + 16 + off * 5;
+          memcpy(p1, p0, sizeof(float) * NMAX);
+          dxo[n] = 777.0f;
+          tabs[t]->rms_bwd_row(x, w, dy, 1.3f, 0.21f, p1, dxo, n, stream);
+          tabs[t]->stream_fence();
+          assert_true(dxo[n] == 777.0f);
+          if (n && (memcmp(p1, p2, sizeof(float) * NMAX) || memcmp(dxo, d2, sizeof(float) * n)))
+            TU_FAIL("%s rms_bwd_row n %lld stream %d differs from acc_mul2_f32 / rms_dx_row",
+                    tabs[t]->name, (long long)n, stream);
+        }
+    }
+  free(x), free(w), free(dy), free(p0), free(p1), free(p2), free(d1), free(d2);
+}
+
 int main(void) {
   tu_seed();
   const struct CMUnitTest tests[] = {
@@ -462,6 +606,8 @@ int main(void) {
       cmocka_unit_test(test_fwht),
       cmocka_unit_test(test_transpose),
       cmocka_unit_test(test_wsum4),
+      cmocka_unit_test(test_softmax_rows),
+      cmocka_unit_test(test_rms_fused_rows),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -343,4 +343,9 @@ const tg_micro_ops TG_NAME(tg_micro) = {
     .fwht_mul_f32 = TG_NAME(fwht_mul_f32),
     .transpose_f32 = TG_NAME(transpose_f32),
     .wsum4_f32 = TG_NAME(wsum4_f32),
+    .softmax_exp_chunk = TG_NAME(softmax_exp_chunk),
+    .scale_chunks_f32 = TG_NAME(scale_chunks_f32),
+    .rms_sums_f32 = TG_NAME(rms_sums_f32),
+    .rms_bwd_row = TG_NAME(rms_bwd_row),
+    .stream_fence = TG_NAME(stream_fence),
 };

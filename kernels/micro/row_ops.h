@@ -7,9 +7,16 @@
  * Compiled without FMA contraction: each op then rounds exactly as its
  * formula reads on every ISA (the portable build has no FMA anyway), so the
  * kernels built on them give the same bits whatever table is chosen, as
- * their tests check. They are memory-bound; the FMA would buy nothing. */
+ * their tests check. They are memory-bound; the FMA would buy nothing (one
+ * exception, the exp of the softmax row ops, says why at exp_rowop).
+ * And with no-trapping-math: gcc may then evaluate both arms of a select
+ * (`v < c ? 0 : expensive(v)`) and blend them, which is what lets loops with
+ * selects vectorize for AVX2 (no masked stores); no result changes, since
+ * nothing here reads the floating-point exception flags. */
 #pragma GCC push_options
-#pragma GCC optimize("fp-contract=off")
+#pragma GCC optimize("fp-contract=off", "no-trapping-math")
+
+#include "reduce.h" /* TG_SOFTMAX_CHUNK */
 
 /* Streaming row ops prefetch PF_AHEAD floats (2 KiB) ahead, one line per 16
  * floats: one thread walking one row at a time otherwise leans on the L2
@@ -217,6 +224,182 @@ static void TG_NAME(wsum4_f32)(const float *restrict part, int64_t ld, const int
     for (int k = 0; k < 4; k++) dst[c * 4 + k] = acc[k] / div;
   }
 }
+
+/* a * b + c: one rounding (FMA) where the ISA has it, else two. Only
+ * exp_rowop uses it: see there. */
+#if defined(__FMA__)
+#define MADD(a, b, c) __builtin_fmaf((a), (b), (c))
+#else
+#define MADD(a, b, c) ((a) * (b) + (c))
+#endif
+
+/*
+ * exp(v) for v <= 0 or NaN (the softmax row ops take exp(x - max)), written
+ * branch-free so that every ISA build vectorizes it: exp_f32's clamps and
+ * fix-ups leave control flow that gcc 12 does not if-convert for AVX2, where
+ * it runs scalar (35 ns per 16 floats against 4 ns on AVX-512, Zen 5).
+ * The steps of exp_f32: v = k ln2 + r with |r| <= ln2/2 (ln2 in two parts,
+ * so k ln2 is exact), e^r from the same degree-7 polynomial, here evaluated
+ * by Estrin's scheme (half the dependent steps of Horner's; 4.1 -> 3.7 ns
+ * per 16 floats on AVX-512 before the FMAs below), and 2^k applied as
+ * 2^(k+64) (exact: er 2^(k+64) is a normal number) times 2^-64, so results
+ * down to the subnormals round once. k comes from the bits of the rounding sum t = v log2e + 1.5 * 2^23 (its
+ * low mantissa bits are k + 2^22), with no float-to-int conversion. v is
+ * clamped below at -105 (k >= -152, so k + 64 + 127 >= 39): at k <= -151 the
+ * result is below half the least subnormal and rounds to 0, so -inf gives
+ * 0; NaN passes through every step.
+ * This is the one row op with FMA (MADD) where the ISA has it, and so the
+ * one whose bits differ between the portable table and the AVX2 / AVX-512
+ * ones (which agree with each other): it bounds cross-entropy, the kernel
+ * furthest from memory speed, and fused multiply-adds take a third of its
+ * floating-point operations away (Zen 5, per 16 floats in L1: AVX2 6.4 -> 5.3 ns, AVX-512
+ * 3.6 -> 3.2 ns). Within 2 ulp like exp_f32 over (-inf, 0]
+ * (tests/test_micro.c); measured on a third of all floats in [-112, 0]:
+ * at most 1.007 ulp (portable), 1.031 ulp (FMA).
+ */
+static inline float exp_rowop(float v) {
+  const float log2e = 1.44269504088896341f, ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f,
+              round_magic = 12582912.0f; /* 1.5 * 2^23 */
+  const float xc = v < -105.0f ? -105.0f : v; /* NaN stays NaN */
+  const float t = MADD(xc, log2e, round_magic); /* k + 1.5 * 2^23, k = nearest integer */
+  const float k = t - round_magic;
+  float r = MADD(-k, ln2_hi, xc);
+  r = MADD(-k, ln2_lo, r);
+  /* e^r = 1 + r + r^2 (c0 + c1 r + ... + c5 r^5) */
+  const float r2 = r * r, r4 = r2 * r2;
+  const float q0 = MADD(1.6666665459e-1f, r, 5.0000001201e-1f);
+  const float q1 = MADD(8.3334519073e-3f, r, 4.1665795894e-2f);
+  const float q2 = MADD(1.9875691500e-4f, r, 1.3981999507e-3f);
+  const float p = MADD(r4, q2, MADD(r2, q1, q0));
+  const float er = MADD(p, r2, r) + 1.0f;
+  /* 2^(k + 64): exponent field k + 191 in [39, 191] */
+  uint32_t tb;
+  memcpy(&tb, &t, sizeof tb);
+  const uint32_t b1 = (tb - (0x4B400000u - 191u)) << 23;
+  float s1;
+  memcpy(&s1, &b1, sizeof s1);
+  return (er * s1) * 0x1p-64f;
+}
+#undef MADD
+
+/* One chunk (len <= TG_SOFTMAX_CHUNK floats, a multiple of 16 but in a row's
+ * last chunk) of an online softmax over a row, so the row is read from memory
+ * once: state[0..15] are 16 lane sums, state[16] the running max (start: 0s
+ * and -inf). The max m_c grows to cover the chunk; the lane sums are
+ * rescaled by exp(m_old - m_c) if it grew, then take e[j] = exp(x[j] - m_c)
+ * (x[j] - 0 while m_c = -inf, so -inf entries give 0, not NaN). Returns m_c.
+ * Lane l sums the elements j = l mod 16 of the chunk, so a row's sums follow
+ * the order of one 16-lane pass whatever the chunking. The exp of this chunk
+ * runs while the next 4 KiB are prefetched, so the read overlaps the
+ * arithmetic. */
+static float TG_NAME(softmax_exp_chunk)(const float *restrict x, int64_t len, float *restrict e,
+                                        float *restrict state) {
+  float *acc = state;
+  const float m_old = state[LANES], mc = TG_NAME(max_f32)(x, len);
+  const float m = mc > m_old ? mc : m_old;
+  if (m > m_old && m_old != -__builtin_inff()) {
+    const float f = exp_rowop(m_old - m);
+    for (int l = 0; l < LANES; l++) acc[l] *= f;
+  }
+  state[LANES] = m;
+  const float s = m == -__builtin_inff() ? 0.0f : m;
+  int64_t j = 0;
+  for (; j + LANES <= len; j += LANES) {
+    __builtin_prefetch(x + j + TG_SOFTMAX_CHUNK, 0, 3);
+#pragma omp simd
+    for (int l = 0; l < LANES; l++) {
+      const float v = exp_rowop(x[j + l] - s);
+      e[j + l] = v;
+      acc[l] += v;
+    }
+  }
+  for (int l = 0; j < len; j++, l++) {
+    e[j] = exp_rowop(x[j] - s);
+    acc[l] += e[j];
+  }
+  return m;
+}
+
+/* y[j] = (e[j] * a[j / TG_SOFTMAX_CHUNK]) * b; stream: whole aligned 64-byte
+ * lines of y with non-temporal stores (stream16 of simd_<isa>.h), left
+ * unfenced for the caller's stream_fence: cross-entropy writes a row in 32
+ * pieces, and a fence after each cost 15% of the kernel on AVX-512 (Zen 5). */
+static void TG_NAME(scale_chunks_f32)(const float *restrict e, const float *restrict a, float b,
+                                      float *restrict y, int64_t n, int stream) {
+  stream = stream && STREAM_STORES;
+  for (int64_t c0 = 0; c0 < n; c0 += TG_SOFTMAX_CHUNK) {
+    const int64_t c1 = n - c0 < TG_SOFTMAX_CHUNK ? n : c0 + TG_SOFTMAX_CHUNK;
+    const float ac = a[c0 / TG_SOFTMAX_CHUNK];
+    int64_t j = c0;
+    if (stream) {
+      for (; j < c1 && (uintptr_t)(y + j) % 64; j++) y[j] = (e[j] * ac) * b;
+      for (; j + 16 <= c1; j += 16) {
+        float t[16];
+#pragma omp simd
+        for (int l = 0; l < 16; l++) t[l] = (e[j + l] * ac) * b;
+        stream16(y + j, t);
+      }
+    }
+#pragma omp simd
+    for (int64_t i = j; i < c1; i++) y[i] = (e[i] * ac) * b;
+  }
+}
+
+/* RMSNorm backward row, pass 1: both sums in one read of x and dy, each in
+ * the order of its own op: *xx = dot_f32(x, x), *dyxw = dot3_f32(dy, x, w). */
+static void TG_NAME(rms_sums_f32)(const float *restrict x, const float *restrict dy,
+                                  const float *restrict w, int64_t n, float *xx, float *dyxw) {
+  float a2[LANES] = {0}, a3[LANES] = {0};
+  int64_t i = 0;
+  for (; i + LANES <= n; i += LANES) {
+    TG_PF(x + i), TG_PF(dy + i);
+#pragma omp simd
+    for (int l = 0; l < LANES; l++) {
+      a2[l] += x[i + l] * x[i + l];
+      a3[l] += dy[i + l] * x[i + l] * w[i + l];
+    }
+  }
+  for (int l = 0; i < n; i++, l++) a2[l] += x[i] * x[i], a3[l] += dy[i] * x[i] * w[i];
+  *xx = lane_tree(a2);
+  *dyxw = lane_tree(a3);
+}
+
+/* RMSNorm backward row, pass 2 (x and dy now in L1/L2): acc_mul2_f32 and
+ * rms_dx_row in one walk, each element rounded as in those ops:
+ * part[k] += x[k] * r * dy[k];  dx[k] = r * (dy[k] * w[k] - x[k] * c).
+ * stream: whole aligned 64-byte lines of dx with non-temporal stores, left
+ * unfenced for the caller's stream_fence (one per block of rows). */
+static void TG_NAME(rms_bwd_row)(const float *restrict x, const float *restrict w,
+                                 const float *restrict dy, float r, float c,
+                                 float *restrict part, float *restrict dx, int64_t n,
+                                 int stream) {
+  stream = stream && STREAM_STORES;
+  int64_t k = 0;
+  if (stream) {
+    for (; k < n && (uintptr_t)(dx + k) % 64; k++) {
+      part[k] += x[k] * r * dy[k];
+      dx[k] = r * (dy[k] * w[k] - x[k] * c);
+    }
+    for (; k + 16 <= n; k += 16) {
+      float t[16];
+#pragma omp simd
+      for (int l = 0; l < 16; l++) {
+        part[k + l] += x[k + l] * r * dy[k + l];
+        t[l] = r * (dy[k + l] * w[k + l] - x[k + l] * c);
+      }
+      stream16(dx + k, t);
+    }
+  }
+#pragma omp simd
+  for (int64_t i = k; i < n; i++) {
+    part[i] += x[i] * r * dy[i];
+    dx[i] = r * (dy[i] * w[i] - x[i] * c);
+  }
+}
+
+/* Orders the non-temporal stores made so far before any later store (sfence
+ * where there are such stores). */
+static void TG_NAME(stream_fence)(void) { stream_fence(); }
 
 #pragma GCC pop_options
 

@@ -68,3 +68,11 @@ static inline void transpose_block(const float *restrict src, int64_t lds, float
 }
 
 static inline void stream_fence(void) { _mm_sfence(); }
+
+/* dst[0:16] = v[0:16] with two non-temporal stores filling one 64-byte line
+ * (dst 64-byte aligned): no read-for-ownership of the line. */
+enum { STREAM_STORES = 1 };
+static inline void stream16(float *dst, const float *v) {
+  _mm256_stream_ps(dst, _mm256_loadu_ps(v));
+  _mm256_stream_ps(dst + 8, _mm256_loadu_ps(v + 8));
+}

@@ -70,3 +70,10 @@ static inline void transpose_block(const float *restrict src, int64_t lds, float
 }
 
 static inline void stream_fence(void) { _mm_sfence(); }
+
+/* dst[0:16] = v[0:16] with one non-temporal store (dst 64-byte aligned): the
+ * line goes to memory without being read first (no read-for-ownership). */
+enum { STREAM_STORES = 1 };
+static inline void stream16(float *dst, const float *v) {
+  _mm512_stream_ps(dst, _mm512_loadu_ps(v));
+}

@@ -27,3 +27,9 @@ static inline void transpose_block(const float *restrict src, int64_t lds, float
   (void)src, (void)lds, (void)dst, (void)ldd, (void)stream;
 }
 static inline void stream_fence(void) {}
+/* No non-temporal store in plain C: the row ops take their ordinary loops
+ * (STREAM_STORES = 0); stream16 is an ordinary copy. */
+enum { STREAM_STORES = 0 };
+static inline void stream16(float *dst, const float *v) {
+  for (int l = 0; l < 16; l++) dst[l] = v[l];
+}
