@@ -75,9 +75,6 @@ typedef struct {
   float (*dot3_f32)(const float *a, const float *b, const float *c, int64_t n);
   /* max_i x[i] (-inf for n == 0; NaN entries are skipped by the compare) */
   float (*max_f32)(const float *x, int64_t n);
-  /* y[i] = exp(x[i] - shift) (exactly exp_f32 of the f32 difference);
-   * returns sum_i y[i]. y may alias x. */
-  float (*exp_shift_sum_f32)(const float *x, float shift, float *y, int64_t n);
   /* x[i] = (x[i] * a) * b, in place */
   void (*scale2_f32)(float *x, int64_t n, float a, float b);
   /* dst[i] += src[i] */

@@ -206,10 +206,8 @@ static inline float exp_lane(float v) {
   return v == v ? out : v;
 }
 
-/* y[i] = exp(x[i]); y may alias x. Never inlined: the row ops of row_ops.h
- * that call it are compiled without FMA contraction, and an inlined copy
- * there would round its polynomial differently from this one. */
-__attribute__((noinline)) static void TG_NAME(exp_f32)(const float *x, float *y, int64_t n) {
+/* y[i] = exp(x[i]); y may alias x */
+static void TG_NAME(exp_f32)(const float *x, float *y, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; i++) y[i] = exp_lane(x[i]);
 }
@@ -335,7 +333,6 @@ const tg_micro_ops TG_NAME(tg_micro) = {
     .dot_f32 = TG_NAME(dot_f32),
     .dot3_f32 = TG_NAME(dot3_f32),
     .max_f32 = TG_NAME(max_f32),
-    .exp_shift_sum_f32 = TG_NAME(exp_shift_sum_f32),
     .scale2_f32 = TG_NAME(scale2_f32),
     .add_f32 = TG_NAME(add_f32),
     .acc_mul2_f32 = TG_NAME(acc_mul2_f32),

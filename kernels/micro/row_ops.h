@@ -66,30 +66,6 @@ static float TG_NAME(max_f32)(const float *restrict x, int64_t n) {
   return acc[0];
 }
 
-/* Chunks of EXP_CHUNK (a multiple of LANES) stay in L1 between the subtract,
- * the exp and the sum; the lanes run on across chunks, so the sum order is
- * that of one 16-lane pass over the row. */
-enum { EXP_CHUNK = 1024 };
-static float TG_NAME(exp_shift_sum_f32)(const float *x, float shift, float *y, int64_t n) {
-  float acc[LANES] = {0};
-  int64_t i = 0;
-  while (i < n) {
-    const int64_t len = n - i < EXP_CHUNK ? n - i : EXP_CHUNK;
-#pragma omp simd
-    for (int64_t j = 0; j < len; j++) y[i + j] = x[i + j] - shift;
-    TG_NAME(exp_f32)(y + i, y + i, len);
-    const float *restrict e = y + i;
-    int64_t j = 0;
-    for (; j + LANES <= len; j += LANES) {
-#pragma omp simd
-      for (int l = 0; l < LANES; l++) acc[l] += e[j + l];
-    }
-    for (int l = 0; j < len; j++, l++) acc[l] += e[j]; /* only in the last chunk */
-    i += len;
-  }
-  return lane_tree(acc);
-}
-
 static void TG_NAME(scale2_f32)(float *restrict x, int64_t n, float a, float b) {
 #pragma omp simd
   for (int64_t i = 0; i < n; i++) x[i] = (x[i] * a) * b;
