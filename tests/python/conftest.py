@@ -118,3 +118,23 @@ def pytest_sessionstart(session):
     if not tt.HAVE_CUSTOM_OPS:
         pytest.exit(f"TG_REQUIRE_CUSTOM_OPS=1 but torch {tt.torch.__version__} has no "
                     "torch.library.custom_op (needs >= 2.4)", returncode=3)
+
+
+@pytest.fixture
+def float32_default_dtype():
+    """The oracle modules set torch's default dtype to float64 at import; the
+    torch-front tests build float32 modules and tensors (they use this
+    fixture through pytestmark)."""
+    import torch
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)
+    yield
+    torch.set_default_dtype(old)
+
+
+def bf16_randn(*shape, seed=0, rg=False):
+    """A seeded standard-normal bf16 tensor (requires grad if rg)."""
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g).to(torch.bfloat16).requires_grad_(rg)
+

@@ -12,24 +12,12 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the torch front needs PyTorch")
 import tilegrad.torch as tt  # noqa: E402
+from conftest import bf16_randn as bf  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not tt.HAVE_CUSTOM_OPS,
-                                reason=f"torch {torch.__version__} < 2.4: no custom ops")
+pytestmark = [pytest.mark.usefixtures("float32_default_dtype"),
+              pytest.mark.skipif(not tt.HAVE_CUSTOM_OPS,
+                                 reason=f"torch {torch.__version__} < 2.4: no custom ops")]
 
-
-@pytest.fixture(autouse=True)
-def _float32_default_dtype():
-    """The oracle modules set torch's default dtype to float64 at import;
-    these tests build float32 modules and tensors."""
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float32)
-    yield
-    torch.set_default_dtype(old)
-
-
-def bf(*shape, seed=0, rg=False):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(shape, generator=g).to(torch.bfloat16).requires_grad_(rg)
 
 
 # ---------------------------------------------------------------------------

@@ -27,22 +27,12 @@ import pytest
 torch = pytest.importorskip("torch", reason="the torch front needs PyTorch")
 import tilegrad.torch as tt  # noqa: E402
 
+from conftest import bf16_randn as bf  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("float32_default_dtype")
+
 F64 = torch.float64
 
-
-@pytest.fixture(autouse=True)
-def _float32_default_dtype():
-    """The oracle modules set torch's default dtype to float64 at import;
-    these tests build float32 modules and tensors."""
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float32)
-    yield
-    torch.set_default_dtype(old)
-
-
-def bf(*shape, seed=0, rg=False):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(shape, generator=g).to(torch.bfloat16).requires_grad_(rg)
 
 
 def ref(q, k, v, mask=None, causal_off=None, scale=None, cap=None):

@@ -42,20 +42,12 @@ torch = pytest.importorskip("torch", reason="the wrappers need PyTorch (python3-
 import tilegrad as tg  # noqa: E402
 import tilegrad.torch as tt  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("float32_default_dtype")
+
 U32 = 2.0 ** -24
 UBF = 2.0 ** -8
 SAFETY = 2.0
 F64 = torch.float64
-
-
-@pytest.fixture(autouse=True)
-def _float32_default_dtype():
-    """The oracle modules set torch's default dtype to float64 at import;
-    these tests build float32 modules and tensors."""
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float32)
-    yield
-    torch.set_default_dtype(old)
 
 
 def bf(shape, gen, std=1.0, requires_grad=True):
