@@ -7,7 +7,6 @@
 #include "npy.h"
 
 #include <errno.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -20,17 +19,6 @@
 
 static const unsigned char npy_magic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
 
-static int npy_fail(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int npy_fail(char *err, size_t errlen, const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return -1;
-}
 
 size_t npy_dtype_size(npy_dtype t) { return t == NPY_BF16 ? 2 : 4; }
 
@@ -97,15 +85,15 @@ int npy_alloc(npy_array *out, npy_dtype t, int ndim, const int64_t *shape,
               const char *what, char *err, size_t errlen) {
   memset(out, 0, sizeof *out);
   if (ndim < 0 || ndim > NPY_MAX_DIMS)
-    return npy_fail(err, errlen, "%s: %d dimensions (at most %d supported)", what, ndim,
+    return tg_out_fail(err, errlen, "%s: %d dimensions (at most %d supported)", what, ndim,
                     NPY_MAX_DIMS);
   int64_t count, bytes;
   if (npy_sizes(t, ndim, shape, &count, &bytes))
-    return npy_fail(err, errlen, "%s: shape has a negative dim or its size overflows",
+    return tg_out_fail(err, errlen, "%s: shape has a negative dim or its size overflows",
                     what);
   void *p = npy_aligned_zalloc(bytes);
   if (!p)
-    return npy_fail(err, errlen, "%s: cannot allocate %lld bytes", what,
+    return tg_out_fail(err, errlen, "%s: cannot allocate %lld bytes", what,
                     (long long)bytes);
   out->dtype = t;
   out->ndim = ndim;
@@ -165,7 +153,7 @@ static int hp_peek(hdr_parser *p) {
 
 static int hp_expect(hdr_parser *p, char c, const char *where) {
   if (hp_peek(p) != c)
-    return npy_fail(p->err, p->errlen, "%s: malformed .npy header: expected '%c' %s at byte %zu",
+    return tg_out_fail(p->err, p->errlen, "%s: malformed .npy header: expected '%c' %s at byte %zu",
                     p->name, c, where, p->pos);
   p->pos++;
   return 0;
@@ -175,22 +163,22 @@ static int hp_expect(hdr_parser *p, char c, const char *where) {
 static int hp_string(hdr_parser *p, char *out, size_t outlen, const char *what) {
   const int q = hp_peek(p);
   if (q != '\'' && q != '"')
-    return npy_fail(p->err, p->errlen, "%s: malformed .npy header: expected a quoted %s at byte %zu",
+    return tg_out_fail(p->err, p->errlen, "%s: malformed .npy header: expected a quoted %s at byte %zu",
                     p->name, what, p->pos);
   size_t start = ++p->pos, n = 0;
   while (p->pos < p->len && p->s[p->pos] != q) {
     if (p->s[p->pos] == '\\')
-      return npy_fail(p->err, p->errlen, "%s: malformed .npy header: escape in %s",
+      return tg_out_fail(p->err, p->errlen, "%s: malformed .npy header: escape in %s",
                       p->name, what);
     p->pos++;
   }
   if (p->pos >= p->len)
-    return npy_fail(p->err, p->errlen, "%s: malformed .npy header: unterminated %s",
+    return tg_out_fail(p->err, p->errlen, "%s: malformed .npy header: unterminated %s",
                     p->name, what);
   n = p->pos - start;
   p->pos++; /* closing quote */
   if (n + 1 > outlen)
-    return npy_fail(p->err, p->errlen, "%s: malformed .npy header: %s too long (%zu chars)",
+    return tg_out_fail(p->err, p->errlen, "%s: malformed .npy header: %s too long (%zu chars)",
                     p->name, what, n);
   memcpy(out, p->s + start, n);
   out[n] = '\0';
@@ -215,16 +203,16 @@ static int hp_word(hdr_parser *p, const char *w) {
 static int hp_dim(hdr_parser *p, int64_t *out) {
   hp_skip_ws(p);
   if (p->pos < p->len && p->s[p->pos] == '-')
-    return npy_fail(p->err, p->errlen, "%s: .npy header: negative dimension in shape", p->name);
+    return tg_out_fail(p->err, p->errlen, "%s: .npy header: negative dimension in shape", p->name);
   if (p->pos >= p->len || p->s[p->pos] < '0' || p->s[p->pos] > '9')
-    return npy_fail(p->err, p->errlen,
+    return tg_out_fail(p->err, p->errlen,
                     "%s: malformed .npy header: expected an integer in shape at byte %zu",
                     p->name, p->pos);
   int64_t v = 0;
   while (p->pos < p->len && p->s[p->pos] >= '0' && p->s[p->pos] <= '9') {
     const int d = p->s[p->pos] - '0';
     if (v > (INT64_MAX - d) / 10)
-      return npy_fail(p->err, p->errlen, "%s: .npy header: shape dimension overflows int64",
+      return tg_out_fail(p->err, p->errlen, "%s: .npy header: shape dimension overflows int64",
                       p->name);
     v = v * 10 + d;
     p->pos++;
@@ -240,7 +228,7 @@ static int hp_shape(hdr_parser *p, npy_array *a) {
   for (;;) {
     if (hp_peek(p) == ')') break;
     if (a->ndim == NPY_MAX_DIMS)
-      return npy_fail(p->err, p->errlen, "%s: array has more than %d dimensions", p->name,
+      return tg_out_fail(p->err, p->errlen, "%s: array has more than %d dimensions", p->name,
                       NPY_MAX_DIMS);
     if (hp_dim(p, &a->shape[a->ndim])) return -1;
     a->ndim++;
@@ -250,7 +238,7 @@ static int hp_shape(hdr_parser *p, npy_array *a) {
       continue;
     }
     if (c != ')')
-      return npy_fail(p->err, p->errlen,
+      return tg_out_fail(p->err, p->errlen,
                       "%s: malformed .npy header: expected ',' or ')' in shape at byte %zu",
                       p->name, p->pos);
   }
@@ -284,9 +272,9 @@ int npy_parse_header(const char *text, size_t len, const char *name, npy_array *
     if (hp_string(&p, key, sizeof key, "key")) return -1;
     if (hp_expect(&p, ':', "after a key")) return -1;
     if (!strcmp(key, "descr")) {
-      if (have_descr) return npy_fail(err, errlen, "%s: .npy header: duplicate 'descr'", name);
+      if (have_descr) return tg_out_fail(err, errlen, "%s: .npy header: duplicate 'descr'", name);
       if (hp_peek(&p) == '[')
-        return npy_fail(err, errlen,
+        return tg_out_fail(err, errlen,
                         "%s: structured dtype (descr is a list) is not supported; "
                         "save a plain float32/bfloat16/uint32/int32 array",
                         name);
@@ -294,19 +282,19 @@ int npy_parse_header(const char *text, size_t len, const char *name, npy_array *
       have_descr = 1;
     } else if (!strcmp(key, "fortran_order")) {
       if (have_fortran)
-        return npy_fail(err, errlen, "%s: .npy header: duplicate 'fortran_order'", name);
+        return tg_out_fail(err, errlen, "%s: .npy header: duplicate 'fortran_order'", name);
       if (hp_word(&p, "True")) fortran = 1;
       else if (hp_word(&p, "False")) fortran = 0;
       else
-        return npy_fail(err, errlen,
+        return tg_out_fail(err, errlen,
                         "%s: malformed .npy header: fortran_order is not True or False", name);
       have_fortran = 1;
     } else if (!strcmp(key, "shape")) {
-      if (have_shape) return npy_fail(err, errlen, "%s: .npy header: duplicate 'shape'", name);
+      if (have_shape) return tg_out_fail(err, errlen, "%s: .npy header: duplicate 'shape'", name);
       if (hp_shape(&p, out)) return -1;
       have_shape = 1;
     } else {
-      return npy_fail(err, errlen, "%s: .npy header: unexpected key '%s'", name, key);
+      return tg_out_fail(err, errlen, "%s: .npy header: unexpected key '%s'", name, key);
     }
     const int c = hp_peek(&p);
     if (c == ',') {
@@ -314,16 +302,16 @@ int npy_parse_header(const char *text, size_t len, const char *name, npy_array *
       continue;
     }
     if (c != '}')
-      return npy_fail(err, errlen,
+      return tg_out_fail(err, errlen,
                       "%s: malformed .npy header: expected ',' or '}' at byte %zu", name, p.pos);
   }
   p.pos++; /* '}' */
   hp_skip_ws(&p);
   if (p.pos != p.len)
-    return npy_fail(err, errlen, "%s: malformed .npy header: junk after the dict at byte %zu",
+    return tg_out_fail(err, errlen, "%s: malformed .npy header: junk after the dict at byte %zu",
                     name, p.pos);
   if (!have_descr || !have_fortran || !have_shape)
-    return npy_fail(err, errlen, "%s: .npy header lacks the '%s' key", name,
+    return tg_out_fail(err, errlen, "%s: .npy header lacks the '%s' key", name,
                     !have_descr ? "descr" : !have_fortran ? "fortran_order" : "shape");
 
   if (descr_to_dtype(descr, &out->dtype)) {
@@ -333,20 +321,20 @@ int npy_parse_header(const char *text, size_t len, const char *name, npy_array *
     else if (!strcmp(descr, "<i8") || !strcmp(descr, "<u8"))
       hint = " (64-bit ints: save arr.astype(np.int32) or np.uint32)";
     else if (!strcmp(descr, "<f2")) hint = " (float16 is not bfloat16)";
-    return npy_fail(err, errlen,
+    return tg_out_fail(err, errlen,
                     "%s: unsupported dtype '%s'%s; supported: '<f4' float32, '<u2'/'<V2'/"
                     "'bfloat16' bfloat16 bits, '<u4' uint32, '<i4' int32",
                     name, descr, hint);
   }
   if (fortran)
-    return npy_fail(err, errlen,
+    return tg_out_fail(err, errlen,
                     "%s: fortran_order is True; only C-order arrays are supported "
                     "(save np.ascontiguousarray(arr))",
                     name);
   int64_t bytes;
   if (npy_sizes(out->dtype, out->ndim, out->shape, &out->count, &bytes)) {
     char sb[256];
-    return npy_fail(err, errlen, "%s: shape %s of %s is too large (byte size overflows)",
+    return tg_out_fail(err, errlen, "%s: shape %s of %s is too large (byte size overflows)",
                     name, npy_shape_str(out, sb, sizeof sb), npy_dtype_name(out->dtype));
   }
   return 0;
@@ -364,32 +352,32 @@ int npy_read_stream(FILE *f, const char *name, npy_array *out, char *err, size_t
   unsigned char pre[12];
   size_t got = fread(pre, 1, 8, f);
   if (got < 8 && ferror(f))
-    return npy_fail(err, errlen, "%s: read error: %s", name, strerror(errno));
+    return tg_out_fail(err, errlen, "%s: read error: %s", name, strerror(errno));
   if (got < 8 || memcmp(pre, npy_magic, 6) != 0) {
     if (got < 8 && (got == 0 || memcmp(pre, npy_magic, got < 6 ? got : 6) == 0))
-      return npy_fail(err, errlen, "%s: too short to be a .npy file (%zu bytes)", name, got);
-    return npy_fail(err, errlen, "%s: not a .npy file (bad magic string)", name);
+      return tg_out_fail(err, errlen, "%s: too short to be a .npy file (%zu bytes)", name, got);
+    return tg_out_fail(err, errlen, "%s: not a .npy file (bad magic string)", name);
   }
   const int major = pre[6], minor = pre[7];
   const int lenbytes = major == 1 ? 2 : (major == 2 || major == 3) ? 4 : 0;
   if (!lenbytes)
-    return npy_fail(err, errlen, "%s: unsupported .npy format version %d.%d", name, major,
+    return tg_out_fail(err, errlen, "%s: unsupported .npy format version %d.%d", name, major,
                     minor);
   if (fread(pre + 8, 1, (size_t)lenbytes, f) != (size_t)lenbytes)
-    return npy_fail(err, errlen, "%s: truncated .npy header (no header length)", name);
+    return tg_out_fail(err, errlen, "%s: truncated .npy header (no header length)", name);
   const uint32_t hlen = le_u32(pre + 8, lenbytes);
   if (hlen > NPY_MAX_HEADER_LEN)
-    return npy_fail(err, errlen, "%s: .npy header length %u is implausible", name, hlen);
+    return tg_out_fail(err, errlen, "%s: .npy header length %u is implausible", name, hlen);
   char *text = malloc(hlen ? hlen : 1);
-  if (!text) return npy_fail(err, errlen, "%s: out of memory reading the header", name);
+  if (!text) return tg_out_fail(err, errlen, "%s: out of memory reading the header", name);
   if (fread(text, 1, hlen, f) != hlen) {
     free(text);
-    return npy_fail(err, errlen, "%s: truncated .npy header (expected %u bytes)", name, hlen);
+    return tg_out_fail(err, errlen, "%s: truncated .npy header (expected %u bytes)", name, hlen);
   }
   for (uint32_t i = 0; i < hlen; i++)
     if (text[i] == '\0' || (unsigned char)text[i] >= 0x80) {
       free(text);
-      return npy_fail(err, errlen, "%s: .npy header has a non-ASCII byte at offset %u", name,
+      return tg_out_fail(err, errlen, "%s: .npy header has a non-ASCII byte at offset %u", name,
                       i);
     }
   npy_array hdr;
@@ -408,12 +396,12 @@ int npy_read_stream(FILE *f, const char *name, npy_array *out, char *err, size_t
     if (end >= 0 && fseek(f, here, SEEK_SET) == 0) {
       const int64_t have = (int64_t)end - (int64_t)here;
       if (have < need)
-        return npy_fail(err, errlen,
+        return tg_out_fail(err, errlen,
                         "%s: truncated: shape %s of %s needs %lld data bytes, file has %lld",
                         name, npy_shape_str(&hdr, sb, sizeof sb), npy_dtype_name(hdr.dtype),
                         (long long)need, (long long)have);
       if (have > need)
-        return npy_fail(err, errlen,
+        return tg_out_fail(err, errlen,
                         "%s: %lld extra bytes after the data of shape %s of %s "
                         "(header and data disagree)",
                         name, (long long)(have - need), npy_shape_str(&hdr, sb, sizeof sb),
@@ -427,21 +415,21 @@ int npy_read_stream(FILE *f, const char *name, npy_array *out, char *err, size_t
 
   void *data = npy_aligned_zalloc(need);
   if (!data)
-    return npy_fail(err, errlen, "%s: cannot allocate %lld bytes for the data", name,
+    return tg_out_fail(err, errlen, "%s: cannot allocate %lld bytes for the data", name,
                     (long long)need);
   const size_t n_read = fread(data, 1, (size_t)need, f);
   if (n_read != (size_t)need) {
     free(data);
     if (ferror(f))
-      return npy_fail(err, errlen, "%s: read error: %s", name, strerror(errno));
-    return npy_fail(err, errlen,
+      return tg_out_fail(err, errlen, "%s: read error: %s", name, strerror(errno));
+    return tg_out_fail(err, errlen,
                     "%s: truncated: shape %s of %s needs %lld data bytes, file has %zu", name,
                     npy_shape_str(&hdr, sb, sizeof sb), npy_dtype_name(hdr.dtype),
                     (long long)need, n_read);
   }
   if (fgetc(f) != EOF) {
     free(data);
-    return npy_fail(err, errlen, "%s: extra bytes after the data of shape %s (header and "
+    return tg_out_fail(err, errlen, "%s: extra bytes after the data of shape %s (header and "
                     "data disagree)", name, npy_shape_str(&hdr, sb, sizeof sb));
   }
   if (!host_is_little_endian()) byteswap_elements(data, hdr.count, es);
@@ -451,7 +439,7 @@ int npy_read_stream(FILE *f, const char *name, npy_array *out, char *err, size_t
       if (v[i] < 0) {
         const int bad = (int)v[i];
         free(data);
-        return npy_fail(err, errlen,
+        return tg_out_fail(err, errlen,
                         "%s: int32 element %lld is negative (%d); ids/targets must be >= 0",
                         name, (long long)i, bad);
       }
@@ -464,13 +452,13 @@ int npy_read_stream(FILE *f, const char *name, npy_array *out, char *err, size_t
 int npy_read(const char *path, npy_array *out, char *err, size_t errlen) {
   memset(out, 0, sizeof *out);
   FILE *f = fopen(path, "rb");
-  if (!f) return npy_fail(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+  if (!f) return tg_out_fail(err, errlen, "%s: cannot open: %s", path, strerror(errno));
   /* fopen opens a directory for reading on Linux, and reading it then fails
    * with EISDIR, which would be reported as a file "too short". */
   struct stat st;
   if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
     fclose(f);
-    return npy_fail(err, errlen, "%s: is a directory, not a .npy file", path);
+    return tg_out_fail(err, errlen, "%s: is a directory, not a .npy file", path);
   }
   const int rc = npy_read_stream(f, path, out, err, errlen);
   fclose(f);
@@ -481,14 +469,14 @@ int npy_read(const char *path, npy_array *out, char *err, size_t errlen) {
 int npy_write_stream(FILE *f, const char *name, const npy_array *a, char *err,
                      size_t errlen) {
   if (a->ndim < 0 || a->ndim > NPY_MAX_DIMS)
-    return npy_fail(err, errlen, "%s: cannot write %d dimensions", name, a->ndim);
+    return tg_out_fail(err, errlen, "%s: cannot write %d dimensions", name, a->ndim);
   char shape[256];
   npy_shape_str(a, shape, sizeof shape);
   char dict[512];
   int n = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': %s, }",
                    npy_dtype_descr(a->dtype), shape);
   if (n < 0 || (size_t)n >= sizeof dict)
-    return npy_fail(err, errlen, "%s: header too long", name);
+    return tg_out_fail(err, errlen, "%s: header too long", name);
   /* Pad with spaces and end with '\n' so the data starts 64-byte aligned. */
   size_t hlen = (size_t)n + 1;
   int major = 1;
@@ -508,19 +496,19 @@ int npy_write_stream(FILE *f, const char *name, const npy_array *a, char *err,
   memset(head + prefix + n, ' ', hlen - (size_t)n - 1);
   head[total - 1] = '\n';
   if (fwrite(head, 1, total, f) != total)
-    return npy_fail(err, errlen, "%s: write error: %s", name, strerror(errno));
+    return tg_out_fail(err, errlen, "%s: write error: %s", name, strerror(errno));
 
   const size_t es = npy_dtype_size(a->dtype);
   if (host_is_little_endian()) {
     if (a->count && fwrite(a->data, es, (size_t)a->count, f) != (size_t)a->count)
-      return npy_fail(err, errlen, "%s: write error: %s", name, strerror(errno));
+      return tg_out_fail(err, errlen, "%s: write error: %s", name, strerror(errno));
   } else {
     const unsigned char *p = a->data;
     for (int64_t i = 0; i < a->count; i++, p += es) {
       unsigned char tmp[4];
       for (size_t j = 0; j < es; j++) tmp[j] = p[es - 1 - j];
       if (fwrite(tmp, 1, es, f) != es)
-        return npy_fail(err, errlen, "%s: write error: %s", name, strerror(errno));
+        return tg_out_fail(err, errlen, "%s: write error: %s", name, strerror(errno));
     }
   }
   return 0;

@@ -128,9 +128,7 @@ static void drop_temp(int slot, int remove) {
 }
 
 /* --- the set ------------------------------------------------------------------ */
-static int out_fail(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int out_fail(char *err, size_t errlen, const char *fmt, ...) {
+int tg_out_fail(char *err, size_t errlen, const char *fmt, ...) {
   if (err && errlen) {
     va_list ap;
     va_start(ap, fmt);
@@ -160,16 +158,16 @@ static void set_resolved(tg_out *o, const char *p) {
 static int resolve(tg_out *o, const char *given, char *err, size_t errlen) {
   const char *w = o->what;
   const size_t len = strlen(given);
-  if (!len) return out_fail(err, errlen, "%s: empty file name", w);
+  if (!len) return tg_out_fail(err, errlen, "%s: empty file name", w);
   if (len >= TG_OUT_PATH)
-    return out_fail(err, errlen, "%s: path of %zu bytes is longer than the system takes (%d)",
+    return tg_out_fail(err, errlen, "%s: path of %zu bytes is longer than the system takes (%d)",
                     w, len, TG_OUT_PATH - 1);
   if (given[len - 1] == '/')
-    return out_fail(err, errlen, "%s=%s: is a directory (give a file name)", w, given);
+    return tg_out_fail(err, errlen, "%s=%s: is a directory (give a file name)", w, given);
   const char *slash = strrchr(given, '/');
   const char *base = slash ? slash + 1 : given;
   if (!strcmp(base, ".") || !strcmp(base, ".."))
-    return out_fail(err, errlen, "%s=%s: is a directory (give a file name)", w, given);
+    return tg_out_fail(err, errlen, "%s=%s: is a directory (give a file name)", w, given);
   char dir[TG_OUT_PATH];
   if (!slash) snprintf(dir, sizeof dir, ".");
   else if (slash == given) snprintf(dir, sizeof dir, "/");
@@ -178,48 +176,48 @@ static int resolve(tg_out *o, const char *given, char *err, size_t errlen) {
   if (!rdir) {
     const int e = errno;
     if (e == ENOENT)
-      return out_fail(err, errlen, "%s=%s: directory %s does not exist", w, given, dir);
+      return tg_out_fail(err, errlen, "%s=%s: directory %s does not exist", w, given, dir);
     if (e == ENOTDIR)
-      return out_fail(err, errlen, "%s=%s: %s is not a directory", w, given, dir);
-    return out_fail(err, errlen, "%s=%s: directory %s: %s", w, given, dir, strerror(e));
+      return tg_out_fail(err, errlen, "%s=%s: %s is not a directory", w, given, dir);
+    return tg_out_fail(err, errlen, "%s=%s: directory %s: %s", w, given, dir, strerror(e));
   }
   struct stat st;
   if (stat(rdir, &st) == 0 && !S_ISDIR(st.st_mode)) {
     free(rdir);
-    return out_fail(err, errlen, "%s=%s: %s is not a directory", w, given, dir);
+    return tg_out_fail(err, errlen, "%s=%s: %s is not a directory", w, given, dir);
   }
   const int n = snprintf(o->path, sizeof o->path, "%s%s%s", rdir,
                          strcmp(rdir, "/") ? "/" : "", base);
   free(rdir);
   if (n < 0 || (size_t)n >= sizeof o->path)
-    return out_fail(err, errlen, "%s=%s: resolved path is too long", w, given);
+    return tg_out_fail(err, errlen, "%s=%s: resolved path is too long", w, given);
   set_resolved(o, o->path);
 
   if (lstat(o->path, &st) != 0) {
     if (errno == ENOENT) return 0; /* a new file */
-    return out_fail(err, errlen, "%s=%s: %s", w, given, strerror(errno));
+    return tg_out_fail(err, errlen, "%s=%s: %s", w, given, strerror(errno));
   }
   if (S_ISLNK(st.st_mode)) {
     /* Write through the link (as fopen did): replace the file it names. */
     char *real = realpath(o->path, NULL);
     if (!real)
-      return out_fail(err, errlen, "%s=%s: is a symbolic link that leads nowhere (%s)", w,
+      return tg_out_fail(err, errlen, "%s=%s: is a symbolic link that leads nowhere (%s)", w,
                       given, strerror(errno));
     set_resolved(o, real);
     free(real);
     if (lstat(o->path, &st) != 0)
-      return out_fail(err, errlen, "%s=%s: %s", w, given, strerror(errno));
+      return tg_out_fail(err, errlen, "%s=%s: %s", w, given, strerror(errno));
   }
   if (S_ISDIR(st.st_mode))
-    return out_fail(err, errlen, "%s=%s: is a directory (give a file name)", w, given);
+    return tg_out_fail(err, errlen, "%s=%s: is a directory (give a file name)", w, given);
   if (!S_ISREG(st.st_mode))
-    return out_fail(err, errlen,
+    return tg_out_fail(err, errlen,
                     "%s=%s: is not a regular file (a device, FIFO or socket); outputs are "
                     "written to a temporary file and renamed over the target, which would "
                     "replace it",
                     w, given);
   if (access(o->path, W_OK) != 0)
-    return out_fail(err, errlen, "%s=%s: file is not writable: %s", w, given, strerror(errno));
+    return tg_out_fail(err, errlen, "%s=%s: file is not writable: %s", w, given, strerror(errno));
   o->exists = 1;
   o->dev = st.st_dev;
   o->ino = st.st_ino;
@@ -230,7 +228,7 @@ static int resolve(tg_out *o, const char *given, char *err, size_t errlen) {
 int tg_outset_add(tg_outset *s, const char *what, const char *path, char *err,
                   size_t errlen) {
   if (s->n == TG_OUT_MAX)
-    return out_fail(err, errlen, "%s=%s: more than %d outputs", what, path, TG_OUT_MAX);
+    return tg_out_fail(err, errlen, "%s=%s: more than %d outputs", what, path, TG_OUT_MAX);
   tg_out *o = &s->o[s->n];
   memset(o, 0, sizeof *o);
   o->slot = -1;
@@ -239,7 +237,7 @@ int tg_outset_add(tg_outset *s, const char *what, const char *path, char *err,
   for (int j = 0; j < s->n; j++) {
     const tg_out *p = &s->o[j];
     if (!strcmp(p->path, o->path) || (o->exists && tg_out_is_file(p, o->dev, o->ino)))
-      return out_fail(err, errlen,
+      return tg_out_fail(err, errlen,
                       "%s=%s and %s name the same file (%s): one result would overwrite "
                       "the other",
                       what, path, p->what, o->path);
@@ -251,7 +249,7 @@ int tg_outset_add(tg_outset *s, const char *what, const char *path, char *err,
   const int fd = make_temp(o, &slot);
   if (fd < 0) {
     const int e = errno;
-    return out_fail(err, errlen, "%s=%s: cannot create a file in %.*s: %s", what, path,
+    return tg_out_fail(err, errlen, "%s=%s: cannot create a file in %.*s: %s", what, path,
                     (int)o->dirlen, o->path, strerror(e));
   }
   close(fd);
@@ -265,7 +263,7 @@ FILE *tg_outset_open(tg_outset *s, int i, char *err, size_t errlen) {
   const int fd = make_temp(o, &slot);
   if (fd < 0) {
     const int e = errno;
-    out_fail(err, errlen, "%s=%s: cannot create a temporary file next to it: %s", o->what,
+    tg_out_fail(err, errlen, "%s=%s: cannot create a temporary file next to it: %s", o->what,
              o->path, strerror(e));
     return NULL;
   }
@@ -285,7 +283,7 @@ FILE *tg_outset_open(tg_outset *s, int i, char *err, size_t errlen) {
     close(fd);
     drop_temp(slot, 1);
     o->slot = -1;
-    out_fail(err, errlen, "%s=%s: %s", o->what, o->path, strerror(e));
+    tg_out_fail(err, errlen, "%s=%s: %s", o->what, o->path, strerror(e));
     return NULL;
   }
   return o->f;
@@ -318,7 +316,7 @@ int tg_outset_commit(tg_outset *s, char *err, size_t errlen) {
   for (int i = 0; i < s->n; i++) {
     tg_out *o = &s->o[i];
     if (!o->f) {
-      out_fail(err, errlen, "%s=%s: internal error: output was never written", o->what,
+      tg_out_fail(err, errlen, "%s=%s: internal error: output was never written", o->what,
                o->path);
       tg_outset_discard(s);
       return -1;
@@ -329,7 +327,7 @@ int tg_outset_commit(tg_outset *s, char *err, size_t errlen) {
     if (fclose(o->f) != 0 && !bad) bad = 1, e = errno;
     o->f = NULL;
     if (bad) {
-      out_fail(err, errlen, "%s=%s: write error: %s; no output was changed", o->what,
+      tg_out_fail(err, errlen, "%s=%s: write error: %s; no output was changed", o->what,
                o->path, strerror(e));
       tg_outset_discard(s);
       return -1;
@@ -376,11 +374,11 @@ int tg_outset_commit(tg_outset *s, char *err, size_t errlen) {
   if (failed >= 0) {
     const tg_out *o = &s->o[failed];
     if (lost >= 0)
-      out_fail(err, errlen, "%s=%s: cannot rename the result over it: %s; %s=%s was "
+      tg_out_fail(err, errlen, "%s=%s: cannot rename the result over it: %s; %s=%s was "
                "already replaced and could not be restored",
                o->what, o->path, strerror(e), s->o[lost].what, s->o[lost].path);
     else
-      out_fail(err, errlen, "%s=%s: cannot rename the result over it: %s; no output was "
+      tg_out_fail(err, errlen, "%s=%s: cannot rename the result over it: %s; no output was "
                "changed", o->what, o->path, strerror(e));
     tg_outset_discard(s);
     return -1;

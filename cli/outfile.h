@@ -87,4 +87,9 @@ int tg_outset_commit(tg_outset *s, char *err, size_t errlen);
 /* Closes and removes every temporary of the set; targets untouched. */
 void tg_outset_discard(tg_outset *s);
 
+/* The CLI file code's error convention: formats the message into err (when
+ * err and errlen are given) and returns -1. */
+int tg_out_fail(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 #endif /* TG_CLI_OUTFILE_H */

@@ -338,19 +338,17 @@ def _attn_grads(attn_bwd, saved, args, do: Tensor, need: Sequence[bool]):
 
 
 if HAVE_CUSTOM_OPS:
-    _lib = torch.library
-    attn_fwd = _lib.custom_op("tilegrad::attn_fwd", mutates_args=(),
-                              device_types="cpu")(_attn_fwd_impl)
-    attn_fwd.register_fake(_attn_fwd_fake)
-    attn_bwd = _lib.custom_op("tilegrad::attn_bwd", mutates_args=(),
-                              device_types="cpu")(_attn_bwd_impl)
-    attn_bwd.register_fake(_attn_bwd_fake)
-    rms_norm_fwd = _lib.custom_op("tilegrad::rms_norm_fwd", mutates_args=(),
-                                  device_types="cpu")(_rms_fwd_impl)
-    rms_norm_fwd.register_fake(_rms_fwd_fake)
-    rms_norm_bwd = _lib.custom_op("tilegrad::rms_norm_bwd", mutates_args=(),
-                                  device_types="cpu")(_rms_bwd_impl)
-    rms_norm_bwd.register_fake(_rms_bwd_fake)
+    def _custom_op(name, impl, fake):
+        """tilegrad::<name>, a CPU op with no mutated arguments, and its fake."""
+        op = torch.library.custom_op(f"tilegrad::{name}", mutates_args=(),
+                                     device_types="cpu")(impl)
+        op.register_fake(fake)
+        return op
+
+    attn_fwd = _custom_op("attn_fwd", _attn_fwd_impl, _attn_fwd_fake)
+    attn_bwd = _custom_op("attn_bwd", _attn_bwd_impl, _attn_bwd_fake)
+    rms_norm_fwd = _custom_op("rms_norm_fwd", _rms_fwd_impl, _rms_fwd_fake)
+    rms_norm_bwd = _custom_op("rms_norm_bwd", _rms_bwd_impl, _rms_bwd_fake)
 
     def _attn_setup_context(ctx, inputs, output):
         q, k, v, mask = inputs[:4]
