@@ -99,12 +99,19 @@ static void test_nan_and_inf(void **state) {
       check("NaN in Q", b, ex, -1, threads[t], isas[ii]);
       ex[1][qi] = 'f';
 
-      /* +inf / -inf in Q: the row's scores are +-inf, so its max is +inf: NaN */
-      b->Q[(1 * QL + qi) * D + 2] = tg_f32_to_bf16(INFINITY);
-      ex[1][qi] = 'n';
-      check("+inf in Q", b, ex, -1, threads[t], isas[ii]);
-      b->Q[(1 * QL + qi) * D + 2] = tg_f32_to_bf16(-INFINITY);
-      check("-inf in Q", b, ex, -1, threads[t], isas[ii]);
+      /* +inf / -inf in Q[.., d = 2]: the row's score with key j is
+       * sign * inf * K[j, 2]: +inf where that product is positive, NaN where
+       * K[j, 2] = 0, -inf where negative. One +inf or NaN among the visible
+       * keys makes the row NaN (softmax of +inf); all -inf is a row that sees
+       * no key (O = 0, L = -inf, the contract). */
+      for (int sign = 1; sign >= -1; sign -= 2) {
+        b->Q[(1 * QL + qi) * D + 2] = tg_f32_to_bf16(sign * INFINITY);
+        int nan_row = 0;
+        for (int k = 0; k < KL; k++)
+          if (visible(qi, k, b)) nan_row |= sign * tg_bf16_to_f32(b->K[k * D + 2]) >= 0.0f;
+        ex[1][qi] = nan_row ? 'n' : 'z';
+        check(sign > 0 ? "+inf in Q" : "-inf in Q", b, ex, -1, threads[t], isas[ii]);
+      }
       ex[1][qi] = 'f';
 
       /* NaN in K[kj]: every row of both heads (GQA) that sees key kj */
