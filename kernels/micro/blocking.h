@@ -34,13 +34,16 @@ enum { MR = 8, NR = 32, ATTN_BQ = 64, ATTN_BK = 64 };
  * and not the load ports bound it. The 8 x 32 block of AVX-512 needs 32
  * ymm accumulators and spills (issue 12: 22-31% of a Zen 3's FMA peak).
  * Tiles of 48 rows are whole 6-row blocks and 16-column panels; with 64-row
- * tiles one block in 11 is a 4-row edge. */
+ * tiles one block in 11 is a 4-row edge. 48 vs 64 on the FA-2 backward step
+ * (Zen 5, avx2 table, 2 threads, 8 bench shapes, alternating): 48 faster by
+ * 0-5% on every shape. */
 enum { MR = 6, NR = 16, ATTN_BQ = 48, ATTN_BK = 48 };
 
 #else
 /* Portable: the target's baseline (SSE2 on x86-64, 16 xmm): 4 x 8 is 8
- * accumulators of 4 floats, the most that leaves room for the B vectors
- * and the broadcast. */
+ * accumulators of 4 floats, leaving room for the B vectors and the
+ * broadcast (chosen by register count, not tuned: the portable table is the
+ * reference; 59-72% of the SSE2 FMA peak on the FA-2 step, Zen 5). */
 enum { MR = 4, NR = 8, ATTN_BQ = 64, ATTN_BK = 64 };
 #endif
 
