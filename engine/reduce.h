@@ -26,11 +26,13 @@ static inline int64_t tg_rows_per_block(int64_t row_len) {
  * 4 KiB, so a chunk stays in L1 between its max and its exp. */
 enum { TG_SOFTMAX_CHUNK = 1024 };
 
-/* The sum S of an online softmax state (softmax_exp_chunk: 16 lane sums and
- * the running max): the fixed pairwise tree over the lanes. */
-static inline float tg_softmax_state_sum(const float state[17]) {
+/* The fixed pairwise tree over 16 lane partial sums (lane l + 8, then + 4,
+ * + 2, + 1): the CPU stand-in for a Metal simd_sum, the end of every 16-lane
+ * reduction of the ISA layer's row ops, and the sum S of an online softmax
+ * state (softmax_exp_chunk: 16 lane sums, then the running max). */
+static inline float tg_lane_tree16(const float lanes[16]) {
   float acc[16];
-  for (int l = 0; l < 16; l++) acc[l] = state[l];
+  for (int l = 0; l < 16; l++) acc[l] = lanes[l];
   for (int w = 8; w > 0; w /= 2)
     for (int l = 0; l < w; l++) acc[l] += acc[l + w];
   return acc[0];

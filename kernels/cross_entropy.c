@@ -156,7 +156,7 @@ static void ce_group(const void *vargs, int64_t grp, int64_t y_, int64_t z, void
     }
     if (pend >= 0) ce_fix_target(a, sc.e[cur ^ 1], sc.ac[cur ^ 1], pend);
     pend = -1;
-    const float S = tg_softmax_state_sum(sc.state), m = sc.shift[nc - 1];
+    const float S = tg_lane_tree16(sc.state), m = sc.shift[nc - 1];
     if (m == -INFINITY) {
       ce_row_no_max(a, l, g, y, t);
       continue;

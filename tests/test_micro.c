@@ -431,7 +431,7 @@ static void test_wsum4(void **state) {
 }
 
 /* softmax_exp_chunk over whole rows (chunks of TG_SOFTMAX_CHUNK, an online
- * max, S from tg_softmax_state_sum) and scale_chunks_f32. Bounds (u = 2^-24):
+ * max, S from tg_lane_tree16) and scale_chunks_f32. Bounds (u = 2^-24):
  *   shift[c]   exactly the running max (0-based chunks), -inf while nothing
  *              above -inf was seen
  *   e[j]       within 2 ulp of exp(f32(x[j] - s_c)) (s_c = shift[c], 0 while
@@ -479,7 +479,7 @@ static void test_softmax_rows(void **state) {
           shift[c] = tabs[t]->softmax_exp_chunk(x + c0, n - c0 < TG_SOFTMAX_CHUNK ? n - c0 : TG_SOFTMAX_CHUNK,
                                                 e + c0, state);
         }
-        const float S = tg_softmax_state_sum(state);
+        const float S = tg_lane_tree16(state);
         float m = -INFINITY;
         double Sref = 0;
         for (int64_t c = 0; c < nc; c++) {

@@ -12,6 +12,7 @@
 
 #include "blocking.h"
 #include "micro.h"
+#include "reduce.h"
 
 #ifndef TG_MICRO_SUFFIX
 #error "compile with -DTG_MICRO_SUFFIX=<isa>"
@@ -118,12 +119,7 @@ static void TG_NAME(mm_tn_acc)(int M, int N, int K, const float *restrict A, int
   gemm(M, N, K, A, 1, lda, B, ldb, C, ldc, 1);
 }
 
-/* Fixed pairwise tree over the LANES partial sums (the simd_sum). */
-static inline float lane_tree(float acc[LANES]) {
-  for (int w = LANES / 2; w > 0; w /= 2)
-    for (int l = 0; l < w; l++) acc[l] += acc[l + w];
-  return acc[0];
-}
+_Static_assert(LANES == 16, "the row reductions end in tg_lane_tree16 (engine/reduce.h)");
 
 static void TG_NAME(bf16_to_f32)(const uint16_t *restrict src, float *restrict dst,
                                  int64_t n) {
@@ -168,7 +164,7 @@ static float TG_NAME(dot_bf16)(const uint16_t *restrict a, const uint16_t *restr
     memcpy(&fb, &ub, sizeof fb);
     acc[l] += fa * fb;
   }
-  return lane_tree(acc);
+  return tg_lane_tree16(acc);
 }
 
 /*
@@ -256,7 +252,7 @@ static void TG_NAME(attn_prob_row)(float *restrict s, int64_t n, int64_t n_vis, 
 }
 
 /* LANES partial sums in a generic vector (one zmm, two ymm or four xmm), so
- * the tree at the end stays in registers (lane_tree's order): its array
+ * the tree at the end stays in registers (tg_lane_tree16's order): its array
  * form goes through memory one scalar add at a time, which costs more than
  * the exp of a 64-key row. */
 typedef float lanes_v __attribute__((vector_size(LANES * sizeof(float))));

@@ -35,7 +35,7 @@ static float TG_NAME(dot_f32)(const float *restrict a, const float *restrict b, 
     for (int l = 0; l < LANES; l++) acc[l] += a[i + l] * b[i + l];
   }
   for (int l = 0; i < n; i++, l++) acc[l] += a[i] * b[i];
-  return lane_tree(acc);
+  return tg_lane_tree16(acc);
 }
 
 static float TG_NAME(dot3_f32)(const float *restrict a, const float *restrict b,
@@ -48,7 +48,7 @@ static float TG_NAME(dot3_f32)(const float *restrict a, const float *restrict b,
     for (int l = 0; l < LANES; l++) acc[l] += a[i + l] * b[i + l] * c[i + l];
   }
   for (int l = 0; i < n; i++, l++) acc[l] += a[i] * b[i] * c[i];
-  return lane_tree(acc);
+  return tg_lane_tree16(acc);
 }
 
 static float TG_NAME(max_f32)(const float *restrict x, int64_t n) {
@@ -336,8 +336,8 @@ static void TG_NAME(rms_sums_f32)(const float *restrict x, const float *restrict
     }
   }
   for (int l = 0; i < n; i++, l++) a2[l] += x[i] * x[i], a3[l] += dy[i] * x[i] * w[i];
-  *xx = lane_tree(a2);
-  *dyxw = lane_tree(a3);
+  *xx = tg_lane_tree16(a2);
+  *dyxw = tg_lane_tree16(a3);
 }
 
 /* RMSNorm backward row, pass 2 (x and dy now in L1/L2): acc_mul2_f32 and
