@@ -2,9 +2,12 @@
 # CI check of the Python package's install path:
 #   1. a fresh venv with --system-site-packages (Debian's python3 is
 #      externally managed, PEP 668; the venv still sees Debian's numpy/torch),
-#   2. `pip install ./python` from the repository root -- setup.py builds
-#      libtilegrad with CMake and bundles it,
-#   3. from another directory, with an empty environment (no TILEGRAD_LIB,
+#   2. the packages: an sdist (`setup.py sdist`), checked to carry the C
+#      sources, and a wheel (`pip wheel ./python`), checked to be tagged
+#      py3-none-<platform> (ctypes, no extension module: any CPython 3),
+#   3. `pip install` of the sdist -- setup.py builds libtilegrad with CMake
+#      from the sdist's csrc/, away from the repository, and bundles it,
+#   4. from another directory, with an empty environment (no TILEGRAD_LIB,
 #      nothing on PYTHONPATH), import tilegrad, check that the bundled
 #      library is the one loaded, and run attention forward/backward through
 #      the autograd wrapper against a float64 reference.
@@ -25,8 +28,21 @@ work="$(mktemp -d /tmp/tilegrad-install-check.XXXXXX)"
 echo "== venv: $work/venv ($("$python" --version))"
 "$python" -m venv --system-site-packages "$work/venv"
 
-echo "== pip install ./python"
-(cd "$repo" && "$work/venv/bin/python" -m pip install "${pip_args[@]}" ./python)
+echo "== sdist and wheel"
+(cd "$repo/python" && "$work/venv/bin/python" setup.py -q sdist -d "$work/dist" 2>/dev/null)
+sdist=$(ls "$work"/dist/tilegrad-*.tar.gz)
+tar tzf "$sdist" >"$work/sdist.txt"
+for f in CMakeLists.txt include/tilegrad.h kernels/attention_bwd.c engine/context.c cmake/isa.cmake; do
+  grep -qx "tilegrad-[0-9.]*/csrc/$f" "$work/sdist.txt" || { echo "sdist lacks csrc/$f"; exit 1; }
+done
+(cd "$repo" && "$work/venv/bin/python" -m pip wheel "${pip_args[@]}" -q --no-deps -w "$work/dist" ./python)
+wheel=$(basename "$(ls "$work"/dist/tilegrad-*.whl)")
+echo "   $(basename "$sdist") ($(grep -c /csrc/ "$work/sdist.txt") C source entries), $wheel"
+[[ "$wheel" =~ ^tilegrad-[0-9.]+-py3-none-linux_[a-z0-9_]+\.whl$ ]] ||
+  { echo "wheel tag is not py3-none-<platform>: $wheel"; exit 1; }
+
+echo "== pip install the sdist (builds from its csrc/, away from the repository)"
+(cd "$work" && "$work/venv/bin/python" -m pip install "${pip_args[@]}" "$sdist")
 
 echo "== smoke test from $work, empty environment"
 cd "$work"
