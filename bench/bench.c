@@ -1198,12 +1198,13 @@ int tg_bench_main(int argc, char **argv) {
                     "bandwidth ceiling unavailable\n", o.triad_mib);
   /* The ceilings are those of the instructions the chosen table uses: the
    * avx2 table on an AVX-512 CPU is measured against the ymm FMA peak, and
-   * only the avx512 table could use the bf16 dot unit. */
+   * only the avx512bf16 table uses the bf16 dot unit (for Q.K^T and dO.V^T,
+   * 2 of the step's 5 products: the exact-mode ceiling). */
   if (tg_ctx_get_isa(ctx) == TG_ISA_AVX2 && pk.fma_avx2_gflops > 0)
     pk.fma_gflops = pk.fma_avx2_gflops, pk.fma_variant = "avx2+fma";
   if (tg_ctx_get_isa(ctx) == TG_ISA_PORTABLE && pk.fma_portable_gflops > 0)
     pk.fma_gflops = pk.fma_portable_gflops, pk.fma_variant = "portable";
-  if (tg_ctx_get_isa(ctx) != TG_ISA_AVX512) pk.bf16_gflops = 0;
+  if (tg_ctx_get_isa(ctx) != TG_ISA_AVX512_BF16) pk.bf16_gflops = 0;
   const double ceil = tg_peaks_attn_ceiling(&pk);
 
   printf("tilegrad bench %d.%d.%d\n", TG_VERSION_MAJOR, TG_VERSION_MINOR, TG_VERSION_PATCH);

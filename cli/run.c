@@ -1001,7 +1001,7 @@ static int parse_command_line(run_call *c, int argc, char **argv, run_opts *o) {
     if (!strcmp(opt, "--isa")) {
       if (tg_isa_from_name(val, &o->isa) != TG_OK) {
         tg_num_label(label, sizeof label, "--isa", ' ', val);
-        return usage_errorf(c, "%s: expected auto, portable, avx2 or avx512", label);
+        return usage_errorf(c, "%s: expected auto, portable, avx2, avx512 or avx512bf16", label);
       }
       o->have_isa = 1;
       continue;

@@ -73,13 +73,33 @@ static int tg_cpu_avx512(void) {
 #endif
 }
 
+static int tg_cpu_avx512_bf16(void) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  return tg_cpu_avx512() && __builtin_cpu_supports("avx512bf16");
+#else
+  return 0;
+#endif
+}
+/* vdpbf16ps at about twice the f32 FMA rate: AMD (Zen 4: 2x, Zen 5 measured
+ * 1.86x, `tilegrad bench --section peaks`); Intel Xeons run it at half the
+ * FMA rate (Sapphire Rapids measured 0.49-0.52x), so auto leaves it there. */
+static int tg_cpu_bf16_dot_fast(void) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  __builtin_cpu_init();
+  return __builtin_cpu_is("amd");
+#else
+  return 0;
+#endif
+}
+
 static const struct {
   tg_isa id;
   const char *name;
   int (*cpu_runs)(void);
+  int (*auto_picks)(void);
   const tg_micro_ops *ops; /* ops->mm_nn == NULL: not in this build */
 } isa_registry[] = {
-#define TG_ISA_ENTRY(name, id, cpu) {id, #name, cpu, &tg_micro_##name},
+#define TG_ISA_ENTRY(name, id, cpu, pick) {id, #name, cpu, pick, &tg_micro_##name},
     TG_ISA_LIST(TG_ISA_ENTRY)
 #undef TG_ISA_ENTRY
 };
@@ -102,8 +122,8 @@ tg_status tg_isa_from_name(const char *name, tg_isa *out) {
 
 const tg_micro_ops *tg_micro_table(tg_isa isa) {
   for (int i = N_ISAS - 1; i >= 0; i--) /* most preferred first, for AUTO */
-    if ((isa == TG_ISA_AUTO || isa == isa_registry[i].id) && isa_registry[i].ops->mm_nn &&
-        isa_registry[i].cpu_runs())
+    if ((isa == isa_registry[i].id || (isa == TG_ISA_AUTO && isa_registry[i].auto_picks())) &&
+        isa_registry[i].ops->mm_nn && isa_registry[i].cpu_runs())
       return isa_registry[i].ops;
   return NULL;
 }

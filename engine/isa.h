@@ -2,7 +2,7 @@
  * The ISA registry: every vector instruction set tilegrad has a table for,
  * in one list. Each entry is
  *
- *   X(name, id, cpu_predicate)
+ *   X(name, id, cpu_predicate, auto_predicate)
  *
  * name:  the table's suffix (tg_micro_<name>, kernels/micro/ compiled with
  *        -DTG_MICRO_SUFFIX=<name>), the string tg_isa_name gives and TG_ISA /
@@ -10,20 +10,25 @@
  * id:    the public tg_isa value (include/tilegrad.h);
  * cpu_predicate: a function in engine/context.c, nonzero when this CPU and
  *        its OS can run the instructions.
+ * auto_predicate: nonzero when TG_ISA_AUTO may pick this table on this CPU
+ *        (a table can run but lose: vdpbf16ps runs at about 2x the f32 FMA
+ *        rate on AMD Zen 4 / Zen 5 and about 0.5x on Intel Xeons, measured
+ *        by `tilegrad bench --section peaks`; there auto keeps avx512).
  *
  * Listed from least to most preferred: TG_ISA_AUTO picks the last entry
- * the CPU runs and this build has. The compile flags of each entry are in
- * CMakeLists.txt (tg_micro_variant), the only other place that names ISAs.
- * Adding an ISA: one line here, one tg_micro_variant line there, a section
+ * the CPU runs, its auto predicate allows and this build has. The compile
+ * flags of each entry are in cmake/isa.cmake, the only other place that
+ * names ISAs. Adding an ISA: one line here, one line there, a section
  * in kernels/micro/blocking.h (and a simd_<name>.h where plain C does not
  * reach the target).
  */
 #ifndef TG_ISA_H
 #define TG_ISA_H
 
-#define TG_ISA_LIST(X)                       \
-  X(portable, TG_ISA_PORTABLE, tg_cpu_any)   \
-  X(avx2, TG_ISA_AVX2, tg_cpu_avx2_fma)      \
-  X(avx512, TG_ISA_AVX512, tg_cpu_avx512)
+#define TG_ISA_LIST(X)                                                    \
+  X(portable, TG_ISA_PORTABLE, tg_cpu_any, tg_cpu_any)                    \
+  X(avx2, TG_ISA_AVX2, tg_cpu_avx2_fma, tg_cpu_any)                       \
+  X(avx512, TG_ISA_AVX512, tg_cpu_avx512, tg_cpu_any)                     \
+  X(avx512bf16, TG_ISA_AVX512_BF16, tg_cpu_avx512_bf16, tg_cpu_bf16_dot_fast)
 
 #endif /* TG_ISA_H */

@@ -35,6 +35,21 @@ typedef struct {
   /* C[M,N] += A[K,M]^T . B[K,N] */
   void (*mm_tn_acc)(int M, int N, int K, const float *A, int64_t lda, const float *B,
                     int64_t ldb, float *C, int64_t ldc);
+  /* --- bf16 dot products (vdpbf16ps); NULL in tables without them -------
+   * C[M,N] (+)= A[M,K] . B[K,N] for bf16 A and B, K even, f32 accumulation
+   * with exact products (rounded sums, pairs of k at a time; subnormal
+   * inputs and results flushed to zero, as the instruction does). A: rows of
+   * K bf16 at stride lda (elements, even; any 2-byte alignment); Bp: B in
+   * pairs, Bp[p * ldb + j] = the 32-bit pair (B[2p, j], B[2p+1, j]), from
+   * pack_bf16_pairs. */
+  void (*mm_bf16_pairs)(int M, int N, int K, const uint16_t *A, int64_t lda,
+                        const uint32_t *Bp, int64_t ldb, float *C, int64_t ldc,
+                        int accumulate);
+  /* The pair layout of a transposed bf16 matrix: rows r < nr of X [nr, K]
+   * (stride lds elements, even) -> Bp[p * ldb + r] = (X[r, 2p], X[r, 2p+1])
+   * for p < K/2, i.e. B = X^T in the layout mm_bf16_pairs reads (K even). */
+  void (*pack_bf16_pairs)(int64_t nr, int64_t K, const uint16_t *X, int64_t lds,
+                          uint32_t *Bp, int64_t ldb);
   /* dst[i] = float(src[i]) */
   void (*bf16_to_f32)(const uint16_t *src, float *dst, int64_t n);
   /* dst[i] = bf16(src[i]), round to nearest even */
@@ -131,7 +146,7 @@ typedef struct {
   void (*stream_fence)(void);
 } tg_micro_ops;
 
-#define TG_MICRO_DECLARE(name, id, cpu) extern const tg_micro_ops tg_micro_##name;
+#define TG_MICRO_DECLARE(name, id, cpu, pick) extern const tg_micro_ops tg_micro_##name;
 TG_ISA_LIST(TG_MICRO_DECLARE)
 #undef TG_MICRO_DECLARE
 

@@ -21,7 +21,7 @@ static const double U = 0x1.0p-24;
 
 /* The tables under test: the portable one first (the reference of the
  * bitwise checks below), then the other ISAs tu_isas gives. */
-static int n_tables(const tg_micro_ops *out[3]) {
+static int n_tables(const tg_micro_ops *out[5]) {
   tg_isa isas[4];
   const int n = tu_isas(isas);
   int nt = 0;
@@ -34,7 +34,7 @@ static int n_tables(const tg_micro_ops *out[3]) {
 /* Each table's blocking is one the drivers can use: key tiles whole GEMM
  * panels, tiles within the attention scratch limit. */
 static void test_blocking(void **state) {
-  const tg_micro_ops *tabs[3];
+  const tg_micro_ops *tabs[5];
   const int nt = n_tables(tabs);
   for (int t = 0; t < nt; t++) {
     const tg_micro_ops *o = tabs[t];
@@ -50,7 +50,7 @@ static void test_blocking(void **state) {
  * table's MR x NR block: 8 x 32, 6 x 16, 4 x 8). */
 static void test_gemms(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 11);
-  const tg_micro_ops *tabs[3];
+  const tg_micro_ops *tabs[5];
   const int nt = n_tables(tabs);
   const int sizes[][3] = {{1, 1, 1}, {4, 32, 8}, {5, 33, 7}, {64, 64, 128}, {3, 70, 64},
                           {64, 136, 64}, {13, 8, 300}, {17, 65, 9}, {48, 48, 64},
@@ -97,8 +97,73 @@ static void test_gemms(void **state) {
   }
 }
 
+/* The bf16 dot GEMM of the tables that have it (mm_bf16_pairs, B packed by
+ * pack_bf16_pairs from X = B^T): C = A.X^T and C += A.X^T on ragged sizes
+ * (8 x 32 block edges, K not a multiple of 32 pairs), A read at an odd
+ * element offset (2-byte aligned only). Bound as the f32 GEMMs: the
+ * products are exact, the sums rounded (K + 3) u sum |a b|; the
+ * instruction's flush of subnormals does not arise for these inputs. The
+ * packing is checked bit for bit. */
+static void test_bf16_dot_gemm(void **state) {
+  tu_rng r = tu_rng_make(tu_seed() + 12);
+  const tg_micro_ops *tabs[5];
+  const int nt = n_tables(tabs);
+  int tested = 0;
+  const int sizes[][3] = {{1, 1, 2}, {8, 32, 64}, {9, 33, 66}, {64, 64, 128}, {3, 70, 8},
+                          {64, 48, 512}, {17, 15, 40}, {48, 64, 256}, {5, 100, 34}};
+  for (int t = 0; t < nt; t++) {
+    const tg_micro_ops *o = tabs[t];
+    if (!o->mm_bf16_pairs) continue;
+    tested++;
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+      const int M = sizes[si][0], N = sizes[si][1], K = sizes[si][2];
+      const int64_t lda = K + 6, ldx = K + 2, ldb = N + 3, ldc = N + 1;
+      tg_bf16 *Abuf = tu_alloc(2 * (M * lda + 1)), *X = tu_alloc(2 * N * ldx);
+      tg_bf16 *A = Abuf + 1; /* odd element offset */
+      uint32_t *Bp = tu_alloc(4 * (K / 2) * ldb);
+      float *C = tu_alloc(sizeof(float) * M * ldc), *C0 = tu_alloc(sizeof(float) * M * ldc);
+      tu_fill_bf16(&r, A, M * lda, -2, 2);
+      tu_fill_bf16(&r, X, N * ldx, -2, 2);
+      tu_fill_f32(&r, C0, M * ldc, -1, 1);
+      memset(Bp, 0xA5, 4 * (K / 2) * ldb);
+      o->pack_bf16_pairs(N, K, X, ldx, Bp, ldb);
+      for (int p = 0; p < K / 2; p++)
+        for (int j = 0; j < N; j++) {
+          uint32_t want;
+          memcpy(&want, X + j * ldx + 2 * p, 4);
+          if (Bp[p * ldb + j] != want) TU_FAIL("%s pack p=%d j=%d", o->name, p, j);
+        }
+      double *want = tu_alloc(sizeof(double) * M * N), *bound = tu_alloc(sizeof(double) * M * N);
+      float *got = tu_alloc(sizeof(float) * M * N);
+      for (int acc = 0; acc < 2; acc++) {
+        memcpy(C, C0, sizeof(float) * M * ldc);
+        o->mm_bf16_pairs(M, N, K, A, lda, Bp, ldb, C, ldc, acc);
+        for (int i = 0; i < M; i++)
+          for (int j = 0; j < N; j++) {
+            double s = acc ? C0[i * ldc + j] : 0, a = fabs(s);
+            for (int k = 0; k < K; k++) {
+              const double x = (double)tg_bf16_to_f32(A[i * lda + k]) *
+                               tg_bf16_to_f32(X[j * ldx + k]);
+              s += x;
+              a += fabs(x);
+            }
+            want[i * N + j] = s;
+            bound[i * N + j] = (K + 3) * U * a;
+            got[i * N + j] = C[i * ldc + j];
+          }
+        if (!tu_check_bound("bf16 gemm", got, want, bound, (int64_t)M * N))
+          TU_FAIL("%s accumulate %d M=%d N=%d K=%d", o->name, acc, M, N, K);
+        for (int i = 0; i < M; i++) /* padding between rows is never written */
+          assert_true(C[i * ldc + N] == C0[i * ldc + N]);
+      }
+      free(Abuf), free(X), free(Bp), free(C), free(C0), free(want), free(bound), free(got);
+    }
+  }
+  printf("  bf16 dot GEMM checked on %d table(s)\n", tested);
+}
+
 static void test_exp(void **state) {
-  const tg_micro_ops *tabs[3];
+  const tg_micro_ops *tabs[5];
   const int nt = n_tables(tabs);
   const int64_t n = 1 << 18;
   float *x = tu_alloc(sizeof(float) * n), *y = tu_alloc(sizeof(float) * n);
@@ -132,7 +197,7 @@ static void test_exp(void **state) {
 }
 
 static void test_conversions_and_dot(void **state) {
-  const tg_micro_ops *tabs[3];
+  const tg_micro_ops *tabs[5];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 13);
   const int64_t n = 1000;
@@ -164,7 +229,7 @@ static void test_conversions_and_dot(void **state) {
 /* attn_score_row / attn_ds_row on ragged rows: visible prefix, mask with
  * -inf entries, the causal tail set to -inf. */
 static void test_attention_rows(void **state) {
-  const tg_micro_ops *tabs[3];
+  const tg_micro_ops *tabs[5];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 17);
   enum { N = 77 };
@@ -223,7 +288,7 @@ static const int64_t k_lens[] = {0, 1, 5, 15, 16, 17, 31, 33, 100, 1000, 1031, 2
 #define N_LENS ((int)(sizeof k_lens / sizeof k_lens[0]))
 
 static void test_row_reductions(void **state) {
-  const tg_micro_ops *tabs[3];
+  const tg_micro_ops *tabs[5];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 19);
   enum { NMAX = 2600 };
@@ -262,7 +327,7 @@ static void test_row_reductions(void **state) {
 }
 
 static void test_row_elementwise(void **state) {
-  const tg_micro_ops *tabs[3];
+  const tg_micro_ops *tabs[5];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 23);
   enum { NMAX = 2600 };
@@ -315,7 +380,7 @@ static int popcount_u(unsigned v) {
 }
 
 static void test_fwht(void **state) {
-  const tg_micro_ops *tabs[3];
+  const tg_micro_ops *tabs[5];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 29);
   const int64_t sizes[] = {16, 32, 64, 256, 512};
@@ -352,7 +417,7 @@ static void test_fwht(void **state) {
 }
 
 static void test_transpose(void **state) {
-  const tg_micro_ops *tabs[3];
+  const tg_micro_ops *tabs[5];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 31);
   const int64_t sizes[][2] = {{1, 1}, {1, 37}, {37, 1}, {15, 17}, {16, 16}, {33, 70},
@@ -383,7 +448,7 @@ static void test_transpose(void **state) {
 }
 
 static void test_wsum4(void **state) {
-  const tg_micro_ops *tabs[3];
+  const tg_micro_ops *tabs[5];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 37);
   const int64_t lds[] = {1, 3, 16};
@@ -449,7 +514,7 @@ static void test_wsum4(void **state) {
  * fused multiply-adds where the ISA has them (kernels/micro/row_ops.h says
  * why), so the portable table rounds differently, within the same bounds. */
 static void test_softmax_rows(void **state) {
-  const tg_micro_ops *tabs[3];
+  const tg_micro_ops *tabs[5];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 41);
   const int64_t lens[] = {1, 5, 17, 1000, 1024, 1025, 2500, 5000};
@@ -534,7 +599,7 @@ static void test_softmax_rows(void **state) {
  * are checked above): rms_sums_f32 to dot_f32(x, x) and dot3_f32(dy, x, w),
  * rms_bwd_row to acc_mul2_f32 and rms_dx_row. */
 static void test_rms_fused_rows(void **state) {
-  const tg_micro_ops *tabs[3];
+  const tg_micro_ops *tabs[5];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 43);
   enum { NMAX = 2600 };
@@ -578,6 +643,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_blocking),
       cmocka_unit_test(test_gemms),
+      cmocka_unit_test(test_bf16_dot_gemm),
       cmocka_unit_test(test_exp),
       cmocka_unit_test(test_conversions_and_dot),
       cmocka_unit_test(test_attention_rows),

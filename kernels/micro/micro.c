@@ -308,6 +308,7 @@ static float TG_NAME(attn_score_max_row)(float *restrict s, int64_t n, int64_t n
   return nan ? __builtin_nanf("") : mx;
 }
 #include "row_ops.h"
+#include "bf16_dot.h"
 
 const tg_micro_ops TG_NAME(tg_micro) = {
     .name = TG_STR(TG_MICRO_SUFFIX),
@@ -317,6 +318,7 @@ const tg_micro_ops TG_NAME(tg_micro) = {
     .attn_bk = ATTN_BK,
     .mm_nn = TG_NAME(mm_nn),
     .mm_tn_acc = TG_NAME(mm_tn_acc),
+    TG_BF16_DOT_OPS
     .bf16_to_f32 = TG_NAME(bf16_to_f32),
     .f32_to_bf16 = TG_NAME(f32_to_bf16),
     .dot_bf16 = TG_NAME(dot_bf16),

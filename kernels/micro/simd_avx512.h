@@ -1,6 +1,8 @@
 /*
  * AVX-512 blocks of kernels/micro/micro.c, where plain C does not reach the
- * target: the 16-float Walsh-Hadamard block and the 16 x 16 transpose.
+ * target: the 16-float Walsh-Hadamard block, the 16 x 16 transpose and,
+ * where the compiler targets AVX512_BF16, the vdpbf16ps GEMM
+ * (kernels/micro/bf16_dot.h).
  * (Intrinsics rather than vector extensions: they build with gcc and clang
  * alike, and the fuzzer builds with clang.)
  */
@@ -33,12 +35,10 @@ static inline int transpose_can_stream(const float *dst, int64_t ldd) {
   return (uintptr_t)dst % 64 == 0 && ldd % 16 == 0;
 }
 
-/* 16 rows in 16 zmm, transposed by 4 stages of two-source permutes (stage b
- * swaps bit b of the row index with bit b of the column index). */
-static inline void transpose_block(const float *restrict src, int64_t lds, float *restrict dst,
-                                   int64_t ldd, int stream) {
-  __m512 m[16];
-  for (int i = 0; i < 16; i++) m[i] = _mm512_loadu_ps(src + i * lds);
+/* 16 rows of 16 32-bit lanes in 16 zmm, transposed in registers by 4 stages
+ * of two-source permutes (stage b swaps bit b of the row index with bit b
+ * of the column index). Lanes are moved, never computed on: any bits pass. */
+static inline void transpose16_regs(__m512 m[16]) {
   /* stage b: rows i (bit b clear) and i|b exchange the halves selected by
    * bit b of the column: lo[j] = j&b ? hi_old[j^b] : lo_old[j],
    *                       hi[j] = j&b ? hi_old[j]  : lo_old[j^b]. */
@@ -63,6 +63,13 @@ static inline void transpose_block(const float *restrict src, int64_t lds, float
   TG_T_STAGE(8, _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23),
              _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31));
 #undef TG_T_STAGE
+}
+
+static inline void transpose_block(const float *restrict src, int64_t lds, float *restrict dst,
+                                   int64_t ldd, int stream) {
+  __m512 m[16];
+  for (int i = 0; i < 16; i++) m[i] = _mm512_loadu_ps(src + i * lds);
+  transpose16_regs(m);
   if (stream)
     for (int i = 0; i < 16; i++) _mm512_stream_ps(dst + i * ldd, m[i]);
   else

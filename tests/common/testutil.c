@@ -98,7 +98,7 @@ int tu_isas(tg_isa out[4]) {
     out[0] = test_isa;
     return 1;
   }
-  static const tg_isa all[] = {TG_ISA_PORTABLE, TG_ISA_AVX2, TG_ISA_AVX512};
+  static const tg_isa all[] = {TG_ISA_PORTABLE, TG_ISA_AVX2, TG_ISA_AVX512, TG_ISA_AVX512_BF16};
   int n = 0;
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
     if (tg_isa_available(all[i])) out[n++] = all[i];

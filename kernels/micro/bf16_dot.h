@@ -1,0 +1,111 @@
+/*
+ * The bf16 dot-product GEMM of tables built for AVX512_BF16 (included by
+ * micro.c after simd_avx512.h; the ops are NULL in every other table).
+ *
+ * vdpbf16ps takes 16 pairs of bf16 from each source and adds both products
+ * of a pair to one f32 lane: acc[j] += a[2j] * b[2j] + a[2j+1] * b[2j+1].
+ * The attention products Q.K^T and dO.V^T have bf16 operands on both sides,
+ * so they run on it directly: A (Q or dO rows) is read in place, one 32-bit
+ * pair broadcast per row, and B (K^T or V^T) is packed once per key tile as
+ * 32-bit pairs along k (pack_bf16_pairs), 32 columns per two loads.
+ *
+ * Numerics: the products of two bf16 are exact in f32 (8-bit significands);
+ * the sums are rounded to f32 in pairs of k, as an FMA chain rounds each
+ * step, so the error is that of f32 accumulation over K (the contract's
+ * "f32 accumulation"). The instruction flushes subnormal inputs and
+ * results to zero, below 1.2e-38.
+ */
+#if defined(__AVX512BF16__)
+
+/* GEMM rows per register block; 32 columns (two zmm) per block:
+ * 16 accumulators, 2 B vectors and one broadcast of 32 zmm. */
+enum { BF16_MR = 8 };
+
+static inline __m512 dp_pairs(__m512 acc, __m512i a, __m512i b) {
+  return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
+}
+
+/* rows (a literal at each call site, <= BF16_MR) x 32 columns of C, the
+ * columns of each half limited by its lane mask (edge blocks). */
+static inline __attribute__((always_inline)) void bf16_block_rows(
+    const int rows, int P, const uint16_t *restrict A, int64_t lda,
+    const uint32_t *restrict Bp, int64_t ldb, float *restrict C, int64_t ldc, int accumulate,
+    __mmask16 m0, __mmask16 m1) {
+  __m512 acc[BF16_MR][2];
+  for (int r = 0; r < rows; r++) {
+    acc[r][0] = accumulate ? _mm512_maskz_loadu_ps(m0, C + r * ldc) : _mm512_setzero_ps();
+    acc[r][1] = accumulate ? _mm512_maskz_loadu_ps(m1, C + r * ldc + 16) : _mm512_setzero_ps();
+  }
+  for (int p = 0; p < P; p++) {
+    const __m512i b0 = _mm512_maskz_loadu_epi32(m0, Bp + (int64_t)p * ldb);
+    const __m512i b1 = _mm512_maskz_loadu_epi32(m1, Bp + (int64_t)p * ldb + 16);
+    for (int r = 0; r < rows; r++) {
+      uint32_t pair;
+      memcpy(&pair, A + r * lda + 2 * (int64_t)p, sizeof pair);
+      const __m512i a = _mm512_set1_epi32((int32_t)pair);
+      acc[r][0] = dp_pairs(acc[r][0], a, b0);
+      acc[r][1] = dp_pairs(acc[r][1], a, b1);
+    }
+  }
+  for (int r = 0; r < rows; r++) {
+    _mm512_mask_storeu_ps(C + r * ldc, m0, acc[r][0]);
+    _mm512_mask_storeu_ps(C + r * ldc + 16, m1, acc[r][1]);
+  }
+}
+
+static void bf16_block(int rows, int P, const uint16_t *A, int64_t lda, const uint32_t *Bp,
+                       int64_t ldb, float *C, int64_t ldc, int accumulate, __mmask16 m0,
+                       __mmask16 m1) {
+  switch (rows) {
+#define TG_BF16_ROWS_CASE(n)                                                         \
+  case n:                                                                            \
+    bf16_block_rows(n, P, A, lda, Bp, ldb, C, ldc, accumulate, m0, m1);              \
+    break;
+    TG_BF16_ROWS_CASE(1) TG_BF16_ROWS_CASE(2) TG_BF16_ROWS_CASE(3) TG_BF16_ROWS_CASE(4)
+    TG_BF16_ROWS_CASE(5) TG_BF16_ROWS_CASE(6) TG_BF16_ROWS_CASE(7) TG_BF16_ROWS_CASE(8)
+#undef TG_BF16_ROWS_CASE
+  }
+}
+_Static_assert(BF16_MR == 8, "bf16_block has cases for up to 8 rows");
+
+/* The lanes of a 16-lane half with `cols` (any int) columns left. */
+static inline __mmask16 lanes_mask(int cols) {
+  return cols >= 16 ? (__mmask16)0xFFFF : cols <= 0 ? (__mmask16)0 : (__mmask16)((1u << cols) - 1);
+}
+
+static void TG_NAME(mm_bf16_pairs)(int M, int N, int K, const uint16_t *restrict A, int64_t lda,
+                                   const uint32_t *restrict Bp, int64_t ldb, float *restrict C,
+                                   int64_t ldc, int accumulate) {
+  const int P = K / 2;
+  for (int i = 0; i < M; i += BF16_MR) {
+    const int rows = M - i < BF16_MR ? M - i : BF16_MR;
+    for (int j = 0; j < N; j += 32)
+      bf16_block(rows, P, A + (int64_t)i * lda, lda, Bp + j, ldb, C + (int64_t)i * ldc + j, ldc,
+                 accumulate, lanes_mask(N - j), lanes_mask(N - j - 16));
+  }
+}
+
+/* 16 rows x 16 pairs per block through the in-register transpose; the
+ * edges pair by pair. Bits are moved, never computed on. */
+static void TG_NAME(pack_bf16_pairs)(int64_t nr, int64_t K, const uint16_t *restrict X,
+                                     int64_t lds, uint32_t *restrict Bp, int64_t ldb) {
+  const int64_t P = K / 2, rb = nr - nr % 16, pb = P - P % 16;
+  for (int64_t r = 0; r < rb; r += 16)
+    for (int64_t p = 0; p < pb; p += 16) {
+      __m512 m[16];
+      for (int i = 0; i < 16; i++)
+        m[i] = _mm512_castsi512_ps(_mm512_loadu_si512(X + (r + i) * lds + 2 * p));
+      transpose16_regs(m);
+      for (int i = 0; i < 16; i++)
+        _mm512_storeu_si512(Bp + (p + i) * ldb + r, _mm512_castps_si512(m[i]));
+    }
+  for (int64_t r = 0; r < nr; r++)
+    for (int64_t p = r < rb ? pb : 0; p < P; p++)
+      memcpy(Bp + p * ldb + r, X + r * lds + 2 * p, sizeof(uint32_t));
+}
+
+#define TG_BF16_DOT_OPS \
+  .mm_bf16_pairs = TG_NAME(mm_bf16_pairs), .pack_bf16_pairs = TG_NAME(pack_bf16_pairs),
+#else
+#define TG_BF16_DOT_OPS
+#endif
