@@ -81,6 +81,21 @@ static inline void tg_attn_load_rows(const tg_micro_ops *ops, tg_attn_dtype t,
   if (trans) ops->transpose_f32(n, D, dst, D, trans, ldt, 0);
 }
 
+/* Whether S = Q.K^T and dP = dO.V^T run on the table's bf16 dot GEMM
+ * (avx512bf16): bf16 inputs on both sides, read in place (Q, dO rows) or
+ * packed in pairs per key tile (K, V), instead of widened to f32. */
+static inline int tg_attn_bf16_dot(const tg_attn_problem *pr, const tg_micro_ops *ops) {
+  return pr->in == TG_ATTN_BF16 && ops->mm_bf16_pairs != NULL;
+}
+
+/* Rows [r0, r0 + n) of a strided bf16 head -> Bp [D/2, ldb] in the pair
+ * layout of mm_bf16_pairs: the transposed tile K^T / V^T of the products. */
+static inline void tg_attn_pack_pairs(const tg_micro_ops *ops, const void *head,
+                                      int64_t row_stride, int64_t r0, int64_t n, int64_t D,
+                                      uint32_t *Bp, int64_t ldb) {
+  ops->pack_bf16_pairs(n, D, (const tg_bf16 *)head + r0 * row_stride, row_stride, Bp, ldb);
+}
+
 /* --- the engine, shared by the bf16 entry points and kernel 10 ------------
  * Both run on a validated problem; neither checks its arguments again. */
 

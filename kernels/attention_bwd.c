@@ -57,6 +57,7 @@ typedef struct {
   float *dQ, *dK, *dV;
   const tg_micro_ops *ops;
   int64_t BQ, BK; /* the ISA's tiles (ops->attn_bq, attn_bk) */
+  int bf16_dot;   /* tg_attn_bf16_dot: KT, VT hold bf16 pairs */
   int64_t n_qtiles, n_ktiles;
   int64_t n_ranges, range_tiles; /* KV schedule: key ranges per kv head */
   float *dQ_partial;             /* KV schedule: [n_ranges - 1][B, H, qL, D] */
@@ -66,7 +67,7 @@ typedef struct {
 /* Per-thread scratch, carved from tg_dispatch's buffer. */
 typedef struct {
   float *Q, *dO, *dQ;  /* [BQ, D] */
-  float *K, *KT, *VT;  /* [BK, D], [D, BK], [D, BK] */
+  float *K, *KT, *VT;  /* [BK, D], [D, BK], [D, BK] (bf16_dot: [D/2, BK] pairs) */
   float *S, *dS;       /* [BQ, BK]: scores -> P, dP -> dS */
   float *dK, *dV;      /* [BK, D] */
 } bwd_scratch;
@@ -107,15 +108,22 @@ static void load_qtile(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int6
                     pr->Os[2], q0, nq, pr->D, w->dO, NULL, 0);
 }
 
-/* Keys [k0, k0 + nk) of kv head h_kv -> w->K, w->KT, w->VT (f32). */
+/* Keys [k0, k0 + nk) of kv head h_kv -> w->K (f32), w->KT, w->VT (f32, or
+ * bf16 pairs with bf16_dot). */
 static void load_ktile(const bwd_args *a, int64_t b, int64_t h_kv, int64_t k0, int64_t nk,
                        bwd_scratch *w) {
   const tg_attn_problem *pr = &a->pr;
-  tg_attn_load_rows(a->ops, pr->in, tg_attn_at(pr->in, a->K, tg_attn_offset(pr->Ks, b, h_kv, 0)),
-                    pr->Ks[2], k0, nk, pr->D, w->K, w->KT, a->BK);
+  const void *Kh = tg_attn_at(pr->in, a->K, tg_attn_offset(pr->Ks, b, h_kv, 0));
+  const void *Vh = tg_attn_at(pr->in, a->V, tg_attn_offset(pr->Vs, b, h_kv, 0));
+  if (a->bf16_dot) {
+    tg_attn_load_rows(a->ops, pr->in, Kh, pr->Ks[2], k0, nk, pr->D, w->K, NULL, 0);
+    tg_attn_pack_pairs(a->ops, Kh, pr->Ks[2], k0, nk, pr->D, (uint32_t *)w->KT, a->BK);
+    tg_attn_pack_pairs(a->ops, Vh, pr->Vs[2], k0, nk, pr->D, (uint32_t *)w->VT, a->BK);
+    return;
+  }
+  tg_attn_load_rows(a->ops, pr->in, Kh, pr->Ks[2], k0, nk, pr->D, w->K, w->KT, a->BK);
   /* V is only used transposed; w->dV is free until the pair body runs. */
-  tg_attn_load_rows(a->ops, pr->in, tg_attn_at(pr->in, a->V, tg_attn_offset(pr->Vs, b, h_kv, 0)),
-                    pr->Vs[2], k0, nk, pr->D, w->dV, w->VT, a->BK);
+  tg_attn_load_rows(a->ops, pr->in, Vh, pr->Vs[2], k0, nk, pr->D, w->dV, w->VT, a->BK);
 }
 
 /* The pair body for loaded tiles: dQ [nq, D] (leading dim ldq) += dS . K;
@@ -129,8 +137,17 @@ static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_
   const int64_t D = pr->D, bh = b * pr->H + h, BK = a->BK;
   const float *L = a->L + bh * pr->qL + q0, *Dv = a->D_vec + bh * pr->qL + q0;
 
-  ops->mm_nn((int)nq, (int)nk, (int)D, w->Q, D, w->KT, BK, w->S, BK, 0);   /* Q.K^T  */
-  ops->mm_nn((int)nq, (int)nk, (int)D, w->dO, D, w->VT, BK, w->dS, BK, 0); /* dO.V^T */
+  if (a->bf16_dot) { /* the bf16 rows of Q and dO in place, K^T and V^T in pairs */
+    const tg_bf16 *Qr = (const tg_bf16 *)a->Q + tg_attn_offset(pr->Qs, b, h, q0);
+    const tg_bf16 *dOr = (const tg_bf16 *)a->dO + tg_attn_offset(pr->Os, b, h, q0);
+    ops->mm_bf16_pairs((int)nq, (int)nk, (int)D, Qr, pr->Qs[2], (const uint32_t *)w->KT, BK,
+                       w->S, BK, 0);
+    ops->mm_bf16_pairs((int)nq, (int)nk, (int)D, dOr, pr->Os[2], (const uint32_t *)w->VT, BK,
+                       w->dS, BK, 0);
+  } else {
+    ops->mm_nn((int)nq, (int)nk, (int)D, w->Q, D, w->KT, BK, w->S, BK, 0);   /* Q.K^T  */
+    ops->mm_nn((int)nq, (int)nk, (int)D, w->dO, D, w->VT, BK, w->dS, BK, 0); /* dO.V^T */
+  }
 
   for (int64_t i = 0; i < nq; i++) {
     const int64_t qi = q0 + i;
@@ -286,7 +303,8 @@ static void plan_ranges(bwd_args *a) {
 }
 
 static bwd_args make_args(const tg_attn_problem *pr, const tg_micro_ops *ops) {
-  bwd_args a = {.pr = *pr, .ops = ops, .BQ = ops->attn_bq, .BK = ops->attn_bk};
+  bwd_args a = {.pr = *pr, .ops = ops, .BQ = ops->attn_bq, .BK = ops->attn_bk,
+                .bf16_dot = tg_attn_bf16_dot(pr, ops)};
   a.n_qtiles = (pr->qL + a.BQ - 1) / a.BQ;
   a.n_ktiles = (pr->kL + a.BK - 1) / a.BK;
   plan_ranges(&a);

@@ -33,6 +33,7 @@ typedef struct {
   float *delta; /* with dO: rowsum(dO * O) */
   const tg_micro_ops *ops;
   int64_t BQ, BK; /* the ISA's tiles (ops->attn_bq, attn_bk) */
+  int bf16_dot;   /* tg_attn_bf16_dot: S = Q.K^T on bf16 pairs, KT holds pairs */
   int64_t n_qtiles;
 } fwd_args;
 
@@ -75,8 +76,9 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
   const int64_t D = pr->D, h_kv = h / pr->gqa, qt = a->n_qtiles - 1 - x;
   const int64_t q0 = qt * BQ, nq = pr->qL - q0 < BQ ? pr->qL - q0 : BQ;
 
-  tg_attn_load_rows(ops, pr->in, tg_attn_at(pr->in, a->Q, tg_attn_offset(pr->Qs, b, h, 0)),
-                    pr->Qs[2], q0, nq, D, w.Q, NULL, 0);
+  if (!a->bf16_dot) /* (the bf16 dot reads Q's rows in place) */
+    tg_attn_load_rows(ops, pr->in, tg_attn_at(pr->in, a->Q, tg_attn_offset(pr->Qs, b, h, 0)),
+                      pr->Qs[2], q0, nq, D, w.Q, NULL, 0);
   for (int64_t i = 0; i < nq; i++) {
     w.m[i] = -INFINITY;
     w.l[i] = 0.0f;
@@ -88,9 +90,16 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
   const int64_t key_end = tg_attn_key_end(pr, q0, nq);
   for (int64_t k0 = 0; k0 < key_end; k0 += BK) {
     const int64_t nk = key_end - k0 < BK ? key_end - k0 : BK;
-    tg_attn_load_rows(ops, pr->in, Kh, pr->Ks[2], k0, nk, D, w.K, w.KT, BK);
     tg_attn_load_rows(ops, pr->in, Vh, pr->Vs[2], k0, nk, D, w.V, NULL, 0);
-    ops->mm_nn((int)nq, (int)nk, (int)D, w.Q, D, w.KT, BK, w.S, BK, 0); /* Q.K^T */
+    if (a->bf16_dot) { /* Q's bf16 rows in place, K^T in pairs */
+      tg_attn_pack_pairs(ops, Kh, pr->Ks[2], k0, nk, D, (uint32_t *)w.KT, BK);
+      ops->mm_bf16_pairs((int)nq, (int)nk, (int)D,
+                         (const tg_bf16 *)a->Q + tg_attn_offset(pr->Qs, b, h, q0), pr->Qs[2],
+                         (const uint32_t *)w.KT, BK, w.S, BK, 0); /* Q.K^T */
+    } else {
+      tg_attn_load_rows(ops, pr->in, Kh, pr->Ks[2], k0, nk, D, w.K, w.KT, BK);
+      ops->mm_nn((int)nq, (int)nk, (int)D, w.Q, D, w.KT, BK, w.S, BK, 0); /* Q.K^T */
+    }
 
     for (int64_t i = 0; i < nq; i++) {
       const int64_t qi = q0 + i;
@@ -148,7 +157,7 @@ tg_status tg_attn_forward(tg_ctx *ctx, const tg_attn_problem *pr, const void *Q,
                           float *L, const void *dO, float *delta) {
   fwd_args a = {.pr = *pr, .Q = Q, .K = K, .V = V, .dO = dO, .mask = mask, .O = O, .L = L,
                 .delta = delta, .ops = ctx->ops, .BQ = ctx->ops->attn_bq,
-                .BK = ctx->ops->attn_bk};
+                .BK = ctx->ops->attn_bk, .bf16_dot = tg_attn_bf16_dot(pr, ctx->ops)};
   a.n_qtiles = (pr->qL + a.BQ - 1) / a.BQ;
   return tg_dispatch(ctx, a.n_qtiles, pr->H, pr->B, fwd_scratch_bytes(pr->D, a.BQ, a.BK),
                      fwd_group, &a);
