@@ -29,7 +29,6 @@
 #endif
 
 #include "bench.h"
-#include "num.h"
 #include "npy.h"     /* NPY_ERR_LEN: write_json's message buffer */
 #include "outfile.h" /* write_json's atomic output */
 #include "peak.h"
@@ -144,18 +143,14 @@ static void json_num(FILE *f, double v) {
 }
 
 /* ------------------------------------------------------------------------ */
-/* options                                                                    */
+/* built-in shapes                                                            */
 /* ------------------------------------------------------------------------ */
-
-typedef struct {
-  int B, H, Hkv, L, D, causal;
-} attn_shape;
 
 /* Default FA-2 backward shapes: L 512..4096, D 64/128/256, causal and full,
  * one GQA. B*H shrinks as L grows so every shape is 10-170 GFLOP and the whole
  * list (6 runs per shape at 5 reps) takes ~2-4 min at 20-60 GFLOP/s on 2
  * threads. Total per repetition: ~505 GFLOP. */
-static const attn_shape k_default_shapes[] = {
+static const tg_bench_shape k_default_shapes[] = {
     {4, 16, 16, 512, 64, 0},   /*  10.7 GFLOP */
     {2, 16, 16, 1024, 128, 1}, /*  21.5 */
     {2, 16, 16, 1024, 128, 0}, /*  42.9 */
@@ -166,236 +161,19 @@ static const attn_shape k_default_shapes[] = {
     {1, 4, 4, 4096, 256, 0},   /* 171.8 */
 };
 /* --quick: ~2.9 GFLOP per repetition. */
-static const attn_shape k_quick_shapes[] = {
+static const tg_bench_shape k_quick_shapes[] = {
     {1, 4, 4, 256, 64, 0},   /* 0.17 GFLOP */
     {1, 4, 2, 512, 128, 1},  /* 0.67  GQA 2:1 */
     {1, 2, 2, 512, 256, 0},  /* 1.34 */
     {1, 2, 2, 1024, 64, 1},  /* 0.67 */
 };
 
-enum { SECTION_ATTN = 1, SECTION_MEM = 2 };
-
-typedef struct {
-  int threads; /* 0 = OpenMP default */
-  int quick;
-  int reps;
-  const char *json;
-  int isa_set;
-  tg_isa isa;
-  int deterministic;
-  int sections;
-  size_t triad_mib;
-  attn_shape *shapes;
-  int nshapes;
-} bench_opts;
-
-static void usage(FILE *f) {
-  fprintf(f,
-          "usage: tilegrad bench [options]\n"
-          "\n"
-          "Times the FlashAttention-2 backward step (compute_d + bwd + 3 bf16 casts)\n"
-          "and the memory-bound kernels, as a fraction of this machine's measured\n"
-          "ceilings (f32 FMA peak, bf16 dot peak, triad bandwidth) at the same\n"
-          "thread count.\n"
-          "\n"
-          "options:\n"
-          "  --threads N        OpenMP threads for kernels and ceilings (default:\n"
-          "                     OpenMP's default, i.e. OMP_NUM_THREADS or all cores)\n"
-          "  --quick            small shapes (< 20 s in all)\n"
-          "  --shapes LIST      custom attention shapes 'B,H,Hkv,L,D,causal;...'\n"
-          "                     (qL = kL = L, causal 0 or 1), e.g. '1,8,8,2048,128,1'\n"
-          "  --reps N           timed repetitions per case, median reported (default 5;\n"
-          "                     one untimed warm-up run comes first)\n"
-          "  --json FILE        also write all results as JSON to FILE\n"
-          "  --isa I            portable | avx2 | avx512 | auto (default: auto, or $TG_ISA)\n"
-          "  --deterministic    run the kernels in deterministic mode\n"
-          "  --section S        attn | mem | all (default all); peaks: the ceilings only\n"
-          "  --triad-mib N      size of each of the 3 triad arrays in MiB (default 256;\n"
-          "                     keep the 3 arrays well above the L3 size)\n"
-          "  --help             this text\n");
-}
-
-/* The CLI's one number grammar (cli/num.h: decimal, no leading zero, no
- * junk); the caller prints its own message. */
-static int parse_int(const char *s, long lo, long hi, long *out) {
-  int64_t v;
-  char err[TG_NUM_LABEL_LEN];
-  if (!s || tg_num_int("", s, lo, hi, &v, err, sizeof err) != 0) return -1;
-  *out = (long)v;
-  return 0;
-}
-
-/* "B,H,Hkv,L,D,causal;..." -> shapes; returns count or -1 (message printed). */
-static int parse_shapes(const char *spec, attn_shape **out) {
-  int cap = 1;
-  for (const char *c = spec; *c; c++) cap += (*c == ';');
-  attn_shape *v = calloc((size_t)cap, sizeof *v);
-  if (!v) return -1;
-  int n = 0;
-  const char *p = spec;
-  while (*p) {
-    const char *semi = strchr(p, ';');
-    size_t len = semi ? (size_t)(semi - p) : strlen(p);
-    char item[256];
-    if (len >= sizeof item) goto bad;
-    memcpy(item, p, len);
-    item[len] = 0;
-    p += len + (semi ? 1 : 0);
-    /* skip empty items ("a;b;") */
-    int blank = 1;
-    for (char *c = item; *c; c++)
-      if (*c != ' ') blank = 0;
-    if (blank) continue;
-    long f[6];
-    int nf = 0;
-    char *q = item;
-    while (nf < 6) {
-      char *end = NULL;
-      long x = strtol(q, &end, 10);
-      if (end == q) goto bad_item;
-      f[nf++] = x;
-      while (*end == ' ') end++;
-      if (*end == ',') {
-        q = end + 1;
-        continue;
-      }
-      if (*end == '\0') break;
-      goto bad_item;
-    }
-    if (nf != 6) goto bad_item;
-    for (int k = 0; k < 5; k++)
-      if (f[k] < 1 || f[k] > (1L << 30)) goto bad_item;
-    if (f[5] != 0 && f[5] != 1) goto bad_item;
-    if (f[1] % f[2] != 0) {
-      fprintf(stderr, "tilegrad bench: shape '%s': H=%ld is not a multiple of Hkv=%ld\n",
-              item, f[1], f[2]);
-      free(v);
-      return -1;
-    }
-    v[n++] = (attn_shape){(int)f[0], (int)f[1], (int)f[2], (int)f[3], (int)f[4], (int)f[5]};
-    continue;
-  bad_item:
-    fprintf(stderr,
-            "tilegrad bench: bad shape '%s' (want B,H,Hkv,L,D,causal with positive "
-            "sizes and causal 0 or 1)\n",
-            item);
-    free(v);
-    return -1;
-  }
-  if (n == 0) {
-  bad:
-    fprintf(stderr, "tilegrad bench: --shapes: no usable shape in '%s'\n", spec);
-    free(v);
-    return -1;
-  }
-  *out = v;
-  return n;
-}
-
-/* Returns 0 to run, 1 for --help (exit 0), -1 on a usage error. */
-static int parse_args(int argc, char **argv, bench_opts *o) {
-  memset(o, 0, sizeof *o);
-  o->reps = 5;
-  o->sections = SECTION_ATTN | SECTION_MEM;
-  o->triad_mib = 256;
-  o->isa = TG_ISA_AUTO;
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    const char *val = NULL;
-    char name[64];
-    const char *eq = strchr(a, '=');
-    if (strncmp(a, "--", 2) == 0 && eq && (size_t)(eq - a) < sizeof name) {
-      memcpy(name, a, (size_t)(eq - a));
-      name[eq - a] = 0;
-      val = eq + 1;
-    } else {
-      snprintf(name, sizeof name, "%s", a);
-    }
-#define NEED_VALUE()                                                           \
-  do {                                                                         \
-    if (!val) {                                                                \
-      if (i + 1 >= argc) {                                                     \
-        fprintf(stderr, "tilegrad bench: %s needs a value\n", name);           \
-        return -1;                                                             \
-      }                                                                        \
-      val = argv[++i];                                                         \
-    }                                                                          \
-  } while (0)
-    long v;
-    if (!strcmp(name, "--help") || !strcmp(name, "-h")) {
-      return 1;
-    } else if (!strcmp(name, "--quick")) {
-      o->quick = 1;
-    } else if (!strcmp(name, "--deterministic")) {
-      o->deterministic = 1;
-    } else if (!strcmp(name, "--threads")) {
-      NEED_VALUE();
-      if (parse_int(val, 1, 4096, &v)) {
-        fprintf(stderr, "tilegrad bench: --threads '%s': want an integer >= 1\n", val);
-        return -1;
-      }
-      o->threads = (int)v;
-    } else if (!strcmp(name, "--reps")) {
-      NEED_VALUE();
-      if (parse_int(val, 1, 100000, &v)) {
-        fprintf(stderr, "tilegrad bench: --reps '%s': want an integer >= 1\n", val);
-        return -1;
-      }
-      o->reps = (int)v;
-    } else if (!strcmp(name, "--triad-mib")) {
-      NEED_VALUE();
-      if (parse_int(val, 1, 1L << 20, &v)) {
-        fprintf(stderr, "tilegrad bench: --triad-mib '%s': want an integer >= 1\n", val);
-        return -1;
-      }
-      o->triad_mib = (size_t)v;
-    } else if (!strcmp(name, "--json")) {
-      NEED_VALUE();
-      o->json = val;
-    } else if (!strcmp(name, "--isa")) {
-      NEED_VALUE();
-      o->isa_set = 1;
-      if (tg_isa_from_name(val, &o->isa) != TG_OK) {
-        fprintf(stderr, "tilegrad bench: --isa '%s': want portable, avx2, avx512 or auto\n", val);
-        return -1;
-      }
-    } else if (!strcmp(name, "--section")) {
-      NEED_VALUE();
-      if (!strcmp(val, "attn"))
-        o->sections = SECTION_ATTN;
-      else if (!strcmp(val, "mem"))
-        o->sections = SECTION_MEM;
-      else if (!strcmp(val, "all"))
-        o->sections = SECTION_ATTN | SECTION_MEM;
-      else if (!strcmp(val, "peaks"))
-        o->sections = 0;
-      else {
-        fprintf(stderr, "tilegrad bench: --section '%s': want attn, mem, peaks or all\n",
-                val);
-        return -1;
-      }
-    } else if (!strcmp(name, "--shapes")) {
-      NEED_VALUE();
-      free(o->shapes);
-      o->shapes = NULL;
-      int n = parse_shapes(val, &o->shapes);
-      if (n < 0) return -1;
-      o->nshapes = n;
-    } else {
-      fprintf(stderr, "tilegrad bench: unknown option '%s'\n", a);
-      return -1;
-    }
-#undef NEED_VALUE
-  }
-  return 0;
-}
-
 /* ------------------------------------------------------------------------ */
 /* attention backward                                                         */
 /* ------------------------------------------------------------------------ */
 
 typedef struct {
-  attn_shape s;
+  tg_bench_shape s;
   double gflop; /* per step */
   int ok;
   char err[400];
@@ -408,13 +186,13 @@ typedef struct {
   double gflop_fwd, ms_fwd_med, ms_fwd_min, gflops_fwd, pct_fma_fwd; /* forward */
 } attn_result;
 
-static double attn_gflop(const attn_shape *s) {
+static double attn_gflop(const tg_bench_shape *s) {
   double f = 10.0 * s->B * (double)s->H * (double)s->L * (double)s->L * s->D;
   return (s->causal ? 0.5 * f : f) * 1e-9;
 }
 
 /* The forward's two products Q.K^T and P.V. */
-static double attn_fwd_gflop(const attn_shape *s) { return 0.4 * attn_gflop(s); }
+static double attn_fwd_gflop(const tg_bench_shape *s) { return 0.4 * attn_gflop(s); }
 
 /* Scores of one query row against nk keys: s[k] = scale * q . K[k].
  * Cloned per ISA where the toolchain supports ifunc dispatch; only used to
@@ -437,7 +215,7 @@ static void row_scores(const float *q, const float *K, int64_t nk, int D, float 
 /* Exact natural-log logsumexp of every score row (what the forward would
  * leave in L), from the bf16 inputs widened to f32. Returns 0, or -1 when a
  * row buffer cannot be allocated. */
-static int exact_logsumexp(const attn_shape *s, const float *Qf, const float *Kf,
+static int exact_logsumexp(const tg_bench_shape *s, const float *Qf, const float *Kf,
                            float scale, float *Lse) {
   const int64_t L = s->L, H = s->H, D = s->D, gqa = s->H / s->Hkv;
   const int64_t rows = (int64_t)s->B * H * L;
@@ -485,8 +263,8 @@ static int all_finite(const float *x, int64_t n) {
     }                                                                              \
   } while (0)
 
-static void run_attn_shape(tg_ctx *ctx, const bench_opts *o, attn_result *r) {
-  const attn_shape *s = &r->s;
+static void run_attn_shape(tg_ctx *ctx, const tg_bench_opts *o, attn_result *r) {
+  const tg_bench_shape *s = &r->s;
   const int64_t nq = (int64_t)s->B * s->H * s->L * s->D;   /* Q, O, dO, dQ */
   const int64_t nk = (int64_t)s->B * s->Hkv * s->L * s->D; /* K, V, dK, dV */
   const int64_t nrow = (int64_t)s->B * s->H * s->L;        /* L, D_vec */
@@ -945,7 +723,7 @@ static void evict_buffers(const mem_case *c) {
 #endif
 }
 
-static void run_mem_kernel(tg_ctx *ctx, const bench_opts *o, const mem_kernel *k,
+static void run_mem_kernel(tg_ctx *ctx, const tg_bench_opts *o, const mem_kernel *k,
                            mem_result *r) {
   mem_case c;
   memset(&c, 0, sizeof c);
@@ -984,14 +762,14 @@ done:
 /* report                                                                     */
 /* ------------------------------------------------------------------------ */
 
-static void fmt_shape(char *out, size_t cap, const attn_shape *s) {
+static void fmt_shape(char *out, size_t cap, const tg_bench_shape *s) {
   snprintf(out, cap, "%d,%d,%d,%d,%d,%s", s->B, s->H, s->Hkv, s->L, s->D,
            s->causal ? "causal" : "full");
 }
 
 /* Written to a temporary next to path and renamed over it when complete
  * (cli/outfile.h): a failed or interrupted write leaves path as it was. */
-static int write_json(const char *path, const bench_opts *o, const char *cpu,
+static int write_json(const char *path, const tg_bench_opts *o, const char *cpu,
                       const char *isa, int threads, const tg_peaks *pk, double ceil,
                       const attn_result *ar, int na, const mem_result *mr, int nm) {
   tg_outset out;
@@ -1138,64 +916,55 @@ static int write_json(const char *path, const bench_opts *o, const char *cpu,
 /* entry point                                                                */
 /* ------------------------------------------------------------------------ */
 
-int tg_bench_main(int argc, char **argv) {
-  bench_opts o;
-  int pa = parse_args(argc, argv, &o);
-  if (pa != 0) {
-    usage(pa > 0 ? stdout : stderr);
-    free(o.shapes);
-    return pa > 0 ? 0 : 2;
-  }
-
+int tg_bench_main(const tg_bench_opts *o) {
   tg_ctx *ctx = NULL;
   tg_status st = tg_ctx_create(&ctx);
   if (st != TG_OK) {
     fprintf(stderr, "tilegrad bench: tg_ctx_create: %s\n", tg_status_str(st));
-    free(o.shapes);
     return 1;
   }
   int rc = 0;
   attn_result *ar = NULL;
   mem_result *mr = NULL;
   int na = 0, nm = 0;
-  if (o.threads > 0 && (st = tg_ctx_set_threads(ctx, o.threads)) != TG_OK) {
-    fprintf(stderr, "tilegrad bench: --threads %d: %s\n", o.threads, tg_ctx_last_error(ctx));
+  if (o->threads > 0 && (st = tg_ctx_set_threads(ctx, o->threads)) != TG_OK) {
+    fprintf(stderr, "tilegrad bench: --threads %d: %s\n", o->threads, tg_ctx_last_error(ctx));
     rc = 2;
     goto out;
   }
-  if (o.isa_set && (st = tg_ctx_set_isa(ctx, o.isa)) != TG_OK) {
-    fprintf(stderr, "tilegrad bench: --isa %s: %s\n", tg_isa_name(o.isa),
+  if (o->isa_set && (st = tg_ctx_set_isa(ctx, o->isa)) != TG_OK) {
+    fprintf(stderr, "tilegrad bench: --isa %s: %s\n", tg_isa_name(o->isa),
             tg_ctx_last_error(ctx));
     rc = 2;
     goto out;
   }
-  if (o.deterministic && (st = tg_ctx_set_deterministic(ctx, 1)) != TG_OK) {
+  if (o->deterministic && (st = tg_ctx_set_deterministic(ctx, 1)) != TG_OK) {
     fprintf(stderr, "tilegrad bench: --deterministic: %s\n", tg_ctx_last_error(ctx));
     rc = 2;
     goto out;
   }
   /* The helpers' own parallel loops (input fill, logsumexp) use the same
    * thread count as the kernels. */
-  const int threads = o.threads > 0 ? o.threads : omp_get_max_threads();
+  const int threads = o->threads > 0 ? o->threads : omp_get_max_threads();
   omp_set_num_threads(threads);
   const char *isa = tg_isa_name(tg_ctx_get_isa(ctx));
   char cpu[256];
   cpu_model(cpu, sizeof cpu);
 
-  const attn_shape *shapes = o.shapes;
-  int nshapes = o.nshapes;
+  const tg_bench_shape *shapes = o->shapes;
+  int nshapes = o->nshapes;
   if (!shapes) {
-    shapes = o.quick ? k_quick_shapes : k_default_shapes;
-    nshapes = o.quick ? (int)(sizeof k_quick_shapes / sizeof k_quick_shapes[0])
-                      : (int)(sizeof k_default_shapes / sizeof k_default_shapes[0]);
+    shapes = o->quick ? k_quick_shapes : k_default_shapes;
+    nshapes = o->quick ? (int)(sizeof k_quick_shapes / sizeof k_quick_shapes[0])
+                       : (int)(sizeof k_default_shapes / sizeof k_default_shapes[0]);
   }
 
   /* --- ceilings ---------------------------------------------------------- */
   fprintf(stderr, "measuring ceilings at %d thread%s ...\n", threads, threads == 1 ? "" : "s");
   tg_peaks pk;
-  if (tg_peaks_measure(&pk, threads, o.triad_mib << 20) != 0)
+  if (tg_peaks_measure(&pk, threads, o->triad_mib << 20) != 0)
     fprintf(stderr, "tilegrad bench: could not allocate 3 x %zu MiB for the triad; "
-                    "bandwidth ceiling unavailable\n", o.triad_mib);
+                    "bandwidth ceiling unavailable\n", o->triad_mib);
   /* The ceilings are those of the instructions the chosen table uses: the
    * avx2 table on an AVX-512 CPU is measured against the ymm FMA peak, and
    * only the avx512bf16 table uses the bf16 dot unit (for Q.K^T and dO.V^T,
@@ -1210,7 +979,7 @@ int tg_bench_main(int argc, char **argv) {
   printf("tilegrad bench %d.%d.%d\n", TG_VERSION_MAJOR, TG_VERSION_MINOR, TG_VERSION_PATCH);
   printf("cpu:      %s\n", cpu);
   printf("threads:  %d    isa: %s    deterministic: %s    reps: %d (median; 1 warm-up)\n",
-         threads, isa, o.deterministic ? "on" : "off", o.reps);
+         threads, isa, o->deterministic ? "on" : "off", o->reps);
   printf("ceilings at %d thread%s:\n", threads, threads == 1 ? "" : "s");
   printf("  f32 FMA peak     %8.1f GFLOP/s  (%s; avx512f %.1f, avx2+fma %.1f, portable %.1f)\n",
          pk.fma_gflops, pk.fma_variant, pk.fma_avx512_gflops, pk.fma_avx2_gflops,
@@ -1221,13 +990,13 @@ int tg_bench_main(int argc, char **argv) {
   else
     printf("  bf16 dot peak         n/a         (no AVX512_BF16 on this CPU, or not this ISA's)\n");
   printf("  triad            %8.1f GB/s     (a = b + 2c, 3 x %zu MiB, 3 streams counted)\n",
-         pk.triad_gbs, o.triad_mib);
+         pk.triad_gbs, o->triad_mib);
   printf("  exact-mode ceil  %8.1f GFLOP/s  (FA-2 bwd: 0.4 F at bf16 dot + 0.6 F at FMA)\n",
          ceil);
   fflush(stdout);
 
   /* --- attention backward -------------------------------------------------- */
-  if (o.sections & SECTION_ATTN) {
+  if (o->sections & TG_BENCH_SECTION_ATTN) {
     ar = calloc((size_t)nshapes, sizeof *ar);
     if (!ar) {
       fprintf(stderr, "tilegrad bench: out of memory\n");
@@ -1247,7 +1016,7 @@ int tg_bench_main(int argc, char **argv) {
       fprintf(stderr, "running shape %d/%d: %s (%.2f GFLOP per step) ...\n", i + 1, nshapes,
               sh, attn_gflop(&r->s));
       fflush(stderr);
-      run_attn_shape(ctx, &o, r);
+      run_attn_shape(ctx, o, r);
       if (!r->ok) {
         printf("%-3d %-26s %9.2f  FAILED: %s\n", i + 1, sh, r->gflop, r->err);
         rc = 1;
@@ -1279,7 +1048,7 @@ int tg_bench_main(int argc, char **argv) {
   }
 
   /* --- memory-bound kernels -------------------------------------------------- */
-  if (o.sections & SECTION_MEM) {
+  if (o->sections & TG_BENCH_SECTION_MEM) {
     mr = calloc((size_t)N_MEM_KERNELS, sizeof *mr);
     if (!mr) {
       fprintf(stderr, "tilegrad bench: out of memory\n");
@@ -1296,7 +1065,7 @@ int tg_bench_main(int argc, char **argv) {
       fprintf(stderr, "running kernel %d/%d: %s ...\n", i + 1, N_MEM_KERNELS,
               k_mem_kernels[i].name);
       fflush(stderr);
-      run_mem_kernel(ctx, &o, &k_mem_kernels[i], r);
+      run_mem_kernel(ctx, o, &k_mem_kernels[i], r);
       if (!r->ok) {
         printf("%-3d %-36s %-30s  FAILED: %s\n", i + 1, r->name, r->shape, r->err);
         rc = 1;
@@ -1314,12 +1083,12 @@ int tg_bench_main(int argc, char **argv) {
     }
   }
 
-  if (o.json) {
-    if (write_json(o.json, &o, cpu, isa, threads, &pk, ceil, ar, na, mr, nm) != 0) {
-      fprintf(stderr, "tilegrad bench: cannot write %s\n", o.json);
+  if (o->json) {
+    if (write_json(o->json, o, cpu, isa, threads, &pk, ceil, ar, na, mr, nm) != 0) {
+      fprintf(stderr, "tilegrad bench: cannot write %s\n", o->json);
       rc = 1;
     } else {
-      fprintf(stderr, "wrote %s\n", o.json);
+      fprintf(stderr, "wrote %s\n", o->json);
     }
   }
 
@@ -1328,7 +1097,6 @@ out:
     for (int i = 0; i < na; i++) free(ar[i].ms);
   free(ar);
   free(mr);
-  free(o.shapes);
   tg_ctx_destroy(ctx);
   return rc;
 }

@@ -1,102 +1,283 @@
-/* Checks of `tilegrad bench`'s arguments before it runs; see bench_args.h. */
+/* `tilegrad bench`'s command line: the parser, the --json location check and
+ * the help text; see bench_args.h. */
 #include "bench_args.h"
 
+#include <stdarg.h>
 #include <stdint.h>
-#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "num.h"
 #include "outfile.h"
 
-/* One field of a --shapes item, trimmed of the blanks the bench's own parser
- * allows around it, checked as a decimal integer in [lo, hi]. */
-static int shape_field(const char *item, int k, const char *f, size_t len, int64_t lo,
-                       int64_t hi, char *msg, size_t msglen) {
+enum { DEFAULT_REPS = 5, DEFAULT_TRIAD_MIB = 256 };
+
+void tg_cli_bench_usage(FILE *f) {
+  fprintf(f,
+          "usage: tilegrad bench [options]\n"
+          "\n"
+          "Times the FlashAttention-2 backward step (compute_d + bwd + 3 bf16 casts)\n"
+          "and the memory-bound kernels, as a fraction of this machine's measured\n"
+          "ceilings (f32 FMA peak, bf16 dot peak, triad bandwidth) at the same\n"
+          "thread count.\n"
+          "\n"
+          "options (\"--opt value\" or \"--opt=value\"):\n"
+          "  --threads N        OpenMP threads for kernels and ceilings, 1-4096 (default:\n"
+          "                     OpenMP's default, i.e. OMP_NUM_THREADS or all cores)\n"
+          "  --quick            small shapes (< 20 s in all)\n"
+          "  --shapes LIST      custom attention shapes 'B,H,Hkv,L,D,causal;...'\n"
+          "                     (qL = kL = L, sizes 1-2^30, H a multiple of Hkv,\n"
+          "                     causal 0 or 1), e.g. '1,8,8,2048,128,1'\n"
+          "  --reps N           timed repetitions per case, median reported (default %d,\n"
+          "                     at most 100000; one untimed warm-up run comes first)\n"
+          "  --json FILE        also write all results as JSON to FILE (its location is\n"
+          "                     checked before the bench starts)\n"
+          "  --isa I            portable | avx2 | avx512 | auto (default: auto, or $TG_ISA)\n"
+          "  --deterministic    run the kernels in deterministic mode\n"
+          "  --section S        attn | mem | all (default all); peaks: the ceilings only\n"
+          "  --triad-mib N      size of each of the 3 triad arrays in MiB (default %d,\n"
+          "                     at most 2^20; keep the 3 arrays well above the L3 size)\n"
+          "  --help             this text\n"
+          "\n"
+          "Numbers are decimal integers (no leading zeros, no hex); a bad one is refused\n"
+          "with exit 2 before anything is measured.\n",
+          DEFAULT_REPS, DEFAULT_TRIAD_MIB);
+}
+
+static int refuse(char *msg, size_t msglen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int refuse(char *msg, size_t msglen, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, msglen, fmt, ap);
+  va_end(ap);
+  return BENCH_ARGS_BAD;
+}
+
+/* text[0..len) in single quotes for a message, cut to its first 64 chars. */
+#define QUOTED_LEN 72
+static const char *quoted(char buf[QUOTED_LEN], const char *text, size_t len) {
+  snprintf(buf, QUOTED_LEN, "'%.*s%s'", (int)(len > 64 ? 64 : len), text,
+           len > 64 ? "..." : "");
+  return buf;
+}
+
+/* An integer option's value in [lo, hi]; the message names the option and
+ * the value ("--reps 010: leading zero ..."). */
+static int parse_integer(const char *opt, const char *val, int64_t lo, int64_t hi,
+                         int64_t *out, char *msg, size_t msglen) {
+  char label[TG_NUM_LABEL_LEN];
+  tg_num_label(label, sizeof label, opt, ' ', val);
+  return tg_num_int(label, val, lo, hi, out, msg, msglen) ? BENCH_ARGS_BAD : BENCH_ARGS_RUN;
+}
+
+/* Drops the blanks around text, in place. */
+static char *trim_blanks(char *text) {
+  while (*text == ' ') text++;
+  size_t len = strlen(text);
+  while (len && text[len - 1] == ' ') text[--len] = '\0';
+  return text;
+}
+
+/* One --shapes item "B,H,Hkv,L,D,causal" into *s. item is a writable copy
+ * of given[0..len), which the messages quote. */
+static int parse_shape(const char *given, size_t len, char *item, tg_bench_shape *s,
+                       char *msg, size_t msglen) {
   static const char *const names[6] = {"B", "H", "Hkv", "L", "D", "causal"};
-  while (len && *f == ' ') f++, len--;
-  while (len && f[len - 1] == ' ') len--;
-  char text[64], opt[160], label[TG_NUM_LABEL_LEN + 160];
-  if (len >= sizeof text) len = sizeof text - 1; /* still not a valid number: refused */
-  memcpy(text, f, len);
-  text[len] = '\0';
-  snprintf(opt, sizeof opt, "--shapes '%.64s%s': field %s", item,
-           strlen(item) > 64 ? "..." : "", names[k]);
-  tg_num_label(label, sizeof label, opt, '=', text);
-  int64_t v;
-  return tg_num_int(label, text, lo, hi, &v, msg, msglen);
-}
-
-/* "B,H,Hkv,L,D,causal;..." as bench/bench.c reads it; blank items are
- * skipped there, so here too. */
-static int check_shapes(const char *spec, char *msg, size_t msglen) {
-  const char *p = spec;
-  while (*p) {
-    const char *semi = strchr(p, ';');
-    const size_t len = semi ? (size_t)(semi - p) : strlen(p);
-    char item[256];
-    snprintf(item, sizeof item, "%.*s", (int)(len < sizeof item ? len : sizeof item - 1), p);
-    p += len + (semi ? 1 : 0);
-    if (strspn(item, " ") == strlen(item)) continue;
-    if (len >= sizeof item) {
-      snprintf(msg, msglen, "--shapes: item of %zu chars is too long", len);
-      return -1;
-    }
-    const char *f = item;
-    for (int k = 0; k < 6; k++) {
-      const char *comma = strchr(f, ',');
-      if ((k < 5) != (comma != NULL)) {
-        snprintf(msg, msglen,
-                 "--shapes '%s': want 6 fields B,H,Hkv,L,D,causal (positive sizes, "
-                 "causal 0 or 1)", item);
-        return -1;
-      }
-      const size_t flen = comma ? (size_t)(comma - f) : strlen(f);
-      if (shape_field(item, k, f, flen, k < 5 ? 1 : 0, k < 5 ? (1 << 30) : 1, msg, msglen))
-        return -1;
-      f = comma ? comma + 1 : f + flen;
-    }
+  char q[QUOTED_LEN];
+  quoted(q, given, len);
+  int64_t v[6];
+  char *field = item;
+  for (int k = 0; k < 6; k++) {
+    char *comma = strchr(field, ',');
+    if ((k < 5) != (comma != NULL))
+      return refuse(msg, msglen,
+                    "--shapes %s: want 6 fields B,H,Hkv,L,D,causal (positive sizes, causal "
+                    "0 or 1)", q);
+    if (comma) *comma = '\0';
+    const char *text = trim_blanks(field);
+    char opt[QUOTED_LEN + 32], label[TG_NUM_LABEL_LEN + sizeof opt];
+    snprintf(opt, sizeof opt, "--shapes %s: field %s", q, names[k]);
+    tg_num_label(label, sizeof label, opt, '=', text);
+    if (tg_num_int(label, text, k < 5 ? 1 : 0, k < 5 ? 1 << 30 : 1, &v[k], msg, msglen))
+      return BENCH_ARGS_BAD;
+    if (comma) field = comma + 1;
   }
-  return 0;
+  if (v[1] % v[2])
+    return refuse(msg, msglen, "--shapes %s: H=%lld is not a multiple of Hkv=%lld", q,
+                  (long long)v[1], (long long)v[2]);
+  *s = (tg_bench_shape){(int)v[0], (int)v[1], (int)v[2], (int)v[3], (int)v[4], (int)v[5]};
+  return BENCH_ARGS_RUN;
 }
 
-int tg_cli_bench_precheck(int argc, char **argv, int check_files, char *msg, size_t msglen) {
-  if (msg && msglen) msg[0] = '\0';
+/* "B,H,Hkv,L,D,causal;..." into o->shapes (replacing an earlier --shapes).
+ * Items of blanks only are skipped ("a;b;" is two shapes); blanks around a
+ * field are allowed. */
+static int parse_shapes(const char *spec, tg_bench_opts *o, char *msg, size_t msglen) {
+  free(o->shapes);
+  o->shapes = NULL;
+  o->nshapes = 0;
+  const size_t speclen = strlen(spec);
+  size_t items = 1;
+  for (const char *c = spec; *c; c++) items += *c == ';';
+  char *copy = malloc(speclen + 1);
+  tg_bench_shape *shapes = calloc(items, sizeof *shapes);
+  int n = 0, rc = BENCH_ARGS_RUN;
+  if (!copy || !shapes) {
+    rc = refuse(msg, msglen, "--shapes: out of memory");
+    goto done;
+  }
+  memcpy(copy, spec, speclen + 1);
+  for (char *item = copy; rc == BENCH_ARGS_RUN;) {
+    char *semi = strchr(item, ';');
+    if (semi) *semi = '\0';
+    const size_t len = strlen(item);
+    if (strspn(item, " ") < len)
+      rc = parse_shape(spec + (item - copy), len, item, &shapes[n++], msg, msglen);
+    if (!semi) break;
+    item = semi + 1;
+  }
+  if (rc == BENCH_ARGS_RUN && n == 0) {
+    char q[QUOTED_LEN];
+    rc = refuse(msg, msglen, "--shapes: no usable shape in %s", quoted(q, spec, speclen));
+  }
+done:
+  free(copy);
+  if (rc != BENCH_ARGS_RUN) {
+    free(shapes);
+    return rc;
+  }
+  o->shapes = shapes;
+  o->nshapes = n;
+  return BENCH_ARGS_RUN;
+}
+
+typedef enum {
+  OPT_HELP,
+  OPT_QUICK,
+  OPT_DETERMINISTIC,
+  OPT_THREADS,
+  OPT_REPS,
+  OPT_TRIAD_MIB,
+  OPT_JSON,
+  OPT_ISA,
+  OPT_SECTION,
+  OPT_SHAPES
+} bench_option;
+
+static const struct {
+  const char *name;
+  bench_option id;
+  int takes_value;
+} k_options[] = {
+    {"--help", OPT_HELP, 0},        {"-h", OPT_HELP, 0},
+    {"--quick", OPT_QUICK, 0},      {"--deterministic", OPT_DETERMINISTIC, 0},
+    {"--threads", OPT_THREADS, 1},  {"--reps", OPT_REPS, 1},
+    {"--triad-mib", OPT_TRIAD_MIB, 1}, {"--json", OPT_JSON, 1},
+    {"--isa", OPT_ISA, 1},          {"--section", OPT_SECTION, 1},
+    {"--shapes", OPT_SHAPES, 1},
+};
+
+static const struct {
+  const char *name;
+  int sections;
+} k_sections[] = {
+    {"attn", TG_BENCH_SECTION_ATTN},
+    {"mem", TG_BENCH_SECTION_MEM},
+    {"all", TG_BENCH_SECTION_ATTN | TG_BENCH_SECTION_MEM},
+    {"peaks", 0},
+};
+
+/* The arguments in order, into *o (already holding the defaults). */
+static int parse_each(int argc, char **argv, tg_bench_opts *o, char *msg, size_t msglen) {
+  char q[QUOTED_LEN];
   for (int i = 1; i < argc; i++) {
-    const char *a = argv[i], *val = NULL;
-    char name[64];
-    const char *eq = strchr(a, '=');
-    if (!strncmp(a, "--", 2) && eq && (size_t)(eq - a) < sizeof name) {
-      snprintf(name, sizeof name, "%.*s", (int)(eq - a), a);
-      val = eq + 1;
-    } else {
-      snprintf(name, sizeof name, "%.63s", a);
+    const char *arg = argv[i];
+    size_t opt = 0, n = 0;
+    for (; opt < sizeof k_options / sizeof k_options[0]; opt++) {
+      n = strlen(k_options[opt].name);
+      if (!strncmp(arg, k_options[opt].name, n) && (arg[n] == '\0' || arg[n] == '=')) break;
     }
-    if (!strcmp(name, "--help") || !strcmp(name, "-h")) return 0; /* the bench says it */
-    if (!strcmp(name, "--quick") || !strcmp(name, "--deterministic")) continue;
-    static const char *const valued[] = {"--threads", "--reps", "--triad-mib", "--json",
-                                         "--isa", "--section", "--shapes"};
-    int known = 0;
-    for (size_t v = 0; v < sizeof valued / sizeof valued[0]; v++) known |= !strcmp(name, valued[v]);
-    if (!known) return 0; /* the bench refuses it with its own message */
-    if (!val) {
-      if (i + 1 >= argc) return 0; /* "needs a value": the bench says it */
+    if (opt == sizeof k_options / sizeof k_options[0])
+      return refuse(msg, msglen, "unknown option %s (see tilegrad bench --help)",
+                    quoted(q, arg, strlen(arg)));
+    const char *name = k_options[opt].name;
+    const char *val = arg[n] == '=' ? arg + n + 1 : NULL;
+    if (!k_options[opt].takes_value && val) return refuse(msg, msglen, "%s takes no value", name);
+    if (k_options[opt].takes_value && !val) {
+      if (i + 1 >= argc) return refuse(msg, msglen, "%s needs a value", name);
       val = argv[++i];
     }
-    char label[TG_NUM_LABEL_LEN];
     int64_t v;
-    tg_num_label(label, sizeof label, name, ' ', val);
-    int bad = 0;
-    if (!strcmp(name, "--threads")) bad = tg_num_int(label, val, 1, 4096, &v, msg, msglen);
-    else if (!strcmp(name, "--reps")) bad = tg_num_int(label, val, 1, 100000, &v, msg, msglen);
-    else if (!strcmp(name, "--triad-mib"))
-      bad = tg_num_int(label, val, 1, 1 << 20, &v, msg, msglen);
-    else if (!strcmp(name, "--shapes")) bad = check_shapes(val, msg, msglen);
-    else if (!strcmp(name, "--json") && check_files) {
-      tg_outset set;
-      tg_outset_init(&set);
-      bad = tg_outset_add(&set, "--json", val, msg, msglen) < 0;
+    int rc = BENCH_ARGS_RUN;
+    switch (k_options[opt].id) {
+      case OPT_HELP:
+        return BENCH_ARGS_HELP;
+      case OPT_QUICK:
+        o->quick = 1;
+        break;
+      case OPT_DETERMINISTIC:
+        o->deterministic = 1;
+        break;
+      case OPT_THREADS:
+        if (!(rc = parse_integer(name, val, 1, 4096, &v, msg, msglen))) o->threads = (int)v;
+        break;
+      case OPT_REPS:
+        if (!(rc = parse_integer(name, val, 1, 100000, &v, msg, msglen))) o->reps = (int)v;
+        break;
+      case OPT_TRIAD_MIB:
+        if (!(rc = parse_integer(name, val, 1, 1 << 20, &v, msg, msglen)))
+          o->triad_mib = (size_t)v;
+        break;
+      case OPT_JSON:
+        o->json = val;
+        break;
+      case OPT_ISA:
+        if (tg_isa_from_name(val, &o->isa) != TG_OK)
+          return refuse(msg, msglen, "--isa %s: want portable, avx2, avx512 or auto",
+                        quoted(q, val, strlen(val)));
+        o->isa_set = 1;
+        break;
+      case OPT_SECTION: {
+        size_t s = 0;
+        while (s < sizeof k_sections / sizeof k_sections[0] && strcmp(val, k_sections[s].name))
+          s++;
+        if (s == sizeof k_sections / sizeof k_sections[0])
+          return refuse(msg, msglen, "--section %s: want attn, mem, peaks or all",
+                        quoted(q, val, strlen(val)));
+        o->sections = k_sections[s].sections;
+        break;
+      }
+      case OPT_SHAPES:
+        rc = parse_shapes(val, o, msg, msglen);
+        break;
     }
-    if (bad) return 2;
+    if (rc != BENCH_ARGS_RUN) return rc;
   }
-  return 0;
+  return BENCH_ARGS_RUN;
+}
+
+int tg_cli_bench_parse_args(int argc, char **argv, tg_bench_opts *o, char *msg,
+                            size_t msglen) {
+  if (msg && msglen) msg[0] = '\0';
+  *o = (tg_bench_opts){.reps = DEFAULT_REPS,
+                       .triad_mib = DEFAULT_TRIAD_MIB,
+                       .isa = TG_ISA_AUTO,
+                       .sections = TG_BENCH_SECTION_ATTN | TG_BENCH_SECTION_MEM};
+  const int rc = parse_each(argc, argv, o, msg, msglen);
+  if (rc != BENCH_ARGS_RUN) tg_cli_bench_opts_free(o);
+  return rc;
+}
+
+int tg_cli_bench_check_json(const tg_bench_opts *o, char *msg, size_t msglen) {
+  if (!o->json) return 0;
+  tg_outset set;
+  tg_outset_init(&set);
+  return tg_outset_add(&set, "--json", o->json, msg, msglen) < 0 ? -1 : 0;
+}
+
+void tg_cli_bench_opts_free(tg_bench_opts *o) {
+  free(o->shapes);
+  o->shapes = NULL;
+  o->nshapes = 0;
 }

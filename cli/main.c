@@ -1,7 +1,8 @@
 /*
  * The `tilegrad` command:
  *   tilegrad run <kernel> ...   run one kernel on .npy buffers (cli/run.c)
- *   tilegrad bench ...          benchmarks (bench/, tg_bench_main)
+ *   tilegrad bench ...          benchmarks (command line: cli/bench_args.c;
+ *                               the bench: bench/, tg_bench_main)
  *   tilegrad train ...          train the tiny example model (cli/train.c)
  *   tilegrad --version | --help
  */
@@ -50,6 +51,29 @@ static int version(void) {
   return 0;
 }
 
+/* `tilegrad bench`: its command line and the --json location are checked
+ * before the bench runs (minutes), not found wrong after it. */
+static int bench_command(int argc, char **argv) {
+  tg_bench_opts opts;
+  char msg[NPY_ERR_LEN];
+  const int parsed = tg_cli_bench_parse_args(argc, argv, &opts, msg, sizeof msg);
+  if (parsed == BENCH_ARGS_HELP) {
+    tg_cli_bench_usage(stdout);
+    return 0;
+  }
+  if (parsed == BENCH_ARGS_BAD) {
+    fprintf(stderr, "tilegrad bench: %s\n", msg);
+    return 2;
+  }
+  int rc = 2;
+  if (tg_cli_bench_check_json(&opts, msg, sizeof msg))
+    fprintf(stderr, "tilegrad bench: %s\n", msg);
+  else
+    rc = tg_bench_main(&opts);
+  tg_cli_bench_opts_free(&opts);
+  return rc;
+}
+
 int main(int argc, char **argv) {
   /* SIGINT/SIGTERM/SIGHUP remove the temporaries of unfinished outputs. */
   tg_out_signals_install();
@@ -65,16 +89,7 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "--version") || !strcmp(cmd, "-V") || !strcmp(cmd, "version"))
     return version();
   if (!strcmp(cmd, "run")) return tg_cli_run_main(argc - 1, argv + 1);
-  if (!strcmp(cmd, "bench")) {
-    /* Numbers and the --json location are checked before the bench runs
-     * (minutes), not found wrong after it. */
-    char msg[NPY_ERR_LEN];
-    if (tg_cli_bench_precheck(argc - 1, argv + 1, 1, msg, sizeof msg)) {
-      fprintf(stderr, "tilegrad bench: %s\n", msg);
-      return 2;
-    }
-    return tg_bench_main(argc - 1, argv + 1);
-  }
+  if (!strcmp(cmd, "bench")) return bench_command(argc - 1, argv + 1);
   if (!strcmp(cmd, "train")) {
 #ifdef TG_HAVE_TRAIN
     return tg_cli_train_main(argc - 1, argv + 1);

@@ -1,7 +1,7 @@
 /*
  * libFuzzer target: the CLI's argument parsers (cli/run.c's command line and
- * --param values, cli/bench_args.c's bench option checks, cli/num.c's number
- * parser), without touching any file.
+ * --param values, cli/bench_args.c's parser of bench's command line,
+ * cli/num.c's number parser), without touching any file.
  *
  * Input: byte 0 picks the command (bit 0: run or bench); the rest is split
  * at NUL bytes into at most 48 arguments (an argument ends at a NUL or at the
@@ -9,8 +9,11 @@
  * fuzz/corpus_cli/ give real ones).
  *
  * Invariants (a violation is abort() with a FINDING line):
- *   - both parsers return 0 or 2; 2 comes with a non-empty message, and the
- *     message is a NUL-terminated string within its buffer;
+ *   - run's parser returns 0 or 2, bench's 0, 1 (--help) or 2; 2 comes with
+ *     a non-empty message (bench's: and only 2), and the message is a
+ *     NUL-terminated string within its buffer;
+ *   - bench's options, when accepted, hold values in the ranges the parser
+ *     promises (numbers, sections, shapes with H a multiple of Hkv);
  *   - tg_num_int accepts exactly the plain decimal integers: its value
  *     printed back with %lld is the text without a '+' (and "-0" is 0), and
  *     it lies in the range asked for;
@@ -37,10 +40,29 @@ static void finding(const char *what, const char *text) {
   abort();
 }
 
-static void check_message(int rc, const char *msg, size_t cap, const char *what) {
-  if (rc != 0 && rc != 2) finding("exit code is neither 0 nor 2", what);
+/* help_rc: what the parser returns for --help (bench: 1, run: 0). */
+static void check_message(int rc, int help_rc, const char *msg, size_t cap, const char *what) {
+  if (rc != 0 && rc != 2 && rc != help_rc) finding("unexpected return code", what);
   if (memchr(msg, '\0', cap) == NULL) finding("message not terminated", what);
   if (rc == 2 && !msg[0]) finding("refusal without a message", what);
+}
+
+/* What tg_cli_bench_parse_args accepted, against the ranges it promises. */
+static void check_bench_opts(const tg_bench_opts *o) {
+  if (o->threads < 0 || o->threads > 4096) finding("bench threads out of range", "");
+  if (o->reps < 1 || o->reps > 100000) finding("bench reps out of range", "");
+  if (o->triad_mib < 1 || o->triad_mib > (1u << 20)) finding("bench triad-mib out of range", "");
+  if (o->sections & ~(TG_BENCH_SECTION_ATTN | TG_BENCH_SECTION_MEM))
+    finding("bench sections out of range", "");
+  if ((o->shapes == NULL) != (o->nshapes == 0)) finding("bench shapes and count disagree", "");
+  for (int i = 0; i < o->nshapes; i++) {
+    const tg_bench_shape *s = &o->shapes[i];
+    const int sizes[5] = {s->B, s->H, s->Hkv, s->L, s->D};
+    for (int k = 0; k < 5; k++)
+      if (sizes[k] < 1 || sizes[k] > (1 << 30)) finding("bench shape size out of range", "");
+    if ((s->causal != 0 && s->causal != 1) || s->H % s->Hkv)
+      finding("bench shape accepted with bad causal or H % Hkv", "");
+  }
 }
 
 /* tg_num_int's result against printing it back. */
@@ -97,11 +119,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   memset(msg, 'U', sizeof msg); /* a missing terminator shows up */
   int rc;
   if (bench) {
-    rc = tg_cli_bench_precheck(argc, argv, 0, msg, sizeof msg);
-    check_message(rc, msg, sizeof msg, "bench precheck");
+    tg_bench_opts opts;
+    rc = tg_cli_bench_parse_args(argc, argv, &opts, msg, sizeof msg);
+    check_message(rc, BENCH_ARGS_HELP, msg, sizeof msg, "bench parse_args");
+    if (rc != BENCH_ARGS_BAD && msg[0]) finding("bench message without a refusal", msg);
+    if (rc == BENCH_ARGS_RUN) {
+      check_bench_opts(&opts);
+      tg_cli_bench_opts_free(&opts);
+    }
   } else {
     rc = tg_cli_run_check_args(argc, argv, msg, sizeof msg);
-    check_message(rc, msg, sizeof msg, "run check_args");
+    check_message(rc, 0, msg, sizeof msg, "run check_args");
   }
   for (int i = 1; i < argc; i++) {
     const char *eq = strchr(argv[i], '=');

@@ -40,6 +40,11 @@ BENCH = [
     ("bench_bad_shape", ["--shapes", "1,8,8,,0128,2"]),
     ("bench_octal", ["--reps", "010", "--triad-mib", "0x100"]),
     ("bench_help", ["--section", "peaks", "--help"]),
+    ("bench_gqa", ["--shapes", "1,32,8,2048,128,1;1,8,3,512,64,0"]),
+    ("bench_isa_section", ["--isa", "avx2", "--section=mem", "--triad-mib", "1048577"]),
+    ("bench_unknown", ["--deterministic", "--bogus=1"]),
+    ("bench_needs_value", ["--reps=2", "--threads"]),
+    ("bench_flag_value", ["--quick=1"]),
 ]
 
 

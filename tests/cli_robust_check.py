@@ -347,6 +347,42 @@ def bad_numbers_refused(d):
     expect(not bad, "\n    ".join(bad))
 
 
+BAD_BENCH_ARGS = [
+    # (args after `bench --quick`, words the message must have)
+    (["--bogus"], ["unknown option '--bogus'", "tilegrad bench --help"]),
+    (["--threads"], ["--threads needs a value"]),
+    (["--json"], ["--json needs a value"]),
+    (["--quick=1"], ["--quick takes no value"]),
+    (["--isa", "avx9"], ["--isa 'avx9'", "portable, avx2, avx512 or auto"]),
+    (["--section=gpu"], ["--section 'gpu'", "attn, mem, peaks or all"]),
+    (["--shapes", "1,8,3,512,64,0"], ["--shapes '1,8,3,512,64,0'", "H=8 is not a multiple of Hkv=3"]),
+    (["--shapes", "1,8,8,512,64"], ["--shapes '1,8,8,512,64'", "want 6 fields"]),
+    (["--shapes", " ; "], ["--shapes: no usable shape in ' ; '"]),
+    # the first error on the line is the one reported, before the --json location
+    (["--json", "/nonexistent-dir/x.json", "--reps", "0"], ["--reps 0", "out of range"]),
+]
+
+
+@case(f"bench command line: unknown option, missing value, value given to a flag, "
+      f"bad --isa/--section/--shapes ({len(BAD_BENCH_ARGS)} cases)",
+      "exit 2 at once with one message naming the option (was: `--quick=1` ran the bench)")
+def bad_bench_args_refused(d):
+    bad = []
+    for args, words in BAD_BENCH_ARGS:
+        try:
+            p = tg(["bench", "--quick"] + args, timeout=20)
+        except subprocess.TimeoutExpired:
+            bad.append(f"{args}: accepted (the bench ran; killed after 20 s)")
+            continue
+        if p.returncode != 2 or not all(w in p.stderr for w in words) or \
+                len(p.stderr.strip().splitlines()) != 1:
+            bad.append(f"{args}: exit {p.returncode}, {p.stderr.strip()[:200]!r}")
+    expect(not bad, "\n    ".join(bad))
+    h = tg(["bench", "--help"])
+    expect(h.returncode == 0 and "--shapes LIST" in h.stdout and "decimal" in h.stdout,
+           f"bench --help: exit {h.returncode}, {h.stdout[:200]!r}")
+
+
 @case("numbers that must be accepted (-3, 0.125, 1e-3, +2, 0, true)",
       "exit 0",
       before="passed (guard)")
