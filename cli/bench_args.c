@@ -32,7 +32,8 @@ void tg_cli_bench_usage(FILE *f) {
           "                     at most 100000; one untimed warm-up run comes first)\n"
           "  --json FILE        also write all results as JSON to FILE (its location is\n"
           "                     checked before the bench starts)\n"
-          "  --isa I            portable | avx2 | avx512 | auto (default: auto, or $TG_ISA)\n"
+          "  --isa I            portable | avx2 | avx512 | avx512bf16 | auto (default:\n"
+          "                     auto, or $TG_ISA)\n"
           "  --deterministic    run the kernels in deterministic mode\n"
           "  --section S        attn | mem | all (default all); peaks: the ceilings only\n"
           "  --triad-mib N      size of each of the 3 triad arrays in MiB (default %d,\n"
@@ -234,7 +235,7 @@ static int parse_each(int argc, char **argv, tg_bench_opts *o, char *msg, size_t
         break;
       case OPT_ISA:
         if (tg_isa_from_name(val, &o->isa) != TG_OK)
-          return refuse(msg, msglen, "--isa %s: want portable, avx2, avx512 or auto",
+          return refuse(msg, msglen, "--isa %s: want portable, avx2, avx512, avx512bf16 or auto",
                         quoted(q, val, strlen(val)));
         o->isa_set = 1;
         break;
