@@ -413,7 +413,10 @@ void ref_vec_reduce(const float *htmp, uint32_t nrows, uint32_t DV, uint32_t nwg
     for (int64_t w = 0; w < nwg; w++) {
       const double M = SM[2 * w + 1];
       if (M == -INFINITY) continue; /* empty: never read */
-      a[w] = exp(M - Mg);
+      /* the f32 weight, as the kernel has it: rounding it costs less than
+       * the 2u counted for expf, and a weight that underflows in f32 is an
+       * exact 0, which multiplies its S and partials (0 * NaN is NaN) */
+      a[w] = (float)exp(M - Mg);
       St += SM[2 * w] * a[w];
       X = Mg - M > X ? Mg - M : X;
     }
