@@ -81,7 +81,8 @@ typedef struct {
 
 /* One query row (b, h, i), head hk = h / gqa, index row = (b H + h) qL + i in
  * the reference arrays. The row function sets P, Pe, dS, dSe for every key;
- * a key with P = 0 adds nothing and its Pe, dS, dSe are not read. */
+ * a key with P = 0 adds nothing and its Pe, dS, dSe are not read (dense: P
+ * and dS of every key are read). */
 typedef struct {
   int64_t b, h, i, hk, row;
   const tg_bf16 *dO;        /* [D] */

@@ -154,9 +154,11 @@ int tu_check_ieee(const char *what, const float *got, const double *want, const 
   for (int64_t i = 0; i < n; i++) {
     const char *why = ieee_mismatch(got[i], want[i], bound[i], may ? may + i : NULL);
     if (!why) continue;
-    if (bad++ < 3)
-      printf("  %s: [%lld] got %.9g want %.9g bound %.3g%s%.9g: %s\n", what, (long long)i,
-             (double)got[i], want[i], bound[i], may ? " dense " : "", may ? may[i] : 0.0, why);
+    if (bad++ >= 3) continue;
+    printf("  %s: [%lld] got %.9g want %.9g bound %.3g", what, (long long)i, (double)got[i],
+           want[i], bound[i]);
+    if (may) printf(" (dense %.9g)", may[i]);
+    printf(": %s\n", why);
   }
   if (bad) printf("  %s: %lld of %lld elements wrong\n", what, (long long)bad, (long long)n);
   return bad == 0;
