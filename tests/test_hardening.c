@@ -6,9 +6,9 @@
  *     makes its k-th call from now on return NULL. For every entry point,
  *     allocation k = 0, 1, 2, ... of the call is made to fail, on a fresh
  *     context each time, until the call makes no more allocations; every
- *     injected failure must give TG_ERR_NO_MEMORY, a message, and every output
- *     byte (accumulating outputs included) unchanged. Then the same context
- *     must succeed. Runs under the sanitizers too (ASan checks that nothing
+ *     injected failure must give TG_ERR_NO_MEMORY, a message, every output
+ *     byte (accumulating outputs included) unchanged, and no allocation after
+ *     the failed one (the hook's count). Then the same context must succeed. Runs under the sanitizers too (ASan checks that nothing
  *     leaks on the failure paths).
  *  2. Refused calls that the per-kernel suites do not cover: the attention
  *     forward's full params table (the backward's exists in test_attention.c)
@@ -71,12 +71,16 @@ static int run_injected(inj_case *c) {
     int failed;
     tg_testing_alloc_arm(k);
     const tg_status st = c->call(ctx, c->env);
-    tg_testing_alloc_disarm(&failed);
-    if (!failed) {
+    const long long made = tg_testing_alloc_disarm(&failed);
+    if (!failed) { /* the call made k allocations, all served */
+      if (made != k)
+        TU_FAIL("%s: %lld allocations counted without a failure at %d", c->name, made, k);
       TU_EXPECT_STATUS(ctx, st, TG_OK);
       tg_ctx_destroy(ctx);
       break;
     }
+    if (made != k + 1) /* nothing is allocated after a failure */
+      TU_FAIL("%s: allocation %d failed, then %lld more were made", c->name, k, made - k - 1);
     if (st != TG_ERR_NO_MEMORY)
       TU_FAIL("%s (threads %d, det %d): allocation %d failed but status %d (%s), message '%s'",
               c->name, c->threads, c->det, k, (int)st, tg_status_str(st),
