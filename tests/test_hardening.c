@@ -8,8 +8,9 @@
  *     context each time, until the call makes no more allocations; every
  *     injected failure must give TG_ERR_NO_MEMORY, a message, every output
  *     byte (accumulating outputs included) unchanged, and no allocation after
- *     the failed one (the hook's count). Then the same context must succeed. Runs under the sanitizers too (ASan checks that nothing
- *     leaks on the failure paths).
+ *     the failed one (the hook's count). Then the same context must succeed.
+ *     Runs under the sanitizers too (ASan checks that nothing leaks on the
+ *     failure paths).
  *  2. Refused calls that the per-kernel suites do not cover: the attention
  *     forward's full params table (the backward's exists in test_attention.c)
  *     for both entry points in both modes (the backward on both dK/dV

@@ -140,8 +140,8 @@ static void test_compute_d(void **state) {
           const planted w = {"compute_d", ins[b].name, sv, at, isas[ii], nan_threads[t]};
           tg_ctx *ctx = tu_ctx(w.threads, w.isa);
           fill_sentinel(got, ROWS);
-          TU_EXPECT_STATUS(ctx, tg_flash_attn_train_bwd_compute_d_bf16(ctx, O, dO, got, B, H, QL, D),
-                           TG_OK);
+          TU_EXPECT_STATUS(
+              ctx, tg_flash_attn_train_bwd_compute_d_bf16(ctx, O, dO, got, B, H, QL, D), TG_OK);
           expect(&w, "D_out", got, want, bound, NULL, ROWS);
           tg_ctx_destroy(ctx);
         }
