@@ -37,6 +37,14 @@ struct tg_ctx {
   char err[TG_ERRMSG_LEN];
 };
 
+/* --- memory ------------------------------------------------------------------
+ * Every allocation of the library goes through these two (engine/mem.c), so
+ * tests can make any one of them fail (include/tilegrad_testing.h). `align`
+ * is a power of two, at least sizeof(void *); the block is rounded up to a
+ * multiple of it. NULL when out of memory. */
+void *tg_mem_alloc(size_t bytes, size_t align);
+void tg_mem_free(void *p); /* NULL is a no-op */
+
 /* Records a formatted message on ctx and returns s (for `return tg_fail(...)`). */
 tg_status tg_fail(tg_ctx *ctx, tg_status s, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

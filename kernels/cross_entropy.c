@@ -36,7 +36,6 @@
  */
 #include <math.h>
 #include <stdio.h>
-#include <stdlib.h>
 
 #include "engine.h"
 #include "reduce.h"
@@ -205,7 +204,7 @@ tg_status tg_cross_entropy_fwd_bwd(tg_ctx *ctx, const float *logits,
   ce_args a = {logits, targets, grad, NULL, n_pos, vocab,
                ce_rows_per_group(n_pos, vocab, tg_threads(ctx)), nchunks, pad_id,
                1.0f / (float)count, n * (int64_t)sizeof(float) >= TG_STREAM_BYTES, ctx->ops};
-  a.row_loss = malloc((size_t)n_pos * sizeof(double));
+  a.row_loss = tg_mem_alloc((size_t)n_pos * sizeof(double), 64);
   if (!a.row_loss)
     return tg_fail(ctx, TG_ERR_NO_MEMORY, "%s: cannot allocate %u per-position losses",
                    fn, n_pos);
@@ -216,6 +215,6 @@ tg_status tg_cross_entropy_fwd_bwd(tg_ctx *ctx, const float *logits,
     for (int64_t t = 0; t < n_pos; t++) total += a.row_loss[t];
     loss_out[0] = (float)((double)loss_out[0] + total / (double)count);
   }
-  free(a.row_loss);
+  tg_mem_free(a.row_loss);
   return st;
 }

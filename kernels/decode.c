@@ -14,7 +14,9 @@
  *   dst[r, d] = (sum_w part[w, d] * a_w) / St,    0 where St == 0
  * A workgroup that saw no keys has M = -inf (a_w = 0): it is skipped, so
  * whatever its partials hold cannot turn into NaN (0 * inf), and a row of only
- * empty workgroups is 0.
+ * empty workgroups is 0. Any other workgroup is read, also when its weight
+ * underflows to 0 in f32: a NaN or inf in its S or partials then makes the
+ * row (element) NaN, as IEEE arithmetic does.
  *
  * Hadamard/sign undo, per row x of D = 256 or 512:
  *   y = H x / sqrt(D)    H the Sylvester Hadamard matrix, H[i][j] = (-1)^popcount(i & j)
@@ -75,12 +77,13 @@ static void reduce_row(const dec_args *g, int64_t r, float *dst, float *a, int32
   int64_t nw = 0;
   for (int64_t w = 0; w < nwg; w++) {
     const float M = SM[2 * w + 1];
-    const float aw = M == -INFINITY ? 0.0f : expf(M - Mg); /* empty workgroup: weight 0 */
-    if (aw != 0.0f) {
-      St += SM[2 * w] * aw;
-      a[nw] = aw;
-      wi[nw++] = (int32_t)w;
-    }
+    if (M == -INFINITY) continue; /* empty workgroup: never read */
+    /* A weight that underflows to 0 stays in the list: 0 times a NaN or inf
+     * in its S or partials is NaN, which skipping it would hide. */
+    const float aw = expf(M - Mg);
+    St += SM[2 * w] * aw;
+    a[nw] = aw;
+    wi[nw++] = (int32_t)w;
   }
   if (St == 0.0f) {
     for (int64_t d = 0; d < DV; d++) dst[d] = 0.0f;

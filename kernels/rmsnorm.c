@@ -26,7 +26,7 @@
  *     rows are cut into blocks of consecutive rows; each block sums its rows
  *     in order into a dim-long partial (grad_input is written on the way).
  *     Deterministic mode: the blocks are fixed by `rows` alone (never by the
- *     thread count), the partials live in a malloc'd [nblocks, dim] buffer,
+ *     thread count), the partials live in a heap [nblocks, dim] buffer,
  *     and a second pass over column blocks adds them to grad_weight in block
  *     order -- bitwise identical across runs and thread counts. Otherwise:
  *     at most two blocks per thread, each adding its partial (in per-thread
@@ -39,7 +39,6 @@
  */
 #include <math.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "engine.h"
@@ -232,14 +231,14 @@ tg_status tg_rms_norm_backward_dw_f32(tg_ctx *ctx, const float *x, const float *
   const int64_t rpb = ((int64_t)rows + nblocks - 1) / nblocks;
   nblocks = ((int64_t)rows + rpb - 1) / rpb;
   dw_args a = {x, dy, r, dw, NULL, rows, dim, rpb, nblocks, ctx->ops};
-  a.partials = malloc((size_t)nblocks * dim * sizeof(float));
+  a.partials = tg_mem_alloc((size_t)nblocks * dim * sizeof(float), 64);
   if (!a.partials)
     return tg_fail(ctx, TG_ERR_NO_MEMORY, "%s: cannot allocate %lld x %u floats of dw partials",
                    fn, (long long)nblocks, dim);
   st = tg_dispatch(ctx, nblocks, 1, 1, 0, dw_rows_group, &a);
   if (st == TG_OK)
     st = tg_dispatch(ctx, (a.dim + COL_BLOCK - 1) / COL_BLOCK, 1, 1, 0, dw_cols_group, &a);
-  free(a.partials);
+  tg_mem_free(a.partials);
   return st;
 }
 
@@ -326,7 +325,7 @@ tg_status tg_rms_norm_backward(tg_ctx *ctx, const float *input, const float *wei
     return tg_dispatch(ctx, nblocks, 1, 1, (size_t)dim * sizeof(float), fused_group, &a);
 
   /* nblocks * dim <= 256 * dim floats, at most the size of the input. */
-  a.partials = malloc((size_t)nblocks * dim * sizeof(float));
+  a.partials = tg_mem_alloc((size_t)nblocks * dim * sizeof(float), 64);
   if (!a.partials)
     return tg_fail(ctx, TG_ERR_NO_MEMORY,
                    "%s: cannot allocate %lld x %u floats of grad_weight partials", fn,
@@ -335,6 +334,6 @@ tg_status tg_rms_norm_backward(tg_ctx *ctx, const float *input, const float *wei
   if (st == TG_OK)
     st = tg_dispatch(ctx, (a.dim + COL_BLOCK - 1) / COL_BLOCK, 1, 1, 0,
                      fused_reduce_group, &a);
-  free(a.partials);
+  tg_mem_free(a.partials);
   return st;
 }
