@@ -11,6 +11,14 @@
  *     byte unchanged, and tg_ctx_last_error() says which argument was wrong.
  *   - "writes" outputs are overwritten; "accumulates" outputs get out += value
  *     (zero-fill first for a fresh result).
+ *   - Aliasing: an output must not share a byte with an input or with another
+ *     output (TG_ERR_ALIAS, nothing written), except where an entry point
+ *     says "may be in place": that output may start at exactly the address of
+ *     the named input (same buffer, same layout); a partial overlap is always
+ *     refused. Inputs may overlap each other (they are only read: K == V is
+ *     fine). Strided attention tensors are judged by their extent, from the
+ *     lowest to the highest byte their strides address, so an output
+ *     interleaved with another buffer is refused too.
  *   - tg_bf16 holds raw bfloat16 bits. float -> bf16 rounds to nearest even,
  *     any NaN becomes 0x7FC0, +-Inf stay +-Inf.
  *   - A tg_ctx is not thread-safe: use one per calling thread. The kernels
@@ -42,7 +50,9 @@ typedef enum {
   TG_ERR_BAD_PARAMS = 5,  /* params struct fields are inconsistent */
   TG_ERR_OVERFLOW = 6,    /* an element count / byte size overflows int64 */
   TG_ERR_NO_MEMORY = 7,   /* scratch allocation failed */
-  TG_ERR_BUSY = 8         /* the context is inside a call on another thread */
+  TG_ERR_BUSY = 8,        /* the context is inside a call on another thread */
+  TG_ERR_ALIAS = 9        /* an output shares memory with an input or another
+                           * output that it may not (see each entry point) */
 } tg_status;
 
 typedef struct tg_ctx tg_ctx;

@@ -30,6 +30,10 @@ tg_status tg_f32_to_bf16_cast(tg_ctx *ctx, const float *src, tg_bf16 *dst, uint6
     return tg_fail(ctx, TG_ERR_OVERFLOW,
                    "tg_f32_to_bf16_cast: n = %llu elements overflow int64 bytes",
                    (unsigned long long)n);
+  const tg_buf bufs[] = {tg_in("src", src, n * sizeof(float)),
+                         tg_out("dst", dst, n * sizeof(tg_bf16))};
+  tg_status st = tg_check_alias(ctx, "tg_f32_to_bf16_cast", bufs, TG_LEN(bufs));
+  if (st != TG_OK) return st;
   const cast_args a = {src, dst, (int64_t)n, ctx->ops};
   return tg_dispatch(ctx, ((int64_t)n + CAST_CHUNK - 1) / CAST_CHUNK, 1, 1, 0, cast_group,
                      &a);

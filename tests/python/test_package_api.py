@@ -117,7 +117,7 @@ def test_error_classes():
     builtin = {capi.TG_ERR_NULL_ARG: ValueError, capi.TG_ERR_BAD_SHAPE: ValueError,
                capi.TG_ERR_UNSUPPORTED: NotImplementedError, capi.TG_ERR_BAD_INDEX: IndexError,
                capi.TG_ERR_BAD_PARAMS: ValueError, capi.TG_ERR_OVERFLOW: OverflowError,
-               capi.TG_ERR_NO_MEMORY: MemoryError}
+               capi.TG_ERR_NO_MEMORY: MemoryError, capi.TG_ERR_ALIAS: ValueError}
     for status, base in builtin.items():
         e = tg.errors.error_for_status("tg_x", status, "what", "detail")
         assert isinstance(e, tg.TilegradError) and isinstance(e, base)
