@@ -304,7 +304,8 @@ static void arena_fill(const kcase *k, const arena *a, void **p, uint64_t seed) 
     p[i] = a->base + a->slot[i];
     const size_t words = k->b[i].bytes / 4;
     if (k->b[i].id_mod) {
-      for (size_t w = 0; w < words; w++) ((uint32_t *)p[i])[w] = (uint32_t)tu_int(&r, 0, k->b[i].id_mod - 1);
+      uint32_t *ids = p[i];
+      for (size_t w = 0; w < words; w++) ids[w] = (uint32_t)tu_int(&r, 0, k->b[i].id_mod - 1);
     } else {
       tu_fill_f32(&r, p[i], (int64_t)words, -1, 1);
     }
@@ -720,7 +721,8 @@ static void test_report_embedding_overlap(void **state) {
     memcpy(want, snap + 3 * dim, 4 * n_gw);
     TU_EXPECT_STATUS(ctx, tg_embedding_backward(ctx, go_copy, ids, want, vocab, seq, dim), TG_OK);
     char what[96];
-    snprintf(what, sizeof what, "tg_embedding_backward, grad_weight 3 rows into grad_out, %d threads", t);
+    snprintf(what, sizeof what,
+             "tg_embedding_backward, grad_weight 3 rows into grad_out, %d threads", t);
     expect_refused(ctx, tg_embedding_backward(ctx, go, ids, gw, vocab, seq, dim), what, mem,
                    snap, 4 * total, gw, want, n_gw);
     assert_non_null(
