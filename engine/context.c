@@ -18,6 +18,8 @@ const char *tg_status_str(tg_status s) {
     case TG_ERR_OVERFLOW: return "a size overflows 64-bit arithmetic";
     case TG_ERR_NO_MEMORY: return "out of memory";
     case TG_ERR_BUSY: return "the context is in use by a call on another thread";
+    case TG_ERR_ALIAS:
+      return "an output shares memory with an input or another output that it may not";
   }
   return "unknown status code";
 }

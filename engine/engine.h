@@ -92,6 +92,41 @@ int tg_mul_ok(int64_t *out, int n, ...);
 tg_status tg_shape_count(tg_ctx *ctx, const char *name, size_t elem_bytes,
                          int64_t *count, int ndims, ...);
 
+/* --- aliasing ----------------------------------------------------------------
+ * One buffer argument of an entry point as the byte range [p, p + bytes) it
+ * may address (for strided tensors: from the lowest byte addressed to the
+ * end of the highest element). NULL or 0 bytes: empty, overlaps nothing. */
+typedef struct {
+  const char *name;        /* the parameter's name in include/tilegrad.h */
+  const void *p;
+  uint64_t bytes;
+  int written;             /* an output (written or accumulated) */
+  const char *in_place_of; /* output only: the input (by name) it may start at
+                            * exactly, the kernel computing in place; else NULL */
+} tg_buf;
+
+static inline tg_buf tg_in(const char *name, const void *p, uint64_t bytes) {
+  return (tg_buf){name, p, bytes, 0, NULL};
+}
+static inline tg_buf tg_out(const char *name, const void *p, uint64_t bytes) {
+  return (tg_buf){name, p, bytes, 1, NULL};
+}
+/* An output the kernel also computes exactly in place over `input`. */
+static inline tg_buf tg_out_in_place(const char *name, const void *p, uint64_t bytes,
+                                     const char *input) {
+  return (tg_buf){name, p, bytes, 1, input};
+}
+
+/* Every entry point's validation ends its argument checks here, before
+ * anything is written: TG_ERR_ALIAS (the message names both buffers, e.g.
+ * "tg_transpose_2d: output overlaps input (...)") if an output shares a byte
+ * with an input or with another output -- unless it is marked in place over
+ * that input and starts at the same address. Inputs may overlap each other
+ * (both only read). n buffers, n^2 / 2 comparisons: O(1) per call. */
+tg_status tg_check_alias(tg_ctx *ctx, const char *fn, const tg_buf *bufs, int n);
+/* Element count of an array (the bufs of tg_check_alias). */
+#define TG_LEN(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
 /* --- grid dispatch -----------------------------------------------------------
  * Runs fn(args, x, y, z, scratch) for every (x, y, z) of an nx * ny * nz grid
  * -- one call per Metal threadgroup -- on tg_threads(ctx) OpenMP threads, in

@@ -50,6 +50,32 @@ tg_status tg_attn_validate(tg_ctx *ctx, const char *fn, const tg_attn_params *p,
                            const tg_attn_mask_params *mp, const tg_bf16 *mask,
                            int causal, tg_attn_problem *out);
 
+/* --- aliasing (tg_check_alias) of the attention entry points ----------------
+ * A tensor [n0, n1, n2, n3] of elem_bytes elements addressed through
+ * [batch, head, row] strides s (innermost stride 1) as a tg_buf: its extent,
+ * from the lowest byte addressed (the base: strides are >= 0) to the end of
+ * the highest element. Conservative: a tensor interleaved with another one
+ * (e.g. Q and K as alternate heads of one buffer) overlaps it. Call after
+ * tg_attn_validate (offsets fit int64). */
+tg_buf tg_attn_buf(const char *name, const void *base, const int64_t s[3], int64_t n0,
+                   int64_t n1, int64_t n2, int64_t n3, size_t elem_bytes, int written);
+
+/* The forward's check: outputs O (type pr->in, through pr->Os) and L
+ * [B, H, qL] f32 against each other and the inputs Q, K, V (type pr->in)
+ * and mask (bf16, through pr->Ms; NULL without). No exact in place. */
+tg_status tg_attn_check_alias_fwd(tg_ctx *ctx, const char *fn, const tg_attn_problem *pr,
+                                  const void *Q, const void *K, const void *V,
+                                  const tg_bf16 *mask, const void *O, const float *L);
+
+/* The backward's check: outputs dQ (pr->dQs), dK, dV (pr->dKs), all f32,
+ * against each other and the inputs Q, K, V, dO (type pr->in; dO through
+ * pr->Os), L, D_vec ([B, H, qL] f32) and mask. No exact in place. */
+tg_status tg_attn_check_alias_bwd(tg_ctx *ctx, const char *fn, const tg_attn_problem *pr,
+                                  const void *Q, const void *K, const void *V,
+                                  const float *L, const void *dO, const float *D_vec,
+                                  const tg_bf16 *mask, const float *dQ, const float *dK,
+                                  const float *dV);
+
 /* Offset of row `row` of head `head` in batch `b` for a [batch, head, row]
  * stride triple. */
 static inline int64_t tg_attn_offset(const int64_t s[3], int64_t b, int64_t head,

@@ -329,6 +329,8 @@ tg_status tg_flash_attn_train_bwd_bf16(tg_ctx *ctx, const tg_bf16 *Q, const tg_b
     if (!bufs[i]) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: %s is NULL", fn, names[i]);
   tg_attn_problem pr;
   tg_status st = tg_attn_validate(ctx, fn, p, mp, mask, causal, &pr);
+  if (st == TG_OK)
+    st = tg_attn_check_alias_bwd(ctx, fn, &pr, Q, K, V, L, dO, D_vec, mask, dQ, dK, dV);
   if (st != TG_OK) return st;
   if (ctx->attn_schedule == TG_ATTN_SCHEDULE_ATOMIC && !ctx->deterministic) {
     bwd_args a = make_args(&pr, ctx->ops);
@@ -381,6 +383,12 @@ tg_status tg_flash_attn_train_bwd_compute_d_bf16(tg_ctx *ctx, const tg_bf16 *O,
                                 (int64_t)n_q_heads, (int64_t)q_seq_len, (int64_t)head_dim);
   if (st != TG_OK) return st;
   rows = elems / head_dim;
+  /* Not in place: D_out[r] lands inside O / dO rows <= r, which other work
+   * items may still be reading. */
+  const tg_buf bufs[] = {tg_in("O", O, (uint64_t)elems * sizeof(tg_bf16)),
+                         tg_in("dO", dO, (uint64_t)elems * sizeof(tg_bf16)),
+                         tg_out("D_out", D_out, (uint64_t)rows * sizeof(float))};
+  if ((st = tg_check_alias(ctx, fn, bufs, TG_LEN(bufs)))) return st;
   const compute_d_args a = {O, dO, D_out, rows, head_dim, ctx->ops};
   return tg_dispatch(ctx, (rows + D_ROWS_PER_GROUP - 1) / D_ROWS_PER_GROUP, 1, 1, 0,
                      compute_d_group, &a);

@@ -168,6 +168,7 @@ tg_status tg_flash_attn_train_fwd_bf16(tg_ctx *ctx, const tg_bf16 *Q, const tg_b
     if (!bufs[i]) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: %s is NULL", fn, names[i]);
   tg_attn_problem pr;
   tg_status st = tg_attn_validate(ctx, fn, p, mp, mask, causal, &pr);
+  if (st == TG_OK) st = tg_attn_check_alias_fwd(ctx, fn, &pr, Q, K, V, mask, O, L);
   if (st != TG_OK) return st;
   return tg_attn_forward(ctx, &pr, Q, K, V, mask, O, L, NULL, NULL);
 }

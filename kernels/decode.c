@@ -150,6 +150,18 @@ static tg_status check_reduce(tg_ctx *ctx, const char *fn, const float *htmp,
                         (int64_t)head_dim + 2);
 }
 
+/* The reduce's output may not overlap htmp, not even exactly: output row r
+ * lands on htmp floats [r*D, (r+1)*D), the partials of rows that other work
+ * items are still reducing. (After check_reduce: the sizes fit int64.) */
+static tg_status check_reduce_alias(tg_ctx *ctx, const char *fn, const float *htmp,
+                                    const float *out, const char *out_name, uint32_t nrows,
+                                    uint32_t head_dim, uint32_t nwg) {
+  const uint64_t htmp_floats = (uint64_t)nrows * nwg * ((uint64_t)head_dim + 2);
+  const tg_buf bufs[] = {tg_in("htmp", htmp, htmp_floats * sizeof(float)),
+                         tg_out(out_name, out, (uint64_t)nrows * head_dim * sizeof(float))};
+  return tg_check_alias(ctx, fn, bufs, TG_LEN(bufs));
+}
+
 tg_status tg_flash_attn_vec_reduce(tg_ctx *ctx, const float *htmp, float *dst,
                                    uint32_t nrows, uint32_t head_dim, uint32_t nwg) {
   if (!ctx) return TG_ERR_NULL_ARG;
@@ -160,6 +172,7 @@ tg_status tg_flash_attn_vec_reduce(tg_ctx *ctx, const float *htmp, float *dst,
   if (head_dim % 4 != 0)
     return tg_fail(ctx, TG_ERR_UNSUPPORTED,
                    "%s: head_dim = %u; it must be a multiple of 4", fn, head_dim);
+  if ((st = check_reduce_alias(ctx, fn, htmp, dst, "dst", nrows, head_dim, nwg))) return st;
   /* groups of whole rows, ~8 Ki partial floats each */
   dec_args g = {htmp, dst, nrows, head_dim, nwg,
                 tg_rows_per_block((int64_t)head_dim * nwg), ctx->ops, {0}};
@@ -178,6 +191,8 @@ tg_status tg_flash_attn_vec_reduce_tq_hb_undo(tg_ctx *ctx, const float *htmp,
   if (head_dim != 256 && head_dim != 512)
     return tg_fail(ctx, TG_ERR_UNSUPPORTED, "%s: head_dim = %u; it must be 256 or 512", fn,
                    head_dim);
+  if ((st = check_reduce_alias(ctx, fn, htmp, output, "output", nrows, head_dim, nwg)))
+    return st;
   dec_args g = {htmp, output, nrows, head_dim, nwg,
                 tg_rows_per_block((int64_t)head_dim * nwg), ctx->ops, {0}};
   fill_undo_mul(&g, head_dim);

@@ -25,9 +25,9 @@ import threading
 
 import numpy as np
 
-from .errors import (TG_ERR_BAD_INDEX, TG_ERR_BAD_PARAMS, TG_ERR_BAD_SHAPE,  # noqa: F401
-                     TG_ERR_NO_MEMORY, TG_ERR_NULL_ARG, TG_ERR_OVERFLOW, TG_ERR_UNSUPPORTED,
-                     TG_OK, error_for_status)
+from .errors import (TG_ERR_ALIAS, TG_ERR_BAD_INDEX, TG_ERR_BAD_PARAMS,  # noqa: F401
+                     TG_ERR_BAD_SHAPE, TG_ERR_BUSY, TG_ERR_NO_MEMORY, TG_ERR_NULL_ARG,
+                     TG_ERR_OVERFLOW, TG_ERR_UNSUPPORTED, TG_OK, error_for_status)
 
 # tg_isa
 TG_ISA_AUTO = 0

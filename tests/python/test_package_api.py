@@ -117,7 +117,7 @@ def test_error_classes():
     builtin = {capi.TG_ERR_NULL_ARG: ValueError, capi.TG_ERR_BAD_SHAPE: ValueError,
                capi.TG_ERR_UNSUPPORTED: NotImplementedError, capi.TG_ERR_BAD_INDEX: IndexError,
                capi.TG_ERR_BAD_PARAMS: ValueError, capi.TG_ERR_OVERFLOW: OverflowError,
-               capi.TG_ERR_NO_MEMORY: MemoryError}
+               capi.TG_ERR_NO_MEMORY: MemoryError, capi.TG_ERR_ALIAS: ValueError}
     for status, base in builtin.items():
         e = tg.errors.error_for_status("tg_x", status, "what", "detail")
         assert isinstance(e, tg.TilegradError) and isinstance(e, base)
@@ -548,6 +548,29 @@ def test_transpose(lib, dctx):
         tg.transpose_2d(x[0], ctx=dctx)
     with pytest.raises(tg.BadShapeError):
         tg.transpose_2d(np.zeros((0, 3), np.float32), ctx=dctx)
+
+
+def test_aliasing(lib, dctx):
+    """An out= array over an input: AliasError (a ValueError), nothing
+    written; the exact in-place pairs give the out-of-place bits."""
+    rng = np.random.default_rng(13)
+    x = f32(rng, (40, 40))
+    snap = x.copy()
+    with pytest.raises(tg.AliasError, match="tg_transpose_2d: output overlaps input") as e:
+        tg.transpose_2d(x, out=x, ctx=dctx)
+    assert isinstance(e.value, ValueError) and e.value.status == capi.TG_ERR_ALIAS
+    assert same_bits(x, snap)
+    z = f32(rng, (6, 50))
+    sm = np.exp(z - z.max(-1, keepdims=True))
+    sm = (sm / sm.sum(-1, keepdims=True)).astype(np.float32)
+    go = f32(rng, (6, 50))
+    want = tg.softmax_backward(sm, go, ctx=dctx)
+    assert tg.softmax_backward(sm, go, out=go, ctx=dctx) is go and same_bits(go, want)
+    w = f32(rng, (50,))
+    want = tg.rms_norm_forward(z, w, ctx=dctx)
+    assert tg.rms_norm_forward(z, w, out=z, ctx=dctx) is z and same_bits(z, want)
+    with pytest.raises(tg.AliasError, match="y overlaps x"):  # a partial overlap
+        tg.rms_norm_forward(z[1:], w, out=z[:-1], ctx=dctx)
 
 
 def test_causal_attention_backward(lib, dctx):
