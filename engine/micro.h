@@ -46,16 +46,18 @@ typedef struct {
   void (*exp_f32)(const float *x, float *y, int64_t n);
   /* Attention score row without softcapping, in place on s[0..n) = Q.K^T:
    * s[k] = scale*s[k] + m[k] - shift for k < n_vis (m = 0 without a mask;
-   * a mask entry of -inf gives -inf), and -inf for k >= n_vis (causal). */
-  void (*attn_score_row)(float *s, int64_t n, int64_t n_vis, float scale,
-                         const uint16_t *mask, float shift);
+   * a mask entry of -inf gives -inf), and -inf for k >= n_vis (causal).
+   * The mask row's elements are of type mask_type (bf16 widened exactly, or
+   * f32), here and in the two ops below. */
+  void (*attn_score_row)(float *s, int64_t n, int64_t n_vis, float scale, const void *mask,
+                         tg_dtype mask_type, float shift);
   /* Attention dS row: dp[k] = scale * (p[k] * (dp[k] - d)) */
   void (*attn_ds_row)(float *dp, const float *p, int64_t n, float d, float scale);
   /* Attention probability row without softcapping, in place on s = Q.K^T:
    * s[k] = exp(scale*s[k] + m[k] - shift) for k < n_vis (attn_score_row and
    * exp_f32's polynomial in one pass), 0 for k >= n_vis or a mask of -inf. */
-  void (*attn_prob_row)(float *s, int64_t n, int64_t n_vis, float scale,
-                        const uint16_t *mask, float shift);
+  void (*attn_prob_row)(float *s, int64_t n, int64_t n_vis, float scale, const void *mask,
+                        tg_dtype mask_type, float shift);
   /* Forward row: s[k] = exp(s[k] - shift) in place (exp_f32's polynomial);
    * returns sum_k s[k] (LANES partials and a fixed tree, then the tail of
    * n % LANES in order). */
@@ -64,7 +66,7 @@ typedef struct {
    * is masked, NaN when any visible s[k] is NaN (a NaN input reaches its
    * row's max, so the softmax of that row is NaN, as in IEEE arithmetic). */
   float (*attn_score_max_row)(float *s, int64_t n, int64_t n_vis, float scale,
-                              const uint16_t *mask);
+                              const void *mask, tg_dtype mask_type);
 
   /* --- row ops of the memory-bound kernels (any n >= 0 unless stated;
    * reductions use 16 lane-parallel partials and a fixed pairwise tree, so

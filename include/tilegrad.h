@@ -33,6 +33,9 @@ extern "C" {
 
 typedef uint16_t tg_bf16;
 
+/* Element type of a tensor (ABI values). */
+typedef enum { TG_DTYPE_BF16 = 0, TG_DTYPE_F32 = 1 } tg_dtype;
+
 typedef enum {
   TG_OK = 0,
   TG_ERR_NULL_ARG = 1,    /* a required pointer is NULL */

@@ -24,10 +24,6 @@ enum { TG_ATTN_MAX_D = 512 };
  * blocking.h), at most TG_ATTN_MAX_TILE each. */
 enum { TG_ATTN_MAX_TILE = 128 };
 
-/* Element type of the attention inputs Q, K, V and dO: bf16 (the FA-2
- * entry points) or f32 (kernel 10, token-major). The mask is always bf16. */
-typedef enum { TG_ATTN_BF16 = 0, TG_ATTN_F32 = 1 } tg_attn_dtype;
-
 /* A validated attention problem: sizes as int64, strides copied out. All
  * strides are [batch, head, row] in elements of their tensor. */
 typedef struct {
@@ -37,7 +33,7 @@ typedef struct {
   const int64_t *Qs, *Ks, *Vs, *Os; /* inputs; Os is also dO's */
   const int64_t *Ms;                /* NULL when there is no mask */
   int causal;
-  tg_attn_dtype in;                 /* element type of Q, K, V, dO */
+  tg_dtype in;                      /* element type of Q, K, V, dO, O and the mask */
   int64_t dQs[3], dKs[3];           /* f32 gradients dQ and dK, dV (same layout) */
 } tg_attn_problem;
 
@@ -47,7 +43,7 @@ typedef struct {
  * scale / softcapping finite, strides >= 0 and every addressed element's
  * offset within int64, mask pointer/params pairing, output sizes. */
 tg_status tg_attn_validate(tg_ctx *ctx, const char *fn, const tg_attn_params *p,
-                           const tg_attn_mask_params *mp, const tg_bf16 *mask,
+                           const tg_attn_mask_params *mp, const void *mask,
                            int causal, tg_attn_problem *out);
 
 /* Offset of row `row` of head `head` in batch `b` for a [batch, head, row]
@@ -58,22 +54,22 @@ static inline int64_t tg_attn_offset(const int64_t s[3], int64_t b, int64_t head
 }
 
 /* Element `off` of an input tensor of type t. */
-static inline const void *tg_attn_at(tg_attn_dtype t, const void *base, int64_t off) {
-  return t == TG_ATTN_F32 ? (const void *)((const float *)base + off)
-                          : (const void *)((const tg_bf16 *)base + off);
+static inline const void *tg_attn_at(tg_dtype t, const void *base, int64_t off) {
+  return t == TG_DTYPE_F32 ? (const void *)((const float *)base + off)
+                           : (const void *)((const tg_bf16 *)base + off);
 }
 
 /* Rows [r0, r0 + n) of a strided head of type t (bf16 widened, f32 copied)
  * -> f32 dst [n, D]; when trans is not NULL also transposed into trans
  * [D, ldt] (the packed K^T / V^T the score GEMMs take, ldt = the key-tile
  * rows). */
-static inline void tg_attn_load_rows(const tg_micro_ops *ops, tg_attn_dtype t,
+static inline void tg_attn_load_rows(const tg_micro_ops *ops, tg_dtype t,
                                      const void *head, int64_t row_stride, int64_t r0,
                                      int64_t n, int64_t D, float *dst, float *trans,
                                      int64_t ldt) {
   for (int64_t r = 0; r < n; r++) {
     const void *src = tg_attn_at(t, head, (r0 + r) * row_stride);
-    if (t == TG_ATTN_F32)
+    if (t == TG_DTYPE_F32)
       memcpy(dst + r * D, src, sizeof(float) * (size_t)D);
     else
       ops->bf16_to_f32(src, dst + r * D, D);
@@ -82,15 +78,16 @@ static inline void tg_attn_load_rows(const tg_micro_ops *ops, tg_attn_dtype t,
 }
 
 /* --- the engine, shared by the bf16 entry points and kernel 10 ------------
- * Both run on a validated problem; neither checks its arguments again. */
+ * Both run on a validated problem; neither checks its arguments again.
+ * Q, K, V, dO, O and the mask (as pr->Ms; NULL without) are of type pr->in. */
 
 /* Forward (attention_fwd.c): L [B, H, qL] natural-log logsumexp (writes);
- * O bf16 through pr->Os when O != NULL; when dO != NULL (type pr->in,
- * through pr->Os) also delta [B, H, qL] = rowsum(dO * O) with O in f32,
- * the D_vec of the backward. mask: as pr->Ms (NULL without). */
+ * O through pr->Os when O != NULL; when dO != NULL (through pr->Os) also
+ * delta [B, H, qL] = rowsum(dO * O) with O in f32, the D_vec of the
+ * backward. */
 tg_status tg_attn_forward(tg_ctx *ctx, const tg_attn_problem *pr, const void *Q,
-                          const void *K, const void *V, const tg_bf16 *mask, tg_bf16 *O,
-                          float *L, const void *dO, float *delta);
+                          const void *K, const void *V, const void *mask, void *O, float *L,
+                          const void *dO, float *delta);
 
 /* Backward, KV schedule (attention_bwd.c): dQ writes through pr->dQs, dK
  * and dV accumulate through pr->dKs; L, D_vec [B, H, qL]. `workspace` holds
@@ -99,15 +96,15 @@ tg_status tg_attn_forward(tg_ctx *ctx, const tg_attn_problem *pr, const void *Q,
 size_t tg_attn_bwd_workspace_bytes(const tg_attn_problem *pr, const tg_micro_ops *ops);
 tg_status tg_attn_backward_kv(tg_ctx *ctx, const tg_attn_problem *pr, const void *Q,
                               const void *K, const void *V, const void *dO,
-                              const tg_bf16 *mask, const float *L, const float *D_vec,
+                              const void *mask, const float *L, const float *D_vec,
                               float *dQ, float *dK, float *dV, void *workspace);
 
 /* The score S[i,k] from the raw product qk = Q[i].K[k] (f32), per contract:
  * s = scale * qk; with softcapping c: s = c * tanh(s / c) (*tanh_out gets the
  * tanh for the backward); causal keys k > i + qL_off and mask entries of -inf
- * give -inf; otherwise the additive mask m is added. */
+ * give -inf; otherwise the additive mask m (a row of type pr->in) is added. */
 static inline float tg_attn_score(const tg_attn_problem *pr, float qk, int64_t i,
-                                  int64_t k, const tg_bf16 *mask_row, float *tanh_out) {
+                                  int64_t k, const void *mask_row, float *tanh_out) {
   float s = pr->scale * qk;
   float t = 0.0f;
   if (pr->softcap != 0.0f) {
@@ -117,7 +114,8 @@ static inline float tg_attn_score(const tg_attn_problem *pr, float qk, int64_t i
   *tanh_out = t;
   if (pr->causal && k > i + pr->qL_off) return -INFINITY;
   if (mask_row) {
-    const float m = tg_bf16_to_f32(mask_row[k]);
+    const float m = pr->in == TG_DTYPE_F32 ? ((const float *)mask_row)[k]
+                                           : tg_bf16_to_f32(((const tg_bf16 *)mask_row)[k]);
     if (m == -INFINITY) return -INFINITY;
     s += m;
   }

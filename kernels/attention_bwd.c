@@ -51,8 +51,7 @@ enum { TG_ATTN_ITEMS = 64, MIN_RANGE_TILES = 4, MAX_RANGES = 16 };
 
 typedef struct {
   tg_attn_problem pr;
-  const void *Q, *K, *V, *dO; /* type pr.in */
-  const tg_bf16 *mask;
+  const void *Q, *K, *V, *dO, *mask; /* type pr.in */
   const float *L, *D_vec;
   float *dQ, *dK, *dV;
   const tg_micro_ops *ops;
@@ -137,13 +136,15 @@ static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_
     /* dQ rows often live in L3 or DRAM (KV schedule): start fetching them
      * now so the dS . K product below finds them in L2. */
     for (int64_t d = 0; d < D; d += 16) __builtin_prefetch(dQ + i * ldq + d, 1, 2);
-    const tg_bf16 *mrow = pr->Ms ? a->mask + tg_attn_offset(pr->Ms, b, h, qi) : NULL;
+    const void *mrow =
+        pr->Ms ? tg_attn_at(pr->in, a->mask, tg_attn_offset(pr->Ms, b, h, qi)) : NULL;
     float *P = w->S + i * BK, *dS = w->dS + i * BK;
     /* A fully masked row has L = -inf: P = exp(S - L) is 0 for every key. */
     const float Li = L[i] == -INFINITY ? INFINITY : L[i];
     if (pr->softcap == 0.0f) {
       ops->attn_prob_row(P, nk, tg_attn_visible(pr, qi, k0, nk), pr->scale,
-                         mrow ? mrow + k0 : NULL, Li); /* 0 for masked keys */
+                         mrow ? tg_attn_at(pr->in, mrow, k0) : NULL, pr->in,
+                         Li); /* 0 for masked keys */
       ops->attn_ds_row(dS, P, nk, Dv[i], pr->scale);
       continue;
     }
@@ -301,7 +302,7 @@ size_t tg_attn_bwd_workspace_bytes(const tg_attn_problem *pr, const tg_micro_ops
 
 tg_status tg_attn_backward_kv(tg_ctx *ctx, const tg_attn_problem *pr, const void *Q,
                               const void *K, const void *V, const void *dO,
-                              const tg_bf16 *mask, const float *L, const float *D_vec,
+                              const void *mask, const float *L, const float *D_vec,
                               float *dQ, float *dK, float *dV, void *workspace) {
   bwd_args a = make_args(pr, ctx->ops);
   a.Q = Q, a.K = K, a.V = V, a.dO = dO, a.mask = mask, a.L = L, a.D_vec = D_vec;

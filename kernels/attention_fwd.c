@@ -10,10 +10,10 @@
  *   m' = max(m, rowmax S);  alpha = exp(m - m');  P = exp(S - m')
  *   l  = alpha l + rowsum P;  acc = alpha acc + P . V     [nq, D]
  *
- * and finishes with O = acc / l (bf16, through O_strides) and L = m + log l.
- * A row that sees no key (all -inf) gets O = 0 and L = -inf. Every row is
- * computed by one item in a fixed order: the forward is deterministic for
- * any thread count.
+ * and finishes with O = acc / l (bf16 or f32, through O_strides) and
+ * L = m + log l. A row that sees no key (all -inf) gets O = 0 and L = -inf.
+ * Every row is computed by one item in a fixed order: the forward is
+ * deterministic for any thread count.
  *
  * tg_attn_forward is the loop itself, on a validated problem with bf16 or
  * f32 inputs; kernel 10 (causal_attention.c) runs it on f32 token-major
@@ -26,9 +26,8 @@
 
 typedef struct {
   tg_attn_problem pr;
-  const void *Q, *K, *V, *dO; /* type pr.in */
-  const tg_bf16 *mask;
-  tg_bf16 *O;   /* NULL: O is not written */
+  const void *Q, *K, *V, *dO, *mask; /* type pr.in */
+  void *O;      /* type pr.in; NULL: O is not written */
   float *L;
   float *delta; /* with dO: rowsum(dO * O) */
   const tg_micro_ops *ops;
@@ -94,11 +93,12 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
 
     for (int64_t i = 0; i < nq; i++) {
       const int64_t qi = q0 + i;
-      const tg_bf16 *mrow = pr->Ms ? a->mask + tg_attn_offset(pr->Ms, b, h, qi) : NULL;
+      const void *mrow = pr->Ms ? tg_attn_at(pr->in, a->mask, tg_attn_offset(pr->Ms, b, h, qi))
+                                : NULL;
       float *P = w.S + i * BK, unused, tile_max;
       if (pr->softcap == 0.0f) {
         tile_max = ops->attn_score_max_row(P, nk, tg_attn_visible(pr, qi, k0, nk), pr->scale,
-                                           mrow ? mrow + k0 : NULL);
+                                           mrow ? tg_attn_at(pr->in, mrow, k0) : NULL, pr->in);
       } else {
         for (int64_t k = 0; k < nk; k++) P[k] = tg_attn_score(pr, P[k], qi, k0 + k, mrow, &unused);
         tile_max = ops->max_f32(P, nk); /* skips NaN: */
@@ -134,7 +134,13 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
       memset(o, 0, sizeof(float) * (size_t)D);
     else
       ops->scale2_f32(o, D, l > 0.0f ? 1.0f / l : l, 1.0f);
-    if (a->O) ops->f32_to_bf16(o, a->O + tg_attn_offset(pr->Os, b, h, q0 + i), D);
+    if (a->O) {
+      const int64_t off = tg_attn_offset(pr->Os, b, h, q0 + i);
+      if (pr->in == TG_DTYPE_F32)
+        memcpy((float *)a->O + off, o, sizeof(float) * (size_t)D);
+      else
+        ops->f32_to_bf16(o, (tg_bf16 *)a->O + off, D);
+    }
     if (dOh) {
       tg_attn_load_rows(ops, pr->in, dOh, pr->Os[2], q0 + i, 1, D, w.K, NULL, 0);
       a->delta[row0 + i] = ops->dot_f32(w.K, o, D);
@@ -144,8 +150,8 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
 }
 
 tg_status tg_attn_forward(tg_ctx *ctx, const tg_attn_problem *pr, const void *Q,
-                          const void *K, const void *V, const tg_bf16 *mask, tg_bf16 *O,
-                          float *L, const void *dO, float *delta) {
+                          const void *K, const void *V, const void *mask, void *O, float *L,
+                          const void *dO, float *delta) {
   fwd_args a = {.pr = *pr, .Q = Q, .K = K, .V = V, .dO = dO, .mask = mask, .O = O, .L = L,
                 .delta = delta, .ops = ctx->ops, .BQ = ctx->ops->attn_bq,
                 .BK = ctx->ops->attn_bk};

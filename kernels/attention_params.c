@@ -72,7 +72,7 @@ static tg_status check_strides(tg_ctx *ctx, const char *fn, const char *name,
 }
 
 tg_status tg_attn_validate(tg_ctx *ctx, const char *fn, const tg_attn_params *p,
-                           const tg_attn_mask_params *mp, const tg_bf16 *mask,
+                           const tg_attn_mask_params *mp, const void *mask,
                            int causal, tg_attn_problem *out) {
   if (!p) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: params is NULL", fn);
   const struct { const char *name; int32_t v; } sizes[] = {
@@ -140,7 +140,7 @@ tg_status tg_attn_validate(tg_ctx *ctx, const char *fn, const tg_attn_params *p,
       .qL_off = p->qL_off, .scale = p->scale,
       .softcap = p->softcapping == 1.0f ? 0.0f : p->softcapping,
       .Qs = p->Q_strides, .Ks = p->K_strides, .Vs = p->V_strides, .Os = p->O_strides,
-      .Ms = mp ? mp->M_strides : NULL, .causal = causal != 0, .in = TG_ATTN_BF16};
+      .Ms = mp ? mp->M_strides : NULL, .causal = causal != 0, .in = TG_DTYPE_BF16};
   set_contiguous(out->dQs, H, qL, D);
   set_contiguous(out->dKs, H_kv, kL, D);
   return TG_OK;

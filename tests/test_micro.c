@@ -161,8 +161,8 @@ static void test_conversions_and_dot(void **state) {
   free(a), free(b), free(back), free(f);
 }
 
-/* attn_score_row / attn_ds_row on ragged rows: visible prefix, mask with
- * -inf entries, the causal tail set to -inf. */
+/* attn_score_row / attn_ds_row on ragged rows: visible prefix, bf16 and f32
+ * masks with -inf entries, the causal tail set to -inf. */
 static void test_attention_rows(void **state) {
   const tg_micro_ops *tabs[3];
   const int nt = n_tables(tabs);
@@ -170,19 +170,27 @@ static void test_attention_rows(void **state) {
   enum { N = 77 };
   float s0[N], s[N], p[N], dp0[N], dp[N];
   tg_bf16 mask[N];
+  float mask_f32[N];
   tu_fill_f32(&r, s0, N, -8, 8);
   tu_fill_f32(&r, p, N, 0, 1);
   tu_fill_f32(&r, dp0, N, -2, 2);
   tu_fill_bf16(&r, mask, N, -3, 3);
+  tu_fill_f32(&r, mask_f32, N, -3, 3);
   mask[5] = mask[40] = 0xFF80; /* -inf */
+  mask_f32[7] = mask_f32[41] = -INFINITY;
   const float scale = 0.37f, shift = 1.25f, d = 0.3f;
   for (int t = 0; t < nt; t++) {
-    for (int with_mask = 0; with_mask < 2; with_mask++)
+    /* with_mask: 0 none, 1 bf16, 2 f32 */
+    for (int with_mask = 0; with_mask < 3; with_mask++)
       for (int64_t n_vis = -1; n_vis <= N + 1; n_vis += 13) {
         memcpy(s, s0, sizeof s);
-        tabs[t]->attn_score_row(s, N, n_vis, scale, with_mask ? mask : NULL, shift);
+        const void *m_row = with_mask == 1 ? (const void *)mask : mask_f32;
+        tabs[t]->attn_score_row(s, N, n_vis, scale, with_mask ? m_row : NULL,
+                                with_mask == 2 ? TG_DTYPE_F32 : TG_DTYPE_BF16, shift);
         for (int64_t k = 0; k < N; k++) {
-          const double m = with_mask ? tg_bf16_to_f32(mask[k]) : 0.0;
+          const double m = with_mask == 1   ? tg_bf16_to_f32(mask[k])
+                           : with_mask == 2 ? mask_f32[k]
+                                            : 0.0;
           if (k >= n_vis || m == -INFINITY) {
             assert_true(s[k] == -INFINITY);
             continue;

@@ -208,17 +208,36 @@ static void TG_NAME(exp_f32)(const float *x, float *y, int64_t n) {
   for (int64_t i = 0; i < n; i++) y[i] = exp_lane(x[i]);
 }
 
-static void TG_NAME(attn_score_row)(float *restrict s, int64_t n, int64_t n_vis, float scale,
-                                    const uint16_t *restrict mask, float shift) {
-  if (n_vis > n) n_vis = n;
-  if (mask) {
+/* Element k of a mask row of type t as f32 (bf16 widened exactly). t is a
+ * constant wherever this is inlined: each masked loop below is compiled once
+ * per mask type, each as plain a vector loop as one written for that type. */
+static inline __attribute__((always_inline)) float mask_elem(const void *restrict mask,
+                                                             int64_t k, const tg_dtype t) {
+  if (t == TG_DTYPE_F32) return ((const float *)mask)[k];
+  const uint32_t u = (uint32_t)((const uint16_t *)mask)[k] << 16;
+  float m;
+  memcpy(&m, &u, sizeof m);
+  return m;
+}
+
+static inline __attribute__((always_inline)) void score_row_masked(
+    float *restrict s, int64_t n_vis, float scale, const void *restrict mask, const tg_dtype t,
+    float shift) {
 #pragma omp simd
-    for (int64_t k = 0; k < n_vis; k++) {
-      const uint32_t u = (uint32_t)mask[k] << 16;
-      float m;
-      memcpy(&m, &u, sizeof m);
-      s[k] = m == -__builtin_inff() ? m : (scale * s[k] + m) - shift;
-    }
+  for (int64_t k = 0; k < n_vis; k++) {
+    const float m = mask_elem(mask, k, t);
+    s[k] = m == -__builtin_inff() ? m : (scale * s[k] + m) - shift;
+  }
+}
+
+static void TG_NAME(attn_score_row)(float *restrict s, int64_t n, int64_t n_vis, float scale,
+                                    const void *restrict mask, tg_dtype mask_type,
+                                    float shift) {
+  if (n_vis > n) n_vis = n;
+  if (mask && mask_type == TG_DTYPE_F32) {
+    score_row_masked(s, n_vis, scale, mask, TG_DTYPE_F32, shift);
+  } else if (mask) {
+    score_row_masked(s, n_vis, scale, mask, TG_DTYPE_BF16, shift);
   } else {
 #pragma omp simd
     for (int64_t k = 0; k < n_vis; k++) s[k] = scale * s[k] - shift;
@@ -233,17 +252,24 @@ static void TG_NAME(attn_ds_row)(float *restrict dp, const float *restrict p, in
 }
 
 
-static void TG_NAME(attn_prob_row)(float *restrict s, int64_t n, int64_t n_vis, float scale,
-                                   const uint16_t *restrict mask, float shift) {
-  if (n_vis > n) n_vis = n;
-  if (mask) {
+static inline __attribute__((always_inline)) void prob_row_masked(
+    float *restrict s, int64_t n_vis, float scale, const void *restrict mask, const tg_dtype t,
+    float shift) {
 #pragma omp simd
-    for (int64_t k = 0; k < n_vis; k++) {
-      const uint32_t u = (uint32_t)mask[k] << 16;
-      float m;
-      memcpy(&m, &u, sizeof m);
-      s[k] = m == -__builtin_inff() ? 0.0f : exp_lane((scale * s[k] + m) - shift);
-    }
+  for (int64_t k = 0; k < n_vis; k++) {
+    const float m = mask_elem(mask, k, t);
+    s[k] = m == -__builtin_inff() ? 0.0f : exp_lane((scale * s[k] + m) - shift);
+  }
+}
+
+static void TG_NAME(attn_prob_row)(float *restrict s, int64_t n, int64_t n_vis, float scale,
+                                   const void *restrict mask, tg_dtype mask_type,
+                                   float shift) {
+  if (n_vis > n) n_vis = n;
+  if (mask && mask_type == TG_DTYPE_F32) {
+    prob_row_masked(s, n_vis, scale, mask, TG_DTYPE_F32, shift);
+  } else if (mask) {
+    prob_row_masked(s, n_vis, scale, mask, TG_DTYPE_BF16, shift);
   } else {
 #pragma omp simd
     for (int64_t k = 0; k < n_vis; k++) s[k] = exp_lane(scale * s[k] - shift);
@@ -281,21 +307,33 @@ static float TG_NAME(attn_exp_sum_row)(float *restrict s, int64_t n, float shift
   return sum;
 }
 
+/* The masked loop of attn_score_max_row; *nan gets whether a score is NaN. */
+static inline __attribute__((always_inline)) float score_max_masked(
+    float *restrict s, int64_t n_vis, float scale, const void *restrict mask, const tg_dtype t,
+    int *nan_out) {
+  float mx = -__builtin_inff();
+  int nan = 0;
+#pragma omp simd reduction(max : mx) reduction(| : nan)
+  for (int64_t k = 0; k < n_vis; k++) {
+    const float m = mask_elem(mask, k, t);
+    s[k] = m == -__builtin_inff() ? m : scale * s[k] + m;
+    mx = s[k] > mx ? s[k] : mx;
+    nan |= s[k] != s[k];
+  }
+  *nan_out = nan;
+  return mx;
+}
+
 static float TG_NAME(attn_score_max_row)(float *restrict s, int64_t n, int64_t n_vis,
-                                         float scale, const uint16_t *restrict mask) {
+                                         float scale, const void *restrict mask,
+                                         tg_dtype mask_type) {
   if (n_vis > n) n_vis = n;
   float mx = -__builtin_inff();
   int nan = 0; /* a NaN score makes the row's max NaN (the compare alone skips it) */
-  if (mask) {
-#pragma omp simd reduction(max : mx) reduction(| : nan)
-    for (int64_t k = 0; k < n_vis; k++) {
-      const uint32_t u = (uint32_t)mask[k] << 16;
-      float m;
-      memcpy(&m, &u, sizeof m);
-      s[k] = m == -__builtin_inff() ? m : scale * s[k] + m;
-      mx = s[k] > mx ? s[k] : mx;
-      nan |= s[k] != s[k];
-    }
+  if (mask && mask_type == TG_DTYPE_F32) {
+    mx = score_max_masked(s, n_vis, scale, mask, TG_DTYPE_F32, &nan);
+  } else if (mask) {
+    mx = score_max_masked(s, n_vis, scale, mask, TG_DTYPE_BF16, &nan);
   } else {
 #pragma omp simd reduction(max : mx) reduction(| : nan)
     for (int64_t k = 0; k < n_vis; k++) {
