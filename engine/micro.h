@@ -67,6 +67,13 @@ typedef struct {
    * row's max, so the softmax of that row is NaN, as in IEEE arithmetic). */
   float (*attn_score_max_row)(float *s, int64_t n, int64_t n_vis, float scale,
                               const void *mask, tg_dtype mask_type);
+  /* Dropout keep flags of attention weights n0 .. n0 + n - 1 (numbered and
+   * drawn as kernels/attention_options.c says): keep[j] = 1 iff word
+   * (n0 + j) % 4 of Philox4x32-10(key = seed, 128-bit counter = offset +
+   * (n0 + j) / 4) is >= threshold, else 0. Integer arithmetic: the same
+   * flags on every table (engine/philox.h is the scalar definition). */
+  void (*dropout_keep)(uint8_t *keep, int64_t n, uint64_t n0, uint64_t seed, uint64_t offset,
+                       uint32_t threshold);
 
   /* --- row ops of the memory-bound kernels (any n >= 0 unless stated;
    * reductions use 16 lane-parallel partials and a fixed pairwise tree, so

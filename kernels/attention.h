@@ -24,6 +24,17 @@ enum { TG_ATTN_MAX_D = 512 };
  * blocking.h), at most TG_ATTN_MAX_TILE each. */
 enum { TG_ATTN_MAX_TILE = 128 };
 
+/* Dropout of the attention weights (tg_attn_options; docs/KERNELS.md,
+ * "Dropout"). Weight n = ((b H + h) qL + i) kL + k is kept iff its draw,
+ * word n % 4 of Philox4x32-10(key = seed, counter = offset + floor(n / 4)),
+ * is >= threshold; kept weights are scaled by `scale`. threshold 0: no
+ * dropout (a zero-initialised struct is "off"; scale is then not read). */
+typedef struct {
+  uint32_t threshold; /* round(p * 2^32), ties to even */
+  float scale;        /* 1 / (1 - p) in f32 */
+  uint64_t seed, offset;
+} tg_attn_dropout;
+
 /* A validated attention problem: sizes as int64, strides copied out. All
  * strides are [batch, head, row] in elements of their tensor. */
 typedef struct {
@@ -34,17 +45,40 @@ typedef struct {
   const int64_t *Ms;                /* NULL when there is no mask */
   int causal;
   tg_dtype in;                      /* element type of Q, K, V, dO, O and the mask */
+  tg_attn_dropout drop;             /* threshold 0: none */
   int64_t dQs[3], dKs[3];           /* f32 gradients dQ and dK, dV (same layout) */
 } tg_attn_problem;
 
 /* Validates p (+ mask params) for entry point `fn` and fills *out (bf16
- * inputs, contiguous [B, H, qL, D] / [B, H_kv, kL, D] gradients). Checks:
+ * inputs, no dropout, contiguous [B, H, qL, D] / [B, H_kv, kL, D]
+ * gradients; the dtype entry points then set in and drop).
+ * Checks:
  * NULL struct, sizes >= 1, H % gqa_factor, head dim, Metal tiling fields,
  * scale / softcapping finite, strides >= 0 and every addressed element's
  * offset within int64, mask pointer/params pairing, output sizes. */
 tg_status tg_attn_validate(tg_ctx *ctx, const char *fn, const tg_attn_params *p,
                            const tg_attn_mask_params *mp, const void *mask,
                            int causal, tg_attn_problem *out);
+
+/* What the dtype / options entry points (tg_attn_train_fwd, ...) check
+ * beyond tg_attn_validate (attention_options.c); TG_ERR_BAD_PARAMS with a
+ * message naming the field otherwise. dtype: a tg_dtype value. */
+tg_status tg_attn_check_dtype(tg_ctx *ctx, const char *fn, tg_dtype dtype);
+/* opt (NULL: the defaults): reserved == 0, dropout_p in [0, 1); *drop gets
+ * its dropout (threshold 0 for none). */
+tg_status tg_attn_check_options(tg_ctx *ctx, const char *fn, const tg_attn_options *opt,
+                                tg_attn_dropout *drop);
+
+/* The keep flags of a tile: keep[i * ldk + k] = 1 if weight (b, h, q0 + i,
+ * k0 + k) survives dropout d, else 0 (i < nq, k < nk). */
+void tg_attn_dropout_tile(const tg_micro_ops *ops, const tg_attn_dropout *d,
+                          const tg_attn_problem *pr, int64_t b, int64_t h, int64_t q0, int64_t nq,
+                          int64_t k0, int64_t nk, uint8_t *keep, int64_t ldk);
+
+/* x[i * ldx + k] = keep[i * ldk + k] ? x[i * ldx + k] * scale : 0 over a tile
+ * of nq x nk (scale 1: the dropped weights zeroed, nothing rounded). */
+void tg_attn_dropout_apply(const uint8_t *keep, int64_t ldk, float *x, int64_t ldx,
+                           int64_t nq, int64_t nk, float scale);
 
 /* Offset of row `row` of head `head` in batch `b` for a [batch, head, row]
  * stride triple. */
@@ -77,14 +111,15 @@ static inline void tg_attn_load_rows(const tg_micro_ops *ops, tg_dtype t,
   if (trans) ops->transpose_f32(n, D, dst, D, trans, ldt, 0);
 }
 
-/* --- the engine, shared by the bf16 entry points and kernel 10 ------------
+/* --- the engine, shared by the attention entry points and kernel 10 -------
  * Both run on a validated problem; neither checks its arguments again.
- * Q, K, V, dO, O and the mask (as pr->Ms; NULL without) are of type pr->in. */
+ * Q, K, V, dO, O and the mask (as pr->Ms; NULL without) are of type pr->in.
+ * With dropout (pr->drop) the weights that multiply V are P * keep / (1 - p). */
 
-/* Forward (attention_fwd.c): L [B, H, qL] natural-log logsumexp (writes);
- * O through pr->Os when O != NULL; when dO != NULL (through pr->Os) also
- * delta [B, H, qL] = rowsum(dO * O) with O in f32, the D_vec of the
- * backward. */
+/* Forward (attention_fwd.c): L [B, H, qL] natural-log logsumexp of the
+ * undropped scores (writes); O through pr->Os when O != NULL; when dO !=
+ * NULL (through pr->Os) also delta [B, H, qL] = rowsum(dO * O) with O in
+ * f32, the D_vec of the backward. */
 tg_status tg_attn_forward(tg_ctx *ctx, const tg_attn_problem *pr, const void *Q,
                           const void *K, const void *V, const void *mask, void *O, float *L,
                           const void *dO, float *delta);

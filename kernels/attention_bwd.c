@@ -10,6 +10,11 @@
  *   dK += dS^T . Q                   [nk, D]
  *   dV += P^T . dO                   [nk, D]
  *
+ * With dropout (keep flags recomputed from the counter-based generator,
+ * z = keep / (1 - p)) the tile's dP becomes dP o z before dS is formed and
+ * P becomes P o z before dV += P^T . dO: the weights the forward's O was
+ * made of, and the gradient that reaches the undropped ones.
+ *
  * Two schedules share this pair body (tg_ctx_set_attn_schedule):
  *
  * KV (default): one work item per (key range, kv head, batch) -- the
@@ -32,8 +37,10 @@
  * ATOMIC: the Metal kernel's grid, one work item per (q-tile, query head,
  * batch); dQ of the tile stays local and is written once, dK/dV of every pair
  * are added to the output with `omp atomic` (the Metal atomic_fetch_add).
+
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -68,13 +75,14 @@ typedef struct {
   float *K, *KT, *VT;  /* [BK, D], [D, BK], [D, BK] */
   float *S, *dS;       /* [BQ, BK]: scores -> P, dP -> dS */
   float *dK, *dV;      /* [BK, D] */
+  uint8_t *keep;       /* [BQ, BK] dropout keep flags */
 } bwd_scratch;
 
 static size_t bwd_scratch_bytes(int64_t D, int64_t BQ, int64_t BK) {
   const size_t q = tg_align64(sizeof(float) * BQ * (size_t)D);
   const size_t k = tg_align64(sizeof(float) * BK * (size_t)D);
   const size_t s = tg_align64(sizeof(float) * BQ * BK);
-  return 3 * q + 5 * k + 2 * s;
+  return 3 * q + 5 * k + 2 * s + tg_align64((size_t)(BQ * BK));
 }
 
 static bwd_scratch carve(void *base, int64_t D, int64_t BQ, int64_t BK) {
@@ -92,7 +100,8 @@ static bwd_scratch carve(void *base, int64_t D, int64_t BQ, int64_t BK) {
   w.dK = (float *)p, p += k;
   w.dV = (float *)p, p += k;
   w.S = (float *)p, p += s;
-  w.dS = (float *)p;
+  w.dS = (float *)p, p += s;
+  w.keep = (uint8_t *)p;
   return w;
 }
 
@@ -130,6 +139,10 @@ static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_
 
   ops->mm_nn((int)nq, (int)nk, (int)D, w->Q, D, w->KT, BK, w->S, BK, 0);   /* Q.K^T  */
   ops->mm_nn((int)nq, (int)nk, (int)D, w->dO, D, w->VT, BK, w->dS, BK, 0); /* dO.V^T */
+  if (pr->drop.threshold) { /* dP -> dP o keep / (1 - p) */
+    tg_attn_dropout_tile(ops, &pr->drop, pr, b, h, q0, nq, k0, nk, w->keep, BK);
+    tg_attn_dropout_apply(w->keep, BK, w->dS, BK, nq, nk, pr->drop.scale);
+  }
 
   for (int64_t i = 0; i < nq; i++) {
     const int64_t qi = q0 + i;
@@ -157,6 +170,8 @@ static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_
       dS[k] = pr->scale * g; /* dL/d(Q.K) */
     }
   }
+  if (pr->drop.threshold) /* P -> P o keep / (1 - p), for dV */
+    tg_attn_dropout_apply(w->keep, BK, w->S, BK, nq, nk, pr->drop.scale);
 
   ops->mm_nn((int)nq, (int)D, (int)nk, w->dS, BK, w->K, D, dQ, ldq, !dq_first); /* dS.K */
   ops->mm_tn_acc((int)nk, (int)D, (int)nq, w->dS, BK, w->Q, D, w->dK, D); /* dS^T.Q */
@@ -315,22 +330,26 @@ tg_status tg_attn_backward_kv(tg_ctx *ctx, const tg_attn_problem *pr, const void
   return st;
 }
 
-tg_status tg_flash_attn_train_bwd_bf16(tg_ctx *ctx, const tg_bf16 *Q, const tg_bf16 *K,
-                                       const tg_bf16 *V, const float *L,
-                                       const tg_bf16 *dO, const float *D_vec, float *dQ,
-                                       float *dK, float *dV, const tg_attn_params *p,
-                                       const tg_attn_mask_params *mp,
-                                       const tg_bf16 *mask, int causal) {
-  static const char fn[] = "tg_flash_attn_train_bwd_bf16";
+/* The entry points' shared body; fn names the public function in messages. */
+static tg_status train_bwd(tg_ctx *ctx, const char *fn, tg_dtype dtype, const void *Q,
+                           const void *K, const void *V, const float *L, const void *dO,
+                           const float *D_vec, float *dQ, float *dK, float *dV,
+                           const tg_attn_params *p, const tg_attn_mask_params *mp,
+                           const void *mask, int causal, const tg_attn_options *opt) {
   if (!ctx) return TG_ERR_NULL_ARG;
   TG_ENTER(ctx);
   const void *bufs[] = {Q, K, V, L, dO, D_vec, dQ, dK, dV};
   const char *names[] = {"Q", "K", "V", "L", "dO", "D_vec", "dQ", "dK", "dV"};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
     if (!bufs[i]) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: %s is NULL", fn, names[i]);
+  tg_attn_dropout drop;
   tg_attn_problem pr;
-  tg_status st = tg_attn_validate(ctx, fn, p, mp, mask, causal, &pr);
+  tg_status st = tg_attn_check_dtype(ctx, fn, dtype);
+  if (st == TG_OK) st = tg_attn_check_options(ctx, fn, opt, &drop);
+  if (st == TG_OK) st = tg_attn_validate(ctx, fn, p, mp, mask, causal, &pr);
   if (st != TG_OK) return st;
+  pr.in = dtype;
+  pr.drop = drop;
   if (ctx->attn_schedule == TG_ATTN_SCHEDULE_ATOMIC && !ctx->deterministic) {
     bwd_args a = make_args(&pr, ctx->ops);
     a.Q = Q, a.K = K, a.V = V, a.dO = dO, a.mask = mask, a.L = L, a.D_vec = D_vec;
@@ -344,13 +363,33 @@ tg_status tg_flash_attn_train_bwd_bf16(tg_ctx *ctx, const tg_bf16 *Q, const tg_b
   return tg_attn_backward_kv(ctx, &pr, Q, K, V, dO, mask, L, D_vec, dQ, dK, dV, ws);
 }
 
+tg_status tg_attn_train_bwd(tg_ctx *ctx, tg_dtype dtype, const void *Q, const void *K,
+                            const void *V, const float *L, const void *dO,
+                            const float *D_vec, float *dQ, float *dK, float *dV,
+                            const tg_attn_params *p, const tg_attn_mask_params *mp,
+                            const void *mask, int causal, const tg_attn_options *opt) {
+  return train_bwd(ctx, "tg_attn_train_bwd", dtype, Q, K, V, L, dO, D_vec, dQ, dK, dV, p, mp,
+                   mask, causal, opt);
+}
+
+tg_status tg_flash_attn_train_bwd_bf16(tg_ctx *ctx, const tg_bf16 *Q, const tg_bf16 *K,
+                                       const tg_bf16 *V, const float *L,
+                                       const tg_bf16 *dO, const float *D_vec, float *dQ,
+                                       float *dK, float *dV, const tg_attn_params *p,
+                                       const tg_attn_mask_params *mp,
+                                       const tg_bf16 *mask, int causal) {
+  return train_bwd(ctx, "tg_flash_attn_train_bwd_bf16", TG_DTYPE_BF16, Q, K, V, L, dO, D_vec,
+                   dQ, dK, dV, p, mp, mask, causal, NULL);
+}
+
 /* --- 1. pre-pass: D[b,h,i] = sum_d O[b,h,i,d] * dO[b,h,i,d] ----------------
  * Metal: one threadgroup per row (simd tree over d). Here one work item per
  * block of rows; the per-row dot is the ISA layer's lane-parallel sum. */
 enum { D_ROWS_PER_GROUP = 256 };
 
 typedef struct {
-  const tg_bf16 *O, *dO;
+  const void *O, *dO; /* type t */
+  tg_dtype t;
   float *D_out;
   int64_t rows, D;
   const tg_micro_ops *ops;
@@ -361,28 +400,52 @@ static void compute_d_group(const void *vargs, int64_t blk, int64_t y, int64_t z
   const compute_d_args *a = vargs;
   const int64_t r0 = blk * D_ROWS_PER_GROUP;
   const int64_t r1 = r0 + D_ROWS_PER_GROUP < a->rows ? r0 + D_ROWS_PER_GROUP : a->rows;
-  for (int64_t r = r0; r < r1; r++)
-    a->D_out[r] = a->ops->dot_bf16(a->O + r * a->D, a->dO + r * a->D, a->D);
+  if (a->t == TG_DTYPE_F32) {
+    const float *O = a->O, *dO = a->dO;
+    for (int64_t r = r0; r < r1; r++)
+      a->D_out[r] = a->ops->dot_f32(O + r * a->D, dO + r * a->D, a->D);
+  } else {
+    const tg_bf16 *O = a->O, *dO = a->dO;
+    for (int64_t r = r0; r < r1; r++)
+      a->D_out[r] = a->ops->dot_bf16(O + r * a->D, dO + r * a->D, a->D);
+  }
+}
+
+/* The entry points' shared body; fn names the public function in messages. */
+static tg_status compute_d(tg_ctx *ctx, const char *fn, tg_dtype dtype, const void *O,
+                           const void *dO, float *D_out, uint32_t batch, uint32_t n_q_heads,
+                           uint32_t q_seq_len, uint32_t head_dim) {
+  if (!ctx) return TG_ERR_NULL_ARG;
+  TG_ENTER(ctx);
+  if (!O || !dO || !D_out)
+    return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: %s is NULL", fn,
+                   !O ? "O" : !dO ? "dO" : "D_out");
+  tg_status st = tg_attn_check_dtype(ctx, fn, dtype);
+  if (st != TG_OK) return st;
+  char what[128];
+  snprintf(what, sizeof what, "%s: O/dO [batch, n_q_heads, q_seq_len, head_dim]", fn);
+  int64_t elems;
+  if ((st = tg_shape_count(ctx, what, sizeof(float), &elems, 4, (int64_t)batch,
+                           (int64_t)n_q_heads, (int64_t)q_seq_len, (int64_t)head_dim)))
+    return st;
+  const int64_t rows = elems / head_dim;
+  const compute_d_args a = {O, dO, dtype, D_out, rows, head_dim, ctx->ops};
+  return tg_dispatch(ctx, (rows + D_ROWS_PER_GROUP - 1) / D_ROWS_PER_GROUP, 1, 1, 0,
+                     compute_d_group, &a);
+}
+
+tg_status tg_attn_train_bwd_compute_d(tg_ctx *ctx, tg_dtype dtype, const void *O,
+                                      const void *dO, float *D_out, uint32_t batch,
+                                      uint32_t n_q_heads, uint32_t q_seq_len,
+                                      uint32_t head_dim) {
+  return compute_d(ctx, "tg_attn_train_bwd_compute_d", dtype, O, dO, D_out, batch, n_q_heads,
+                   q_seq_len, head_dim);
 }
 
 tg_status tg_flash_attn_train_bwd_compute_d_bf16(tg_ctx *ctx, const tg_bf16 *O,
                                                  const tg_bf16 *dO, float *D_out,
                                                  uint32_t batch, uint32_t n_q_heads,
                                                  uint32_t q_seq_len, uint32_t head_dim) {
-  static const char fn[] = "tg_flash_attn_train_bwd_compute_d_bf16";
-  if (!ctx) return TG_ERR_NULL_ARG;
-  TG_ENTER(ctx);
-  if (!O || !dO || !D_out)
-    return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: %s is NULL", fn,
-                   !O ? "O" : !dO ? "dO" : "D_out");
-  int64_t rows, elems;
-  tg_status st = tg_shape_count(ctx, "tg_flash_attn_train_bwd_compute_d_bf16: O/dO "
-                                "[batch, n_q_heads, q_seq_len, head_dim]",
-                                sizeof(float), &elems, 4, (int64_t)batch,
-                                (int64_t)n_q_heads, (int64_t)q_seq_len, (int64_t)head_dim);
-  if (st != TG_OK) return st;
-  rows = elems / head_dim;
-  const compute_d_args a = {O, dO, D_out, rows, head_dim, ctx->ops};
-  return tg_dispatch(ctx, (rows + D_ROWS_PER_GROUP - 1) / D_ROWS_PER_GROUP, 1, 1, 0,
-                     compute_d_group, &a);
+  return compute_d(ctx, "tg_flash_attn_train_bwd_compute_d_bf16", TG_DTYPE_BF16, O, dO, D_out,
+                   batch, n_q_heads, q_seq_len, head_dim);
 }

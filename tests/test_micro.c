@@ -14,6 +14,7 @@
 
 #include "bf16.h"
 #include "micro.h"
+#include "philox.h"
 #include "reduce.h"
 #include "testutil.h"
 
@@ -210,6 +211,41 @@ static void test_attention_rows(void **state) {
       if (fabs(dp[k] - want) > 3 * U * mag)
         TU_FAIL("%s attn_ds_row k %lld: got %g want %g", tabs[t]->name, (long long)k,
                 (double)dp[k], want);
+    }
+  }
+}
+
+/* dropout_keep against the scalar Philox4x32-10 of engine/philox.h, draw by
+ * draw: ragged starts and lengths (every start word of a block, runs across
+ * several vector batches), a counter whose low 64 bits wrap (the carry into
+ * word 2), thresholds 0, 1, 2^31 and 2^32 - 1. Exact on every table. */
+static void test_dropout_keep(void **state) {
+  const tg_micro_ops *tabs[3];
+  const int nt = n_tables(tabs);
+  tu_rng r = tu_rng_make(tu_seed() + 23);
+  const uint32_t thresholds[] = {0, 1, 0x80000000u, 0xFFFFFFFFu, (uint32_t)tu_next(&r)};
+  enum { NMAX = 300 };
+  uint8_t got[NMAX];
+  for (int c = 0; c < 40; c++) {
+    const uint64_t seed = tu_next(&r);
+    const uint64_t offset = c % 2 ? tu_next(&r) : UINT64_MAX - (uint64_t)tu_int(&r, 0, 80);
+    const uint64_t n0 = c < 8 ? (uint64_t)c : tu_next(&r) >> tu_int(&r, 2, 40);
+    const int64_t n = tu_int(&r, 0, NMAX);
+    const uint32_t t = thresholds[c % 5];
+    const uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
+    for (int ti = 0; ti < nt; ti++) {
+      memset(got, 7, sizeof got);
+      tabs[ti]->dropout_keep(got, n, n0, seed, offset, t);
+      for (int64_t j = 0; j < n; j++) {
+        const uint64_t draw = n0 + (uint64_t)j, ctr = offset + draw / 4;
+        const uint32_t c4[4] = {(uint32_t)ctr, (uint32_t)(ctr >> 32), ctr < offset, 0};
+        uint32_t w[4];
+        tg_philox4x32_10(c4, key, w);
+        if (got[j] != (w[draw % 4] >= t))
+          TU_FAIL("%s dropout_keep draw %llu (n0 %llu + %lld): got %d", tabs[ti]->name,
+                  (unsigned long long)draw, (unsigned long long)n0, (long long)j, got[j]);
+      }
+      for (int64_t j = n; j < NMAX; j++) assert_int_equal(got[j], 7); /* nothing past n */
     }
   }
 }
@@ -589,6 +625,7 @@ int main(void) {
       cmocka_unit_test(test_exp),
       cmocka_unit_test(test_conversions_and_dot),
       cmocka_unit_test(test_attention_rows),
+      cmocka_unit_test(test_dropout_keep),
       cmocka_unit_test(test_row_reductions),
       cmocka_unit_test(test_row_elementwise),
       cmocka_unit_test(test_fwht),

@@ -12,6 +12,7 @@
 
 #include "blocking.h"
 #include "micro.h"
+#include "philox.h"
 #include "reduce.h"
 
 #ifndef TG_MICRO_SUFFIX
@@ -345,6 +346,48 @@ static float TG_NAME(attn_score_max_row)(float *restrict s, int64_t n, int64_t n
   for (int64_t k = n_vis < 0 ? 0 : n_vis; k < n; k++) s[k] = -__builtin_inff();
   return nan ? __builtin_nanf("") : mx;
 }
+/*
+ * Dropout keep flags: Philox4x32-10 (engine/philox.h) on PHILOX_LANES
+ * consecutive counters at once, one counter per vector lane, so each round
+ * is a few vector instructions (the widening 32 x 32 -> 64-bit multiply is
+ * one on every x86 vector ISA) where the scalar generator spends ~20
+ * instructions per draw.
+ */
+enum { PHILOX_LANES = 16 };
+
+static void TG_NAME(dropout_keep)(uint8_t *restrict keep, int64_t n, uint64_t n0, uint64_t seed,
+                                  uint64_t offset, uint32_t threshold) {
+  uint64_t blk = n0 / 4;            /* counter of the draw n0, less offset */
+  int64_t skip = (int64_t)(n0 % 4); /* words of the first block before n0 */
+  for (int64_t done = 0; done < n; blk += PHILOX_LANES, skip = 0) {
+    uint32_t c0[PHILOX_LANES], c1[PHILOX_LANES], c2[PHILOX_LANES], c3[PHILOX_LANES];
+#pragma omp simd
+    for (int l = 0; l < PHILOX_LANES; l++) {
+      const uint64_t ctr = offset + blk + (uint64_t)l; /* its low 64 bits; a carry -> c2 */
+      c0[l] = (uint32_t)ctr, c1[l] = (uint32_t)(ctr >> 32), c2[l] = ctr < offset, c3[l] = 0;
+    }
+    uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+    for (int r = 0; r < TG_PHILOX_ROUNDS; r++, k0 += TG_PHILOX_W0, k1 += TG_PHILOX_W1) {
+#pragma omp simd
+      for (int l = 0; l < PHILOX_LANES; l++) {
+        const uint64_t p0 = (uint64_t)TG_PHILOX_M0 * c0[l], p1 = (uint64_t)TG_PHILOX_M1 * c2[l];
+        const uint32_t n0w = (uint32_t)(p1 >> 32) ^ c1[l] ^ k0;
+        const uint32_t n2w = (uint32_t)(p0 >> 32) ^ c3[l] ^ k1;
+        c0[l] = n0w, c1[l] = (uint32_t)p1, c2[l] = n2w, c3[l] = (uint32_t)p0;
+      }
+    }
+    uint8_t flags[4 * PHILOX_LANES]; /* draw 4 l + w: word w of counter l */
+#pragma omp simd
+    for (int l = 0; l < PHILOX_LANES; l++) {
+      flags[4 * l + 0] = c0[l] >= threshold, flags[4 * l + 1] = c1[l] >= threshold;
+      flags[4 * l + 2] = c2[l] >= threshold, flags[4 * l + 3] = c3[l] >= threshold;
+    }
+    const int64_t take = 4 * PHILOX_LANES - skip < n - done ? 4 * PHILOX_LANES - skip : n - done;
+    memcpy(keep + done, flags + skip, (size_t)take);
+    done += take;
+  }
+}
+
 #include "row_ops.h"
 
 const tg_micro_ops TG_NAME(tg_micro) = {
@@ -364,6 +407,7 @@ const tg_micro_ops TG_NAME(tg_micro) = {
     .attn_prob_row = TG_NAME(attn_prob_row),
     .attn_exp_sum_row = TG_NAME(attn_exp_sum_row),
     .attn_score_max_row = TG_NAME(attn_score_max_row),
+    .dropout_keep = TG_NAME(dropout_keep),
     .dot_f32 = TG_NAME(dot_f32),
     .dot3_f32 = TG_NAME(dot3_f32),
     .max_f32 = TG_NAME(max_f32),
