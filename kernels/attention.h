@@ -46,12 +46,14 @@ typedef struct {
   int causal;
   tg_dtype in;                      /* element type of Q, K, V, dO, O and the mask */
   tg_attn_dropout drop;             /* threshold 0: none */
+  int compensated;                  /* KV schedule: dK, dV summed over q-tiles with
+                                     * compensation (attention_bwd.c) */
   int64_t dQs[3], dKs[3];           /* f32 gradients dQ and dK, dV (same layout) */
 } tg_attn_problem;
 
 /* Validates p (+ mask params) for entry point `fn` and fills *out (bf16
- * inputs, no dropout, contiguous [B, H, qL, D] / [B, H_kv, kL, D]
- * gradients; the dtype entry points then set in and drop).
+ * inputs, no dropout, plain sums, contiguous [B, H, qL, D] / [B, H_kv, kL, D]
+ * gradients; the dtype entry points then set in, drop and compensated).
  * Checks:
  * NULL struct, sizes >= 1, H % gqa_factor, head dim, Metal tiling fields,
  * scale / softcapping finite, strides >= 0 and every addressed element's

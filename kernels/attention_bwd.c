@@ -37,7 +37,17 @@
  * ATOMIC: the Metal kernel's grid, one work item per (q-tile, query head,
  * batch); dQ of the tile stays local and is written once, dK/dV of every pair
  * are added to the output with `omp atomic` (the Metal atomic_fetch_add).
-
+ *
+ * Compensated dK/dV sums (pr.compensated; the f32 entry points): a key
+ * tile's dK and dV are sums over every query row of its kv head, gqa * qL
+ * terms. Accumulated in one f32 running sum their error grows with that
+ * length (max |err| 2.2-3.7e-5 against f64 at qL = kL = 4096, gqa 4, causal,
+ * unit-variance inputs: the f32 path's largest). With compensation each
+ * q-tile's part is summed alone (BQ terms) and added to the running sum with
+ * Kahan's correction, which leaves the error of the parts (1.3-3.0e-6 there;
+ * a few % more time on the f32 path). bf16 inputs carry 2^-8 of their own and
+ * keep the plain sum (and today's bits); so does the ATOMIC schedule, whose
+ * per-pair parts meet in the output through atomic adds.
  */
 #include <math.h>
 #include <stdio.h>
@@ -76,16 +86,19 @@ typedef struct {
   float *S, *dS;       /* [BQ, BK]: scores -> P, dP -> dS */
   float *dK, *dV;      /* [BK, D] */
   uint8_t *keep;       /* [BQ, BK] dropout keep flags */
+  /* compensated sums only: the running dK, dV sums and their corrections,
+   * [BK, D] each (dK, dV above then hold one q-tile's part) */
+  float *dK_sum, *dK_comp, *dV_sum, *dV_comp;
 } bwd_scratch;
 
-static size_t bwd_scratch_bytes(int64_t D, int64_t BQ, int64_t BK) {
+static size_t bwd_scratch_bytes(int64_t D, int64_t BQ, int64_t BK, int compensated) {
   const size_t q = tg_align64(sizeof(float) * BQ * (size_t)D);
   const size_t k = tg_align64(sizeof(float) * BK * (size_t)D);
   const size_t s = tg_align64(sizeof(float) * BQ * BK);
-  return 3 * q + 5 * k + 2 * s + tg_align64((size_t)(BQ * BK));
+  return 3 * q + (compensated ? 9 : 5) * k + 2 * s + tg_align64((size_t)(BQ * BK));
 }
 
-static bwd_scratch carve(void *base, int64_t D, int64_t BQ, int64_t BK) {
+static bwd_scratch carve(void *base, int64_t D, int64_t BQ, int64_t BK, int compensated) {
   char *p = base;
   const size_t q = tg_align64(sizeof(float) * BQ * (size_t)D);
   const size_t k = tg_align64(sizeof(float) * BK * (size_t)D);
@@ -101,7 +114,14 @@ static bwd_scratch carve(void *base, int64_t D, int64_t BQ, int64_t BK) {
   w.dV = (float *)p, p += k;
   w.S = (float *)p, p += s;
   w.dS = (float *)p, p += s;
-  w.keep = (uint8_t *)p;
+  w.keep = (uint8_t *)p, p += tg_align64((size_t)(BQ * BK));
+  w.dK_sum = w.dK_comp = w.dV_sum = w.dV_comp = NULL;
+  if (compensated) {
+    w.dK_sum = (float *)p, p += k;
+    w.dK_comp = (float *)p, p += k;
+    w.dV_sum = (float *)p, p += k;
+    w.dV_comp = (float *)p;
+  }
   return w;
 }
 
@@ -210,20 +230,37 @@ static int range_visible(const bwd_args *a, int64_t range, int64_t q0, int64_t n
   return tg_attn_key_end(&a->pr, q0, nq) > range * a->range_tiles * a->BK;
 }
 
+/* Kahan's compensated sum, element-wise: sum += x, the rounding error of
+ * each add carried in comp (start both at 0). Exact reassociation is
+ * forbidden here (no -ffast-math), so the compiler keeps the correction. */
+static void compensated_add(float *restrict sum, float *restrict comp, const float *restrict x,
+                            int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    const float y = x[i] - comp[i], t = sum[i] + y;
+    comp[i] = (t - sum[i]) - y;
+    sum[i] = t;
+  }
+}
+
 /* KV schedule: x = key range, y = kv head, z = batch. */
 static void bwd_group_kv(const void *vargs, int64_t range, int64_t h_kv, int64_t b,
                          void *scratch) {
   const bwd_args *a = vargs;
   const tg_attn_problem *pr = &a->pr;
   const int64_t D = pr->D, gqa = pr->gqa, BQ = a->BQ, BK = a->BK;
-  bwd_scratch w = carve(scratch, D, BQ, BK);
+  bwd_scratch w = carve(scratch, D, BQ, BK, pr->compensated);
 
   const int64_t kt_first = range * a->range_tiles;
   for (int64_t kt = kt_first; kt < kt_first + a->range_tiles && kt < a->n_ktiles; kt++) {
     const int64_t k0 = kt * BK, nk = pr->kL - k0 < BK ? pr->kL - k0 : BK;
+    const size_t tile_bytes = sizeof(float) * (size_t)(nk * D);
     load_ktile(a, b, h_kv, k0, nk, &w);
-    memset(w.dK, 0, sizeof(float) * (size_t)(nk * D));
-    memset(w.dV, 0, sizeof(float) * (size_t)(nk * D));
+    memset(w.dK, 0, tile_bytes);
+    memset(w.dV, 0, tile_bytes);
+    if (pr->compensated) {
+      memset(w.dK_sum, 0, tile_bytes), memset(w.dK_comp, 0, tile_bytes);
+      memset(w.dV_sum, 0, tile_bytes), memset(w.dV_comp, 0, tile_bytes);
+    }
     for (int64_t h = h_kv * gqa; h < (h_kv + 1) * gqa; h++)
       for (int64_t q0 = 0; q0 < pr->qL; q0 += BQ) {
         const int64_t nq = pr->qL - q0 < BQ ? pr->qL - q0 : BQ;
@@ -236,11 +273,19 @@ static void bwd_group_kv(const void *vargs, int64_t range, int64_t h_kv, int64_t
           continue;
         }
         load_qtile(a, b, h, q0, nq, &w);
+        if (pr->compensated) { /* w.dK, w.dV: this q-tile's part alone */
+          memset(w.dK, 0, tile_bytes);
+          memset(w.dV, 0, tile_bytes);
+        }
         bwd_pair(a, b, h, q0, nq, k0, nk, dq, ld, kt == kt_first, &w);
+        if (pr->compensated) {
+          compensated_add(w.dK_sum, w.dK_comp, w.dK, nk * D);
+          compensated_add(w.dV_sum, w.dV_comp, w.dV, nk * D);
+        }
       }
     const int64_t kv = tg_attn_offset(pr->dKs, b, h_kv, k0);
-    add_rows(a->dK + kv, pr->dKs[2], w.dK, nk, D, 0);
-    add_rows(a->dV + kv, pr->dKs[2], w.dV, nk, D, 0);
+    add_rows(a->dK + kv, pr->dKs[2], pr->compensated ? w.dK_sum : w.dK, nk, D, 0);
+    add_rows(a->dV + kv, pr->dKs[2], pr->compensated ? w.dV_sum : w.dV, nk, D, 0);
   }
 }
 
@@ -264,7 +309,7 @@ static void bwd_group_atomic(const void *vargs, int64_t x, int64_t h, int64_t b,
   const bwd_args *a = vargs;
   const tg_attn_problem *pr = &a->pr;
   const int64_t D = pr->D, h_kv = h / pr->gqa, BQ = a->BQ, BK = a->BK;
-  bwd_scratch w = carve(scratch, D, BQ, BK);
+  bwd_scratch w = carve(scratch, D, BQ, BK, 0);
   const int64_t q0 = (a->n_qtiles - 1 - x) * BQ, nq = pr->qL - q0 < BQ ? pr->qL - q0 : BQ;
 
   load_qtile(a, b, h, q0, nq, &w);
@@ -323,7 +368,8 @@ tg_status tg_attn_backward_kv(tg_ctx *ctx, const tg_attn_problem *pr, const void
   a.Q = Q, a.K = K, a.V = V, a.dO = dO, a.mask = mask, a.L = L, a.D_vec = D_vec;
   a.dQ = dQ, a.dK = dK, a.dV = dV, a.dQ_partial = workspace;
   tg_status st = tg_dispatch(ctx, a.n_ranges, pr->H_kv, pr->B,
-                             bwd_scratch_bytes(pr->D, a.BQ, a.BK), bwd_group_kv, &a);
+                             bwd_scratch_bytes(pr->D, a.BQ, a.BK, pr->compensated),
+                             bwd_group_kv, &a);
   /* The second pass needs no scratch: it cannot fail once the first wrote. */
   if (st == TG_OK && a.n_ranges > 1)
     st = tg_dispatch(ctx, a.n_qtiles, pr->H, pr->B, 0, bwd_group_sum_dq, &a);
@@ -350,11 +396,12 @@ static tg_status train_bwd(tg_ctx *ctx, const char *fn, tg_dtype dtype, const vo
   if (st != TG_OK) return st;
   pr.in = dtype;
   pr.drop = drop;
+  pr.compensated = dtype == TG_DTYPE_F32;
   if (ctx->attn_schedule == TG_ATTN_SCHEDULE_ATOMIC && !ctx->deterministic) {
     bwd_args a = make_args(&pr, ctx->ops);
     a.Q = Q, a.K = K, a.V = V, a.dO = dO, a.mask = mask, a.L = L, a.D_vec = D_vec;
     a.dQ = dQ, a.dK = dK, a.dV = dV;
-    return tg_dispatch(ctx, a.n_qtiles, pr.H, pr.B, bwd_scratch_bytes(pr.D, a.BQ, a.BK),
+    return tg_dispatch(ctx, a.n_qtiles, pr.H, pr.B, bwd_scratch_bytes(pr.D, a.BQ, a.BK, 0),
                        bwd_group_atomic, &a);
   }
   const size_t ws_bytes = tg_attn_bwd_workspace_bytes(&pr, ctx->ops);
