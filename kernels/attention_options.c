@@ -61,7 +61,17 @@ void tg_attn_dropout_apply(const uint8_t *keep, int64_t ldk, float *x, int64_t l
   for (int64_t i = 0; i < nq; i++) {
     const uint8_t *restrict kr = keep + i * ldk;
     float *restrict xr = x + i * ldx;
-    for (int64_t k = 0; k < nk; k++) xr[k] = kr[k] ? xr[k] * scale : 0.0f;
+    /* x * scale, then its bits and-ed with all ones (kept) or zeros (dropped:
+     * +0.0f): no branch per weight, which random flags would mispredict, and
+     * a loop the compiler vectorizes (a conditional multiply it keeps as a
+     * branch under trapping math) */
+    for (int64_t k = 0; k < nk; k++) {
+      const float scaled = xr[k] * scale;
+      uint32_t bits;
+      memcpy(&bits, &scaled, sizeof bits);
+      bits &= 0u - (uint32_t)kr[k]; /* kr[k] is 0 or 1 */
+      memcpy(&xr[k], &bits, sizeof bits);
+    }
   }
 }
 
