@@ -88,6 +88,10 @@ typedef struct {
   void (*scale2_f32)(float *x, int64_t n, float a, float b);
   /* dst[i] += src[i] */
   void (*add_f32)(float *dst, const float *src, int64_t n);
+  /* Kahan's compensated sum, element-wise: sum[i] += x[i] with the rounding
+   * error of each such add carried in comp[i] (both start at 0), then
+   * x[i] = 0 (x is a part to be summed again). */
+  void (*add_compensated_f32)(float *sum, float *comp, float *x, int64_t n);
   /* acc[i] += a[i] * s * b[i]   (s a scalar) */
   void (*acc_mul2_f32)(float *acc, const float *a, const float *b, float s, int64_t n);
   /* RMSNorm dx row: dx[k] = r * (dy[k] * w[k] - x[k] * c) */

@@ -44,8 +44,10 @@
  * length (max |err| 2.2-3.7e-5 against f64 at qL = kL = 4096, gqa 4, causal,
  * unit-variance inputs: the f32 path's largest). With compensation each
  * q-tile's part is summed alone (BQ terms) and added to the running sum with
- * Kahan's correction, which leaves the error of the parts (1.3-3.0e-6 there;
- * a few % more time on the f32 path). bf16 inputs carry 2^-8 of their own and
+ * Kahan's correction (the ISA layer's add_compensated_f32, which also
+ * zeroes the part for the next q-tile), which leaves the error of the parts
+ * (1.3-3.0e-6 there; about 4% more time on the f32 backward, medians at D = 64
+ * and 128). bf16 inputs carry 2^-8 of their own and
  * keep the plain sum (and today's bits); so does the ATOMIC schedule, whose
  * per-pair parts meet in the output through atomic adds.
  */
@@ -87,7 +89,8 @@ typedef struct {
   float *dK, *dV;      /* [BK, D] */
   uint8_t *keep;       /* [BQ, BK] dropout keep flags */
   /* compensated sums only: the running dK, dV sums and their corrections,
-   * [BK, D] each (dK, dV above then hold one q-tile's part) */
+   * [BK, D] each (dK, dV above then hold one q-tile's part, zeroed again as
+   * it is added) */
   float *dK_sum, *dK_comp, *dV_sum, *dV_comp;
 } bwd_scratch;
 
@@ -230,18 +233,6 @@ static int range_visible(const bwd_args *a, int64_t range, int64_t q0, int64_t n
   return tg_attn_key_end(&a->pr, q0, nq) > range * a->range_tiles * a->BK;
 }
 
-/* Kahan's compensated sum, element-wise: sum += x, the rounding error of
- * each add carried in comp (start both at 0). Exact reassociation is
- * forbidden here (no -ffast-math), so the compiler keeps the correction. */
-static void compensated_add(float *restrict sum, float *restrict comp, const float *restrict x,
-                            int64_t n) {
-  for (int64_t i = 0; i < n; i++) {
-    const float y = x[i] - comp[i], t = sum[i] + y;
-    comp[i] = (t - sum[i]) - y;
-    sum[i] = t;
-  }
-}
-
 /* KV schedule: x = key range, y = kv head, z = batch. */
 static void bwd_group_kv(const void *vargs, int64_t range, int64_t h_kv, int64_t b,
                          void *scratch) {
@@ -273,14 +264,10 @@ static void bwd_group_kv(const void *vargs, int64_t range, int64_t h_kv, int64_t
           continue;
         }
         load_qtile(a, b, h, q0, nq, &w);
-        if (pr->compensated) { /* w.dK, w.dV: this q-tile's part alone */
-          memset(w.dK, 0, tile_bytes);
-          memset(w.dV, 0, tile_bytes);
-        }
         bwd_pair(a, b, h, q0, nq, k0, nk, dq, ld, kt == kt_first, &w);
-        if (pr->compensated) {
-          compensated_add(w.dK_sum, w.dK_comp, w.dK, nk * D);
-          compensated_add(w.dV_sum, w.dV_comp, w.dV, nk * D);
+        if (pr->compensated) { /* this q-tile's part into the sums; w.dK, w.dV = 0 */
+          a->ops->add_compensated_f32(w.dK_sum, w.dK_comp, w.dK, nk * D);
+          a->ops->add_compensated_f32(w.dV_sum, w.dV_comp, w.dV, nk * D);
         }
       }
     const int64_t kv = tg_attn_offset(pr->dKs, b, h_kv, k0);

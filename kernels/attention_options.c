@@ -40,7 +40,7 @@ tg_status tg_attn_check_options(tg_ctx *ctx, const char *fn, const tg_attn_optio
   /* p <= 1 - 2^-24, so p * 2^32 (exact in double) rounds to at most
    * 2^32 - 2^8: a uint32. rint: nearest, ties to even (the default mode). */
   drop->threshold = (uint32_t)rint((double)p * 4294967296.0);
-  /* threshold 0 (p < 2^-33) is no dropout; 1 - p then rounds to 1 anyway */
+  /* threshold 0 (p <= 2^-33) is no dropout; 1 - p then rounds to 1 anyway */
   drop->scale = 1.0f / (1.0f - p);
   drop->seed = opt->dropout_seed;
   drop->offset = opt->dropout_offset;

@@ -352,6 +352,41 @@ static void test_row_elementwise(void **state) {
   free(x), free(w), free(dy), free(y);
 }
 
+/* add_compensated_f32: a part in [1, 2) then 299 in [0, 1e-8), each below
+ * half an ulp of the sum (a plain f32 sum loses them all: checked, so the
+ * bound is not vacuous), against the f64 sum: Kahan's bound
+ * (2u + 4 m u^2) sum|x| for m parts (Higham, Accuracy and Stability, 4.3);
+ * the parts zeroed; the same bits on every table (no contraction). */
+static void test_add_compensated(void **state) {
+  const tg_micro_ops *tabs[3];
+  const int nt = n_tables(tabs);
+  tu_rng r = tu_rng_make(tu_seed() + 29);
+  enum { N = 37, M = 300 };
+  float parts[M][N], sum[3][N], comp[N], x[N], plain[N];
+  for (int m = 0; m < M; m++) tu_fill_f32(&r, parts[m], N, m ? 0 : 1, m ? 1e-8 : 2);
+  double want[N] = {0}, mag[N] = {0};
+  for (int m = 0; m < M; m++)
+    for (int i = 0; i < N; i++) want[i] += parts[m][i], mag[i] += fabs(parts[m][i]);
+  for (int t = 0; t < nt; t++) {
+    memset(sum[t], 0, sizeof sum[t]), memset(comp, 0, sizeof comp), memset(plain, 0, sizeof plain);
+    for (int m = 0; m < M; m++) {
+      memcpy(x, parts[m], sizeof x);
+      tabs[t]->add_compensated_f32(sum[t], comp, x, N);
+      for (int i = 0; i < N; i++) assert_true(x[i] == 0.0f), plain[i] += parts[m][i];
+    }
+    double worst_plain = 0;
+    for (int i = 0; i < N; i++) {
+      const double bound = (2 * U + 4 * M * U * U) * mag[i];
+      if (fabs(sum[t][i] - want[i]) > bound)
+        TU_FAIL("%s add_compensated_f32 i %d: got %.9g want %.9g bound %.3g", tabs[t]->name, i,
+                (double)sum[t][i], want[i], bound);
+      worst_plain = fmax(worst_plain, fabs(plain[i] - want[i]) / bound);
+    }
+    assert_true(worst_plain > 1); /* the plain sum leaves Kahan's bound */
+    assert_memory_equal(sum[t], sum[0], sizeof sum[0]);
+  }
+}
+
 static int popcount_u(unsigned v) {
   int c = 0;
   for (; v; v &= v - 1) c++;
@@ -628,6 +663,7 @@ int main(void) {
       cmocka_unit_test(test_dropout_keep),
       cmocka_unit_test(test_row_reductions),
       cmocka_unit_test(test_row_elementwise),
+      cmocka_unit_test(test_add_compensated),
       cmocka_unit_test(test_fwht),
       cmocka_unit_test(test_transpose),
       cmocka_unit_test(test_wsum4),

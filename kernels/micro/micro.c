@@ -413,6 +413,7 @@ const tg_micro_ops TG_NAME(tg_micro) = {
     .max_f32 = TG_NAME(max_f32),
     .scale2_f32 = TG_NAME(scale2_f32),
     .add_f32 = TG_NAME(add_f32),
+    .add_compensated_f32 = TG_NAME(add_compensated_f32),
     .acc_mul2_f32 = TG_NAME(acc_mul2_f32),
     .rms_dx_row = TG_NAME(rms_dx_row),
     .fwht_mul_f32 = TG_NAME(fwht_mul_f32),
