@@ -19,9 +19,9 @@
 
 #include <stdint.h>
 
-enum {
-  TG_PHILOX_ROUNDS = 10
-};
+enum { TG_PHILOX_ROUNDS = 10 };
+/* the round multipliers M0, M1 and the key's Weyl increments W0, W1 of
+ * Philox4x32 (the paper's constants) */
 #define TG_PHILOX_M0 0xD2511F53u
 #define TG_PHILOX_M1 0xCD9E8D57u
 #define TG_PHILOX_W0 0x9E3779B9u
