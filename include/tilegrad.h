@@ -182,6 +182,72 @@ tg_status tg_flash_attn_train_fwd_bf16(tg_ctx *ctx, const tg_bf16 *Q, const tg_b
                                        const tg_attn_mask_params *mp,
                                        const tg_bf16 *mask, int causal);
 
+/* --- attention in float32, and dropout (a CPU extension: the Metal kernels
+ * have neither; docs/KERNELS.md, "CPU extension") ---------------------------
+ * The three entry points below are the FA-2 training forward, the backward
+ * pre-pass and the backward above with an element type and options. The
+ * bf16 entry points are these with TG_DTYPE_BF16 and opt = NULL (same bits).
+ *
+ * dtype is the element type of Q, K, V, dO, O and the mask (tg_bf16 for
+ * TG_DTYPE_BF16, float for TG_DTYPE_F32); L, D_vec, D_out, dQ, dK, dV are
+ * float in both. TG_DTYPE_F32 uses the inputs as given: no bf16 rounding
+ * anywhere, the mask added in f32, O stored in f32. Shapes, strides, masks,
+ * causality, softcapping and validation are those of the bf16 entry points;
+ * in addition a dtype outside the enum, opt->reserved != 0 and a dropout_p
+ * that is NaN, < 0 or >= 1 are TG_ERR_BAD_PARAMS (nothing written). */
+typedef enum { TG_DTYPE_BF16 = 0, TG_DTYPE_F32 = 1 } tg_dtype; /* ABI values */
+
+/* Dropout of the attention weights, FlashAttention-2 style: the backward
+ * recomputes the forward's mask from a counter-based generator, so nothing
+ * is stored between them. Weight (b, h, i, k) is number
+ * n = ((b*H + h)*qL + i)*kL + k; its draw u is word n % 4 of
+ * Philox4x32-10(key = dropout_seed, counter = dropout_offset + n/4) (128-bit
+ * counter; the words of both little-endian); it is kept iff
+ * u >= round(dropout_p * 2^32), and kept weights are scaled by
+ * 1/(1 - dropout_p). Give every call that needs a fresh mask a new seed, or
+ * advance dropout_offset by at least ceil(B*H*qL*kL / 4). */
+typedef struct {
+  float dropout_p;         /* probability a weight is dropped, [0, 1); 0 = no dropout */
+  uint32_t reserved;       /* must be 0 */
+  uint64_t dropout_seed;   /* Philox-4x32-10 key */
+  uint64_t dropout_offset; /* counter base */
+} tg_attn_options;         /* NULL = all defaults */
+
+/* Training forward: O = (P o keep / (1 - p)) . V with P = softmax(S) and S
+ * exactly as in tg_flash_attn_train_bwd_bf16; O [B,H,qL,D] of type dtype
+ * through O_strides (writes; rows must not overlap); L [B,H,qL] f32
+ * natural-log logsumexp of the undropped scores (writes; -inf for a row that
+ * sees no key, whose O row is 0). NaN as tg_flash_attn_train_fwd_bf16. */
+tg_status tg_attn_train_fwd(tg_ctx *ctx, tg_dtype dtype, const void *Q, const void *K,
+                            const void *V, void *O, float *L, const tg_attn_params *p,
+                            const tg_attn_mask_params *mp, const void *mask, int causal,
+                            const tg_attn_options *opt);
+
+/* Backward: as tg_flash_attn_train_bwd_bf16 (dQ [B,H,qL,D] f32 contiguous
+ * writes; dK, dV [B,H_kv,kL,D] f32 contiguous accumulate) with Q, K, V, dO,
+ * mask of type dtype. L from the forward; D_vec = rowsum(dO o O) of the
+ * forward's (dropped) O, as tg_attn_train_bwd_compute_d gives it. With
+ * dropout (same options as the forward): dV += (P o keep/(1-p))^T dO,
+ * dS = P o (dP o keep/(1-p) - D_vec) with dP = dO V^T. */
+tg_status tg_attn_train_bwd(tg_ctx *ctx, tg_dtype dtype, const void *Q, const void *K,
+                            const void *V, const float *L, const void *dO,
+                            const float *D_vec, float *dQ, float *dK, float *dV,
+                            const tg_attn_params *p, const tg_attn_mask_params *mp,
+                            const void *mask, int causal, const tg_attn_options *opt);
+
+/* Backward pre-pass: D_out[b,h,i] = sum_d O[b,h,i,d] * dO[b,h,i,d] with O, dO
+ * contiguous [B,H,qL,D] of type dtype; D_out [B,H,qL] f32 (writes). */
+tg_status tg_attn_train_bwd_compute_d(tg_ctx *ctx, tg_dtype dtype, const void *O,
+                                      const void *dO, float *D_out, uint32_t batch,
+                                      uint32_t n_q_heads, uint32_t q_seq_len,
+                                      uint32_t head_dim);
+
+/* The dropout mask exactly as the kernels draw it, for tests and oracles:
+ * keep[b,h,i,k] = 1 (kept) or 0 (dropped), uint8, contiguous [B,H,qL,kL]
+ * (writes). opt NULL or dropout_p 0: all 1. Sizes 0: TG_ERR_BAD_SHAPE. */
+tg_status tg_attn_dropout_keep(tg_ctx *ctx, const tg_attn_options *opt, uint32_t B,
+                               uint32_t H, uint32_t qL, uint32_t kL, uint8_t *keep);
+
 /* RMSNorm forward: y[b,k] = x[b,k] * r[b] * w[k] with r as in kernel 4
  * (writes); r_out may be NULL, else it gets r [rows] for the backward.
  * May be in place: y == x. Otherwise y and r_out overlap no input (x, w)

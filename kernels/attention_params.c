@@ -72,7 +72,7 @@ static tg_status check_strides(tg_ctx *ctx, const char *fn, const char *name,
 }
 
 tg_status tg_attn_validate(tg_ctx *ctx, const char *fn, const tg_attn_params *p,
-                           const tg_attn_mask_params *mp, const tg_bf16 *mask,
+                           const tg_attn_mask_params *mp, const void *mask,
                            int causal, tg_attn_problem *out) {
   if (!p) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: params is NULL", fn);
   const struct { const char *name; int32_t v; } sizes[] = {
@@ -140,7 +140,7 @@ tg_status tg_attn_validate(tg_ctx *ctx, const char *fn, const tg_attn_params *p,
       .qL_off = p->qL_off, .scale = p->scale,
       .softcap = p->softcapping == 1.0f ? 0.0f : p->softcapping,
       .Qs = p->Q_strides, .Ks = p->K_strides, .Vs = p->V_strides, .Os = p->O_strides,
-      .Ms = mp ? mp->M_strides : NULL, .causal = causal != 0, .in = TG_ATTN_BF16};
+      .Ms = mp ? mp->M_strides : NULL, .causal = causal != 0, .in = TG_DTYPE_BF16};
   set_contiguous(out->dQs, H, qL, D);
   set_contiguous(out->dKs, H_kv, kL, D);
   return TG_OK;
@@ -158,18 +158,18 @@ tg_buf tg_attn_buf(const char *name, const void *base, const int64_t s[3], int64
 }
 
 static size_t in_bytes(const tg_attn_problem *pr) {
-  return pr->in == TG_ATTN_F32 ? sizeof(float) : sizeof(tg_bf16);
+  return pr->in == TG_DTYPE_F32 ? sizeof(float) : sizeof(tg_bf16);
 }
 
-/* The mask [B, H, qL, kL] bf16 through pr->Ms; empty without a mask. */
-static tg_buf mask_buf(const tg_attn_problem *pr, const tg_bf16 *mask) {
+/* The mask [B, H, qL, kL] of type pr->in through pr->Ms; empty without one. */
+static tg_buf mask_buf(const tg_attn_problem *pr, const void *mask) {
   if (!pr->Ms) return tg_in("mask", NULL, 0);
-  return tg_attn_buf("mask", mask, pr->Ms, pr->B, pr->H, pr->qL, pr->kL, sizeof(tg_bf16), 0);
+  return tg_attn_buf("mask", mask, pr->Ms, pr->B, pr->H, pr->qL, pr->kL, in_bytes(pr), 0);
 }
 
 tg_status tg_attn_check_alias_fwd(tg_ctx *ctx, const char *fn, const tg_attn_problem *pr,
                                   const void *Q, const void *K, const void *V,
-                                  const tg_bf16 *mask, const void *O, const float *L) {
+                                  const void *mask, const void *O, const float *L) {
   const int64_t B = pr->B, H = pr->H, H_kv = pr->H_kv, qL = pr->qL, kL = pr->kL, D = pr->D;
   const size_t e = in_bytes(pr);
   const tg_buf bufs[] = {
@@ -185,7 +185,7 @@ tg_status tg_attn_check_alias_fwd(tg_ctx *ctx, const char *fn, const tg_attn_pro
 tg_status tg_attn_check_alias_bwd(tg_ctx *ctx, const char *fn, const tg_attn_problem *pr,
                                   const void *Q, const void *K, const void *V,
                                   const float *L, const void *dO, const float *D_vec,
-                                  const tg_bf16 *mask, const float *dQ, const float *dK,
+                                  const void *mask, const float *dQ, const float *dK,
                                   const float *dV) {
   const int64_t B = pr->B, H = pr->H, H_kv = pr->H_kv, qL = pr->qL, kL = pr->kL, D = pr->D;
   const size_t e = in_bytes(pr);

@@ -89,7 +89,7 @@ tg_status tg_causal_attention_backward(tg_ctx *ctx, const float *grad_out, const
       .B = 1, .H = H, .H_kv = H_kv, .gqa = H / H_kv, .qL = S, .kL = S, .D = D,
       .qL_off = 0, .scale = (float)(1.0 / sqrt((double)D)), .softcap = 0.0f,
       .Qs = q_strides, .Ks = kv_strides, .Vs = kv_strides, .Os = q_strides, .Ms = NULL,
-      .causal = 1, .in = TG_ATTN_F32,
+      .causal = 1, .in = TG_DTYPE_F32,
       .dQs = {0, D, H * D}, .dKs = {0, D, H_kv * D}};
 
   /* Workspace: L, delta, then the backward's dQ partials. Both terms are

@@ -14,6 +14,7 @@ The oracle modules check the kernels' math through the raw binding
   no output byte changed; Python-side refusals (TypeError / ValueError)
   before the library is called.
 """
+import ctypes
 import math
 import pickle
 import threading
@@ -678,3 +679,45 @@ def test_decode_reduce_and_fwht(lib, dctx):
         tg.fwht_sign_undo_(x512.astype(np.float64), ctx=dctx)
     with pytest.raises(ValueError, match="DV % 4"):
         tg.pack_vec_partials(parts[..., :6], S, M)
+
+
+# ---------------------------------------------------------------------------
+# The raw binding of the dtype / options entry points (CPU extension): f32
+# attention with dropout through capi, the mask from tg_attn_dropout_keep.
+
+def test_capi_attn_float32_dropout(lib, dctx):
+    assert ctypes.sizeof(capi.AttnOptions) == 24
+    rng = np.random.default_rng(18)
+    B, H, Hk, L, D, p = 1, 2, 1, 40, 16, 0.3
+    prm = capi.attn_params_init(B, H, Hk, L, L, D, 0.25, lib=lib)
+    Q, dO = f32(rng, (B, H, L, D)), f32(rng, (B, H, L, D))
+    K, V = f32(rng, (B, Hk, L, D)), f32(rng, (B, Hk, L, D))
+    opt = capi.AttnOptions(dropout_p=p, dropout_seed=int(rng.integers(2**63)),
+                           dropout_offset=2**64 - 3)
+    O, Lse = np.empty_like(Q), np.empty((B, H, L), np.float32)
+    dctx.call("tg_attn_train_fwd", capi.TG_DTYPE_F32, Q, K, V, O, Lse, prm, None, None, 1, opt)
+    keep = np.empty((B, H, L, L), np.uint8)
+    dctx.call("tg_attn_dropout_keep", opt, B, H, L, L, keep)
+    assert 0.5 < keep.mean() < 0.9
+    s = np.einsum("bhid,bkd->bhik", Q.astype(np.float64), K[:, 0].astype(np.float64)) * 0.25
+    s[..., np.triu(np.ones((L, L), bool), 1)] = -np.inf
+    P = np.exp(s - s.max(-1, keepdims=True))
+    P /= P.sum(-1, keepdims=True)
+    ref = np.einsum("bhik,bkd->bhid", P * keep / (1 - np.float32(p)), V[:, 0].astype(np.float64))
+    np.testing.assert_allclose(O, ref, rtol=0, atol=1e-5)
+    Dv = np.empty((B, H, L), np.float32)
+    dctx.call("tg_attn_train_bwd_compute_d", capi.TG_DTYPE_F32, O, dO, Dv, B, H, L, D)
+    dQ, dK, dV = np.empty_like(Q), np.zeros_like(K), np.zeros_like(V)
+    dctx.call("tg_attn_train_bwd", capi.TG_DTYPE_F32, Q, K, V, Lse, dO, Dv, dQ, dK, dV, prm,
+              None, None, 1, opt)
+    refV = np.einsum("bhik,bhid->bkd", P * keep / (1 - np.float32(p)), dO.astype(np.float64))
+    np.testing.assert_allclose(dV[:, 0], refV, rtol=0, atol=1e-5)
+    for bad, field in ((capi.AttnOptions(dropout_p=1.0), "dropout_p"),
+                       (capi.AttnOptions(reserved=1), "reserved")):
+        o = np.full_like(O, 4.0)
+        with pytest.raises(tg.BadParamsError, match=field):
+            dctx.call("tg_attn_train_fwd", capi.TG_DTYPE_F32, Q, K, V, o, Lse, prm, None, None,
+                      1, bad)
+        assert (o == 4).all()
+    with pytest.raises(tg.BadParamsError, match="dtype"):
+        dctx.call("tg_attn_train_bwd_compute_d", 2, O, dO, Dv, B, H, L, D)
