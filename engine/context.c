@@ -18,6 +18,8 @@ const char *tg_status_str(tg_status s) {
     case TG_ERR_OVERFLOW: return "a size overflows 64-bit arithmetic";
     case TG_ERR_NO_MEMORY: return "out of memory";
     case TG_ERR_BUSY: return "the context is in use by a call on another thread";
+    case TG_ERR_ALIAS:
+      return "an output shares memory with an input or another output that it may not";
   }
   return "unknown status code";
 }
@@ -155,8 +157,9 @@ tg_isa tg_ctx_get_isa(const tg_ctx *ctx) { return ctx ? ctx->isa : TG_ISA_AUTO; 
 tg_status tg_ctx_create(tg_ctx **out) {
   if (!out) return TG_ERR_NULL_ARG;
   *out = NULL;
-  tg_ctx *ctx = calloc(1, sizeof *ctx);
+  tg_ctx *ctx = tg_mem_alloc(sizeof *ctx, 64);
   if (!ctx) return TG_ERR_NO_MEMORY;
+  memset(ctx, 0, sizeof *ctx);
   /* TG_ISA=<name> where this CPU runs it; otherwise (unset, unknown or
    * unavailable) the best available, as without it. */
   tg_isa isa = TG_ISA_AUTO;
@@ -170,9 +173,9 @@ tg_status tg_ctx_create(tg_ctx **out) {
 
 void tg_ctx_destroy(tg_ctx *ctx) {
   if (!ctx) return;
-  free(ctx->scratch);
-  free(ctx->workspace);
-  free(ctx);
+  tg_mem_free(ctx->scratch);
+  tg_mem_free(ctx->workspace);
+  tg_mem_free(ctx);
 }
 
 tg_status tg_ctx_set_threads(tg_ctx *ctx, int n) {

@@ -9,7 +9,6 @@
  * cost (causal attention) just as tasks would.
  */
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include <omp.h>
@@ -19,11 +18,11 @@
 /* Grows ctx's scratch to `total` bytes (64-byte aligned). */
 static tg_status reserve_scratch(tg_ctx *ctx, size_t total) {
   if (total <= ctx->scratch_bytes) return TG_OK;
-  void *p = aligned_alloc(64, tg_align64(total));
+  void *p = tg_mem_alloc(total, 64);
   if (!p)
     return tg_fail(ctx, TG_ERR_NO_MEMORY, "engine: cannot allocate %zu bytes of scratch",
                    total);
-  free(ctx->scratch);
+  tg_mem_free(ctx->scratch);
   ctx->scratch = p;
   ctx->scratch_bytes = total;
   return TG_OK;
@@ -33,8 +32,8 @@ tg_status tg_workspace(tg_ctx *ctx, size_t bytes, void **out) {
   if (bytes > SIZE_MAX - 64)
     return tg_fail(ctx, TG_ERR_OVERFLOW, "engine: workspace size overflows");
   if (bytes > ctx->workspace_bytes) {
-    free(ctx->workspace); /* first: the old and new buffers are never both held */
-    ctx->workspace = aligned_alloc(64, tg_align64(bytes));
+    tg_mem_free(ctx->workspace); /* first: the old and new buffers are never both held */
+    ctx->workspace = tg_mem_alloc(bytes, 64);
     ctx->workspace_bytes = ctx->workspace ? bytes : 0;
     if (!ctx->workspace)
       return tg_fail(ctx, TG_ERR_NO_MEMORY, "engine: cannot allocate %zu bytes of workspace",

@@ -37,6 +37,14 @@ struct tg_ctx {
   char err[TG_ERRMSG_LEN];
 };
 
+/* --- memory ------------------------------------------------------------------
+ * Every allocation of the library goes through these two (engine/mem.c), so
+ * tests can make any one of them fail (include/tilegrad_testing.h). `align`
+ * is a power of two, at least sizeof(void *); the block is rounded up to a
+ * multiple of it. NULL when out of memory. */
+void *tg_mem_alloc(size_t bytes, size_t align);
+void tg_mem_free(void *p); /* NULL is a no-op */
+
 /* Records a formatted message on ctx and returns s (for `return tg_fail(...)`). */
 tg_status tg_fail(tg_ctx *ctx, tg_status s, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -83,6 +91,41 @@ int tg_mul_ok(int64_t *out, int n, ...);
  * overflows int64 (TG_ERR_OVERFLOW). */
 tg_status tg_shape_count(tg_ctx *ctx, const char *name, size_t elem_bytes,
                          int64_t *count, int ndims, ...);
+
+/* --- aliasing ----------------------------------------------------------------
+ * One buffer argument of an entry point as the byte range [p, p + bytes) it
+ * may address (for strided tensors: from the lowest byte addressed to the
+ * end of the highest element). NULL or 0 bytes: empty, overlaps nothing. */
+typedef struct {
+  const char *name;        /* the parameter's name in include/tilegrad.h */
+  const void *p;
+  uint64_t bytes;
+  int written;             /* an output (written or accumulated) */
+  const char *in_place_of; /* output only: the input (by name) it may start at
+                            * exactly, the kernel computing in place; else NULL */
+} tg_buf;
+
+static inline tg_buf tg_in(const char *name, const void *p, uint64_t bytes) {
+  return (tg_buf){name, p, bytes, 0, NULL};
+}
+static inline tg_buf tg_out(const char *name, const void *p, uint64_t bytes) {
+  return (tg_buf){name, p, bytes, 1, NULL};
+}
+/* An output the kernel also computes exactly in place over `input`. */
+static inline tg_buf tg_out_in_place(const char *name, const void *p, uint64_t bytes,
+                                     const char *input) {
+  return (tg_buf){name, p, bytes, 1, input};
+}
+
+/* Every entry point's validation ends its argument checks here, before
+ * anything is written: TG_ERR_ALIAS (the message names both buffers, e.g.
+ * "tg_transpose_2d: output overlaps input (...)") if an output shares a byte
+ * with an input or with another output -- unless it is marked in place over
+ * that input and starts at the same address. Inputs may overlap each other
+ * (both only read). n buffers, n^2 / 2 comparisons: O(1) per call. */
+tg_status tg_check_alias(tg_ctx *ctx, const char *fn, const tg_buf *bufs, int n);
+/* Element count of an array (the bufs of tg_check_alias). */
+#define TG_LEN(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 /* --- grid dispatch -----------------------------------------------------------
  * Runs fn(args, x, y, z, scratch) for every (x, y, z) of an nx * ny * nz grid

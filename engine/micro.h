@@ -61,16 +61,18 @@ typedef struct {
   void (*exp_f32)(const float *x, float *y, int64_t n);
   /* Attention score row without softcapping, in place on s[0..n) = Q.K^T:
    * s[k] = scale*s[k] + m[k] - shift for k < n_vis (m = 0 without a mask;
-   * a mask entry of -inf gives -inf), and -inf for k >= n_vis (causal). */
-  void (*attn_score_row)(float *s, int64_t n, int64_t n_vis, float scale,
-                         const uint16_t *mask, float shift);
+   * a mask entry of -inf gives -inf), and -inf for k >= n_vis (causal).
+   * The mask row's elements are of type mask_type (bf16 widened exactly, or
+   * f32), here and in the two ops below. */
+  void (*attn_score_row)(float *s, int64_t n, int64_t n_vis, float scale, const void *mask,
+                         tg_dtype mask_type, float shift);
   /* Attention dS row: dp[k] = scale * (p[k] * (dp[k] - d)) */
   void (*attn_ds_row)(float *dp, const float *p, int64_t n, float d, float scale);
   /* Attention probability row without softcapping, in place on s = Q.K^T:
    * s[k] = exp(scale*s[k] + m[k] - shift) for k < n_vis (attn_score_row and
    * exp_f32's polynomial in one pass), 0 for k >= n_vis or a mask of -inf. */
-  void (*attn_prob_row)(float *s, int64_t n, int64_t n_vis, float scale,
-                        const uint16_t *mask, float shift);
+  void (*attn_prob_row)(float *s, int64_t n, int64_t n_vis, float scale, const void *mask,
+                        tg_dtype mask_type, float shift);
   /* Forward row: s[k] = exp(s[k] - shift) in place (exp_f32's polynomial);
    * returns sum_k s[k] (LANES partials and a fixed tree, then the tail of
    * n % LANES in order). */
@@ -79,7 +81,14 @@ typedef struct {
    * is masked, NaN when any visible s[k] is NaN (a NaN input reaches its
    * row's max, so the softmax of that row is NaN, as in IEEE arithmetic). */
   float (*attn_score_max_row)(float *s, int64_t n, int64_t n_vis, float scale,
-                              const uint16_t *mask);
+                              const void *mask, tg_dtype mask_type);
+  /* Dropout keep flags of attention weights n0 .. n0 + n - 1 (numbered and
+   * drawn as kernels/attention_options.c says): keep[j] = 1 iff word
+   * (n0 + j) % 4 of Philox4x32-10(key = seed, 128-bit counter = offset +
+   * (n0 + j) / 4) is >= threshold, else 0. Integer arithmetic: the same
+   * flags on every table (engine/philox.h is the scalar definition). */
+  void (*dropout_keep)(uint8_t *keep, int64_t n, uint64_t n0, uint64_t seed, uint64_t offset,
+                       uint32_t threshold);
 
   /* --- row ops of the memory-bound kernels (any n >= 0 unless stated;
    * reductions use 16 lane-parallel partials and a fixed pairwise tree, so
@@ -94,6 +103,10 @@ typedef struct {
   void (*scale2_f32)(float *x, int64_t n, float a, float b);
   /* dst[i] += src[i] */
   void (*add_f32)(float *dst, const float *src, int64_t n);
+  /* Kahan's compensated sum, element-wise: sum[i] += x[i] with the rounding
+   * error of each such add carried in comp[i] (both start at 0), then
+   * x[i] = 0 (x is a part to be summed again). */
+  void (*add_compensated_f32)(float *sum, float *comp, float *x, int64_t n);
   /* acc[i] += a[i] * s * b[i]   (s a scalar) */
   void (*acc_mul2_f32)(float *acc, const float *a, const float *b, float s, int64_t n);
   /* RMSNorm dx row: dx[k] = r * (dy[k] * w[k] - x[k] * c) */

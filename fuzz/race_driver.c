@@ -17,7 +17,9 @@
  *   - embedding backward (vocab blocks and column blocks);
  *   - cross-entropy (per-row losses, serial sum);
  *   - causal attention backward (two passes, no atomics);
- *   - softmax, transpose, cast, decode reduce (+ Hadamard undo).
+ *   - softmax, transpose, cast, decode reduce (+ Hadamard undo);
+ *   - the in-place cast (dst == src: doubling rounds, the rounds past 2^17
+ *     elements in parallel) and the in-place softmax (grad_in == grad_out).
  * Each kernel is also checked for its documented determinism: outputs at 2, 3
  * and 7 threads bitwise equal to 1 thread where the kernel promises it (all
  * of them in deterministic mode), within 1e-3 relative for the atomic paths.
@@ -270,6 +272,10 @@ static void misc(void) {
   for (int i = 0; i < 2; i++)
     dec[i][0] = xmalloc(4 * (size_t)nrows * DV), dec[i][1] = xmalloc(4 * (size_t)nrows * DV);
   float *sb[2] = {xmalloc(4 * (size_t)n), xmalloc(4 * (size_t)n)};
+  const int64_t n_ip = 300001; /* the cast in place: two parallel rounds */
+  float *ip_src = f32(n_ip, -1, 1), *ip = xmalloc(4 * (size_t)n_ip);
+  uint16_t *ip_want = xmalloc(2 * (size_t)n_ip);
+  float *gi = xmalloc(4 * (size_t)n);
   for (int t = 0; t < NT; t++) {
     const int k = t ? 1 : 0;
     tg_ctx *c = ctx_of(T[t], 0);
@@ -279,6 +285,13 @@ static void misc(void) {
     expect_ok(c, tg_flash_attn_vec_reduce(c, h, dec[k][0], nrows, DV, nwg), "vec_reduce");
     expect_ok(c, tg_flash_attn_vec_reduce_tq_hb_undo(c, h, dec[k][1], nrows, DV, nwg), "tq_hb");
     expect_ok(c, tg_fwht_sign_undo_f32(c, dec[k][0], nrows, DV), "fwht");
+    memcpy(ip, ip_src, 4 * (size_t)n_ip);
+    expect_ok(c, tg_f32_to_bf16_cast(c, ip, (uint16_t *)ip, (uint64_t)n_ip), "cast in place");
+    if (!t) memcpy(ip_want, ip, 2 * (size_t)n_ip);
+    else if (memcmp(ip, ip_want, 2 * (size_t)n_ip)) failures++;
+    memcpy(gi, x, 4 * (size_t)n);
+    expect_ok(c, tg_softmax_backward(c, sm, gi, gi, rows, cols), "softmax in place");
+    compare("softmax in place", T[t], gi, sb[k], n, 1);
     if (t) {
       compare("transpose", T[t], out[1], out[0], n, 1);
       if (memcmp(cast[1], cast[0], 2 * (size_t)n)) failures++;
@@ -288,8 +301,9 @@ static void misc(void) {
     }
     tg_ctx_destroy(c);
   }
-  printf("  transpose, cast, softmax, vec_reduce, tq_hb_undo, fwht: ok\n");
-  free(x), free(sm), free(h);
+  printf("  transpose, cast, softmax, vec_reduce, tq_hb_undo, fwht, cast and softmax in place: "
+         "ok\n");
+  free(x), free(sm), free(h), free(ip_src), free(ip), free(ip_want), free(gi);
   for (int i = 0; i < 2; i++)
     free(out[i]), free(cast[i]), free(dec[i][0]), free(dec[i][1]), free(sb[i]);
 }

@@ -11,6 +11,14 @@
  *     byte unchanged, and tg_ctx_last_error() says which argument was wrong.
  *   - "writes" outputs are overwritten; "accumulates" outputs get out += value
  *     (zero-fill first for a fresh result).
+ *   - Aliasing: an output must not share a byte with an input or with another
+ *     output (TG_ERR_ALIAS, nothing written), except where an entry point
+ *     says "may be in place": that output may start at exactly the address of
+ *     the named input (same buffer, same layout); a partial overlap is always
+ *     refused. Inputs may overlap each other (they are only read: K == V is
+ *     fine). Strided attention tensors are judged by their extent, from the
+ *     lowest to the highest byte their strides address, so an output
+ *     interleaved with another buffer is refused too.
  *   - tg_bf16 holds raw bfloat16 bits. float -> bf16 rounds to nearest even,
  *     any NaN becomes 0x7FC0, +-Inf stay +-Inf.
  *   - A tg_ctx is not thread-safe: use one per calling thread. The kernels
@@ -42,7 +50,9 @@ typedef enum {
   TG_ERR_BAD_PARAMS = 5,  /* params struct fields are inconsistent */
   TG_ERR_OVERFLOW = 6,    /* an element count / byte size overflows int64 */
   TG_ERR_NO_MEMORY = 7,   /* scratch allocation failed */
-  TG_ERR_BUSY = 8         /* the context is inside a call on another thread */
+  TG_ERR_BUSY = 8,        /* the context is inside a call on another thread */
+  TG_ERR_ALIAS = 9        /* an output shares memory with an input or another
+                           * output that it may not (see each entry point) */
 } tg_status;
 
 typedef struct tg_ctx tg_ctx;
@@ -130,7 +140,8 @@ tg_status tg_attn_params_init(tg_attn_params *p, int B, int H, int H_kv, int qL,
 
 /* --- 1. FA-2 backward pre-pass ------------------------------------------
  * D_out[b,h,i] = sum_d O[b,h,i,d] * dO[b,h,i,d]; O, dO contiguous
- * [B,H,qL,D] bf16; D_out [B,H,qL] f32 (writes). */
+ * [B,H,qL,D] bf16; D_out [B,H,qL] f32 (writes).
+ * Aliasing: O and dO may overlap; D_out may overlap neither. */
 tg_status tg_flash_attn_train_bwd_compute_d_bf16(tg_ctx *ctx, const tg_bf16 *O,
                                                  const tg_bf16 *dO, float *D_out,
                                                  uint32_t batch, uint32_t n_q_heads,
@@ -143,7 +154,10 @@ tg_status tg_flash_attn_train_bwd_compute_d_bf16(tg_ctx *ctx, const tg_bf16 *O,
  * (accumulate). mask: additive bf16, element [b,h,q,k] at
  * b*M0 + h*M1 + q*M2 + k; mp and mask both NULL when there is none.
  * causal: key k is visible to query i iff k <= i + qL_off.
- * softcapping c != 1: scores are c*tanh(s/c) (s = scale*Q.K) before the mask. */
+ * softcapping c != 1: scores are c*tanh(s/c) (s = scale*Q.K) before the mask.
+ * Aliasing: the inputs Q, K, V, L, dO, D_vec, mask may overlap each other
+ * (K == V is fine); dQ, dK, dV may overlap no input and no other output,
+ * not even exactly. Strided tensors count by their extent. */
 tg_status tg_flash_attn_train_bwd_bf16(tg_ctx *ctx, const tg_bf16 *Q, const tg_bf16 *K,
                                        const tg_bf16 *V, const float *L,
                                        const tg_bf16 *dO, const float *D_vec, float *dQ,
@@ -151,7 +165,10 @@ tg_status tg_flash_attn_train_bwd_bf16(tg_ctx *ctx, const tg_bf16 *Q, const tg_b
                                        const tg_attn_mask_params *mp,
                                        const tg_bf16 *mask, int causal);
 
-/* --- 3. f32 -> bf16 cast (round to nearest even) -------------------------- */
+/* --- 3. f32 -> bf16 cast (round to nearest even) --------------------------
+ * src [n] f32, dst [n] bf16 (writes). May be in place: dst == (tg_bf16 *)src
+ * converts the buffer's first 2n bytes to the bf16 values, the same bits at
+ * any thread count; any other overlap is refused. */
 tg_status tg_f32_to_bf16_cast(tg_ctx *ctx, const float *src, tg_bf16 *dst, uint64_t n);
 
 /* --- training forward (produces what kernels 1-2 consume) -----------------
@@ -160,20 +177,93 @@ tg_status tg_f32_to_bf16_cast(tg_ctx *ctx, const float *src, tg_bf16 *dst, uint6
  * rows must not overlap), L [B,H,qL] f32 natural-log logsumexp (writes;
  * -inf for a row that sees no key, whose O row is 0). A NaN in Q, K or the
  * mask makes O and L of every row whose scores it enters NaN (so does a +inf
- * score: softmax of +inf); a NaN in V, the O elements it enters. */
+ * score: softmax of +inf); a NaN in V, the O elements it enters.
+ * Aliasing: Q, K, V, mask may overlap each other; O and L may overlap no
+ * input and not each other (O by its extent through O_strides: interleaved
+ * with Q, K or V is refused). */
 tg_status tg_flash_attn_train_fwd_bf16(tg_ctx *ctx, const tg_bf16 *Q, const tg_bf16 *K,
                                        const tg_bf16 *V, tg_bf16 *O, float *L,
                                        const tg_attn_params *p,
                                        const tg_attn_mask_params *mp,
                                        const tg_bf16 *mask, int causal);
 
+/* --- attention in float32, and dropout (a CPU extension: the Metal kernels
+ * have neither; docs/KERNELS.md, "CPU extension") ---------------------------
+ * The three entry points below are the FA-2 training forward, the backward
+ * pre-pass and the backward above with an element type and options. The
+ * bf16 entry points are these with TG_DTYPE_BF16 and opt = NULL (same bits).
+ *
+ * dtype is the element type of Q, K, V, dO, O and the mask (tg_bf16 for
+ * TG_DTYPE_BF16, float for TG_DTYPE_F32); L, D_vec, D_out, dQ, dK, dV are
+ * float in both. TG_DTYPE_F32 uses the inputs as given: no bf16 rounding
+ * anywhere, the mask added in f32, O stored in f32. Shapes, strides, masks,
+ * causality, softcapping and validation are those of the bf16 entry points;
+ * in addition a dtype outside the enum, opt->reserved != 0 and a dropout_p
+ * that is NaN, < 0 or >= 1 are TG_ERR_BAD_PARAMS (nothing written). */
+typedef enum { TG_DTYPE_BF16 = 0, TG_DTYPE_F32 = 1 } tg_dtype; /* ABI values */
+
+/* Dropout of the attention weights, FlashAttention-2 style: the backward
+ * recomputes the forward's mask from a counter-based generator, so nothing
+ * is stored between them. Weight (b, h, i, k) is number
+ * n = ((b*H + h)*qL + i)*kL + k; its draw u is word n % 4 of
+ * Philox4x32-10(key = dropout_seed, counter = dropout_offset + n/4) (128-bit
+ * counter; the words of both little-endian); it is kept iff
+ * u >= round(dropout_p * 2^32), and kept weights are scaled by
+ * 1/(1 - dropout_p). Give every call that needs a fresh mask a new seed, or
+ * advance dropout_offset by at least ceil(B*H*qL*kL / 4). */
+typedef struct {
+  float dropout_p;         /* probability a weight is dropped, [0, 1); 0 = no dropout */
+  uint32_t reserved;       /* must be 0 */
+  uint64_t dropout_seed;   /* Philox-4x32-10 key */
+  uint64_t dropout_offset; /* counter base */
+} tg_attn_options;         /* NULL = all defaults */
+
+/* Training forward: O = (P o keep / (1 - p)) . V with P = softmax(S) and S
+ * exactly as in tg_flash_attn_train_bwd_bf16; O [B,H,qL,D] of type dtype
+ * through O_strides (writes; rows must not overlap); L [B,H,qL] f32
+ * natural-log logsumexp of the undropped scores (writes; -inf for a row that
+ * sees no key, whose O row is 0). NaN as tg_flash_attn_train_fwd_bf16. */
+tg_status tg_attn_train_fwd(tg_ctx *ctx, tg_dtype dtype, const void *Q, const void *K,
+                            const void *V, void *O, float *L, const tg_attn_params *p,
+                            const tg_attn_mask_params *mp, const void *mask, int causal,
+                            const tg_attn_options *opt);
+
+/* Backward: as tg_flash_attn_train_bwd_bf16 (dQ [B,H,qL,D] f32 contiguous
+ * writes; dK, dV [B,H_kv,kL,D] f32 contiguous accumulate) with Q, K, V, dO,
+ * mask of type dtype. L from the forward; D_vec = rowsum(dO o O) of the
+ * forward's (dropped) O, as tg_attn_train_bwd_compute_d gives it. With
+ * dropout (same options as the forward): dV += (P o keep/(1-p))^T dO,
+ * dS = P o (dP o keep/(1-p) - D_vec) with dP = dO V^T. */
+tg_status tg_attn_train_bwd(tg_ctx *ctx, tg_dtype dtype, const void *Q, const void *K,
+                            const void *V, const float *L, const void *dO,
+                            const float *D_vec, float *dQ, float *dK, float *dV,
+                            const tg_attn_params *p, const tg_attn_mask_params *mp,
+                            const void *mask, int causal, const tg_attn_options *opt);
+
+/* Backward pre-pass: D_out[b,h,i] = sum_d O[b,h,i,d] * dO[b,h,i,d] with O, dO
+ * contiguous [B,H,qL,D] of type dtype; D_out [B,H,qL] f32 (writes). */
+tg_status tg_attn_train_bwd_compute_d(tg_ctx *ctx, tg_dtype dtype, const void *O,
+                                      const void *dO, float *D_out, uint32_t batch,
+                                      uint32_t n_q_heads, uint32_t q_seq_len,
+                                      uint32_t head_dim);
+
+/* The dropout mask exactly as the kernels draw it, for tests and oracles:
+ * keep[b,h,i,k] = 1 (kept) or 0 (dropped), uint8, contiguous [B,H,qL,kL]
+ * (writes). opt NULL or dropout_p 0: all 1. Sizes 0: TG_ERR_BAD_SHAPE. */
+tg_status tg_attn_dropout_keep(tg_ctx *ctx, const tg_attn_options *opt, uint32_t B,
+                               uint32_t H, uint32_t qL, uint32_t kL, uint8_t *keep);
+
 /* RMSNorm forward: y[b,k] = x[b,k] * r[b] * w[k] with r as in kernel 4
- * (writes); r_out may be NULL, else it gets r [rows] for the backward. */
+ * (writes); r_out may be NULL, else it gets r [rows] for the backward.
+ * May be in place: y == x. Otherwise y and r_out overlap no input (x, w)
+ * and not each other. */
 tg_status tg_rms_norm_forward_f32(tg_ctx *ctx, const float *x, const float *w, float *y,
                                   float *r_out, uint32_t rows, uint32_t dim, float eps);
 
 /* --- 4. RMSNorm backward, three-kernel split (f32, rows x dim row-major) --
- * r[b] = 1/sqrt(mean_j x[b,j]^2 + eps) (writes) */
+ * r[b] = 1/sqrt(mean_j x[b,j]^2 + eps) (writes)
+ * Aliasing (all three): the inputs may overlap each other; the output may
+ * overlap no input, not even exactly (dx == dy is refused). */
 tg_status tg_rms_norm_compute_rms_inv_f32(tg_ctx *ctx, const float *x, float *r_out,
                                           uint32_t rows, uint32_t dim, float eps);
 /* s[b] = sum_i dy*x*w; dx[b,k] = r[b]*(dy[b,k]*w[k] - x[b,k]*s[b]*r[b]^2/dim) (writes) */
@@ -185,43 +275,56 @@ tg_status tg_rms_norm_backward_dw_f32(tg_ctx *ctx, const float *x, const float *
                                       const float *r, float *dw, uint32_t rows,
                                       uint32_t dim);
 
-/* --- 5. fused RMSNorm backward: grad_input writes, grad_weight accumulates */
+/* --- 5. fused RMSNorm backward: grad_input writes, grad_weight accumulates
+ * Aliasing: input, weight, grad_out may overlap each other; grad_input and
+ * grad_weight may overlap no input and not each other, not even exactly. */
 tg_status tg_rms_norm_backward(tg_ctx *ctx, const float *input, const float *weight,
                                const float *grad_out, float *grad_input,
                                float *grad_weight, uint32_t n_groups, uint32_t dim,
                                float eps);
 
-/* --- 6. softmax backward: grad_in = sm*(grad_out - sum_j sm*grad_out) ---- */
+/* --- 6. softmax backward: grad_in = sm*(grad_out - sum_j sm*grad_out) ----
+ * May be in place: grad_in == grad_out. Otherwise grad_in overlaps neither
+ * input (grad_in == sm is refused); sm and grad_out may overlap. */
 tg_status tg_softmax_backward(tg_ctx *ctx, const float *sm, const float *grad_out,
                               float *grad_in, uint32_t n_rows, uint32_t row_len);
 
-/* --- 7. embedding backward: grad_weight[ids[t],:] += grad_out[t,:] -------- */
+/* --- 7. embedding backward: grad_weight[ids[t],:] += grad_out[t,:] --------
+ * Aliasing: grad_weight may overlap neither grad_out nor ids. */
 tg_status tg_embedding_backward(tg_ctx *ctx, const float *grad_out, const uint32_t *ids,
                                 float *grad_weight, uint32_t vocab_size,
                                 uint32_t seq_len, uint32_t dim);
 
 /* --- 8. cross-entropy forward + backward ----------------------------------
  * non-pad t: loss_out[0] += -log softmax(logits[t])[target]/count (accumulates),
- * grad row = (softmax - onehot)/count (writes); pad rows: grad row = 0. */
+ * grad row = (softmax - onehot)/count (writes); pad rows: grad row = 0.
+ * May be in place: grad == logits. Otherwise grad and loss_out overlap no
+ * input (logits, targets) and not each other (count == 0 returns TG_OK
+ * before this check: nothing is read or written). */
 tg_status tg_cross_entropy_fwd_bwd(tg_ctx *ctx, const float *logits,
                                    const uint32_t *targets, float *grad, float *loss_out,
                                    uint32_t n_pos, uint32_t vocab, uint32_t pad_id,
                                    uint32_t count);
 
-/* --- 9. transpose: output[c,r] = input[r,c] -------------------------------- */
+/* --- 9. transpose: output[c,r] = input[r,c] --------------------------------
+ * Not in place: output may not overlap input, not even for a square matrix. */
 tg_status tg_transpose_2d(tg_ctx *ctx, const float *input, float *output, uint32_t rows,
                           uint32_t cols);
 
 /* --- 10. naive causal attention backward (token-major, f32) ---------------
  * Q, grad_out, grad_Q [seq, n_heads*head_dim]; K, V, grad_K, grad_V
- * [seq, n_kv_heads*head_dim]; grad_Q writes, grad_K/grad_V accumulate. */
+ * [seq, n_kv_heads*head_dim]; grad_Q writes, grad_K/grad_V accumulate.
+ * Aliasing: grad_out, Q, K, V may overlap each other; grad_Q, grad_K,
+ * grad_V may overlap no input and not each other, not even exactly. */
 tg_status tg_causal_attention_backward(tg_ctx *ctx, const float *grad_out, const float *Q,
                                        const float *K, const float *V, float *grad_Q,
                                        float *grad_K, float *grad_V, uint32_t seq_len,
                                        uint32_t n_heads, uint32_t n_kv_heads,
                                        uint32_t head_dim);
 
-/* --- 11. decode reduce of split-KV partials ------------------------------- */
+/* --- 11. decode reduce of split-KV partials -------------------------------
+ * htmp: nrows*nwg*(head_dim + 2) floats in; dst / output [nrows, head_dim]
+ * (writes), which may not overlap htmp, not even in place. */
 tg_status tg_flash_attn_vec_reduce(tg_ctx *ctx, const float *htmp, float *dst,
                                    uint32_t nrows, uint32_t head_dim, uint32_t nwg);
 /* reduce, then normalised Walsh-Hadamard transform and D1 sign undo;
@@ -229,7 +332,8 @@ tg_status tg_flash_attn_vec_reduce(tg_ctx *ctx, const float *htmp, float *dst,
 tg_status tg_flash_attn_vec_reduce_tq_hb_undo(tg_ctx *ctx, const float *htmp,
                                               float *output, uint32_t nrows,
                                               uint32_t head_dim, uint32_t nwg);
-/* in place: FWHT, * 1/sqrt(head_dim), sign undo; head_dim 256 or 512 */
+/* in place: FWHT, * 1/sqrt(head_dim), sign undo; head_dim 256 or 512 (data is
+ * the one buffer, read and written) */
 tg_status tg_fwht_sign_undo_f32(tg_ctx *ctx, float *data, uint32_t num_heads,
                                 uint32_t head_dim);
 

@@ -24,9 +24,16 @@ enum { TG_ATTN_MAX_D = 512 };
  * blocking.h), at most TG_ATTN_MAX_TILE each. */
 enum { TG_ATTN_MAX_TILE = 128 };
 
-/* Element type of the attention inputs Q, K, V and dO: bf16 (the FA-2
- * entry points) or f32 (kernel 10, token-major). The mask is always bf16. */
-typedef enum { TG_ATTN_BF16 = 0, TG_ATTN_F32 = 1 } tg_attn_dtype;
+/* Dropout of the attention weights (tg_attn_options; docs/KERNELS.md,
+ * "Dropout"). Weight n = ((b H + h) qL + i) kL + k is kept iff its draw,
+ * word n % 4 of Philox4x32-10(key = seed, counter = offset + floor(n / 4)),
+ * is >= threshold; kept weights are scaled by `scale`. threshold 0: no
+ * dropout (a zero-initialised struct is "off"; scale is then not read). */
+typedef struct {
+  uint32_t threshold; /* round(p * 2^32), ties to even */
+  float scale;        /* 1 / (1 - p) in f32 */
+  uint64_t seed, offset;
+} tg_attn_dropout;
 
 /* A validated attention problem: sizes as int64, strides copied out. All
  * strides are [batch, head, row] in elements of their tensor. */
@@ -37,18 +44,69 @@ typedef struct {
   const int64_t *Qs, *Ks, *Vs, *Os; /* inputs; Os is also dO's */
   const int64_t *Ms;                /* NULL when there is no mask */
   int causal;
-  tg_attn_dtype in;                 /* element type of Q, K, V, dO */
+  tg_dtype in;                      /* element type of Q, K, V, dO, O and the mask */
+  tg_attn_dropout drop;             /* threshold 0: none */
+  int compensated;                  /* KV schedule: dK, dV summed over q-tiles with
+                                     * compensation (attention_bwd.c) */
   int64_t dQs[3], dKs[3];           /* f32 gradients dQ and dK, dV (same layout) */
 } tg_attn_problem;
 
 /* Validates p (+ mask params) for entry point `fn` and fills *out (bf16
- * inputs, contiguous [B, H, qL, D] / [B, H_kv, kL, D] gradients). Checks:
+ * inputs, no dropout, plain sums, contiguous [B, H, qL, D] / [B, H_kv, kL, D]
+ * gradients; the dtype entry points then set in, drop and compensated).
+ * Checks:
  * NULL struct, sizes >= 1, H % gqa_factor, head dim, Metal tiling fields,
  * scale / softcapping finite, strides >= 0 and every addressed element's
  * offset within int64, mask pointer/params pairing, output sizes. */
 tg_status tg_attn_validate(tg_ctx *ctx, const char *fn, const tg_attn_params *p,
-                           const tg_attn_mask_params *mp, const tg_bf16 *mask,
+                           const tg_attn_mask_params *mp, const void *mask,
                            int causal, tg_attn_problem *out);
+
+/* --- aliasing (tg_check_alias) of the attention entry points ----------------
+ * A tensor [n0, n1, n2, n3] of elem_bytes elements addressed through
+ * [batch, head, row] strides s (innermost stride 1) as a tg_buf: its extent,
+ * from the lowest byte addressed (the base: strides are >= 0) to the end of
+ * the highest element. Conservative: a tensor interleaved with another one
+ * (e.g. Q and K as alternate heads of one buffer) overlaps it. Call after
+ * tg_attn_validate (offsets fit int64). */
+tg_buf tg_attn_buf(const char *name, const void *base, const int64_t s[3], int64_t n0,
+                   int64_t n1, int64_t n2, int64_t n3, size_t elem_bytes, int written);
+
+/* The forward's check: outputs O (type pr->in, through pr->Os) and L
+ * [B, H, qL] f32 against each other and the inputs Q, K, V (type pr->in)
+ * and mask (type pr->in, through pr->Ms; NULL without). No exact in place. */
+tg_status tg_attn_check_alias_fwd(tg_ctx *ctx, const char *fn, const tg_attn_problem *pr,
+                                  const void *Q, const void *K, const void *V,
+                                  const void *mask, const void *O, const float *L);
+
+/* The backward's check: outputs dQ (pr->dQs), dK, dV (pr->dKs), all f32,
+ * against each other and the inputs Q, K, V, dO (type pr->in; dO through
+ * pr->Os), L, D_vec ([B, H, qL] f32) and mask. No exact in place. */
+tg_status tg_attn_check_alias_bwd(tg_ctx *ctx, const char *fn, const tg_attn_problem *pr,
+                                  const void *Q, const void *K, const void *V,
+                                  const float *L, const void *dO, const float *D_vec,
+                                  const void *mask, const float *dQ, const float *dK,
+                                  const float *dV);
+
+/* What the dtype / options entry points (tg_attn_train_fwd, ...) check
+ * beyond tg_attn_validate (attention_options.c); TG_ERR_BAD_PARAMS with a
+ * message naming the field otherwise. dtype: a tg_dtype value. */
+tg_status tg_attn_check_dtype(tg_ctx *ctx, const char *fn, tg_dtype dtype);
+/* opt (NULL: the defaults): reserved == 0, dropout_p in [0, 1); *drop gets
+ * its dropout (threshold 0 for none). */
+tg_status tg_attn_check_options(tg_ctx *ctx, const char *fn, const tg_attn_options *opt,
+                                tg_attn_dropout *drop);
+
+/* The keep flags of a tile: keep[i * ldk + k] = 1 if weight (b, h, q0 + i,
+ * k0 + k) survives dropout d, else 0 (i < nq, k < nk). */
+void tg_attn_dropout_tile(const tg_micro_ops *ops, const tg_attn_dropout *d,
+                          const tg_attn_problem *pr, int64_t b, int64_t h, int64_t q0, int64_t nq,
+                          int64_t k0, int64_t nk, uint8_t *keep, int64_t ldk);
+
+/* x[i * ldx + k] = keep[i * ldk + k] ? x[i * ldx + k] * scale : 0 over a tile
+ * of nq x nk (scale 1: the dropped weights zeroed, nothing rounded). */
+void tg_attn_dropout_apply(const uint8_t *keep, int64_t ldk, float *x, int64_t ldx,
+                           int64_t nq, int64_t nk, float scale);
 
 /* Offset of row `row` of head `head` in batch `b` for a [batch, head, row]
  * stride triple. */
@@ -58,22 +116,22 @@ static inline int64_t tg_attn_offset(const int64_t s[3], int64_t b, int64_t head
 }
 
 /* Element `off` of an input tensor of type t. */
-static inline const void *tg_attn_at(tg_attn_dtype t, const void *base, int64_t off) {
-  return t == TG_ATTN_F32 ? (const void *)((const float *)base + off)
-                          : (const void *)((const tg_bf16 *)base + off);
+static inline const void *tg_attn_at(tg_dtype t, const void *base, int64_t off) {
+  return t == TG_DTYPE_F32 ? (const void *)((const float *)base + off)
+                           : (const void *)((const tg_bf16 *)base + off);
 }
 
 /* Rows [r0, r0 + n) of a strided head of type t (bf16 widened, f32 copied)
  * -> f32 dst [n, D]; when trans is not NULL also transposed into trans
  * [D, ldt] (the packed K^T / V^T the score GEMMs take, ldt = the key-tile
  * rows). */
-static inline void tg_attn_load_rows(const tg_micro_ops *ops, tg_attn_dtype t,
+static inline void tg_attn_load_rows(const tg_micro_ops *ops, tg_dtype t,
                                      const void *head, int64_t row_stride, int64_t r0,
                                      int64_t n, int64_t D, float *dst, float *trans,
                                      int64_t ldt) {
   for (int64_t r = 0; r < n; r++) {
     const void *src = tg_attn_at(t, head, (r0 + r) * row_stride);
-    if (t == TG_ATTN_F32)
+    if (t == TG_DTYPE_F32)
       memcpy(dst + r * D, src, sizeof(float) * (size_t)D);
     else
       ops->bf16_to_f32(src, dst + r * D, D);
@@ -85,7 +143,7 @@ static inline void tg_attn_load_rows(const tg_micro_ops *ops, tg_attn_dtype t,
  * (avx512bf16): bf16 inputs on both sides, read in place (Q, dO rows) or
  * packed in pairs per key tile (K, V), instead of widened to f32. */
 static inline int tg_attn_bf16_dot(const tg_attn_problem *pr, const tg_micro_ops *ops) {
-  return pr->in == TG_ATTN_BF16 && ops->mm_bf16_pairs != NULL;
+  return pr->in == TG_DTYPE_BF16 && ops->mm_bf16_pairs != NULL;
 }
 
 /* Rows [r0, r0 + n) of a strided bf16 head -> Bp [D/2, ldb] in the pair
@@ -96,16 +154,18 @@ static inline void tg_attn_pack_pairs(const tg_micro_ops *ops, const void *head,
   ops->pack_bf16_pairs(n, D, (const tg_bf16 *)head + r0 * row_stride, row_stride, Bp, ldb);
 }
 
-/* --- the engine, shared by the bf16 entry points and kernel 10 ------------
- * Both run on a validated problem; neither checks its arguments again. */
+/* --- the engine, shared by the attention entry points and kernel 10 -------
+ * Both run on a validated problem; neither checks its arguments again.
+ * Q, K, V, dO, O and the mask (as pr->Ms; NULL without) are of type pr->in.
+ * With dropout (pr->drop) the weights that multiply V are P * keep / (1 - p). */
 
-/* Forward (attention_fwd.c): L [B, H, qL] natural-log logsumexp (writes);
- * O bf16 through pr->Os when O != NULL; when dO != NULL (type pr->in,
- * through pr->Os) also delta [B, H, qL] = rowsum(dO * O) with O in f32,
- * the D_vec of the backward. mask: as pr->Ms (NULL without). */
+/* Forward (attention_fwd.c): L [B, H, qL] natural-log logsumexp of the
+ * undropped scores (writes); O through pr->Os when O != NULL; when dO !=
+ * NULL (through pr->Os) also delta [B, H, qL] = rowsum(dO * O) with O in
+ * f32, the D_vec of the backward. */
 tg_status tg_attn_forward(tg_ctx *ctx, const tg_attn_problem *pr, const void *Q,
-                          const void *K, const void *V, const tg_bf16 *mask, tg_bf16 *O,
-                          float *L, const void *dO, float *delta);
+                          const void *K, const void *V, const void *mask, void *O, float *L,
+                          const void *dO, float *delta);
 
 /* Backward, KV schedule (attention_bwd.c): dQ writes through pr->dQs, dK
  * and dV accumulate through pr->dKs; L, D_vec [B, H, qL]. `workspace` holds
@@ -114,15 +174,15 @@ tg_status tg_attn_forward(tg_ctx *ctx, const tg_attn_problem *pr, const void *Q,
 size_t tg_attn_bwd_workspace_bytes(const tg_attn_problem *pr, const tg_micro_ops *ops);
 tg_status tg_attn_backward_kv(tg_ctx *ctx, const tg_attn_problem *pr, const void *Q,
                               const void *K, const void *V, const void *dO,
-                              const tg_bf16 *mask, const float *L, const float *D_vec,
+                              const void *mask, const float *L, const float *D_vec,
                               float *dQ, float *dK, float *dV, void *workspace);
 
 /* The score S[i,k] from the raw product qk = Q[i].K[k] (f32), per contract:
  * s = scale * qk; with softcapping c: s = c * tanh(s / c) (*tanh_out gets the
  * tanh for the backward); causal keys k > i + qL_off and mask entries of -inf
- * give -inf; otherwise the additive mask m is added. */
+ * give -inf; otherwise the additive mask m (a row of type pr->in) is added. */
 static inline float tg_attn_score(const tg_attn_problem *pr, float qk, int64_t i,
-                                  int64_t k, const tg_bf16 *mask_row, float *tanh_out) {
+                                  int64_t k, const void *mask_row, float *tanh_out) {
   float s = pr->scale * qk;
   float t = 0.0f;
   if (pr->softcap != 0.0f) {
@@ -132,7 +192,8 @@ static inline float tg_attn_score(const tg_attn_problem *pr, float qk, int64_t i
   *tanh_out = t;
   if (pr->causal && k > i + pr->qL_off) return -INFINITY;
   if (mask_row) {
-    const float m = tg_bf16_to_f32(mask_row[k]);
+    const float m = pr->in == TG_DTYPE_F32 ? ((const float *)mask_row)[k]
+                                           : tg_bf16_to_f32(((const tg_bf16 *)mask_row)[k]);
     if (m == -INFINITY) return -INFINITY;
     s += m;
   }

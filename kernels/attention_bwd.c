@@ -10,6 +10,11 @@
  *   dK += dS^T . Q                   [nk, D]
  *   dV += P^T . dO                   [nk, D]
  *
+ * With dropout (keep flags recomputed from the counter-based generator,
+ * z = keep / (1 - p)) the tile's dP becomes dP o z before dS is formed and
+ * P becomes P o z before dV += P^T . dO: the weights the forward's O was
+ * made of, and the gradient that reaches the undropped ones.
+ *
  * Two schedules share this pair body (tg_ctx_set_attn_schedule):
  *
  * KV (default): one work item per (key range, kv head, batch) -- the
@@ -32,8 +37,22 @@
  * ATOMIC: the Metal kernel's grid, one work item per (q-tile, query head,
  * batch); dQ of the tile stays local and is written once, dK/dV of every pair
  * are added to the output with `omp atomic` (the Metal atomic_fetch_add).
+ *
+ * Compensated dK/dV sums (pr.compensated; the f32 entry points): a key
+ * tile's dK and dV are sums over every query row of its kv head, gqa * qL
+ * terms. Accumulated in one f32 running sum their error grows with that
+ * length (max |err| 2.2-3.7e-5 against f64 at qL = kL = 4096, gqa 4, causal,
+ * unit-variance inputs: the f32 path's largest). With compensation each
+ * q-tile's part is summed alone (BQ terms) and added to the running sum with
+ * Kahan's correction (the ISA layer's add_compensated_f32, which also
+ * zeroes the part for the next q-tile), which leaves the error of the parts
+ * (1.3-3.0e-6 there; about 4% more time on the f32 backward, medians at D = 64
+ * and 128). bf16 inputs carry 2^-8 of their own and
+ * keep the plain sum (and today's bits); so does the ATOMIC schedule, whose
+ * per-pair parts meet in the output through atomic adds.
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -51,8 +70,7 @@ enum { TG_ATTN_ITEMS = 64, MIN_RANGE_TILES = 4, MAX_RANGES = 16 };
 
 typedef struct {
   tg_attn_problem pr;
-  const void *Q, *K, *V, *dO; /* type pr.in */
-  const tg_bf16 *mask;
+  const void *Q, *K, *V, *dO, *mask; /* type pr.in */
   const float *L, *D_vec;
   float *dQ, *dK, *dV;
   const tg_micro_ops *ops;
@@ -70,16 +88,21 @@ typedef struct {
   float *K, *KT, *VT;  /* [BK, D], [D, BK], [D, BK] (bf16_dot: [D/2, BK] pairs) */
   float *S, *dS;       /* [BQ, BK]: scores -> P, dP -> dS */
   float *dK, *dV;      /* [BK, D] */
+  uint8_t *keep;       /* [BQ, BK] dropout keep flags */
+  /* compensated sums only: the running dK, dV sums and their corrections,
+   * [BK, D] each (dK, dV above then hold one q-tile's part, zeroed again as
+   * it is added) */
+  float *dK_sum, *dK_comp, *dV_sum, *dV_comp;
 } bwd_scratch;
 
-static size_t bwd_scratch_bytes(int64_t D, int64_t BQ, int64_t BK) {
+static size_t bwd_scratch_bytes(int64_t D, int64_t BQ, int64_t BK, int compensated) {
   const size_t q = tg_align64(sizeof(float) * BQ * (size_t)D);
   const size_t k = tg_align64(sizeof(float) * BK * (size_t)D);
   const size_t s = tg_align64(sizeof(float) * BQ * BK);
-  return 3 * q + 5 * k + 2 * s;
+  return 3 * q + (compensated ? 9 : 5) * k + 2 * s + tg_align64((size_t)(BQ * BK));
 }
 
-static bwd_scratch carve(void *base, int64_t D, int64_t BQ, int64_t BK) {
+static bwd_scratch carve(void *base, int64_t D, int64_t BQ, int64_t BK, int compensated) {
   char *p = base;
   const size_t q = tg_align64(sizeof(float) * BQ * (size_t)D);
   const size_t k = tg_align64(sizeof(float) * BK * (size_t)D);
@@ -94,7 +117,15 @@ static bwd_scratch carve(void *base, int64_t D, int64_t BQ, int64_t BK) {
   w.dK = (float *)p, p += k;
   w.dV = (float *)p, p += k;
   w.S = (float *)p, p += s;
-  w.dS = (float *)p;
+  w.dS = (float *)p, p += s;
+  w.keep = (uint8_t *)p, p += tg_align64((size_t)(BQ * BK));
+  w.dK_sum = w.dK_comp = w.dV_sum = w.dV_comp = NULL;
+  if (compensated) {
+    w.dK_sum = (float *)p, p += k;
+    w.dK_comp = (float *)p, p += k;
+    w.dV_sum = (float *)p, p += k;
+    w.dV_comp = (float *)p;
+  }
   return w;
 }
 
@@ -148,19 +179,25 @@ static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_
     ops->mm_nn((int)nq, (int)nk, (int)D, w->Q, D, w->KT, BK, w->S, BK, 0);   /* Q.K^T  */
     ops->mm_nn((int)nq, (int)nk, (int)D, w->dO, D, w->VT, BK, w->dS, BK, 0); /* dO.V^T */
   }
+  if (pr->drop.threshold) { /* dP -> dP o keep / (1 - p) */
+    tg_attn_dropout_tile(ops, &pr->drop, pr, b, h, q0, nq, k0, nk, w->keep, BK);
+    tg_attn_dropout_apply(w->keep, BK, w->dS, BK, nq, nk, pr->drop.scale);
+  }
 
   for (int64_t i = 0; i < nq; i++) {
     const int64_t qi = q0 + i;
     /* dQ rows often live in L3 or DRAM (KV schedule): start fetching them
      * now so the dS . K product below finds them in L2. */
     for (int64_t d = 0; d < D; d += 16) __builtin_prefetch(dQ + i * ldq + d, 1, 2);
-    const tg_bf16 *mrow = pr->Ms ? a->mask + tg_attn_offset(pr->Ms, b, h, qi) : NULL;
+    const void *mrow =
+        pr->Ms ? tg_attn_at(pr->in, a->mask, tg_attn_offset(pr->Ms, b, h, qi)) : NULL;
     float *P = w->S + i * BK, *dS = w->dS + i * BK;
     /* A fully masked row has L = -inf: P = exp(S - L) is 0 for every key. */
     const float Li = L[i] == -INFINITY ? INFINITY : L[i];
     if (pr->softcap == 0.0f) {
       ops->attn_prob_row(P, nk, tg_attn_visible(pr, qi, k0, nk), pr->scale,
-                         mrow ? mrow + k0 : NULL, Li); /* 0 for masked keys */
+                         mrow ? tg_attn_at(pr->in, mrow, k0) : NULL, pr->in,
+                         Li); /* 0 for masked keys */
       ops->attn_ds_row(dS, P, nk, Dv[i], pr->scale);
       continue;
     }
@@ -173,6 +210,8 @@ static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_
       dS[k] = pr->scale * g; /* dL/d(Q.K) */
     }
   }
+  if (pr->drop.threshold) /* P -> P o keep / (1 - p), for dV */
+    tg_attn_dropout_apply(w->keep, BK, w->S, BK, nq, nk, pr->drop.scale);
 
   ops->mm_nn((int)nq, (int)D, (int)nk, w->dS, BK, w->K, D, dQ, ldq, !dq_first); /* dS.K */
   ops->mm_tn_acc((int)nk, (int)D, (int)nq, w->dS, BK, w->Q, D, w->dK, D); /* dS^T.Q */
@@ -217,14 +256,19 @@ static void bwd_group_kv(const void *vargs, int64_t range, int64_t h_kv, int64_t
   const bwd_args *a = vargs;
   const tg_attn_problem *pr = &a->pr;
   const int64_t D = pr->D, gqa = pr->gqa, BQ = a->BQ, BK = a->BK;
-  bwd_scratch w = carve(scratch, D, BQ, BK);
+  bwd_scratch w = carve(scratch, D, BQ, BK, pr->compensated);
 
   const int64_t kt_first = range * a->range_tiles;
   for (int64_t kt = kt_first; kt < kt_first + a->range_tiles && kt < a->n_ktiles; kt++) {
     const int64_t k0 = kt * BK, nk = pr->kL - k0 < BK ? pr->kL - k0 : BK;
+    const size_t tile_bytes = sizeof(float) * (size_t)(nk * D);
     load_ktile(a, b, h_kv, k0, nk, &w);
-    memset(w.dK, 0, sizeof(float) * (size_t)(nk * D));
-    memset(w.dV, 0, sizeof(float) * (size_t)(nk * D));
+    memset(w.dK, 0, tile_bytes);
+    memset(w.dV, 0, tile_bytes);
+    if (pr->compensated) {
+      memset(w.dK_sum, 0, tile_bytes), memset(w.dK_comp, 0, tile_bytes);
+      memset(w.dV_sum, 0, tile_bytes), memset(w.dV_comp, 0, tile_bytes);
+    }
     for (int64_t h = h_kv * gqa; h < (h_kv + 1) * gqa; h++)
       for (int64_t q0 = 0; q0 < pr->qL; q0 += BQ) {
         const int64_t nq = pr->qL - q0 < BQ ? pr->qL - q0 : BQ;
@@ -238,10 +282,14 @@ static void bwd_group_kv(const void *vargs, int64_t range, int64_t h_kv, int64_t
         }
         load_qtile(a, b, h, q0, nq, &w);
         bwd_pair(a, b, h, q0, nq, k0, nk, dq, ld, kt == kt_first, &w);
+        if (pr->compensated) { /* this q-tile's part into the sums; w.dK, w.dV = 0 */
+          a->ops->add_compensated_f32(w.dK_sum, w.dK_comp, w.dK, nk * D);
+          a->ops->add_compensated_f32(w.dV_sum, w.dV_comp, w.dV, nk * D);
+        }
       }
     const int64_t kv = tg_attn_offset(pr->dKs, b, h_kv, k0);
-    add_rows(a->dK + kv, pr->dKs[2], w.dK, nk, D, 0);
-    add_rows(a->dV + kv, pr->dKs[2], w.dV, nk, D, 0);
+    add_rows(a->dK + kv, pr->dKs[2], pr->compensated ? w.dK_sum : w.dK, nk, D, 0);
+    add_rows(a->dV + kv, pr->dKs[2], pr->compensated ? w.dV_sum : w.dV, nk, D, 0);
   }
 }
 
@@ -265,7 +313,7 @@ static void bwd_group_atomic(const void *vargs, int64_t x, int64_t h, int64_t b,
   const bwd_args *a = vargs;
   const tg_attn_problem *pr = &a->pr;
   const int64_t D = pr->D, h_kv = h / pr->gqa, BQ = a->BQ, BK = a->BK;
-  bwd_scratch w = carve(scratch, D, BQ, BK);
+  bwd_scratch w = carve(scratch, D, BQ, BK, 0);
   const int64_t q0 = (a->n_qtiles - 1 - x) * BQ, nq = pr->qL - q0 < BQ ? pr->qL - q0 : BQ;
 
   load_qtile(a, b, h, q0, nq, &w);
@@ -319,40 +367,48 @@ size_t tg_attn_bwd_workspace_bytes(const tg_attn_problem *pr, const tg_micro_ops
 
 tg_status tg_attn_backward_kv(tg_ctx *ctx, const tg_attn_problem *pr, const void *Q,
                               const void *K, const void *V, const void *dO,
-                              const tg_bf16 *mask, const float *L, const float *D_vec,
+                              const void *mask, const float *L, const float *D_vec,
                               float *dQ, float *dK, float *dV, void *workspace) {
   bwd_args a = make_args(pr, ctx->ops);
   a.Q = Q, a.K = K, a.V = V, a.dO = dO, a.mask = mask, a.L = L, a.D_vec = D_vec;
   a.dQ = dQ, a.dK = dK, a.dV = dV, a.dQ_partial = workspace;
   tg_status st = tg_dispatch(ctx, a.n_ranges, pr->H_kv, pr->B,
-                             bwd_scratch_bytes(pr->D, a.BQ, a.BK), bwd_group_kv, &a);
+                             bwd_scratch_bytes(pr->D, a.BQ, a.BK, pr->compensated),
+                             bwd_group_kv, &a);
   /* The second pass needs no scratch: it cannot fail once the first wrote. */
   if (st == TG_OK && a.n_ranges > 1)
     st = tg_dispatch(ctx, a.n_qtiles, pr->H, pr->B, 0, bwd_group_sum_dq, &a);
   return st;
 }
 
-tg_status tg_flash_attn_train_bwd_bf16(tg_ctx *ctx, const tg_bf16 *Q, const tg_bf16 *K,
-                                       const tg_bf16 *V, const float *L,
-                                       const tg_bf16 *dO, const float *D_vec, float *dQ,
-                                       float *dK, float *dV, const tg_attn_params *p,
-                                       const tg_attn_mask_params *mp,
-                                       const tg_bf16 *mask, int causal) {
-  static const char fn[] = "tg_flash_attn_train_bwd_bf16";
+/* The entry points' shared body; fn names the public function in messages. */
+static tg_status train_bwd(tg_ctx *ctx, const char *fn, tg_dtype dtype, const void *Q,
+                           const void *K, const void *V, const float *L, const void *dO,
+                           const float *D_vec, float *dQ, float *dK, float *dV,
+                           const tg_attn_params *p, const tg_attn_mask_params *mp,
+                           const void *mask, int causal, const tg_attn_options *opt) {
   if (!ctx) return TG_ERR_NULL_ARG;
   TG_ENTER(ctx);
   const void *bufs[] = {Q, K, V, L, dO, D_vec, dQ, dK, dV};
   const char *names[] = {"Q", "K", "V", "L", "dO", "D_vec", "dQ", "dK", "dV"};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
     if (!bufs[i]) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: %s is NULL", fn, names[i]);
+  tg_attn_dropout drop;
   tg_attn_problem pr;
-  tg_status st = tg_attn_validate(ctx, fn, p, mp, mask, causal, &pr);
+  tg_status st = tg_attn_check_dtype(ctx, fn, dtype);
+  if (st == TG_OK) st = tg_attn_check_options(ctx, fn, opt, &drop);
+  if (st == TG_OK) st = tg_attn_validate(ctx, fn, p, mp, mask, causal, &pr);
+  if (st != TG_OK) return st;
+  pr.in = dtype;
+  pr.drop = drop;
+  pr.compensated = dtype == TG_DTYPE_F32;
+  st = tg_attn_check_alias_bwd(ctx, fn, &pr, Q, K, V, L, dO, D_vec, mask, dQ, dK, dV);
   if (st != TG_OK) return st;
   if (ctx->attn_schedule == TG_ATTN_SCHEDULE_ATOMIC && !ctx->deterministic) {
     bwd_args a = make_args(&pr, ctx->ops);
     a.Q = Q, a.K = K, a.V = V, a.dO = dO, a.mask = mask, a.L = L, a.D_vec = D_vec;
     a.dQ = dQ, a.dK = dK, a.dV = dV;
-    return tg_dispatch(ctx, a.n_qtiles, pr.H, pr.B, bwd_scratch_bytes(pr.D, a.BQ, a.BK),
+    return tg_dispatch(ctx, a.n_qtiles, pr.H, pr.B, bwd_scratch_bytes(pr.D, a.BQ, a.BK, 0),
                        bwd_group_atomic, &a);
   }
   const size_t ws_bytes = tg_attn_bwd_workspace_bytes(&pr, ctx->ops);
@@ -361,13 +417,33 @@ tg_status tg_flash_attn_train_bwd_bf16(tg_ctx *ctx, const tg_bf16 *Q, const tg_b
   return tg_attn_backward_kv(ctx, &pr, Q, K, V, dO, mask, L, D_vec, dQ, dK, dV, ws);
 }
 
+tg_status tg_attn_train_bwd(tg_ctx *ctx, tg_dtype dtype, const void *Q, const void *K,
+                            const void *V, const float *L, const void *dO,
+                            const float *D_vec, float *dQ, float *dK, float *dV,
+                            const tg_attn_params *p, const tg_attn_mask_params *mp,
+                            const void *mask, int causal, const tg_attn_options *opt) {
+  return train_bwd(ctx, "tg_attn_train_bwd", dtype, Q, K, V, L, dO, D_vec, dQ, dK, dV, p, mp,
+                   mask, causal, opt);
+}
+
+tg_status tg_flash_attn_train_bwd_bf16(tg_ctx *ctx, const tg_bf16 *Q, const tg_bf16 *K,
+                                       const tg_bf16 *V, const float *L,
+                                       const tg_bf16 *dO, const float *D_vec, float *dQ,
+                                       float *dK, float *dV, const tg_attn_params *p,
+                                       const tg_attn_mask_params *mp,
+                                       const tg_bf16 *mask, int causal) {
+  return train_bwd(ctx, "tg_flash_attn_train_bwd_bf16", TG_DTYPE_BF16, Q, K, V, L, dO, D_vec,
+                   dQ, dK, dV, p, mp, mask, causal, NULL);
+}
+
 /* --- 1. pre-pass: D[b,h,i] = sum_d O[b,h,i,d] * dO[b,h,i,d] ----------------
  * Metal: one threadgroup per row (simd tree over d). Here one work item per
  * block of rows; the per-row dot is the ISA layer's lane-parallel sum. */
 enum { D_ROWS_PER_GROUP = 256 };
 
 typedef struct {
-  const tg_bf16 *O, *dO;
+  const void *O, *dO; /* type t */
+  tg_dtype t;
   float *D_out;
   int64_t rows, D;
   const tg_micro_ops *ops;
@@ -378,28 +454,58 @@ static void compute_d_group(const void *vargs, int64_t blk, int64_t y, int64_t z
   const compute_d_args *a = vargs;
   const int64_t r0 = blk * D_ROWS_PER_GROUP;
   const int64_t r1 = r0 + D_ROWS_PER_GROUP < a->rows ? r0 + D_ROWS_PER_GROUP : a->rows;
-  for (int64_t r = r0; r < r1; r++)
-    a->D_out[r] = a->ops->dot_bf16(a->O + r * a->D, a->dO + r * a->D, a->D);
+  if (a->t == TG_DTYPE_F32) {
+    const float *O = a->O, *dO = a->dO;
+    for (int64_t r = r0; r < r1; r++)
+      a->D_out[r] = a->ops->dot_f32(O + r * a->D, dO + r * a->D, a->D);
+  } else {
+    const tg_bf16 *O = a->O, *dO = a->dO;
+    for (int64_t r = r0; r < r1; r++)
+      a->D_out[r] = a->ops->dot_bf16(O + r * a->D, dO + r * a->D, a->D);
+  }
+}
+
+/* The entry points' shared body; fn names the public function in messages. */
+static tg_status compute_d(tg_ctx *ctx, const char *fn, tg_dtype dtype, const void *O,
+                           const void *dO, float *D_out, uint32_t batch, uint32_t n_q_heads,
+                           uint32_t q_seq_len, uint32_t head_dim) {
+  if (!ctx) return TG_ERR_NULL_ARG;
+  TG_ENTER(ctx);
+  if (!O || !dO || !D_out)
+    return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: %s is NULL", fn,
+                   !O ? "O" : !dO ? "dO" : "D_out");
+  tg_status st = tg_attn_check_dtype(ctx, fn, dtype);
+  if (st != TG_OK) return st;
+  char what[128];
+  snprintf(what, sizeof what, "%s: O/dO [batch, n_q_heads, q_seq_len, head_dim]", fn);
+  int64_t elems;
+  if ((st = tg_shape_count(ctx, what, sizeof(float), &elems, 4, (int64_t)batch,
+                           (int64_t)n_q_heads, (int64_t)q_seq_len, (int64_t)head_dim)))
+    return st;
+  const int64_t rows = elems / head_dim;
+  /* Not in place: D_out[r] lands inside O / dO rows <= r, which other work
+   * items may still be reading. */
+  const size_t e = dtype == TG_DTYPE_F32 ? sizeof(float) : sizeof(tg_bf16);
+  const tg_buf bufs[] = {tg_in("O", O, (uint64_t)elems * e), tg_in("dO", dO, (uint64_t)elems * e),
+                         tg_out("D_out", D_out, (uint64_t)rows * sizeof(float))};
+  if ((st = tg_check_alias(ctx, fn, bufs, TG_LEN(bufs)))) return st;
+  const compute_d_args a = {O, dO, dtype, D_out, rows, head_dim, ctx->ops};
+  return tg_dispatch(ctx, (rows + D_ROWS_PER_GROUP - 1) / D_ROWS_PER_GROUP, 1, 1, 0,
+                     compute_d_group, &a);
+}
+
+tg_status tg_attn_train_bwd_compute_d(tg_ctx *ctx, tg_dtype dtype, const void *O,
+                                      const void *dO, float *D_out, uint32_t batch,
+                                      uint32_t n_q_heads, uint32_t q_seq_len,
+                                      uint32_t head_dim) {
+  return compute_d(ctx, "tg_attn_train_bwd_compute_d", dtype, O, dO, D_out, batch, n_q_heads,
+                   q_seq_len, head_dim);
 }
 
 tg_status tg_flash_attn_train_bwd_compute_d_bf16(tg_ctx *ctx, const tg_bf16 *O,
                                                  const tg_bf16 *dO, float *D_out,
                                                  uint32_t batch, uint32_t n_q_heads,
                                                  uint32_t q_seq_len, uint32_t head_dim) {
-  static const char fn[] = "tg_flash_attn_train_bwd_compute_d_bf16";
-  if (!ctx) return TG_ERR_NULL_ARG;
-  TG_ENTER(ctx);
-  if (!O || !dO || !D_out)
-    return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: %s is NULL", fn,
-                   !O ? "O" : !dO ? "dO" : "D_out");
-  int64_t rows, elems;
-  tg_status st = tg_shape_count(ctx, "tg_flash_attn_train_bwd_compute_d_bf16: O/dO "
-                                "[batch, n_q_heads, q_seq_len, head_dim]",
-                                sizeof(float), &elems, 4, (int64_t)batch,
-                                (int64_t)n_q_heads, (int64_t)q_seq_len, (int64_t)head_dim);
-  if (st != TG_OK) return st;
-  rows = elems / head_dim;
-  const compute_d_args a = {O, dO, D_out, rows, head_dim, ctx->ops};
-  return tg_dispatch(ctx, (rows + D_ROWS_PER_GROUP - 1) / D_ROWS_PER_GROUP, 1, 1, 0,
-                     compute_d_group, &a);
+  return compute_d(ctx, "tg_flash_attn_train_bwd_compute_d_bf16", TG_DTYPE_BF16, O, dO, D_out,
+                   batch, n_q_heads, q_seq_len, head_dim);
 }

@@ -10,10 +10,14 @@
  *   m' = max(m, rowmax S);  alpha = exp(m - m');  P = exp(S - m')
  *   l  = alpha l + rowsum P;  acc = alpha acc + P . V     [nq, D]
  *
- * and finishes with O = acc / l (bf16, through O_strides) and L = m + log l.
- * A row that sees no key (all -inf) gets O = 0 and L = -inf. Every row is
- * computed by one item in a fixed order: the forward is deterministic for
- * any thread count.
+ * and finishes with O = acc / l (bf16 or f32, through O_strides) and
+ * L = m + log l. A row that sees no key (all -inf) gets O = 0 and L = -inf.
+ * Every row is computed by one item in a fixed order: the forward is
+ * deterministic for any thread count.
+ *
+ * With dropout the dropped entries of P are zeroed before acc += P . V (l
+ * keeps them: L is the logsumexp of the undropped scores) and the kept ones'
+ * 1 / (1 - p) is folded into the final scaling, O = (acc / l) / (1 - p).
  *
  * tg_attn_forward is the loop itself, on a validated problem with bf16 or
  * f32 inputs; kernel 10 (causal_attention.c) runs it on f32 token-major
@@ -26,9 +30,8 @@
 
 typedef struct {
   tg_attn_problem pr;
-  const void *Q, *K, *V, *dO; /* type pr.in */
-  const tg_bf16 *mask;
-  tg_bf16 *O;   /* NULL: O is not written */
+  const void *Q, *K, *V, *dO, *mask; /* type pr.in */
+  void *O;      /* type pr.in; NULL: O is not written */
   float *L;
   float *delta; /* with dO: rowsum(dO * O) */
   const tg_micro_ops *ops;
@@ -43,12 +46,14 @@ typedef struct {
   float *KT;       /* [D, BK] */
   float *S;        /* [BQ, BK] */
   float *m, *l;    /* [BQ] running max and sum */
+  uint8_t *keep;   /* [BQ, BK] dropout keep flags */
 } fwd_scratch;
 
 static size_t fwd_scratch_bytes(int64_t D, int64_t BQ, int64_t BK) {
   return 2 * tg_align64(sizeof(float) * BQ * (size_t)D) +
          3 * tg_align64(sizeof(float) * BK * (size_t)D) +
-         tg_align64(sizeof(float) * BQ * BK) + 2 * tg_align64(sizeof(float) * BQ);
+         tg_align64(sizeof(float) * BQ * BK) + 2 * tg_align64(sizeof(float) * BQ) +
+         tg_align64((size_t)(BQ * BK));
 }
 
 static fwd_scratch fwd_carve(void *base, int64_t D, int64_t BQ, int64_t BK) {
@@ -63,7 +68,8 @@ static fwd_scratch fwd_carve(void *base, int64_t D, int64_t BQ, int64_t BK) {
   w.V = (float *)p, p += k;
   w.S = (float *)p, p += tg_align64(sizeof(float) * BQ * BK);
   w.m = (float *)p, p += tg_align64(sizeof(float) * BQ);
-  w.l = (float *)p;
+  w.l = (float *)p, p += tg_align64(sizeof(float) * BQ);
+  w.keep = (uint8_t *)p;
   return w;
 }
 
@@ -103,11 +109,12 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
 
     for (int64_t i = 0; i < nq; i++) {
       const int64_t qi = q0 + i;
-      const tg_bf16 *mrow = pr->Ms ? a->mask + tg_attn_offset(pr->Ms, b, h, qi) : NULL;
+      const void *mrow = pr->Ms ? tg_attn_at(pr->in, a->mask, tg_attn_offset(pr->Ms, b, h, qi))
+                                : NULL;
       float *P = w.S + i * BK, unused, tile_max;
       if (pr->softcap == 0.0f) {
         tile_max = ops->attn_score_max_row(P, nk, tg_attn_visible(pr, qi, k0, nk), pr->scale,
-                                           mrow ? mrow + k0 : NULL);
+                                           mrow ? tg_attn_at(pr->in, mrow, k0) : NULL, pr->in);
       } else {
         for (int64_t k = 0; k < nk; k++) P[k] = tg_attn_score(pr, P[k], qi, k0 + k, mrow, &unused);
         tile_max = ops->max_f32(P, nk); /* skips NaN: */
@@ -127,10 +134,16 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
       w.m[i] = m_new;
       if (alpha != 1.0f) ops->scale2_f32(w.acc + i * D, D, alpha, 1.0f);
     }
+    if (pr->drop.threshold) { /* P -> P o keep; l and m keep the dropped weights */
+      tg_attn_dropout_tile(ops, &pr->drop, pr, b, h, q0, nq, k0, nk, w.keep, BK);
+      tg_attn_dropout_apply(w.keep, BK, w.S, BK, nq, nk, 1.0f);
+    }
     ops->mm_nn((int)nq, (int)D, (int)nk, w.S, BK, w.V, D, w.acc, D, 1); /* acc += P.V */
   }
 
-  /* O = acc / l; delta = dO . O (one dO row at a time through w.K, free now) */
+  /* O = (acc / l) * keep_scale; delta = dO . O (one dO row at a time through
+   * w.K, free now) */
+  const float keep_scale = pr->drop.threshold ? pr->drop.scale : 1.0f;
   const int64_t row0 = (b * pr->H + h) * pr->qL + q0;
   const void *dOh = a->dO ? tg_attn_at(pr->in, a->dO, tg_attn_offset(pr->Os, b, h, 0)) : NULL;
   for (int64_t i = 0; i < nq; i++) {
@@ -142,8 +155,14 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
     if (l == 0.0f)
       memset(o, 0, sizeof(float) * (size_t)D);
     else
-      ops->scale2_f32(o, D, l > 0.0f ? 1.0f / l : l, 1.0f);
-    if (a->O) ops->f32_to_bf16(o, a->O + tg_attn_offset(pr->Os, b, h, q0 + i), D);
+      ops->scale2_f32(o, D, l > 0.0f ? 1.0f / l : l, keep_scale);
+    if (a->O) {
+      const int64_t off = tg_attn_offset(pr->Os, b, h, q0 + i);
+      if (pr->in == TG_DTYPE_F32)
+        memcpy((float *)a->O + off, o, sizeof(float) * (size_t)D);
+      else
+        ops->f32_to_bf16(o, (tg_bf16 *)a->O + off, D);
+    }
     if (dOh) {
       tg_attn_load_rows(ops, pr->in, dOh, pr->Os[2], q0 + i, 1, D, w.K, NULL, 0);
       a->delta[row0 + i] = ops->dot_f32(w.K, o, D);
@@ -153,8 +172,8 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
 }
 
 tg_status tg_attn_forward(tg_ctx *ctx, const tg_attn_problem *pr, const void *Q,
-                          const void *K, const void *V, const tg_bf16 *mask, tg_bf16 *O,
-                          float *L, const void *dO, float *delta) {
+                          const void *K, const void *V, const void *mask, void *O, float *L,
+                          const void *dO, float *delta) {
   fwd_args a = {.pr = *pr, .Q = Q, .K = K, .V = V, .dO = dO, .mask = mask, .O = O, .L = L,
                 .delta = delta, .ops = ctx->ops, .BQ = ctx->ops->attn_bq,
                 .BK = ctx->ops->attn_bk, .bf16_dot = tg_attn_bf16_dot(pr, ctx->ops)};
@@ -163,20 +182,42 @@ tg_status tg_attn_forward(tg_ctx *ctx, const tg_attn_problem *pr, const void *Q,
                      fwd_group, &a);
 }
 
-tg_status tg_flash_attn_train_fwd_bf16(tg_ctx *ctx, const tg_bf16 *Q, const tg_bf16 *K,
-                                       const tg_bf16 *V, tg_bf16 *O, float *L,
-                                       const tg_attn_params *p,
-                                       const tg_attn_mask_params *mp, const tg_bf16 *mask,
-                                       int causal) {
-  static const char fn[] = "tg_flash_attn_train_fwd_bf16";
+/* The entry points' shared body; fn names the public function in messages. */
+static tg_status train_fwd(tg_ctx *ctx, const char *fn, tg_dtype dtype, const void *Q,
+                           const void *K, const void *V, void *O, float *L,
+                           const tg_attn_params *p, const tg_attn_mask_params *mp,
+                           const void *mask, int causal, const tg_attn_options *opt) {
   if (!ctx) return TG_ERR_NULL_ARG;
   TG_ENTER(ctx);
   const void *bufs[] = {Q, K, V, O, L};
   const char *names[] = {"Q", "K", "V", "O", "L"};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
     if (!bufs[i]) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: %s is NULL", fn, names[i]);
+  tg_attn_dropout drop;
   tg_attn_problem pr;
-  tg_status st = tg_attn_validate(ctx, fn, p, mp, mask, causal, &pr);
+  tg_status st = tg_attn_check_dtype(ctx, fn, dtype);
+  if (st == TG_OK) st = tg_attn_check_options(ctx, fn, opt, &drop);
+  if (st == TG_OK) st = tg_attn_validate(ctx, fn, p, mp, mask, causal, &pr);
+  if (st != TG_OK) return st;
+  pr.in = dtype;
+  pr.drop = drop;
+  st = tg_attn_check_alias_fwd(ctx, fn, &pr, Q, K, V, mask, O, L); /* by pr.in's size */
   if (st != TG_OK) return st;
   return tg_attn_forward(ctx, &pr, Q, K, V, mask, O, L, NULL, NULL);
+}
+
+tg_status tg_attn_train_fwd(tg_ctx *ctx, tg_dtype dtype, const void *Q, const void *K,
+                            const void *V, void *O, float *L, const tg_attn_params *p,
+                            const tg_attn_mask_params *mp, const void *mask, int causal,
+                            const tg_attn_options *opt) {
+  return train_fwd(ctx, "tg_attn_train_fwd", dtype, Q, K, V, O, L, p, mp, mask, causal, opt);
+}
+
+tg_status tg_flash_attn_train_fwd_bf16(tg_ctx *ctx, const tg_bf16 *Q, const tg_bf16 *K,
+                                       const tg_bf16 *V, tg_bf16 *O, float *L,
+                                       const tg_attn_params *p,
+                                       const tg_attn_mask_params *mp, const tg_bf16 *mask,
+                                       int causal) {
+  return train_fwd(ctx, "tg_flash_attn_train_fwd_bf16", TG_DTYPE_BF16, Q, K, V, O, L, p, mp,
+                   mask, causal, NULL);
 }

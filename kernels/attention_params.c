@@ -72,7 +72,7 @@ static tg_status check_strides(tg_ctx *ctx, const char *fn, const char *name,
 }
 
 tg_status tg_attn_validate(tg_ctx *ctx, const char *fn, const tg_attn_params *p,
-                           const tg_attn_mask_params *mp, const tg_bf16 *mask,
+                           const tg_attn_mask_params *mp, const void *mask,
                            int causal, tg_attn_problem *out) {
   if (!p) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: params is NULL", fn);
   const struct { const char *name; int32_t v; } sizes[] = {
@@ -140,8 +140,66 @@ tg_status tg_attn_validate(tg_ctx *ctx, const char *fn, const tg_attn_params *p,
       .qL_off = p->qL_off, .scale = p->scale,
       .softcap = p->softcapping == 1.0f ? 0.0f : p->softcapping,
       .Qs = p->Q_strides, .Ks = p->K_strides, .Vs = p->V_strides, .Os = p->O_strides,
-      .Ms = mp ? mp->M_strides : NULL, .causal = causal != 0, .in = TG_ATTN_BF16};
+      .Ms = mp ? mp->M_strides : NULL, .causal = causal != 0, .in = TG_DTYPE_BF16};
   set_contiguous(out->dQs, H, qL, D);
   set_contiguous(out->dKs, H_kv, kL, D);
   return TG_OK;
+}
+
+/* --- aliasing ------------------------------------------------------------------ */
+tg_buf tg_attn_buf(const char *name, const void *base, const int64_t s[3], int64_t n0,
+                   int64_t n1, int64_t n2, int64_t n3, size_t elem_bytes, int written) {
+  /* the element offset fits int64 (check_strides); its byte size may not,
+   * but then it runs past the address space: saturate (tg_check_alias
+   * treats the extent as reaching the end) */
+  const uint64_t elems = (uint64_t)((n0 - 1) * s[0] + (n1 - 1) * s[1] + (n2 - 1) * s[2] + n3);
+  const uint64_t bytes = elems > UINT64_MAX / elem_bytes ? UINT64_MAX : elems * elem_bytes;
+  return written ? tg_out(name, base, bytes) : tg_in(name, base, bytes);
+}
+
+static size_t in_bytes(const tg_attn_problem *pr) {
+  return pr->in == TG_DTYPE_F32 ? sizeof(float) : sizeof(tg_bf16);
+}
+
+/* The mask [B, H, qL, kL] of type pr->in through pr->Ms; empty without one. */
+static tg_buf mask_buf(const tg_attn_problem *pr, const void *mask) {
+  if (!pr->Ms) return tg_in("mask", NULL, 0);
+  return tg_attn_buf("mask", mask, pr->Ms, pr->B, pr->H, pr->qL, pr->kL, in_bytes(pr), 0);
+}
+
+tg_status tg_attn_check_alias_fwd(tg_ctx *ctx, const char *fn, const tg_attn_problem *pr,
+                                  const void *Q, const void *K, const void *V,
+                                  const void *mask, const void *O, const float *L) {
+  const int64_t B = pr->B, H = pr->H, H_kv = pr->H_kv, qL = pr->qL, kL = pr->kL, D = pr->D;
+  const size_t e = in_bytes(pr);
+  const tg_buf bufs[] = {
+      tg_attn_buf("Q", Q, pr->Qs, B, H, qL, D, e, 0),
+      tg_attn_buf("K", K, pr->Ks, B, H_kv, kL, D, e, 0),
+      tg_attn_buf("V", V, pr->Vs, B, H_kv, kL, D, e, 0),
+      mask_buf(pr, mask),
+      tg_attn_buf("O", O, pr->Os, B, H, qL, D, e, 1),
+      tg_out("L", L, (uint64_t)(B * H * qL) * sizeof(float))};
+  return tg_check_alias(ctx, fn, bufs, TG_LEN(bufs));
+}
+
+tg_status tg_attn_check_alias_bwd(tg_ctx *ctx, const char *fn, const tg_attn_problem *pr,
+                                  const void *Q, const void *K, const void *V,
+                                  const float *L, const void *dO, const float *D_vec,
+                                  const void *mask, const float *dQ, const float *dK,
+                                  const float *dV) {
+  const int64_t B = pr->B, H = pr->H, H_kv = pr->H_kv, qL = pr->qL, kL = pr->kL, D = pr->D;
+  const size_t e = in_bytes(pr);
+  const uint64_t row_stats = (uint64_t)(B * H * qL) * sizeof(float);
+  const tg_buf bufs[] = {
+      tg_attn_buf("Q", Q, pr->Qs, B, H, qL, D, e, 0),
+      tg_attn_buf("K", K, pr->Ks, B, H_kv, kL, D, e, 0),
+      tg_attn_buf("V", V, pr->Vs, B, H_kv, kL, D, e, 0),
+      tg_in("L", L, row_stats),
+      tg_attn_buf("dO", dO, pr->Os, B, H, qL, D, e, 0),
+      tg_in("D_vec", D_vec, row_stats),
+      mask_buf(pr, mask),
+      tg_attn_buf("dQ", dQ, pr->dQs, B, H, qL, D, sizeof(float), 1),
+      tg_attn_buf("dK", dK, pr->dKs, B, H_kv, kL, D, sizeof(float), 1),
+      tg_attn_buf("dV", dV, pr->dKs, B, H_kv, kL, D, sizeof(float), 1)};
+  return tg_check_alias(ctx, fn, bufs, TG_LEN(bufs));
 }

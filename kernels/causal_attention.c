@@ -73,6 +73,15 @@ tg_status tg_causal_attention_backward(tg_ctx *ctx, const float *grad_out, const
                            sizeof(float), &n_stats, 3, (int64_t)2, (int64_t)n_heads,
                            (int64_t)seq_len)))
     return st;
+  /* No output may overlap an input or another output (the backward reads
+   * Q, K, V and grad_out while it writes the gradients, in any order). */
+  const uint64_t q_bytes = (uint64_t)seq_len * n_heads * head_dim * sizeof(float);
+  const uint64_t kv_bytes = (uint64_t)seq_len * n_kv_heads * head_dim * sizeof(float);
+  const tg_buf bufs[] = {tg_in("grad_out", grad_out, q_bytes), tg_in("Q", Q, q_bytes),
+                         tg_in("K", K, kv_bytes),              tg_in("V", V, kv_bytes),
+                         tg_out("grad_Q", grad_Q, q_bytes),    tg_out("grad_K", grad_K, kv_bytes),
+                         tg_out("grad_V", grad_V, kv_bytes)};
+  if ((st = tg_check_alias(ctx, fn, bufs, TG_LEN(bufs)))) return st;
 
   const int64_t S = seq_len, H = n_heads, H_kv = n_kv_heads, D = head_dim;
   const int64_t q_strides[3] = {0, D, H * D}, kv_strides[3] = {0, D, H_kv * D};
@@ -80,7 +89,7 @@ tg_status tg_causal_attention_backward(tg_ctx *ctx, const float *grad_out, const
       .B = 1, .H = H, .H_kv = H_kv, .gqa = H / H_kv, .qL = S, .kL = S, .D = D,
       .qL_off = 0, .scale = (float)(1.0 / sqrt((double)D)), .softcap = 0.0f,
       .Qs = q_strides, .Ks = kv_strides, .Vs = kv_strides, .Os = q_strides, .Ms = NULL,
-      .causal = 1, .in = TG_ATTN_F32,
+      .causal = 1, .in = TG_DTYPE_F32,
       .dQs = {0, D, H * D}, .dKs = {0, D, H_kv * D}};
 
   /* Workspace: L, delta, then the backward's dQ partials. Both terms are

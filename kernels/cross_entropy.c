@@ -36,7 +36,6 @@
  */
 #include <math.h>
 #include <stdio.h>
-#include <stdlib.h>
 
 #include "engine.h"
 #include "reduce.h"
@@ -195,6 +194,15 @@ tg_status tg_cross_entropy_fwd_bwd(tg_ctx *ctx, const float *logits,
       tg_shape_count(ctx, name, sizeof(float), &n, 2, (int64_t)n_pos, (int64_t)vocab);
   if (st != TG_OK) return st;
   if (count == 0) return TG_OK; /* the seed's early return: nothing read or written */
+  /* grad may be logits itself: a work item reads each of its rows whole
+   * (into scratch) before it writes that row's grad, and no other item
+   * touches the row. loss_out and targets overlap nothing written. */
+  const uint64_t bytes = (uint64_t)n * sizeof(float);
+  const tg_buf bufs[] = {tg_in("logits", logits, bytes),
+                         tg_in("targets", targets, (uint64_t)n_pos * sizeof(uint32_t)),
+                         tg_out_in_place("grad", grad, bytes, "logits"),
+                         tg_out("loss_out", loss_out, sizeof(float))};
+  if ((st = tg_check_alias(ctx, fn, bufs, TG_LEN(bufs)))) return st;
   for (int64_t t = 0; t < n_pos; t++)
     if (targets[t] != pad_id && targets[t] >= vocab)
       return tg_fail(ctx, TG_ERR_BAD_INDEX,
@@ -205,7 +213,7 @@ tg_status tg_cross_entropy_fwd_bwd(tg_ctx *ctx, const float *logits,
   ce_args a = {logits, targets, grad, NULL, n_pos, vocab,
                ce_rows_per_group(n_pos, vocab, tg_threads(ctx)), nchunks, pad_id,
                1.0f / (float)count, n * (int64_t)sizeof(float) >= TG_STREAM_BYTES, ctx->ops};
-  a.row_loss = malloc((size_t)n_pos * sizeof(double));
+  a.row_loss = tg_mem_alloc((size_t)n_pos * sizeof(double), 64);
   if (!a.row_loss)
     return tg_fail(ctx, TG_ERR_NO_MEMORY, "%s: cannot allocate %u per-position losses",
                    fn, n_pos);
@@ -216,6 +224,6 @@ tg_status tg_cross_entropy_fwd_bwd(tg_ctx *ctx, const float *logits,
     for (int64_t t = 0; t < n_pos; t++) total += a.row_loss[t];
     loss_out[0] = (float)((double)loss_out[0] + total / (double)count);
   }
-  free(a.row_loss);
+  tg_mem_free(a.row_loss);
   return st;
 }

@@ -14,7 +14,9 @@
  *   dst[r, d] = (sum_w part[w, d] * a_w) / St,    0 where St == 0
  * A workgroup that saw no keys has M = -inf (a_w = 0): it is skipped, so
  * whatever its partials hold cannot turn into NaN (0 * inf), and a row of only
- * empty workgroups is 0.
+ * empty workgroups is 0. Any other workgroup is read, also when its weight
+ * underflows to 0 in f32: a NaN or inf in its S or partials then makes the
+ * row (element) NaN, as IEEE arithmetic does.
  *
  * Hadamard/sign undo, per row x of D = 256 or 512:
  *   y = H x / sqrt(D)    H the Sylvester Hadamard matrix, H[i][j] = (-1)^popcount(i & j)
@@ -75,12 +77,13 @@ static void reduce_row(const dec_args *g, int64_t r, float *dst, float *a, int32
   int64_t nw = 0;
   for (int64_t w = 0; w < nwg; w++) {
     const float M = SM[2 * w + 1];
-    const float aw = M == -INFINITY ? 0.0f : expf(M - Mg); /* empty workgroup: weight 0 */
-    if (aw != 0.0f) {
-      St += SM[2 * w] * aw;
-      a[nw] = aw;
-      wi[nw++] = (int32_t)w;
-    }
+    if (M == -INFINITY) continue; /* empty workgroup: never read */
+    /* A weight that underflows to 0 stays in the list: 0 times a NaN or inf
+     * in its S or partials is NaN, which skipping it would hide. */
+    const float aw = expf(M - Mg);
+    St += SM[2 * w] * aw;
+    a[nw] = aw;
+    wi[nw++] = (int32_t)w;
   }
   if (St == 0.0f) {
     for (int64_t d = 0; d < DV; d++) dst[d] = 0.0f;
@@ -147,6 +150,18 @@ static tg_status check_reduce(tg_ctx *ctx, const char *fn, const float *htmp,
                         (int64_t)head_dim + 2);
 }
 
+/* The reduce's output may not overlap htmp, not even exactly: output row r
+ * lands on htmp floats [r*D, (r+1)*D), the partials of rows that other work
+ * items are still reducing. (After check_reduce: the sizes fit int64.) */
+static tg_status check_reduce_alias(tg_ctx *ctx, const char *fn, const float *htmp,
+                                    const float *out, const char *out_name, uint32_t nrows,
+                                    uint32_t head_dim, uint32_t nwg) {
+  const uint64_t htmp_floats = (uint64_t)nrows * nwg * ((uint64_t)head_dim + 2);
+  const tg_buf bufs[] = {tg_in("htmp", htmp, htmp_floats * sizeof(float)),
+                         tg_out(out_name, out, (uint64_t)nrows * head_dim * sizeof(float))};
+  return tg_check_alias(ctx, fn, bufs, TG_LEN(bufs));
+}
+
 tg_status tg_flash_attn_vec_reduce(tg_ctx *ctx, const float *htmp, float *dst,
                                    uint32_t nrows, uint32_t head_dim, uint32_t nwg) {
   if (!ctx) return TG_ERR_NULL_ARG;
@@ -157,6 +172,7 @@ tg_status tg_flash_attn_vec_reduce(tg_ctx *ctx, const float *htmp, float *dst,
   if (head_dim % 4 != 0)
     return tg_fail(ctx, TG_ERR_UNSUPPORTED,
                    "%s: head_dim = %u; it must be a multiple of 4", fn, head_dim);
+  if ((st = check_reduce_alias(ctx, fn, htmp, dst, "dst", nrows, head_dim, nwg))) return st;
   /* groups of whole rows, ~8 Ki partial floats each */
   dec_args g = {htmp, dst, nrows, head_dim, nwg,
                 tg_rows_per_block((int64_t)head_dim * nwg), ctx->ops, {0}};
@@ -175,6 +191,8 @@ tg_status tg_flash_attn_vec_reduce_tq_hb_undo(tg_ctx *ctx, const float *htmp,
   if (head_dim != 256 && head_dim != 512)
     return tg_fail(ctx, TG_ERR_UNSUPPORTED, "%s: head_dim = %u; it must be 256 or 512", fn,
                    head_dim);
+  if ((st = check_reduce_alias(ctx, fn, htmp, output, "output", nrows, head_dim, nwg)))
+    return st;
   dec_args g = {htmp, output, nrows, head_dim, nwg,
                 tg_rows_per_block((int64_t)head_dim * nwg), ctx->ops, {0}};
   fill_undo_mul(&g, head_dim);

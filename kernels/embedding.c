@@ -120,6 +120,13 @@ tg_status tg_embedding_backward(tg_ctx *ctx, const float *grad_out, const uint32
   if ((st = tg_shape_count(ctx, "tg_embedding_backward: grad_weight [vocab_size, dim]",
                            sizeof(float), NULL, 2, (int64_t)vocab_size, (int64_t)dim)))
     return st;
+  /* grad_weight rows are read and written while other work items read
+   * grad_out and ids: no overlap with either (not even exact). */
+  const tg_buf bufs[] = {
+      tg_in("grad_out", grad_out, (uint64_t)seq_len * dim * sizeof(float)),
+      tg_in("ids", ids, (uint64_t)seq_len * sizeof(uint32_t)),
+      tg_out("grad_weight", grad_weight, (uint64_t)vocab_size * dim * sizeof(float))};
+  if ((st = tg_check_alias(ctx, fn, bufs, TG_LEN(bufs)))) return st;
   /* Every id before any write: the first bad one is reported. */
   for (int64_t t = 0; t < (int64_t)seq_len; t++)
     if (ids[t] >= vocab_size)

@@ -26,7 +26,7 @@
  *     rows are cut into blocks of consecutive rows; each block sums its rows
  *     in order into a dim-long partial (grad_input is written on the way).
  *     Deterministic mode: the blocks are fixed by `rows` alone (never by the
- *     thread count), the partials live in a malloc'd [nblocks, dim] buffer,
+ *     thread count), the partials live in a heap [nblocks, dim] buffer,
  *     and a second pass over column blocks adds them to grad_weight in block
  *     order -- bitwise identical across runs and thread counts. Otherwise:
  *     at most two blocks per thread, each adding its partial (in per-thread
@@ -39,7 +39,6 @@
  */
 #include <math.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "engine.h"
@@ -86,6 +85,11 @@ static tg_status check_eps(tg_ctx *ctx, const char *fn, float eps) {
   return TG_OK;
 }
 
+/* Bytes of rows x dim floats (and of `rows` floats): checked by check_shape. */
+static uint64_t f32_bytes(uint32_t rows, uint32_t dim) {
+  return (uint64_t)rows * dim * sizeof(float);
+}
+
 /* --- 4a. r[b] = 1/sqrt(mean_j x[b,j]^2 + eps) (writes) --------------------- */
 typedef struct {
   const float *x;
@@ -113,6 +117,9 @@ tg_status tg_rms_norm_compute_rms_inv_f32(tg_ctx *ctx, const float *x, float *r_
   tg_status st = check_shape(ctx, fn, "x", rows, dim);
   if (st == TG_OK) st = check_eps(ctx, fn, eps);
   if (st != TG_OK) return st;
+  const tg_buf bufs[] = {tg_in("x", x, f32_bytes(rows, dim)),
+                         tg_out("r_out", r_out, f32_bytes(rows, 1))};
+  if ((st = tg_check_alias(ctx, fn, bufs, TG_LEN(bufs)))) return st;
   const rms_inv_args a = {x, r_out, rows, dim, tg_rows_per_block(dim), eps, ctx->ops};
   return tg_dispatch(ctx, (a.rows + a.rpg - 1) / a.rpg, 1, 1, 0, rms_inv_group, &a);
 }
@@ -148,6 +155,13 @@ tg_status tg_rms_norm_forward_f32(tg_ctx *ctx, const float *x, const float *w, f
   tg_status st = check_shape(ctx, fn, "x", rows, dim);
   if (st == TG_OK) st = check_eps(ctx, fn, eps);
   if (st != TG_OK) return st;
+  /* y may be x itself: a row's r reads the whole row before y[k] = x[k]*r*w[k]
+   * writes it, element by element after its own read (plain loop, no
+   * restrict), and no other work item touches the row. */
+  const tg_buf bufs[] = {tg_in("x", x, f32_bytes(rows, dim)), tg_in("w", w, f32_bytes(1, dim)),
+                         tg_out_in_place("y", y, f32_bytes(rows, dim), "x"),
+                         tg_out("r_out", r_out, f32_bytes(rows, 1))};
+  if ((st = tg_check_alias(ctx, fn, bufs, TG_LEN(bufs)))) return st;
   const fwd_args a = {x, w, y, r_out, rows, dim, tg_rows_per_block(dim), eps, ctx->ops};
   return tg_dispatch(ctx, (a.rows + a.rpg - 1) / a.rpg, 1, 1, 0, fwd_group, &a);
 }
@@ -179,6 +193,12 @@ tg_status tg_rms_norm_backward_dx_f32(tg_ctx *ctx, const float *x, const float *
   if (null) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: %s is NULL", fn, null);
   tg_status st = check_shape(ctx, fn, "x", rows, dim);
   if (st != TG_OK) return st;
+  /* Not in place, not even exactly: the row op (rms_dx_row) takes x, dy and
+   * dx as restrict pointers. */
+  const tg_buf bufs[] = {tg_in("x", x, f32_bytes(rows, dim)), tg_in("w", w, f32_bytes(1, dim)),
+                         tg_in("dy", dy, f32_bytes(rows, dim)), tg_in("r", r, f32_bytes(rows, 1)),
+                         tg_out("dx", dx, f32_bytes(rows, dim))};
+  if ((st = tg_check_alias(ctx, fn, bufs, TG_LEN(bufs)))) return st;
   const dx_args a = {x, w, dy, r, dx, rows, dim, tg_rows_per_block(dim), ctx->ops};
   return tg_dispatch(ctx, (a.rows + a.rpg - 1) / a.rpg, 1, 1, 0, dx_group, &a);
 }
@@ -224,6 +244,9 @@ tg_status tg_rms_norm_backward_dw_f32(tg_ctx *ctx, const float *x, const float *
   if (null) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: %s is NULL", fn, null);
   tg_status st = check_shape(ctx, fn, "x", rows, dim);
   if (st != TG_OK) return st;
+  const tg_buf bufs[] = {tg_in("x", x, f32_bytes(rows, dim)), tg_in("dy", dy, f32_bytes(rows, dim)),
+                         tg_in("r", r, f32_bytes(rows, 1)), tg_out("dw", dw, f32_bytes(1, dim))};
+  if ((st = tg_check_alias(ctx, fn, bufs, TG_LEN(bufs)))) return st;
   /* Row blocks fixed by `rows` alone (never by the thread count), so dw is
    * bitwise identical for any thread count, in both modes: about one block
    * per DW_MIN_ROWS rows, at most DW_SPLIT_MAX_BLOCKS (the partials, at most
@@ -232,14 +255,14 @@ tg_status tg_rms_norm_backward_dw_f32(tg_ctx *ctx, const float *x, const float *
   const int64_t rpb = ((int64_t)rows + nblocks - 1) / nblocks;
   nblocks = ((int64_t)rows + rpb - 1) / rpb;
   dw_args a = {x, dy, r, dw, NULL, rows, dim, rpb, nblocks, ctx->ops};
-  a.partials = malloc((size_t)nblocks * dim * sizeof(float));
+  a.partials = tg_mem_alloc((size_t)nblocks * dim * sizeof(float), 64);
   if (!a.partials)
     return tg_fail(ctx, TG_ERR_NO_MEMORY, "%s: cannot allocate %lld x %u floats of dw partials",
                    fn, (long long)nblocks, dim);
   st = tg_dispatch(ctx, nblocks, 1, 1, 0, dw_rows_group, &a);
   if (st == TG_OK)
     st = tg_dispatch(ctx, (a.dim + COL_BLOCK - 1) / COL_BLOCK, 1, 1, 0, dw_cols_group, &a);
-  free(a.partials);
+  tg_mem_free(a.partials);
   return st;
 }
 
@@ -306,6 +329,15 @@ tg_status tg_rms_norm_backward(tg_ctx *ctx, const float *input, const float *wei
   tg_status st = check_shape(ctx, fn, "input", n_groups, dim);
   if (st == TG_OK) st = check_eps(ctx, fn, eps);
   if (st != TG_OK) return st;
+  /* Not in place, not even exactly: the row op (rms_bwd_row) takes input,
+   * grad_out and grad_input as restrict pointers; grad_weight accumulates
+   * while the rows are read. */
+  const tg_buf bufs[] = {tg_in("input", input, f32_bytes(n_groups, dim)),
+                         tg_in("weight", weight, f32_bytes(1, dim)),
+                         tg_in("grad_out", grad_out, f32_bytes(n_groups, dim)),
+                         tg_out("grad_input", grad_input, f32_bytes(n_groups, dim)),
+                         tg_out("grad_weight", grad_weight, f32_bytes(1, dim))};
+  if ((st = tg_check_alias(ctx, fn, bufs, TG_LEN(bufs)))) return st;
 
   /* Blocks of rpb consecutive rows (the last may be shorter): about one per
    * DW_MIN_ROWS rows, at most max_blocks. Deterministic: max_blocks =
@@ -326,7 +358,7 @@ tg_status tg_rms_norm_backward(tg_ctx *ctx, const float *input, const float *wei
     return tg_dispatch(ctx, nblocks, 1, 1, (size_t)dim * sizeof(float), fused_group, &a);
 
   /* nblocks * dim <= 256 * dim floats, at most the size of the input. */
-  a.partials = malloc((size_t)nblocks * dim * sizeof(float));
+  a.partials = tg_mem_alloc((size_t)nblocks * dim * sizeof(float), 64);
   if (!a.partials)
     return tg_fail(ctx, TG_ERR_NO_MEMORY,
                    "%s: cannot allocate %lld x %u floats of grad_weight partials", fn,
@@ -335,6 +367,6 @@ tg_status tg_rms_norm_backward(tg_ctx *ctx, const float *input, const float *wei
   if (st == TG_OK)
     st = tg_dispatch(ctx, (a.dim + COL_BLOCK - 1) / COL_BLOCK, 1, 1, 0,
                      fused_reduce_group, &a);
-  free(a.partials);
+  tg_mem_free(a.partials);
   return st;
 }

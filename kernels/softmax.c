@@ -49,6 +49,13 @@ tg_status tg_softmax_backward(tg_ctx *ctx, const float *sm, const float *grad_ou
   tg_status st =
       tg_shape_count(ctx, name, sizeof(float), &n, 2, (int64_t)n_rows, (int64_t)row_len);
   if (st != TG_OK) return st;
+  /* grad_in may be grad_out itself (the usual in-place backward): a row's
+   * dot reads the whole row before any of it is written, element j is then
+   * written after its own read, and no other work item reads the row. */
+  const int64_t bytes = n * (int64_t)sizeof(float);
+  const tg_buf bufs[] = {tg_in("sm", sm, bytes), tg_in("grad_out", grad_out, bytes),
+                         tg_out_in_place("grad_in", grad_in, bytes, "grad_out")};
+  if ((st = tg_check_alias(ctx, fn, bufs, TG_LEN(bufs)))) return st;
   const int64_t rpg = tg_rows_per_block(row_len);
   const softmax_bwd_args a = {sm, grad_out, grad_in, n_rows, row_len, rpg, ctx->ops};
   return tg_dispatch(ctx, (a.rows + rpg - 1) / rpg, 1, 1, 0, softmax_bwd_group, &a);

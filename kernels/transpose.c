@@ -66,6 +66,10 @@ tg_status tg_transpose_2d(tg_ctx *ctx, const float *input, float *output, uint32
                                 NULL, 2, (int64_t)rows, (int64_t)cols);
   if (st) return st;
   const int64_t bytes = (int64_t)rows * cols * (int64_t)sizeof(float);
+  /* Not in place: a tile's output rows land on input rows that other tiles
+   * (other threads) still read. */
+  const tg_buf bufs[] = {tg_in("input", input, bytes), tg_out("output", output, bytes)};
+  if ((st = tg_check_alias(ctx, fn, bufs, TG_LEN(bufs)))) return st;
   const tr_args a = {input, output, rows, cols, bytes >= TG_STREAM_BYTES, ctx->ops};
   const int64_t tile_rows = ((int64_t)rows + TR_TILE - 1) / TR_TILE;
   const int64_t stripes = ((int64_t)cols + TR_TILE * TR_STRIPE - 1) / (TR_TILE * TR_STRIPE);

@@ -25,8 +25,9 @@
  *
  * The problems (inputs, scores, the forward's O and L with their bounds, and
  * the dQ, dK, dV sums) come from tests/common/attn_problem.c, shared with
- * tests/train/test_attn_roundtrip.c; bwd_row below is what is particular to
- * this suite: the backward is handed the reference's L and D_vec.
+ * tests/train/test_attn_roundtrip.c; what is particular to this suite is the
+ * row function attn_bwd_row (there too): the backward is handed the
+ * reference's L and D_vec.
  */
 #include <math.h>
 #include <stdio.h>
@@ -34,45 +35,11 @@
 #include <string.h>
 
 #include "attn_problem.h"
-
-/* One row of the backward's inputs and reference. The kernel is handed L
- * rounded to f32 and D_vec = O.dO with O = P V (P from that L) rounded to
- * bf16 as the forward would store it, so neither carries an error of its own;
- * P and dS get the bounds above. */
-static void bwd_row(attn_problem *pb, const attn_row *r) {
-  const tg_attn_params *p = &pb->p;
-  const int64_t D = p->D, kL = p->kL;
-  const attn_key *key = r->key;
-  const float L = (float)pb->Lr[r->row];
-  pb->L[r->row] = L;
-  for (int64_t k = 0; k < kL; k++) {
-    r->P[k] = (key[k].vis && L != -INFINITY) ? exp(key[k].s - (double)L) : 0;
-    r->Pe[k] = r->P[k] * (key[k].err + U * fabs(key[k].s - L) + 2 * U);
-  }
-  double Dv = 0;
-  for (int64_t d = 0; d < D; d++) {
-    double O = 0;
-    for (int64_t k = 0; k < kL; k++)
-      O += r->P[k] * attn_bf(pb->V[attn_off3(p->V_strides, r->b, r->hk, k) + d]);
-    Dv += attn_bf(tg_f32_to_bf16((float)O)) * attn_bf(r->dO[d]);
-  }
-  pb->Dv[r->row] = (float)Dv;
-  for (int64_t k = 0; k < kL; k++) {
-    if (r->P[k] == 0) continue; /* no term */
-    const tg_bf16 *Vk = pb->V + attn_off3(p->V_strides, r->b, r->hk, k);
-    double adP;
-    const double diff = attn_dot(r->dO, Vk, D, &adP) - pb->Dv[r->row];
-    const double sc = p->softcapping != 1.0f ? 1 - key[k].t * key[k].t : 1;
-    r->dS[k] = p->scale * r->P[k] * diff * sc;
-    r->dSe[k] = fabs(p->scale) * (r->Pe[k] * fabs(diff) +
-                                  r->P[k] * (gam(D) * adP + U * fabs(diff))) +
-                8 * U * fabs(r->dS[k]);
-  }
-}
+#include "refs.h"
 
 /* Masks: 20 % -inf entries, the others in [-3, 1); every third row all -inf. */
 static const attn_suite suite = {.mask_ninf = 0.2, .mask_lo = -3, .mask_row0 = 0,
-                                 .mask_step = 3, .ref_inputs = 1, .row = bwd_row};
+                                 .mask_step = 3, .ref_inputs = 1, .row = attn_bwd_row};
 
 static tg_status run_bwd(tg_ctx *ctx, const attn_problem *pb, attn_outputs *o) {
   tu_poison_f32(o->dQ, pb->nQ);
@@ -451,16 +418,7 @@ static void test_compute_d(void **state) {
     tu_fill_bf16(&r, O, rows * D, -3, 3);
     tu_fill_bf16(&r, dO, rows * D, -3, 3);
     double *want = tu_alloc(sizeof(double) * rows), *bound = tu_alloc(sizeof(double) * rows);
-    for (int64_t i = 0; i < rows; i++) {
-      double s = 0, a = 0;
-      for (int64_t d = 0; d < D; d++) {
-        double x = (double)tg_bf16_to_f32(O[i * D + d]) * tg_bf16_to_f32(dO[i * D + d]);
-        s += x;
-        a += fabs(x);
-      }
-      want[i] = s;
-      bound[i] = gam(D) * a; /* products of bf16 are exact in f32 */
-    }
+    ref_compute_d(O, dO, rows, D, want, bound); /* gamma(D) sum |O dO| */
     float *got = tu_alloc(sizeof(float) * rows);
     for (int ii = 0; ii < nisa; ii++)
       for (int ti = 0; ti < tu_n_thread_counts; ti++) {
@@ -507,27 +465,7 @@ static void test_compute_d_bad_input(void **state) {
   tg_ctx_destroy(ctx);
 }
 
-/* --- kernel 3: f32 -> bf16 ---------------------------------------------------------- */
-/* Independent reference: the nearest of the two bf16 neighbours, compared in
- * f64; ties to the even mantissa. */
-static uint16_t ref_bf16(float x) {
-  if (isnan(x)) return 0x7FC0;
-  uint32_t u;
-  memcpy(&u, &x, 4);
-  const uint16_t lo = (uint16_t)(u >> 16), hi = (uint16_t)(lo + 1);
-  if ((u & 0xFFFF) == 0) return lo;
-  const double dlo = fabs((double)x - tg_bf16_to_f32(lo));
-  const double dhi = fabs((double)tg_bf16_to_f32(hi) - x); /* hi may be inf */
-  if ((lo & 0x7F80) == 0x7F00 && (lo & 0x7F) == 0x7F) { /* next is inf */
-    /* halfway point to 2^128 decides overflow, as IEEE rounding does */
-    const double half = ldexp(1.0, 128) - ldexp(1.0, 127 - 8);
-    return fabs((double)x) >= half ? (uint16_t)((lo & 0x8000) | 0x7F80) : lo;
-  }
-  if (dlo < dhi) return lo;
-  if (dhi < dlo) return hi;
-  return (lo & 1) ? hi : lo;
-}
-
+/* --- kernel 3: f32 -> bf16 (against ref_bf16, tests/common/refs.c) ---------------- */
 static void test_cast(void **state) {
   const uint32_t specials[] = {
       0x00000000, 0x80000000, 0x3F800000, 0x3F808000 /* tie -> even */, 0x3F818000,

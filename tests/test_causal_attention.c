@@ -2,8 +2,10 @@
  * scale 1/sqrt(D), causal, softmax recomputed from Q and K; grad_Q writes,
  * grad_K / grad_V accumulate.
  *
- * Reference: f64, written from the equations, per (position i, head h):
- *   s_j = scale q.k_j, P = softmax(s), dP_j = dO.v_j, delta = sum_j P_j dP_j,
+ * Reference: f64, written from the equations (tests/common/refs.c, shared
+ * with tests/test_nan_inputs.c), per (position i, head h):
+ *   s_j = scale q.k_j, P = softmax(s), dP_j = dO.v_j, delta = dO.O (O = sum_j P_j v_j,
+ *   so delta = sum_j P_j dP_j),
  *   dS_j = P_j (dP_j - delta), dQ = scale sum_j dS_j k_j,
  *   dK_j += scale dS_j q, dV_j += P_j dO.
  *
@@ -56,9 +58,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "refs.h"
 #include "testutil.h"
-
-static const double U = 0x1p-24;
 
 typedef struct {
   uint32_t S, H, Hkv, D;
@@ -71,101 +72,8 @@ typedef struct {
 } ca_data;
 
 static void reference(const ca_case *c, ca_data *t) {
-  const int64_t S = c->S, H = c->H, Hkv = c->Hkv, D = c->D, hpk = H / Hkv;
-  const int64_t ldq = H * D, ldk = Hkv * D, nq = S * ldq, nk = S * ldk;
-  const double scale = 1.0 / sqrt((double)D);
-  double *s = tu_alloc(S * sizeof(double)), *P = tu_alloc(S * sizeof(double));
-  double *dP = tu_alloc(S * sizeof(double)), *dS = tu_alloc(S * sizeof(double));
-  double *eds = tu_alloc(S * sizeof(double)), *A = tu_alloc(S * sizeof(double));
-  double *edp = tu_alloc(S * sizeof(double));
-  /* dK/dV: value, sum of |terms| (prefill included), propagated error */
-  double *magK = tu_alloc(nk * sizeof(double)), *propK = tu_alloc(nk * sizeof(double));
-  double *magV = tu_alloc(nk * sizeof(double)), *propV = tu_alloc(nk * sizeof(double));
-  for (int64_t e = 0; e < nk; e++) {
-    t->wK[e] = t->preK[e];
-    t->wV[e] = t->preV[e];
-    magK[e] = fabs(t->preK[e]);
-    magV[e] = fabs(t->preV[e]);
-    propK[e] = propV[e] = 0.0;
-  }
-  for (int64_t i = 0; i < S; i++)
-    for (int64_t h = 0; h < H; h++) {
-      const int64_t g = h / hpk, n = i + 1;
-      const float *q = t->Q + i * ldq + h * D, *dO = t->dO + i * ldq + h * D;
-      double m = -INFINITY, Es = 0;
-      for (int64_t j = 0; j < n; j++) {
-        const float *k = t->K + j * ldk + g * D;
-        double acc = 0, mag = 0;
-        for (int64_t d = 0; d < D; d++) {
-          acc += (double)q[d] * k[d];
-          mag += fabs((double)q[d] * k[d]);
-        }
-        s[j] = scale * acc;
-        A[j] = scale * mag;
-        m = s[j] > m ? s[j] : m;
-        const double es = (D + 2) * U * A[j];
-        Es = es > Es ? es : Es;
-      }
-      double Z = 0, R = 0;
-      for (int64_t j = 0; j < n; j++) {
-        Z += exp(s[j] - m);
-        R = m - s[j] > R ? m - s[j] : R;
-      }
-      const double T = ceil(n / 16.0), Lse = m + log(Z);
-      const double rho = 2 * Es + (3 * R + n + 5 * T + 8 + 3 * log((double)n) + fabs(Lse)) * U;
-      double delta = 0, sum_pm = 0;
-      for (int64_t j = 0; j < n; j++) {
-        const float *v = t->V + j * ldk + g * D;
-        double acc = 0, mag = 0;
-        for (int64_t d = 0; d < D; d++) {
-          acc += (double)dO[d] * v[d];
-          mag += fabs((double)dO[d] * v[d]);
-        }
-        P[j] = exp(s[j] - m) / Z;
-        dP[j] = acc;
-        edp[j] = (D + 1) * U * mag;
-        delta += P[j] * dP[j];
-        sum_pm += P[j] * mag;
-      }
-      const double edelta = (rho + (n + T + D + 2) * U) * sum_pm;
-      for (int64_t j = 0; j < n; j++) {
-        dS[j] = P[j] * (dP[j] - delta);
-        eds[j] = rho * P[j] * fabs(dP[j] - delta) + P[j] * (edp[j] + edelta) +
-                 3 * U * P[j] * (fabs(dP[j]) + fabs(delta));
-      }
-      /* dQ[i,h,:] */
-      for (int64_t d = 0; d < D; d++) {
-        double acc = 0, mag = 0, prop = 0;
-        for (int64_t j = 0; j < n; j++) {
-          const double kd = t->K[j * ldk + g * D + d];
-          acc += dS[j] * kd;
-          mag += fabs(dS[j] * kd);
-          prop += eds[j] * fabs(kd);
-        }
-        t->wQ[i * ldq + h * D + d] = scale * acc;
-        t->bQ[i * ldq + h * D + d] = 2.0 * (scale * prop + (n + 3) * U * scale * mag);
-      }
-      /* dK[j,g,:], dV[j,g,:] */
-      for (int64_t j = 0; j < n; j++)
-        for (int64_t d = 0; d < D; d++) {
-          const int64_t e = j * ldk + g * D + d;
-          t->wK[e] += scale * dS[j] * q[d];
-          magK[e] += scale * fabs(dS[j] * q[d]);
-          propK[e] += scale * eds[j] * fabs(q[d]);
-          t->wV[e] += P[j] * dO[d];
-          magV[e] += P[j] * fabs(dO[d]);
-          propV[e] += rho * P[j] * fabs(dO[d]);
-        }
-    }
-  for (int64_t j = 0; j < S; j++)
-    for (int64_t e = j * ldk; e < (j + 1) * ldk; e++) {
-      const double N = (double)(S - j) * hpk; /* contributions to key row j */
-      t->bK[e] = 2.0 * (propK[e] + (N + 3) * U * magK[e]);
-      t->bV[e] = 2.0 * (propV[e] + (N + 2) * U * magV[e]);
-    }
-  (void)nq;
-  free(s); free(P); free(dP); free(dS); free(eds); free(A); free(edp);
-  free(magK); free(propK); free(magV); free(propV);
+  ref_causal_attention_backward(t->dO, t->Q, t->K, t->V, t->preK, t->preV, c->S, c->H, c->Hkv,
+                                c->D, 0, t->wQ, t->bQ, t->wK, t->bK, t->wV, t->bV);
 }
 
 static void make_data(const ca_case *c, uint64_t k, ca_data *t) {

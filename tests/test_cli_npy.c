@@ -13,6 +13,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "testutil.h"
 
@@ -109,7 +110,10 @@ static void test_round_trip_all_dtypes_and_ndims(void **state) {
 
 static void test_round_trip_through_a_file(void **state) {
   (void)state;
-  const char *path = "test_cli_npy_roundtrip.npy";
+  /* one file per process: ctest -j runs this suite once per ISA at once,
+   * in the same directory */
+  char path[64];
+  snprintf(path, sizeof path, "test_cli_npy_roundtrip.%ld.npy", (long)getpid());
   const int64_t shape[2] = {3, 4};
   npy_array a, b;
   char err[NPY_ERR_LEN];

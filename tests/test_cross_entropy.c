@@ -4,8 +4,9 @@
  *   loss_out[0] += sum_t loss_t / count                           (accumulates)
  * pad positions: grad row 0 (exactly).
  *
- * Reference: f64 from those formulas (not from kernel code), with a running
- * error bound per element (u = 2^-24):
+ * Reference: f64 from those formulas (not from kernel code; tests/common/
+ * refs.c, shared with tests/test_nan_inputs.c), with a running error bound
+ * per element (u = 2^-24):
  *   - inputs exact; max is exact;
  *   - an f32 op on values within e of the exact v rounds once: e' = (propagated
  *     e) + u*(|v| + e) + 2^-150 (subnormal underflow);
@@ -28,33 +29,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "errbound.h"
+#include "refs.h"
 #include "testutil.h"
 
 static const double U = 0x1p-24;
-
-/* --- reference ---------------------------------------------------------------
- * grad want/bound for every element; returns loss_t (+inf for a -inf target).
- * Rows whose logits are all -inf are not handled here (see the edge test). */
-static eb ref_row(const float *l, int64_t V, uint32_t y, uint32_t count, double *g,
-                  double *g_e) {
-  float m = -INFINITY;
-  for (int64_t j = 0; j < V; j++) m = l[j] > m ? l[j] : m;
-  eb_sum s = {0};
-  for (int64_t j = 0; j < V; j++)
-    eb_sum_add(&s, l[j] == -INFINITY ? (eb){0, 0} : eb_exp(eb_sub(eb_in(l[j]), eb_in(m))));
-  const eb S = eb_sum_get(&s);
-  const eb inv_S = eb_div(eb_in(1.0f), S);
-  const eb inv_count = eb_div(eb_in(1.0f), eb_in((float)count));
-  for (int64_t j = 0; j < V; j++) {
-    const eb e = l[j] == -INFINITY ? (eb){0, 0} : eb_exp(eb_sub(eb_in(l[j]), eb_in(m)));
-    const eb gj = eb_mul(eb_sub(eb_mul(e, inv_S), eb_in(j == y ? 1.0f : 0.0f)), inv_count);
-    g[j] = gj.v;
-    g_e[j] = gj.e;
-  }
-  if (l[y] == -INFINITY) return (eb){INFINITY, 0};
-  return eb_sub(eb_log(S), eb_sub(eb_in(l[y]), eb_in(m)));
-}
 
 enum { FILL_PLAIN, FILL_HUGE, FILL_NEGINF, FILL_NEGINF_TARGET };
 
@@ -92,20 +70,8 @@ static void check_case(uint32_t n_pos, uint32_t V, int fill, uint64_t k) {
   if (count == 0) count = 1;
 
   const float prefill = (float)tu_uniform(&rng, 0.5, 3.0);
-  eb_sum loss = {0};
-  eb_sum_add(&loss, eb_in(prefill));
-  int inf_loss = 0;
-  for (uint32_t t = 0; t < n_pos; t++) {
-    const int64_t o = (int64_t)t * V;
-    if (targets[t] == pad_id) {
-      for (int64_t j = 0; j < V; j++) want[o + j] = bound[o + j] = 0;
-      continue;
-    }
-    const eb lt = ref_row(logits + o, V, targets[t], count, want + o, bound + o);
-    if (isinf(lt.v)) inf_loss = 1;
-    else eb_sum_add(&loss, eb_div(lt, eb_in((float)count)));
-  }
-  const eb lw = eb_sum_get(&loss);
+  double lw, lw_e; /* a -inf target makes it +inf */
+  ref_cross_entropy(logits, targets, n_pos, V, pad_id, count, prefill, want, bound, &lw, &lw_e);
 
   tg_isa isas[4];
   const int n_isas = tu_isas(isas);
@@ -125,9 +91,9 @@ static void check_case(uint32_t n_pos, uint32_t V, int fill, uint64_t k) {
                  n_pos, V, fill, pad_id, count, tu_thread_counts[ti],
                  tg_isa_name(isas[ii]), det);
         if (!tu_check_bound("grad", grad, want, bound, n)) TU_FAIL("grad %s", what);
-        if (inf_loss) {
+        if (isinf(lw)) {
           if (!(isinf(got) && got > 0)) TU_FAIL("loss %s: got %g, want +inf", what, got);
-        } else if (!tu_check_bound("loss", &got, &lw.v, &lw.e, 1)) {
+        } else if (!tu_check_bound("loss", &got, &lw, &lw_e, 1)) {
           TU_FAIL("loss %s", what);
         }
         tg_ctx_destroy(ctx);

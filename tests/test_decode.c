@@ -34,19 +34,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "refs.h"
 #include "testutil.h"
 
-static const double U = 0x1p-24;
-
-/* The contract's D1 sign table (KERNELS.md section 11). */
-static const uint8_t want_signs[64] = {
-    0xa7, 0x3b, 0x91, 0xf4, 0x6d, 0xc2, 0x58, 0x0e, 0xb3, 0x7f, 0x24, 0xd6, 0x89,
-    0x45, 0xea, 0x1c, 0x63, 0xaf, 0xd8, 0x52, 0x97, 0x0b, 0xe1, 0x3d, 0x76, 0xc4,
-    0x19, 0xfe, 0x4a, 0x85, 0x2c, 0xdb, 0xd3, 0x4e, 0xa8, 0x17, 0x9c, 0x5b, 0xe6,
-    0x31, 0x72, 0xb9, 0x0d, 0xf5, 0x43, 0x8a, 0x6e, 0xc7, 0x58, 0x2f, 0x94, 0xe1,
-    0xb6, 0x3d, 0x0a, 0x7c, 0xc5, 0x61, 0xd8, 0x4f, 0xa3, 0x97, 0x1e, 0x85};
-
-static int sign_bit(int64_t j) { return (want_signs[j >> 3] >> (j & 7)) & 1; }
+/* The contract's D1 sign table (KERNELS.md section 11): ref_tq_d1_signs. */
+static const uint8_t *const want_signs = ref_tq_d1_signs;
 
 /* --- a small SHA-256 (FIPS 180-4) -------------------------------------------- */
 static uint32_t ror32(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
@@ -136,12 +128,7 @@ static void test_sign_table(void **state) {
   tg_ctx_destroy(ctx);
 }
 
-/* --- FWHT + sign against the O(D^2) Hadamard matrix ---------------------------- */
-static int popcount64(uint64_t x) {
-  int n = 0;
-  for (; x; x &= x - 1) n++;
-  return n;
-}
+/* --- FWHT + sign against the O(D^2) Hadamard matrix (ref_fwht_sign_undo) ------- */
 
 static void test_fwht_sign_undo(void **state) {
   const uint32_t shapes[][2] = {{1, 256}, {3, 256}, {1, 512}, {4, 512}};
@@ -157,20 +144,7 @@ static void test_fwht_sign_undo(void **state) {
     tu_fill_f32(&rng, x, n, -1.0, 1.0);
     if (nh > 1) /* a row of wide dynamic range */
       for (uint32_t i = 0; i < D; i++) x[D + i] *= (float)ldexp(1.0, tu_int(&rng, -20, 20));
-    int logd = 0;
-    while ((1u << logd) < D) logd++;
-    for (uint32_t h = 0; h < nh; h++) {
-      const float *xr = x + (int64_t)h * D;
-      double sumabs = 0;
-      for (uint32_t i = 0; i < D; i++) sumabs += fabs(xr[i]);
-      for (uint32_t j = 0; j < D; j++) {
-        double acc = 0;
-        for (uint32_t i = 0; i < D; i++) acc += (popcount64(i & j) & 1 ? -1.0 : 1.0) * xr[i];
-        acc /= sqrt((double)D);
-        want[(int64_t)h * D + j] = sign_bit(j) ? -acc : acc;
-        bound[(int64_t)h * D + j] = 2.0 * (logd + 2) * U * sumabs / sqrt((double)D);
-      }
-    }
+    ref_fwht_sign_undo(x, nh, D, want, bound);
     for (int ti = 0; ti < tu_n_thread_counts; ti++)
       for (int ii = 0; ii < n_isas; ii++) {
         tg_ctx *ctx = tu_ctx(tu_thread_counts[ti], isas[ii]);
@@ -196,7 +170,8 @@ typedef struct {
 } red_case;
 
 /* Builds htmp for c and the f64 softmax-attention reference over all keys
- * of each row (want, [nrows, DV]) with the bound described at the top. */
+ * of each row (want, [nrows, DV]) with the bound described at the top
+ * (ref_vec_reduce computes it from htmp). */
 static float *build_htmp(const red_case *c, tu_rng *rng, double *want, double *bound) {
   const int64_t DV = c->DV, nwg = c->nwg, nrows = c->nrows;
   const int64_t n_part = nrows * DV * nwg;
@@ -247,38 +222,24 @@ static float *build_htmp(const red_case *c, tu_rng *rng, double *want, double *b
       k0 += len[w];
     }
 
-    /* reference: softmax attention over all L keys at once */
+    /* reference: softmax attention over all L keys at once (0 for none) */
     double smax = -INFINITY, Z = 0;
     for (int64_t k = 0; k < L; k++) smax = s[k] > smax ? s[k] : smax;
     for (int64_t k = 0; k < L; k++) Z += exp(s[k] - smax);
-    /* bound terms from the f32 htmp */
-    double Mg = -INFINITY, X = 0, St = 0;
-    for (int64_t w = 0; w < nwg; w++) Mg = SM[2 * w + 1] > Mg ? SM[2 * w + 1] : Mg;
-    for (int64_t w = 0; w < nwg; w++)
-      if (SM[2 * w + 1] != -INFINITY) {
-        X = Mg - SM[2 * w + 1] > X ? Mg - SM[2 * w + 1] : X;
-        St += SM[2 * w] * exp(SM[2 * w + 1] - Mg);
-      }
     for (int64_t d = 0; d < DV; d++) {
-      if (L == 0) { /* St == 0: the contract's 0, exactly */
-        want[r * DV + d] = 0.0;
-        bound[r * DV + d] = 0.0;
-        continue;
-      }
-      double o = 0, N = 0;
+      double o = 0;
       for (int64_t k = 0; k < L; k++) o += exp(s[k] - smax) * V[k * DV + d];
-      o /= Z;
-      for (int64_t w = 0; w < nwg; w++)
-        if (SM[2 * w + 1] != -INFINITY)
-          N += fabs(htmp[((r * (DV / 4) + d / 4) * nwg + w) * 4 + d % 4]) *
-               exp(SM[2 * w + 1] - Mg);
-      want[r * DV + d] = o;
-      bound[r * DV + d] = 2.0 * ((double)nwg + 5.0 + X) * U * (N / St + fabs(o));
+      want[r * DV + d] = L ? o / Z : 0.0;
     }
     free(s);
     free(V);
     free(len);
   }
+  /* the bound, from the f32 htmp (its value, the reduce formula's, agrees
+   * with the softmax within the bound) */
+  double *reduced = tu_alloc(nrows * DV * sizeof(double));
+  ref_vec_reduce(htmp, c->nrows, c->DV, c->nwg, reduced, bound);
+  free(reduced);
   return htmp;
 }
 

@@ -6,16 +6,15 @@
  *   |got - exact| <= gamma_n * (|prefill| + sum |grad_out[t, d]|),
  *   gamma_n = n*u / (1 - n*u),  u = 2^-24.
  * We allow 2*n*u*sum|terms| (the factor 2 covers the 1/(1 - n*u) term for every
- * n used here and the f64 reference's own rounding). Rows no token hits have
- * n = 0: they must come back bit for bit. */
+ * n used here and the f64 reference's own rounding; tests/common/refs.c).
+ * Rows no token hits have n = 0: they must come back bit for bit. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "refs.h"
 #include "testutil.h"
-
-static const double U = 0x1p-24;
 
 typedef enum { IDS_UNIFORM, IDS_SMALL_SET, IDS_ALL_SAME, IDS_SKEWED } id_mode;
 
@@ -47,8 +46,6 @@ static void run_case(const emb_case *c, uint64_t k) {
   float *gw = tu_alloc(nw * sizeof(float));
   double *want = tu_alloc(nw * sizeof(double));
   double *bound = tu_alloc(nw * sizeof(double));
-  double *sumabs = tu_alloc(nw * sizeof(double));
-  int64_t *cnt = tu_alloc(c->vocab * sizeof(int64_t));
   tu_fill_f32(&rng, g, ng, -1.0, 1.0);
   make_ids(&rng, ids, c);
   /* non-zero prefill of mixed sign and magnitude */
@@ -56,24 +53,7 @@ static void run_case(const emb_case *c, uint64_t k) {
     double v = tu_uniform(&rng, 0.5, 4.0);
     pre[i] = (float)(tu_next(&rng) & 1 ? v : -v);
   }
-
-  /* f64 reference */
-  for (int64_t i = 0; i < nw; i++) {
-    want[i] = pre[i];
-    sumabs[i] = fabs(pre[i]);
-  }
-  memset(cnt, 0, c->vocab * sizeof(int64_t));
-  for (int64_t t = 0; t < c->seq; t++) {
-    const int64_t v = ids[t];
-    cnt[v]++;
-    for (int64_t d = 0; d < c->dim; d++) {
-      want[v * c->dim + d] += g[t * c->dim + d];
-      sumabs[v * c->dim + d] += fabs(g[t * c->dim + d]);
-    }
-  }
-  for (int64_t v = 0; v < c->vocab; v++)
-    for (int64_t d = 0; d < c->dim; d++)
-      bound[v * c->dim + d] = 2.0 * (double)cnt[v] * U * sumabs[v * c->dim + d];
+  ref_embedding_backward(g, ids, pre, c->vocab, c->seq, c->dim, want, bound);
 
   tg_isa isas[4];
   const int n_isas = tu_isas(isas);
@@ -99,8 +79,6 @@ static void run_case(const emb_case *c, uint64_t k) {
   free(gw);
   free(want);
   free(bound);
-  free(sumabs);
-  free(cnt);
 }
 
 static void test_embedding_values(void **state) {

@@ -1,17 +1,16 @@
 /*
  * Hardening checks that cut across kernels (issue 6):
  *
- *  1. TG_ERR_NO_MEMORY. This executable interposes malloc / calloc /
- *     aligned_alloc / posix_memalign / realloc (ELF symbol interposition: the
- *     executable's definitions win over libc's for every DSO, libtilegrad.so
- *     included; each forwards to the next definition, libc's or libasan's).
- *     Only allocations whose caller lies inside libtilegrad.so are counted, so
- *     OpenMP's and libc's own allocations never fail. For every entry point,
+ *  1. TG_ERR_NO_MEMORY. Every allocation of libtilegrad goes through one
+ *     function (engine/mem.c), and the test hook of include/tilegrad_testing.h
+ *     makes its k-th call from now on return NULL. For every entry point,
  *     allocation k = 0, 1, 2, ... of the call is made to fail, on a fresh
  *     context each time, until the call makes no more allocations; every
- *     injected failure must give TG_ERR_NO_MEMORY, a message, and every output
- *     byte (accumulating outputs included) unchanged. Then the same context
- *     must succeed. No library change is needed.
+ *     injected failure must give TG_ERR_NO_MEMORY, a message, every output
+ *     byte (accumulating outputs included) unchanged, and no allocation after
+ *     the failed one (the hook's count). Then the same context must succeed.
+ *     Runs under the sanitizers too (ASan checks that nothing leaks on the
+ *     failure paths).
  *  2. Refused calls that the per-kernel suites do not cover: the attention
  *     forward's full params table (the backward's exists in test_attention.c)
  *     for both entry points in both modes (the backward on both dK/dV
@@ -26,10 +25,6 @@
  *     deterministic mode, bitwise identical across 1/2/3/5/5/7 threads (5
  *     twice: across runs), on every ISA.
  */
-#define _GNU_SOURCE
-#include <dlfcn.h>
-#include <errno.h>
-#include <link.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,141 +32,7 @@
 
 #include "bf16.h"
 #include "testutil.h"
-
-/* ------------------------------------------------------------------------------
- * 1. allocation-failure injection
- *
- * A sanitizer runtime linked statically into the executable (clang's ASan,
- * TSan, MSan) owns malloc itself, and forwarding past it would hand the
- * sanitizer libc's blocks: there the interposer is compiled out and the test
- * skips. gcc's sanitizers (TG_SANITIZE=ON) use the shared libasan, which is
- * the "next" definition we forward to.
- * ---------------------------------------------------------------------------- */
-#if defined(__SANITIZE_THREAD__)
-#define TH_NO_INTERPOSE 1
-#endif
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || \
-    __has_feature(memory_sanitizer)
-#define TH_NO_INTERPOSE 1
-#endif
-#endif
-
-#ifndef TH_NO_INTERPOSE
-static void *(*real_malloc)(size_t);
-static void *(*real_calloc)(size_t, size_t);
-static void *(*real_realloc)(void *, size_t);
-static void *(*real_aligned_alloc)(size_t, size_t);
-static int (*real_posix_memalign)(void **, size_t, size_t);
-static void (*real_free)(void *);
-
-/* dlsym may allocate while we resolve: serve that from a static arena that
- * free() recognises and ignores. */
-static _Alignas(64) char boot_arena[8192];
-static size_t boot_used;
-static int resolving;
-
-static void *boot_alloc(size_t n) {
-  n = (n + 63) & ~(size_t)63;
-  if (boot_used + n > sizeof boot_arena) return NULL;
-  void *p = boot_arena + boot_used;
-  boot_used += n;
-  return p;
-}
-
-static void resolve(void) {
-  if (real_free || resolving) return;
-  resolving = 1;
-  real_malloc = (void *(*)(size_t))dlsym(RTLD_NEXT, "malloc");
-  real_calloc = (void *(*)(size_t, size_t))dlsym(RTLD_NEXT, "calloc");
-  real_realloc = (void *(*)(void *, size_t))dlsym(RTLD_NEXT, "realloc");
-  real_aligned_alloc = (void *(*)(size_t, size_t))dlsym(RTLD_NEXT, "aligned_alloc");
-  real_posix_memalign = (int (*)(void **, size_t, size_t))dlsym(RTLD_NEXT, "posix_memalign");
-  real_free = (void (*)(void *))dlsym(RTLD_NEXT, "free");
-  resolving = 0;
-  if (!real_malloc || !real_calloc || !real_realloc || !real_aligned_alloc ||
-      !real_posix_memalign || !real_free)
-    abort();
-}
-
-/* [lib_lo, lib_hi): libtilegrad.so's loaded segments. */
-static uintptr_t lib_lo, lib_hi;
-static int find_lib(struct dl_phdr_info *info, size_t size, void *data) {
-  if (!info->dlpi_name || !strstr(info->dlpi_name, "libtilegrad")) return 0;
-  uintptr_t lo = UINTPTR_MAX, hi = 0;
-  for (int i = 0; i < info->dlpi_phnum; i++) {
-    const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
-    if (ph->p_type != PT_LOAD) continue;
-    const uintptr_t a = info->dlpi_addr + ph->p_vaddr;
-    if (a < lo) lo = a;
-    if (a + ph->p_memsz > hi) hi = a + ph->p_memsz;
-  }
-  lib_lo = lo, lib_hi = hi;
-  return 1;
-}
-
-static int inj_armed;   /* counting library allocations */
-static int inj_fail_at; /* this one (0-based) returns NULL */
-static int inj_count;   /* library allocations seen while armed */
-static int inj_failed;  /* a failure was injected */
-
-static int inject(void *ret) {
-  if (!__atomic_load_n(&inj_armed, __ATOMIC_RELAXED)) return 0;
-  const uintptr_t a = (uintptr_t)ret;
-  if (a < lib_lo || a >= lib_hi) return 0;
-  if (__atomic_fetch_add(&inj_count, 1, __ATOMIC_RELAXED) != inj_fail_at) return 0;
-  __atomic_store_n(&inj_failed, 1, __ATOMIC_RELAXED);
-  errno = ENOMEM;
-  return 1;
-}
-
-void *malloc(size_t n) {
-  if (inject(__builtin_return_address(0))) return NULL;
-  resolve();
-  if (resolving) return boot_alloc(n);
-  return real_malloc(n);
-}
-void *calloc(size_t n, size_t m) {
-  if (inject(__builtin_return_address(0))) return NULL;
-  resolve();
-  if (resolving) return boot_alloc(n * m); /* static arena: already zero */
-  return real_calloc(n, m);
-}
-void *realloc(void *p, size_t n) {
-  if (inject(__builtin_return_address(0))) return NULL;
-  resolve();
-  return real_realloc(p, n);
-}
-void *aligned_alloc(size_t align, size_t n) {
-  if (inject(__builtin_return_address(0))) return NULL;
-  resolve();
-  if (resolving) return boot_alloc(n);
-  return real_aligned_alloc(align, n);
-}
-int posix_memalign(void **out, size_t align, size_t n) {
-  if (inject(__builtin_return_address(0))) return ENOMEM;
-  resolve();
-  return real_posix_memalign(out, align, n);
-}
-void free(void *p) {
-  if ((char *)p >= boot_arena && (char *)p < boot_arena + sizeof boot_arena) return;
-  resolve();
-  real_free(p);
-}
-
-static int inj_setup(void) {
-  resolve();
-  if (!lib_hi) dl_iterate_phdr(find_lib, NULL);
-  return lib_hi != 0;
-}
-static void inj_arm(int fail_at) {
-  inj_fail_at = fail_at;
-  inj_count = 0;
-  inj_failed = 0;
-  __atomic_store_n(&inj_armed, 1, __ATOMIC_SEQ_CST);
-}
-static void inj_disarm(void) { __atomic_store_n(&inj_armed, 0, __ATOMIC_SEQ_CST); }
-#endif /* !TH_NO_INTERPOSE */
+#include "tilegrad_testing.h"
 
 /* An output buffer and its snapshot. */
 typedef struct {
@@ -200,7 +61,6 @@ static int same_all(const inj_case *c) {
   return 1;
 }
 
-#ifndef TH_NO_INTERPOSE
 /* Fails allocation 0, 1, 2, ... of the call; returns how many it failed. */
 static int run_injected(inj_case *c) {
   int k = 0;
@@ -209,14 +69,19 @@ static int run_injected(inj_case *c) {
     assert_int_equal(tg_ctx_set_deterministic(ctx, c->det), TG_OK);
     assert_int_equal(tg_ctx_set_attn_schedule(ctx, c->sched), TG_OK);
     snap_all(c);
-    inj_arm(k);
+    int failed;
+    tg_testing_alloc_arm(k);
     const tg_status st = c->call(ctx, c->env);
-    inj_disarm();
-    if (!inj_failed) {
+    const long long made = tg_testing_alloc_disarm(&failed);
+    if (!failed) { /* the call made k allocations, all served */
+      if (made != k)
+        TU_FAIL("%s: %lld allocations counted without a failure at %d", c->name, made, k);
       TU_EXPECT_STATUS(ctx, st, TG_OK);
       tg_ctx_destroy(ctx);
       break;
     }
+    if (made != k + 1) /* nothing is allocated after a failure */
+      TU_FAIL("%s: allocation %d failed, then %lld more were made", c->name, k, made - k - 1);
     if (st != TG_ERR_NO_MEMORY)
       TU_FAIL("%s (threads %d, det %d): allocation %d failed but status %d (%s), message '%s'",
               c->name, c->threads, c->det, k, (int)st, tg_status_str(st),
@@ -236,7 +101,6 @@ static int run_injected(inj_case *c) {
          c->name, c->threads, c->det, (int)c->sched, k);
   return k;
 }
-#endif
 
 /* --- the entry points' environments --------------------------------------------- */
 typedef struct {
@@ -381,30 +245,19 @@ static void free_case(inj_case *c) {
 }
 
 static void test_no_memory_every_entry_point(void **state) {
-#ifdef TH_NO_INTERPOSE
-  printf("[ SKIP     ] allocation interposer disabled under a static sanitizer runtime\n");
-  skip();
-#else
-  if (!inj_setup()) {
-    printf("[ SKIP     ] libtilegrad.so not found among the loaded objects\n");
-    skip();
-  }
   tu_rng r = tu_rng_make(tu_seed() + 70);
   int total = 0;
 
-  /* context creation: calloc fails -> TG_ERR_NO_MEMORY, *out = NULL */
+  /* context creation: its one allocation fails -> TG_ERR_NO_MEMORY, *out = NULL */
   tg_ctx *ctx = (tg_ctx *)&r;
-  inj_arm(0);
+  int failed;
+  tg_testing_alloc_arm(0);
   const tg_status cst = tg_ctx_create(&ctx);
-  inj_disarm();
-  if (inj_failed) {
-    assert_int_equal(cst, TG_ERR_NO_MEMORY);
-    assert_null(ctx);
-    total++;
-  } else {
-    assert_int_equal(cst, TG_OK);
-    tg_ctx_destroy(ctx);
-  }
+  tg_testing_alloc_disarm(&failed);
+  assert_true(failed);
+  assert_int_equal(cst, TG_ERR_NO_MEMORY);
+  assert_null(ctx);
+  total++;
 
   /* attention: kL = 520 is 9 key tiles, so the KV schedule splits each kv
    * head's keys into ranges and allocates dQ partials besides the scratch; the
@@ -484,7 +337,6 @@ static void test_no_memory_every_entry_point(void **state) {
    * allocate: the test must have injected a good number of failures */
   printf("  %d allocation failures injected in all\n", total);
   assert_true(total >= 10);
-#endif
 }
 
 /* ------------------------------------------------------------------------------

@@ -14,6 +14,7 @@
 
 #include "bf16.h"
 #include "micro.h"
+#include "philox.h"
 #include "reduce.h"
 #include "testutil.h"
 
@@ -226,8 +227,8 @@ static void test_conversions_and_dot(void **state) {
   free(a), free(b), free(back), free(f);
 }
 
-/* attn_score_row / attn_ds_row on ragged rows: visible prefix, mask with
- * -inf entries, the causal tail set to -inf. */
+/* attn_score_row / attn_ds_row on ragged rows: visible prefix, bf16 and f32
+ * masks with -inf entries, the causal tail set to -inf. */
 static void test_attention_rows(void **state) {
   const tg_micro_ops *tabs[5];
   const int nt = n_tables(tabs);
@@ -235,19 +236,27 @@ static void test_attention_rows(void **state) {
   enum { N = 77 };
   float s0[N], s[N], p[N], dp0[N], dp[N];
   tg_bf16 mask[N];
+  float mask_f32[N];
   tu_fill_f32(&r, s0, N, -8, 8);
   tu_fill_f32(&r, p, N, 0, 1);
   tu_fill_f32(&r, dp0, N, -2, 2);
   tu_fill_bf16(&r, mask, N, -3, 3);
+  tu_fill_f32(&r, mask_f32, N, -3, 3);
   mask[5] = mask[40] = 0xFF80; /* -inf */
+  mask_f32[7] = mask_f32[41] = -INFINITY;
   const float scale = 0.37f, shift = 1.25f, d = 0.3f;
   for (int t = 0; t < nt; t++) {
-    for (int with_mask = 0; with_mask < 2; with_mask++)
+    /* with_mask: 0 none, 1 bf16, 2 f32 */
+    for (int with_mask = 0; with_mask < 3; with_mask++)
       for (int64_t n_vis = -1; n_vis <= N + 1; n_vis += 13) {
         memcpy(s, s0, sizeof s);
-        tabs[t]->attn_score_row(s, N, n_vis, scale, with_mask ? mask : NULL, shift);
+        const void *m_row = with_mask == 1 ? (const void *)mask : mask_f32;
+        tabs[t]->attn_score_row(s, N, n_vis, scale, with_mask ? m_row : NULL,
+                                with_mask == 2 ? TG_DTYPE_F32 : TG_DTYPE_BF16, shift);
         for (int64_t k = 0; k < N; k++) {
-          const double m = with_mask ? tg_bf16_to_f32(mask[k]) : 0.0;
+          const double m = with_mask == 1   ? tg_bf16_to_f32(mask[k])
+                           : with_mask == 2 ? mask_f32[k]
+                                            : 0.0;
           if (k >= n_vis || m == -INFINITY) {
             assert_true(s[k] == -INFINITY);
             continue;
@@ -267,6 +276,41 @@ static void test_attention_rows(void **state) {
       if (fabs(dp[k] - want) > 3 * U * mag)
         TU_FAIL("%s attn_ds_row k %lld: got %g want %g", tabs[t]->name, (long long)k,
                 (double)dp[k], want);
+    }
+  }
+}
+
+/* dropout_keep against the scalar Philox4x32-10 of engine/philox.h, draw by
+ * draw: ragged starts and lengths (every start word of a block, runs across
+ * several vector batches), a counter whose low 64 bits wrap (the carry into
+ * word 2), thresholds 0, 1, 2^31 and 2^32 - 1. Exact on every table. */
+static void test_dropout_keep(void **state) {
+  const tg_micro_ops *tabs[5];
+  const int nt = n_tables(tabs);
+  tu_rng r = tu_rng_make(tu_seed() + 23);
+  const uint32_t thresholds[] = {0, 1, 0x80000000u, 0xFFFFFFFFu, (uint32_t)tu_next(&r)};
+  enum { NMAX = 300 };
+  uint8_t got[NMAX];
+  for (int c = 0; c < 40; c++) {
+    const uint64_t seed = tu_next(&r);
+    const uint64_t offset = c % 2 ? tu_next(&r) : UINT64_MAX - (uint64_t)tu_int(&r, 0, 80);
+    const uint64_t n0 = c < 8 ? (uint64_t)c : tu_next(&r) >> tu_int(&r, 2, 40);
+    const int64_t n = tu_int(&r, 0, NMAX);
+    const uint32_t t = thresholds[c % 5];
+    const uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
+    for (int ti = 0; ti < nt; ti++) {
+      memset(got, 7, sizeof got);
+      tabs[ti]->dropout_keep(got, n, n0, seed, offset, t);
+      for (int64_t j = 0; j < n; j++) {
+        const uint64_t draw = n0 + (uint64_t)j, ctr = offset + draw / 4;
+        const uint32_t c4[4] = {(uint32_t)ctr, (uint32_t)(ctr >> 32), ctr < offset, 0};
+        uint32_t w[4];
+        tg_philox4x32_10(c4, key, w);
+        if (got[j] != (w[draw % 4] >= t))
+          TU_FAIL("%s dropout_keep draw %llu (n0 %llu + %lld): got %d", tabs[ti]->name,
+                  (unsigned long long)draw, (unsigned long long)n0, (long long)j, got[j]);
+      }
+      for (int64_t j = n; j < NMAX; j++) assert_int_equal(got[j], 7); /* nothing past n */
     }
   }
 }
@@ -371,6 +415,41 @@ static void test_row_elementwise(void **state) {
       assert_true(y[n] == 12345.0f);
     }
   free(x), free(w), free(dy), free(y);
+}
+
+/* add_compensated_f32: a part in [1, 2) then 299 in [0, 1e-8), each below
+ * half an ulp of the sum (a plain f32 sum loses them all: checked, so the
+ * bound is not vacuous), against the f64 sum: Kahan's bound
+ * (2u + 4 m u^2) sum|x| for m parts (Higham, Accuracy and Stability, 4.3);
+ * the parts zeroed; the same bits on every table (no contraction). */
+static void test_add_compensated(void **state) {
+  const tg_micro_ops *tabs[5];
+  const int nt = n_tables(tabs);
+  tu_rng r = tu_rng_make(tu_seed() + 29);
+  enum { N = 37, M = 300 };
+  float parts[M][N], sum[3][N], comp[N], x[N], plain[N];
+  for (int m = 0; m < M; m++) tu_fill_f32(&r, parts[m], N, m ? 0 : 1, m ? 1e-8 : 2);
+  double want[N] = {0}, mag[N] = {0};
+  for (int m = 0; m < M; m++)
+    for (int i = 0; i < N; i++) want[i] += parts[m][i], mag[i] += fabs(parts[m][i]);
+  for (int t = 0; t < nt; t++) {
+    memset(sum[t], 0, sizeof sum[t]), memset(comp, 0, sizeof comp), memset(plain, 0, sizeof plain);
+    for (int m = 0; m < M; m++) {
+      memcpy(x, parts[m], sizeof x);
+      tabs[t]->add_compensated_f32(sum[t], comp, x, N);
+      for (int i = 0; i < N; i++) assert_true(x[i] == 0.0f), plain[i] += parts[m][i];
+    }
+    double worst_plain = 0;
+    for (int i = 0; i < N; i++) {
+      const double bound = (2 * U + 4 * M * U * U) * mag[i];
+      if (fabs(sum[t][i] - want[i]) > bound)
+        TU_FAIL("%s add_compensated_f32 i %d: got %.9g want %.9g bound %.3g", tabs[t]->name, i,
+                (double)sum[t][i], want[i], bound);
+      worst_plain = fmax(worst_plain, fabs(plain[i] - want[i]) / bound);
+    }
+    assert_true(worst_plain > 1); /* the plain sum leaves Kahan's bound */
+    assert_memory_equal(sum[t], sum[0], sizeof sum[0]);
+  }
 }
 
 static int popcount_u(unsigned v) {
@@ -647,8 +726,10 @@ int main(void) {
       cmocka_unit_test(test_exp),
       cmocka_unit_test(test_conversions_and_dot),
       cmocka_unit_test(test_attention_rows),
+      cmocka_unit_test(test_dropout_keep),
       cmocka_unit_test(test_row_reductions),
       cmocka_unit_test(test_row_elementwise),
+      cmocka_unit_test(test_add_compensated),
       cmocka_unit_test(test_fwht),
       cmocka_unit_test(test_transpose),
       cmocka_unit_test(test_wsum4),

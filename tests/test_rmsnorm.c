@@ -1,7 +1,8 @@
 /* RMSNorm backward: the three-kernel split (rms_inv, dx, dw) and the fused
  * kernel (grad_input writes, grad_weight accumulates).
  *
- * Reference: f64, written here from the formulas (not from kernel code):
+ * Reference: f64, written from the formulas (not from kernel code), in
+ * tests/common/refs.c (shared with tests/test_nan_inputs.c):
  *   r[b]    = 1 / sqrt(sum_j x[b,j]^2 / dim + eps)
  *   s[b]    = sum_i dy[b,i] * x[b,i] * w[i]
  *   dx[b,k] = r[b] * (dy[b,k] * w[k] - x[b,k] * (s[b] * r[b] * r[b] / dim))
@@ -25,11 +26,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "errbound.h"
+#include "refs.h"
 #include "testutil.h"
 
 
-/* --- reference -------------------------------------------------------------- */
+/* --- reference (tests/common/refs.c) ----------------------------------------- */
 typedef struct {
   uint32_t rows, dim;
   float eps;
@@ -41,28 +42,6 @@ typedef struct {
   double *gw, *gw_e;       /* prefill + sum_b x*r*dy, r computed (fused) */
   float *gw_pre;           /* fused grad_weight prefill */
 } rms_case;
-
-static eb ref_r(const float *x, uint32_t dim, float eps) {
-  eb_sum ss = {0};
-  for (uint32_t j = 0; j < dim; j++) eb_sum_add(&ss, eb_mul(eb_in(x[j]), eb_in(x[j])));
-  return eb_div(eb_in(1.0f), eb_sqrt(eb_add(eb_div(eb_sum_get(&ss), eb_in((float)dim)),
-                                            eb_in(eps))));
-}
-
-/* dx row from r (exact input or a computed value with its bound) */
-static void ref_dx(const float *x, const float *w, const float *dy, eb r, uint32_t dim,
-                   double *out, double *out_e) {
-  eb_sum s = {0};
-  for (uint32_t i = 0; i < dim; i++)
-    eb_sum_add(&s, eb_mul(eb_mul(eb_in(dy[i]), eb_in(x[i])), eb_in(w[i])));
-  const eb coeff = eb_div(eb_mul(eb_mul(eb_sum_get(&s), r), r), eb_in((float)dim));
-  for (uint32_t k = 0; k < dim; k++) {
-    const eb d = eb_mul(r, eb_sub(eb_mul(eb_in(dy[k]), eb_in(w[k])),
-                                  eb_mul(eb_in(x[k]), coeff)));
-    out[k] = d.v;
-    out_e[k] = d.e;
-  }
-}
 
 static rms_case make_case(uint32_t rows, uint32_t dim, uint64_t k) {
   tu_rng rng = tu_rng_make(tu_seed() + k);
@@ -94,32 +73,11 @@ static rms_case make_case(uint32_t rows, uint32_t dim, uint64_t k) {
   for (uint32_t i = 0; i < dim; i++) /* non-zero prefill */
     c.gw_pre[i] = (float)(tu_uniform(&rng, 0.5, 2) * (tu_next(&rng) & 1 ? 1 : -1));
 
-  eb_sum *dw = calloc(dim, sizeof *dw), *gw = calloc(dim, sizeof *gw);
-  if (!dw || !gw) fail_msg("out of memory");
-  for (uint32_t i = 0; i < dim; i++) eb_sum_add(&gw[i], eb_in(c.gw_pre[i]));
-  for (uint32_t b = 0; b < rows; b++) {
-    const int64_t o = (int64_t)b * dim;
-    const eb r = ref_r(c.x + o, dim, c.eps);
-    c.r[b] = r.v;
-    c.r_e[b] = r.e;
-    c.r32[b] = (float)r.v;
-    ref_dx(c.x + o, c.w, c.dy + o, r, dim, c.dx + o, c.dx_e + o);
-    ref_dx(c.x + o, c.w, c.dy + o, eb_in(c.r32[b]), dim, c.dx2 + o, c.dx2_e + o);
-    for (uint32_t i = 0; i < dim; i++) {
-      eb_sum_add(&dw[i], eb_mul(eb_mul(eb_in(c.dy[o + i]), eb_in(c.x[o + i])),
-                                eb_in(c.r32[b])));
-      eb_sum_add(&gw[i], eb_mul(eb_mul(eb_in(c.x[o + i]), r), eb_in(c.dy[o + i])));
-    }
-  }
-  for (uint32_t i = 0; i < dim; i++) {
-    const eb a = eb_sum_get(&dw[i]), g = eb_sum_get(&gw[i]);
-    c.dw[i] = a.v;
-    c.dw_e[i] = a.e;
-    c.gw[i] = g.v;
-    c.gw_e[i] = g.e;
-  }
-  free(dw);
-  free(gw);
+  ref_rms_forward(c.x, c.w, rows, dim, c.eps, NULL, NULL, c.r, c.r_e);
+  for (uint32_t b = 0; b < rows; b++) c.r32[b] = (float)c.r[b];
+  ref_rms_dx(c.x, c.w, c.dy, c.r32, rows, dim, c.dx2, c.dx2_e);
+  ref_rms_dw(c.x, c.dy, c.r32, rows, dim, c.dw, c.dw_e);
+  ref_rms_fused(c.x, c.w, c.dy, c.gw_pre, rows, dim, c.eps, c.dx, c.dx_e, c.gw, c.gw_e);
   return c;
 }
 
@@ -441,16 +399,7 @@ static void test_rmsnorm_forward(void **state) {
     tu_fill_f32(&rng, x, n, -3, 3);
     tu_fill_f32(&rng, w, dim, -2, 2);
     const float eps = 1e-5f;
-    for (uint32_t b = 0; b < rows; b++) {
-      const eb rb = ref_r(x + (int64_t)b * dim, dim, eps);
-      rw[b] = rb.v;
-      re[b] = rb.e;
-      for (uint32_t k = 0; k < dim; k++) {
-        const eb yk = eb_mul(eb_mul(eb_in(x[(int64_t)b * dim + k]), rb), eb_in(w[k]));
-        yw[(int64_t)b * dim + k] = yk.v;
-        ye[(int64_t)b * dim + k] = yk.e;
-      }
-    }
+    ref_rms_forward(x, w, rows, dim, eps, yw, ye, rw, re);
     for (int ii = 0; ii < n_isas; ii++)
       for (int ti = 0; ti < tu_n_thread_counts; ti++)
         for (int with_r = 0; with_r < 2; with_r++) {

@@ -1,7 +1,8 @@
 /* Softmax backward: grad_in[b,j] = sm[b,j] * (grad_out[b,j] - sum_i sm[b,i] *
  * grad_out[b,i]) (writes).
  *
- * Reference: f64 from the formula, with a running error bound per element
+ * Reference: f64 from the formula (tests/common/refs.c, shared with
+ * tests/test_nan_inputs.c), with a running error bound per element
  * (u = 2^-24): inputs exact; an f32 op on values within e of the exact v
  * rounds once, e' = (propagated e) + u*(|v| + e) + 2^-150; a sum of n terms in
  * ANY order is within sum e_i + gamma_{n-1} * sum(|v_i| + e_i), gamma_k =
@@ -14,29 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "errbound.h"
+#include "refs.h"
 #include "testutil.h"
-
-static const double U = 0x1p-24;
-
-/* reference for one row */
-static void ref_row(const float *sm, const float *go, int64_t n, double *out,
-                    double *out_e) {
-  double v = 0, e = 0, mag = 0;
-  for (int64_t i = 0; i < n; i++) {
-    const eb t = eb_mul(eb_in(sm[i]), eb_in(go[i]));
-    v += t.v;
-    e += t.e;
-    mag += fabs(t.v) + t.e;
-  }
-  const double k = (double)(n - 1);
-  const eb dot = {v, e + k * U / (1 - k * U) * mag + k * EB_ETA};
-  for (int64_t j = 0; j < n; j++) {
-    const eb g = eb_mul(eb_in(sm[j]), eb_sub(eb_in(go[j]), dot));
-    out[j] = g.v;
-    out_e[j] = g.e;
-  }
-}
 
 /* sm rows: a real softmax of random logits (positive, sums to ~1) */
 static void fill_softmax(tu_rng *r, float *sm, int64_t n, double spread) {
@@ -59,9 +39,8 @@ static void check_case(uint32_t rows, uint32_t len, uint64_t k) {
   for (uint32_t b = 0; b < rows; b++) {
     fill_softmax(&rng, sm + (int64_t)b * len, len, tu_int(&rng, 0, 1) ? 1.0 : 8.0);
     tu_fill_f32(&rng, go + (int64_t)b * len, len, -1, 1);
-    ref_row(sm + (int64_t)b * len, go + (int64_t)b * len, len, want + (int64_t)b * len,
-            bound + (int64_t)b * len);
   }
+  ref_softmax_backward(sm, go, rows, len, want, bound);
   tg_isa isas[4];
   const int n_isas = tu_isas(isas);
   for (int ti = 0; ti < tu_n_thread_counts; ti++)

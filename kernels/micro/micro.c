@@ -12,6 +12,7 @@
 
 #include "blocking.h"
 #include "micro.h"
+#include "philox.h"
 #include "reduce.h"
 
 #ifndef TG_MICRO_SUFFIX
@@ -208,17 +209,36 @@ static void TG_NAME(exp_f32)(const float *x, float *y, int64_t n) {
   for (int64_t i = 0; i < n; i++) y[i] = exp_lane(x[i]);
 }
 
-static void TG_NAME(attn_score_row)(float *restrict s, int64_t n, int64_t n_vis, float scale,
-                                    const uint16_t *restrict mask, float shift) {
-  if (n_vis > n) n_vis = n;
-  if (mask) {
+/* Element k of a mask row of type t as f32 (bf16 widened exactly). t is a
+ * constant wherever this is inlined: each masked loop below is compiled once
+ * per mask type, each as plain a vector loop as one written for that type. */
+static inline __attribute__((always_inline)) float mask_elem(const void *restrict mask,
+                                                             int64_t k, const tg_dtype t) {
+  if (t == TG_DTYPE_F32) return ((const float *)mask)[k];
+  const uint32_t u = (uint32_t)((const uint16_t *)mask)[k] << 16;
+  float m;
+  memcpy(&m, &u, sizeof m);
+  return m;
+}
+
+static inline __attribute__((always_inline)) void score_row_masked(
+    float *restrict s, int64_t n_vis, float scale, const void *restrict mask, const tg_dtype t,
+    float shift) {
 #pragma omp simd
-    for (int64_t k = 0; k < n_vis; k++) {
-      const uint32_t u = (uint32_t)mask[k] << 16;
-      float m;
-      memcpy(&m, &u, sizeof m);
-      s[k] = m == -__builtin_inff() ? m : (scale * s[k] + m) - shift;
-    }
+  for (int64_t k = 0; k < n_vis; k++) {
+    const float m = mask_elem(mask, k, t);
+    s[k] = m == -__builtin_inff() ? m : (scale * s[k] + m) - shift;
+  }
+}
+
+static void TG_NAME(attn_score_row)(float *restrict s, int64_t n, int64_t n_vis, float scale,
+                                    const void *restrict mask, tg_dtype mask_type,
+                                    float shift) {
+  if (n_vis > n) n_vis = n;
+  if (mask && mask_type == TG_DTYPE_F32) {
+    score_row_masked(s, n_vis, scale, mask, TG_DTYPE_F32, shift);
+  } else if (mask) {
+    score_row_masked(s, n_vis, scale, mask, TG_DTYPE_BF16, shift);
   } else {
 #pragma omp simd
     for (int64_t k = 0; k < n_vis; k++) s[k] = scale * s[k] - shift;
@@ -233,17 +253,24 @@ static void TG_NAME(attn_ds_row)(float *restrict dp, const float *restrict p, in
 }
 
 
-static void TG_NAME(attn_prob_row)(float *restrict s, int64_t n, int64_t n_vis, float scale,
-                                   const uint16_t *restrict mask, float shift) {
-  if (n_vis > n) n_vis = n;
-  if (mask) {
+static inline __attribute__((always_inline)) void prob_row_masked(
+    float *restrict s, int64_t n_vis, float scale, const void *restrict mask, const tg_dtype t,
+    float shift) {
 #pragma omp simd
-    for (int64_t k = 0; k < n_vis; k++) {
-      const uint32_t u = (uint32_t)mask[k] << 16;
-      float m;
-      memcpy(&m, &u, sizeof m);
-      s[k] = m == -__builtin_inff() ? 0.0f : exp_lane((scale * s[k] + m) - shift);
-    }
+  for (int64_t k = 0; k < n_vis; k++) {
+    const float m = mask_elem(mask, k, t);
+    s[k] = m == -__builtin_inff() ? 0.0f : exp_lane((scale * s[k] + m) - shift);
+  }
+}
+
+static void TG_NAME(attn_prob_row)(float *restrict s, int64_t n, int64_t n_vis, float scale,
+                                   const void *restrict mask, tg_dtype mask_type,
+                                   float shift) {
+  if (n_vis > n) n_vis = n;
+  if (mask && mask_type == TG_DTYPE_F32) {
+    prob_row_masked(s, n_vis, scale, mask, TG_DTYPE_F32, shift);
+  } else if (mask) {
+    prob_row_masked(s, n_vis, scale, mask, TG_DTYPE_BF16, shift);
   } else {
 #pragma omp simd
     for (int64_t k = 0; k < n_vis; k++) s[k] = exp_lane(scale * s[k] - shift);
@@ -281,21 +308,33 @@ static float TG_NAME(attn_exp_sum_row)(float *restrict s, int64_t n, float shift
   return sum;
 }
 
+/* The masked loop of attn_score_max_row; *nan gets whether a score is NaN. */
+static inline __attribute__((always_inline)) float score_max_masked(
+    float *restrict s, int64_t n_vis, float scale, const void *restrict mask, const tg_dtype t,
+    int *nan_out) {
+  float mx = -__builtin_inff();
+  int nan = 0;
+#pragma omp simd reduction(max : mx) reduction(| : nan)
+  for (int64_t k = 0; k < n_vis; k++) {
+    const float m = mask_elem(mask, k, t);
+    s[k] = m == -__builtin_inff() ? m : scale * s[k] + m;
+    mx = s[k] > mx ? s[k] : mx;
+    nan |= s[k] != s[k];
+  }
+  *nan_out = nan;
+  return mx;
+}
+
 static float TG_NAME(attn_score_max_row)(float *restrict s, int64_t n, int64_t n_vis,
-                                         float scale, const uint16_t *restrict mask) {
+                                         float scale, const void *restrict mask,
+                                         tg_dtype mask_type) {
   if (n_vis > n) n_vis = n;
   float mx = -__builtin_inff();
   int nan = 0; /* a NaN score makes the row's max NaN (the compare alone skips it) */
-  if (mask) {
-#pragma omp simd reduction(max : mx) reduction(| : nan)
-    for (int64_t k = 0; k < n_vis; k++) {
-      const uint32_t u = (uint32_t)mask[k] << 16;
-      float m;
-      memcpy(&m, &u, sizeof m);
-      s[k] = m == -__builtin_inff() ? m : scale * s[k] + m;
-      mx = s[k] > mx ? s[k] : mx;
-      nan |= s[k] != s[k];
-    }
+  if (mask && mask_type == TG_DTYPE_F32) {
+    mx = score_max_masked(s, n_vis, scale, mask, TG_DTYPE_F32, &nan);
+  } else if (mask) {
+    mx = score_max_masked(s, n_vis, scale, mask, TG_DTYPE_BF16, &nan);
   } else {
 #pragma omp simd reduction(max : mx) reduction(| : nan)
     for (int64_t k = 0; k < n_vis; k++) {
@@ -307,6 +346,48 @@ static float TG_NAME(attn_score_max_row)(float *restrict s, int64_t n, int64_t n
   for (int64_t k = n_vis < 0 ? 0 : n_vis; k < n; k++) s[k] = -__builtin_inff();
   return nan ? __builtin_nanf("") : mx;
 }
+/*
+ * Dropout keep flags: Philox4x32-10 (engine/philox.h) on PHILOX_LANES
+ * consecutive counters at once, one counter per vector lane, so each round
+ * is a few vector instructions (the widening 32 x 32 -> 64-bit multiply is
+ * one on every x86 vector ISA) where the scalar generator spends ~20
+ * instructions per draw.
+ */
+enum { PHILOX_LANES = 16 };
+
+static void TG_NAME(dropout_keep)(uint8_t *restrict keep, int64_t n, uint64_t n0, uint64_t seed,
+                                  uint64_t offset, uint32_t threshold) {
+  uint64_t blk = n0 / 4;            /* counter of the draw n0, less offset */
+  int64_t skip = (int64_t)(n0 % 4); /* words of the first block before n0 */
+  for (int64_t done = 0; done < n; blk += PHILOX_LANES, skip = 0) {
+    uint32_t c0[PHILOX_LANES], c1[PHILOX_LANES], c2[PHILOX_LANES], c3[PHILOX_LANES];
+#pragma omp simd
+    for (int l = 0; l < PHILOX_LANES; l++) {
+      const uint64_t ctr = offset + blk + (uint64_t)l; /* its low 64 bits; a carry -> c2 */
+      c0[l] = (uint32_t)ctr, c1[l] = (uint32_t)(ctr >> 32), c2[l] = ctr < offset, c3[l] = 0;
+    }
+    uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+    for (int r = 0; r < TG_PHILOX_ROUNDS; r++, k0 += TG_PHILOX_W0, k1 += TG_PHILOX_W1) {
+#pragma omp simd
+      for (int l = 0; l < PHILOX_LANES; l++) {
+        const uint64_t p0 = (uint64_t)TG_PHILOX_M0 * c0[l], p1 = (uint64_t)TG_PHILOX_M1 * c2[l];
+        const uint32_t n0w = (uint32_t)(p1 >> 32) ^ c1[l] ^ k0;
+        const uint32_t n2w = (uint32_t)(p0 >> 32) ^ c3[l] ^ k1;
+        c0[l] = n0w, c1[l] = (uint32_t)p1, c2[l] = n2w, c3[l] = (uint32_t)p0;
+      }
+    }
+    uint8_t flags[4 * PHILOX_LANES]; /* draw 4 l + w: word w of counter l */
+#pragma omp simd
+    for (int l = 0; l < PHILOX_LANES; l++) {
+      flags[4 * l + 0] = c0[l] >= threshold, flags[4 * l + 1] = c1[l] >= threshold;
+      flags[4 * l + 2] = c2[l] >= threshold, flags[4 * l + 3] = c3[l] >= threshold;
+    }
+    const int64_t take = 4 * PHILOX_LANES - skip < n - done ? 4 * PHILOX_LANES - skip : n - done;
+    memcpy(keep + done, flags + skip, (size_t)take);
+    done += take;
+  }
+}
+
 #include "row_ops.h"
 #include "bf16_dot.h"
 
@@ -328,11 +409,13 @@ const tg_micro_ops TG_NAME(tg_micro) = {
     .attn_prob_row = TG_NAME(attn_prob_row),
     .attn_exp_sum_row = TG_NAME(attn_exp_sum_row),
     .attn_score_max_row = TG_NAME(attn_score_max_row),
+    .dropout_keep = TG_NAME(dropout_keep),
     .dot_f32 = TG_NAME(dot_f32),
     .dot3_f32 = TG_NAME(dot3_f32),
     .max_f32 = TG_NAME(max_f32),
     .scale2_f32 = TG_NAME(scale2_f32),
     .add_f32 = TG_NAME(add_f32),
+    .add_compensated_f32 = TG_NAME(add_compensated_f32),
     .acc_mul2_f32 = TG_NAME(acc_mul2_f32),
     .rms_dx_row = TG_NAME(rms_dx_row),
     .fwht_mul_f32 = TG_NAME(fwht_mul_f32),

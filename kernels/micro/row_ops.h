@@ -83,6 +83,19 @@ static void TG_NAME(add_f32)(float *restrict dst, const float *restrict src, int
   }
 }
 
+/* Kahan: y = x - c; t = s + y; c = (t - s) - y; s = t. The contraction-free
+ * build keeps every rounding, which the correction relies on. */
+static void TG_NAME(add_compensated_f32)(float *restrict sum, float *restrict comp,
+                                         float *restrict x, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; i++) {
+    const float y = x[i] - comp[i], t = sum[i] + y;
+    comp[i] = (t - sum[i]) - y;
+    sum[i] = t;
+    x[i] = 0.0f;
+  }
+}
+
 static void TG_NAME(acc_mul2_f32)(float *restrict acc, const float *restrict a,
                                   const float *restrict b, float s, int64_t n) {
   for (int64_t i = 0; i < n; i += LANES) {

@@ -21,8 +21,9 @@ from the source tree.
 from . import bf16, errors
 from .capi import (Context, Library, LibraryNotFoundError, default_context, find_library,
                    library)
-from .errors import (BadIndexError, BadParamsError, BadShapeError, BusyError, NoMemoryError,
-                     NullArgError, SizeOverflowError, TilegradError, UnsupportedError)
+from .errors import (AliasError, BadIndexError, BadParamsError, BadShapeError, BusyError,
+                     NoMemoryError, NullArgError, SizeOverflowError, TilegradError,
+                     UnsupportedError)
 from .kernels import *  # noqa: F401,F403
 from .kernels import __all__ as _kernel_names
 
@@ -33,7 +34,8 @@ f32_to_bf16 = f32_to_bf16_cast  # noqa: F405  (short alias)
 __all__ = [
     "Context", "Library", "LibraryNotFoundError", "default_context", "find_library",
     "library", "TilegradError", "NullArgError", "BadShapeError", "UnsupportedError",
-    "BadIndexError", "BadParamsError", "SizeOverflowError", "NoMemoryError", "BusyError", "bf16",
+    "BadIndexError", "BadParamsError", "SizeOverflowError", "NoMemoryError", "BusyError",
+    "AliasError", "bf16",
     "errors", "f32_to_bf16", "__version__",
 ] + list(_kernel_names)
 

@@ -10,6 +10,9 @@ numpy arrays) or :mod:`tilegrad.torch`. This module is the layer below them:
   ``tg_attn_mask_params``; :func:`attn_params_init` calls
   ``tg_attn_params_init``, :func:`attn_params` is its pure-Python twin with
   optional explicit strides;
+* :class:`AttnOptions` -- ``tg_attn_options`` (dropout) for the dtype
+  entry points ``tg_attn_train_fwd`` / ``_bwd`` / ``_bwd_compute_d`` (a CPU
+  extension: float32 attention, ``TG_DTYPE_*``) and ``tg_attn_dropout_keep``;
 * :class:`Library` -- the CDLL with argtypes declared from the header;
   ``has(name)`` says whether an entry point is exported;
 * :class:`Context` -- a ``tg_ctx`` (threads, deterministic mode, ISA).
@@ -25,9 +28,9 @@ import threading
 
 import numpy as np
 
-from .errors import (TG_ERR_BAD_INDEX, TG_ERR_BAD_PARAMS, TG_ERR_BAD_SHAPE,  # noqa: F401
-                     TG_ERR_NO_MEMORY, TG_ERR_NULL_ARG, TG_ERR_OVERFLOW, TG_ERR_UNSUPPORTED,
-                     TG_OK, error_for_status)
+from .errors import (TG_ERR_ALIAS, TG_ERR_BAD_INDEX, TG_ERR_BAD_PARAMS,  # noqa: F401
+                     TG_ERR_BAD_SHAPE, TG_ERR_BUSY, TG_ERR_NO_MEMORY, TG_ERR_NULL_ARG,
+                     TG_ERR_OVERFLOW, TG_ERR_UNSUPPORTED, TG_OK, error_for_status)
 
 # tg_isa
 TG_ISA_AUTO = 0
@@ -40,6 +43,10 @@ ISA_NAMES = {"auto": TG_ISA_AUTO, "portable": TG_ISA_PORTABLE, "avx2": TG_ISA_AV
 TG_ATTN_SCHEDULE_KV = 0
 TG_ATTN_SCHEDULE_ATOMIC = 1
 ATTN_SCHEDULE_NAMES = {"kv": TG_ATTN_SCHEDULE_KV, "atomic": TG_ATTN_SCHEDULE_ATOMIC}
+# tg_dtype (element type of Q, K, V, dO, O and the mask in tg_attn_train_*)
+TG_DTYPE_BF16 = 0
+TG_DTYPE_F32 = 1
+DTYPE_NAMES = {"bf16": TG_DTYPE_BF16, "float32": TG_DTYPE_F32}
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 BUNDLED_LIB = os.path.join(_PKG_DIR, "_lib", "libtilegrad.so")
@@ -143,6 +150,23 @@ for _name, _off in _EXPECTED_OFFSETS.items():
 assert ctypes.sizeof(AttnMaskParams) == 24
 
 
+class AttnOptions(ctypes.Structure):
+    """``tg_attn_options``: dropout of the attention weights (``dropout_p`` in
+    [0, 1); the mask is drawn from Philox4x32-10 with key ``dropout_seed``
+    and counter base ``dropout_offset``, docs/KERNELS.md). ``reserved`` must
+    stay 0. Pass ``None`` instead for the defaults (no dropout)."""
+    _fields_ = [("dropout_p", ctypes.c_float), ("reserved", ctypes.c_uint32),
+                ("dropout_seed", ctypes.c_uint64), ("dropout_offset", ctypes.c_uint64)]
+
+    def __repr__(self):
+        return (f"AttnOptions(dropout_p={self.dropout_p}, dropout_seed={self.dropout_seed}, "
+                f"dropout_offset={self.dropout_offset})")
+
+
+assert ctypes.sizeof(AttnOptions) == 24
+assert AttnOptions.dropout_seed.offset == 8 and AttnOptions.dropout_offset.offset == 16
+
+
 def _set_strides(p, Q_strides=None, K_strides=None, V_strides=None, O_strides=None):
     for field, s in (("Q_strides", Q_strides), ("K_strides", K_strides),
                      ("V_strides", V_strides), ("O_strides", O_strides)):
@@ -180,6 +204,7 @@ _F = ctypes.c_float
 _I = ctypes.c_int
 _PP = ctypes.POINTER(AttnParams)
 _PM = ctypes.POINTER(AttnMaskParams)
+_PO = ctypes.POINTER(AttnOptions)
 KERNEL_SIGNATURES = {
     "tg_flash_attn_train_bwd_compute_d_bf16": [_P, _P, _P, _P, _U32, _U32, _U32, _U32],
     "tg_flash_attn_train_bwd_bf16": [_P] * 10 + [_PP, _PM, _P, _I],
@@ -198,6 +223,11 @@ KERNEL_SIGNATURES = {
     "tg_flash_attn_vec_reduce": [_P, _P, _P, _U32, _U32, _U32],
     "tg_flash_attn_vec_reduce_tq_hb_undo": [_P, _P, _P, _U32, _U32, _U32],
     "tg_fwht_sign_undo_f32": [_P, _P, _U32, _U32],
+    # the dtype / options entry points (CPU extension): ctx, tg_dtype, then as above
+    "tg_attn_train_fwd": [_P, _I] + [_P] * 5 + [_PP, _PM, _P, _I, _PO],
+    "tg_attn_train_bwd": [_P, _I] + [_P] * 9 + [_PP, _PM, _P, _I, _PO],
+    "tg_attn_train_bwd_compute_d": [_P, _I, _P, _P, _P, _U32, _U32, _U32, _U32],
+    "tg_attn_dropout_keep": [_P, _PO, _U32, _U32, _U32, _U32, _P],
 }
 _OTHER_SIGNATURES = {
     # name: (restype, argtypes)
@@ -294,7 +324,8 @@ def attn_params_init(B, H, H_kv, qL, kL, D, scale, lib=None):
 # --------------------------------------------------------------------------
 # argument conversion for Context.call
 
-_BUFFER_DTYPES = (np.dtype(np.float32), np.dtype(np.uint16), np.dtype(np.uint32))
+_BUFFER_DTYPES = (np.dtype(np.float32), np.dtype(np.uint16), np.dtype(np.uint32),
+                  np.dtype(np.uint8))
 
 
 def as_pointer(a):
@@ -304,12 +335,12 @@ def as_pointer(a):
     if isinstance(a, np.ndarray):
         if a.dtype not in _BUFFER_DTYPES and a.dtype.name != "bfloat16":
             raise TypeError(f"unsupported buffer dtype {a.dtype} (float32, uint16 = raw "
-                            "bf16 bits, ml_dtypes.bfloat16 or uint32)")
+                            "bf16 bits, ml_dtypes.bfloat16, uint32 or uint8)")
         if not a.flags["C_CONTIGUOUS"]:
             raise ValueError("raw buffers must be C-contiguous (pass flat buffers with "
                              "explicit strides in the params instead)")
         return ctypes.c_void_p(a.ctypes.data)
-    if isinstance(a, (AttnParams, AttnMaskParams)):
+    if isinstance(a, (AttnParams, AttnMaskParams, AttnOptions)):
         return ctypes.byref(a)
     return a  # plain scalar
 

@@ -26,6 +26,7 @@ TG_ERR_BAD_PARAMS = 5
 TG_ERR_OVERFLOW = 6
 TG_ERR_NO_MEMORY = 7
 TG_ERR_BUSY = 8
+TG_ERR_ALIAS = 9
 
 
 class TilegradError(RuntimeError):
@@ -88,6 +89,13 @@ class BusyError(TilegradError):
     status = TG_ERR_BUSY
 
 
+class AliasError(TilegradError, ValueError):
+    """TG_ERR_ALIAS: an output shares memory with an input or another output
+    that it may not (nothing was written); only the exact in-place pairs that
+    a kernel documents are allowed."""
+    status = TG_ERR_ALIAS
+
+
 ERRORS = {
     TG_ERR_NULL_ARG: NullArgError,
     TG_ERR_BAD_SHAPE: BadShapeError,
@@ -97,6 +105,7 @@ ERRORS = {
     TG_ERR_OVERFLOW: SizeOverflowError,
     TG_ERR_NO_MEMORY: NoMemoryError,
     TG_ERR_BUSY: BusyError,
+    TG_ERR_ALIAS: AliasError,
 }
 
 

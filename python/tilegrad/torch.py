@@ -6,9 +6,10 @@ autograd, so ``torch.compile(fullgraph=True)``, ``torch.export`` and
 ``torch.library.opcheck`` understand them:
 
 * ``tilegrad::attn_fwd(q, k, v, mask, causal, scale, softcap, q_offset,
-  threads, deterministic) -> (o, lse)`` -- ``tg_flash_attn_train_fwd_bf16``;
+  dropout_p, seed, threads, deterministic) -> (o, lse)`` --
+  ``tg_attn_train_fwd`` on bfloat16 or float32 tensors (all of one dtype);
 * ``tilegrad::attn_bwd(do, q, k, v, o, lse, mask, ...) -> (dq, dk, dv)`` --
-  ``tg_flash_attn_train_bwd_compute_d_bf16`` + ``tg_flash_attn_train_bwd_bf16``;
+  ``tg_attn_train_bwd_compute_d`` + ``tg_attn_train_bwd``;
 * ``tilegrad::rms_norm_fwd(x, weight, eps, threads, deterministic) -> (y, r)``
   -- ``tg_rms_norm_forward_f32``;
 * ``tilegrad::rms_norm_bwd(dy, x, weight, r, threads, deterministic) ->
@@ -158,13 +159,42 @@ def _need_dtype(op: str, dtype: torch.dtype, **ts: Optional[Tensor]) -> None:
 # operator implementations (tensors in, tensors out; the only place that
 # calls the C library)
 
+#: the dtypes the attention ops take (the C library's tg_dtype)
+_ATTN_DTYPES = {torch.bfloat16: _capi.TG_DTYPE_BF16, torch.float32: _capi.TG_DTYPE_F32}
+
+
+def _need_attn_dtype(op: str, q: Tensor, **ts: Optional[Tensor]) -> int:
+    """q is bfloat16 or float32 and every other tensor has its dtype; -> tg_dtype."""
+    if q.dtype not in _ATTN_DTYPES:
+        raise TypeError(f"{op}: q must be torch.bfloat16 or torch.float32, got {q.dtype}")
+    _need_dtype(op, q.dtype, **ts)
+    return _ATTN_DTYPES[q.dtype]
+
+
+def _attn_options(dropout_p: float, seed: Optional[Tensor]) -> Optional["_capi.AttnOptions"]:
+    """tg_attn_options for dropout (None without): Philox key = the seed
+    tensor's value, drawn from torch's generator by the caller."""
+    if not dropout_p:
+        return None
+    if seed is None or seed.numel() != 1 or seed.dtype != torch.int64:
+        raise ValueError(f"dropout_p = {dropout_p} needs seed, a one-element int64 tensor")
+    opt = _capi.AttnOptions()
+    opt.dropout_p = float(dropout_p)
+    opt.dropout_seed = int(seed.item()) & (2 ** 64 - 1)
+    opt.dropout_offset = 0
+    return opt
+
+
 def _attn_fwd_impl(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], causal: bool,
-                   scale: float, softcap: float, q_offset: int, threads: int,
-                   deterministic: bool) -> Tuple[Tensor, Tensor]:
-    """q [B,H,qL,D], k/v [B,Hkv,kL,D] bf16 (strided views OK), mask None or
-    bf16 4-D broadcastable to [B,H,qL,kL] (additive) -> o bf16 [B,H,qL,D]
-    contiguous, lse f32 [B,H,qL] (-inf for a row that sees no key)."""
-    _need_dtype("tilegrad::attn_fwd", torch.bfloat16, q=q, k=k, v=v, mask=mask)
+                   scale: float, softcap: float, q_offset: int, dropout_p: float,
+                   seed: Optional[Tensor], threads: int, deterministic: bool
+                   ) -> Tuple[Tensor, Tensor]:
+    """q [B,H,qL,D], k/v [B,Hkv,kL,D], bfloat16 or float32 (one dtype; strided
+    views OK), mask None or of their dtype, 4-D broadcastable to
+    [B,H,qL,kL] (additive) -> o [B,H,qL,D] of their dtype, contiguous, lse f32
+    [B,H,qL] (-inf for a row that sees no key). dropout_p > 0: attention
+    weights dropped by the C library's Philox stream keyed by ``seed``."""
+    dt = _need_attn_dtype("tilegrad::attn_fwd", q, k=k, v=v, mask=mask)
     _need_shapes("tilegrad::attn_fwd", q, k, v)
     B, H, qL, D = q.shape
     o = q.new_empty((B, H, qL, D))
@@ -177,23 +207,25 @@ def _attn_fwd_impl(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], caus
     p = _attn_params(q, k, v, _bhl_strides(o), scale, softcap, q_offset)
     m, mp = _mask_args(mask, B, H, qL, k.shape[2])
     ctx = _context(threads, deterministic)
-    ctx.call("tg_flash_attn_train_fwd_bf16", _ptr(q), _ptr(k), _ptr(v), _ptr(o), _ptr(lse),
-             p, mp, None if m is None else _ptr(m), 1 if causal else 0)
+    ctx.call("tg_attn_train_fwd", dt, _ptr(q), _ptr(k), _ptr(v), _ptr(o), _ptr(lse), p, mp,
+             None if m is None else _ptr(m), 1 if causal else 0,
+             _attn_options(dropout_p, seed))
     return o, lse
 
 
-def _attn_fwd_fake(q, k, v, mask, causal, scale, softcap, q_offset, threads, deterministic):
+def _attn_fwd_fake(q, k, v, mask, causal, scale, softcap, q_offset, dropout_p, seed, threads,
+                   deterministic):
     B, H, qL, D = q.shape
     return q.new_empty((B, H, qL, D)), q.new_empty((B, H, qL), dtype=torch.float32)
 
 
 def _attn_bwd_impl(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
                    mask: Optional[Tensor], causal: bool, scale: float, softcap: float,
-                   q_offset: int, threads: int, deterministic: bool
-                   ) -> Tuple[Tensor, Tensor, Tensor]:
-    """The FA-2 backward: dq, dk, dv bf16, contiguous, shapes of q, k, v
-    (f32 results of the kernel rounded once to bf16, RNE)."""
-    _need_dtype("tilegrad::attn_bwd", torch.bfloat16, do=do, q=q, k=k, v=v, o=o, mask=mask)
+                   q_offset: int, dropout_p: float, seed: Optional[Tensor], threads: int,
+                   deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """The FA-2 backward: dq, dk, dv of q's dtype, contiguous, shapes of q, k,
+    v (the kernel's f32 results, rounded once to bf16 (RNE) for bf16)."""
+    dt = _need_attn_dtype("tilegrad::attn_bwd", q, do=do, k=k, v=v, o=o, mask=mask)
     _need_dtype("tilegrad::attn_bwd", torch.float32, lse=lse)
     _need_shapes("tilegrad::attn_bwd", q, k, v, do=do, o=o, lse=lse)
     B, H, qL, D = q.shape
@@ -203,22 +235,32 @@ def _attn_bwd_impl(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: 
     do, o, lse = do.contiguous(), o.contiguous(), lse.contiguous()   # compute_d: contiguous
     ctx = _context(threads, deterministic)
     delta = lse.new_empty((B, H, qL))
-    ctx.call("tg_flash_attn_train_bwd_compute_d_bf16", _ptr(o), _ptr(do), _ptr(delta),
-             B, H, qL, D)
+    ctx.call("tg_attn_train_bwd_compute_d", dt, _ptr(o), _ptr(do), _ptr(delta), B, H, qL, D)
     p = _attn_params(q, k, v, _bhl_strides(do), scale, softcap, q_offset)
     m, mp = _mask_args(mask, B, H, qL, k.shape[2])
     dq = torch.empty(q.shape, dtype=torch.float32)
     dk = torch.zeros(k.shape, dtype=torch.float32)    # dK, dV accumulate
     dv = torch.zeros(v.shape, dtype=torch.float32)
-    ctx.call("tg_flash_attn_train_bwd_bf16", _ptr(q), _ptr(k), _ptr(v), _ptr(lse), _ptr(do),
+    ctx.call("tg_attn_train_bwd", dt, _ptr(q), _ptr(k), _ptr(v), _ptr(lse), _ptr(do),
              _ptr(delta), _ptr(dq), _ptr(dk), _ptr(dv), p, mp,
-             None if m is None else _ptr(m), 1 if causal else 0)
-    return dq.to(torch.bfloat16), dk.to(torch.bfloat16), dv.to(torch.bfloat16)
+             None if m is None else _ptr(m), 1 if causal else 0,
+             _attn_options(dropout_p, seed))
+    return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype)
 
 
-def _attn_bwd_fake(do, q, k, v, o, lse, mask, causal, scale, softcap, q_offset, threads,
-                   deterministic):
+def _attn_bwd_fake(do, q, k, v, o, lse, mask, causal, scale, softcap, q_offset, dropout_p,
+                   seed, threads, deterministic):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _dropout_keep(dropout_p: float, seed: Tensor, B: int, H: int, qL: int,
+                  kL: int) -> Tensor:
+    """The kernels' dropout keep flags as a bool [B, H, qL, kL] tensor
+    (tg_attn_dropout_keep: the same Philox stream)."""
+    keep = torch.empty((B, H, qL, kL), dtype=torch.uint8)
+    _context(1, False).call("tg_attn_dropout_keep", _attn_options(dropout_p, seed), B, H, qL,
+                            kL, _ptr(keep))
+    return keep.bool()
 
 
 def _need_rms_shapes(op: str, x: Tensor, weight: Tensor, dy: Optional[Tensor] = None,
@@ -296,10 +338,11 @@ def _reduce_to(g: Tensor, shape: Sequence[int]) -> Tensor:
 
 def _attn_dmask(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
                 mask: Tensor, causal: bool, scale: float, softcap: float,
-                q_offset: int) -> Tensor:
+                q_offset: int, dropout_p: float, seed: Optional[Tensor]) -> Tensor:
     """dL/dS_masked = P * (dP - rowsum(O * dO)) for the additive mask (the
     C backward does not output dS): recomputed in f32 torch ops from the
-    saved tensors, [B, H, qL, kL] memory. P = exp(S - L) as the kernel's."""
+    saved tensors, [B, H, qL, kL] memory. P = exp(S - L) as the kernel's;
+    with dropout dP is taken through the kernels' keep flags and 1/(1-p)."""
     if _is_empty(q, k):
         return torch.zeros(mask.shape, dtype=mask.dtype)
     g = q.shape[1] // k.shape[1]
@@ -318,6 +361,10 @@ def _attn_dmask(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Ten
     p = torch.where(torch.isinf(L) & (L < 0), torch.zeros_like(s), torch.exp(s - L))
     dof = do.float()
     dp = dof @ vf.transpose(-1, -2)
+    if dropout_p:
+        B, H = q.shape[:2]
+        keep = _dropout_keep(dropout_p, seed, B, H, qL, kL)
+        dp = torch.where(keep, dp / (1.0 - dropout_p), torch.zeros_like(dp))
     delta = (o.float() * dof).sum(-1, keepdim=True)
     ds = p * (dp - delta)
     return _reduce_to(ds, mask.shape).to(mask.dtype)
@@ -326,14 +373,15 @@ def _attn_dmask(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Ten
 def _attn_grads(attn_bwd, saved, args, do: Tensor, need: Sequence[bool]):
     """(dq, dk, dv, dmask) from the saved (q, k, v, o, lse, mask) and the op's
     scalar args; ``need`` = needs_input_grad of (q, k, v, mask)."""
-    q, k, v, o, lse, mask = saved
-    causal, scale, softcap, q_offset, threads, deterministic = args
+    q, k, v, o, lse, mask, seed = saved
+    causal, scale, softcap, q_offset, dropout_p, threads, deterministic = args
     dq = dk = dv = dm = None
     if need[0] or need[1] or need[2]:
         dq, dk, dv = attn_bwd(do, q, k, v, o, lse, mask, causal, scale, softcap, q_offset,
-                              threads, deterministic)
+                              dropout_p, seed, threads, deterministic)
     if need[3]:
-        dm = _attn_dmask(do, q, k, v, o, lse, mask, causal, scale, softcap, q_offset)
+        dm = _attn_dmask(do, q, k, v, o, lse, mask, causal, scale, softcap, q_offset,
+                         dropout_p, seed)
     return dq, dk, dv, dm
 
 
@@ -351,14 +399,14 @@ if HAVE_CUSTOM_OPS:
     rms_norm_bwd = _custom_op("rms_norm_bwd", _rms_bwd_impl, _rms_bwd_fake)
 
     def _attn_setup_context(ctx, inputs, output):
-        q, k, v, mask = inputs[:4]
-        ctx.args = tuple(inputs[4:])
-        ctx.save_for_backward(q, k, v, output[0], output[1], mask)
+        q, k, v, mask, causal, scale, softcap, q_offset, dropout_p, seed = inputs[:10]
+        ctx.args = (causal, scale, softcap, q_offset, dropout_p) + tuple(inputs[10:])
+        ctx.save_for_backward(q, k, v, output[0], output[1], mask, seed)
 
     def _attn_backward(ctx, do, dlse):
         dq, dk, dv, dm = _attn_grads(attn_bwd, ctx.saved_tensors, ctx.args, do,
                                      ctx.needs_input_grad[:4])
-        return dq, dk, dv, dm, None, None, None, None, None, None
+        return (dq, dk, dv, dm) + (None,) * 8
 
     attn_fwd.register_autograd(_attn_backward, setup_context=_attn_setup_context)
 
@@ -377,9 +425,10 @@ if HAVE_CUSTOM_OPS:
 
     rms_norm_fwd.register_autograd(_rms_backward, setup_context=_rms_setup_context)
 
-    def _attn_call(q, k, v, mask, causal, scale, softcap, q_offset, threads, deterministic):
-        return attn_fwd(q, k, v, mask, causal, scale, softcap, q_offset, threads,
-                        deterministic)[0]
+    def _attn_call(q, k, v, mask, causal, scale, softcap, q_offset, dropout_p, seed, threads,
+                   deterministic):
+        return attn_fwd(q, k, v, mask, causal, scale, softcap, q_offset, dropout_p, seed,
+                        threads, deterministic)[0]
 
     def _rms_call(x, weight, eps, threads, deterministic):
         return rms_norm_fwd(x, weight, eps, threads, deterministic)[0]
@@ -389,17 +438,19 @@ else:  # PyTorch < 2.4: the same implementations behind autograd Functions
 
     class _AttnFunction(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, q, k, v, mask, *args):
-            o, lse = _attn_fwd_impl(q, k, v, mask, *args)
-            ctx.args = args
-            ctx.save_for_backward(q, k, v, o, lse, mask)
+        def forward(ctx, q, k, v, mask, causal, scale, softcap, q_offset, dropout_p, seed,
+                    threads, deterministic):
+            o, lse = _attn_fwd_impl(q, k, v, mask, causal, scale, softcap, q_offset,
+                                    dropout_p, seed, threads, deterministic)
+            ctx.args = (causal, scale, softcap, q_offset, dropout_p, threads, deterministic)
+            ctx.save_for_backward(q, k, v, o, lse, mask, seed)
             return o
 
         @staticmethod
         def backward(ctx, do):
             g = _attn_grads(_attn_bwd_impl, ctx.saved_tensors, ctx.args, do,
                             ctx.needs_input_grad[:4])
-            return g + (None,) * 6
+            return g + (None,) * 8
 
     class _RMSFunction(torch.autograd.Function):
         @staticmethod
@@ -426,7 +477,9 @@ else:  # PyTorch < 2.4: the same implementations behind autograd Functions
 # ---------------------------------------------------------------------------
 # argument checks (plain Python on shapes: traced by Dynamo without breaks)
 
-PRECISIONS = ("bf16",)
+#: precision= values: "f32" computes in float32 (inputs of other float
+#: dtypes converted), "bf16" in bfloat16 (inputs rounded to bf16).
+PRECISIONS = ("f32", "bf16")
 
 
 def _check_cpu(*ts):
@@ -444,26 +497,43 @@ def _threads_arg(threads: Optional[int]) -> int:
     return int(threads)
 
 
-def _attn_dtype(dtype: torch.dtype, precision: Optional[str], name: str = "q") -> None:
-    """bf16 runs as is; float32/float16/float64 only with precision="bf16"
-    (rounded to bf16: the f32-accurate path is future work in the C library)."""
+def _compute_dtype(dtype: torch.dtype, precision: Optional[str]) -> torch.dtype:
+    """The dtype the kernels run in for inputs of ``dtype``: bfloat16 and
+    float32 as given, float16 in float32 (exact widening); ``precision``
+    overrides ("f32" / "bf16"); float64 needs it (the kernels have no f64)."""
     if precision is not None and precision not in PRECISIONS:
         raise ValueError(f"precision must be None or one of {PRECISIONS}, got {precision!r}")
     if not dtype.is_floating_point:
-        raise TypeError(f"attention needs floating point tensors, got {name}.dtype = {dtype}")
-    if dtype != torch.bfloat16 and precision != "bf16":
-        raise NotImplementedError(
-            f"tilegrad attention computes in bfloat16 and got {name}.dtype = {dtype}: the "
-            f"result would only be bf16-accurate (max abs error ~5e-3 on unit-variance "
-            f"inputs, where PyTorch's float32 SDPA gives ~3e-7). Pass precision=\"bf16\" to "
-            f"accept the bf16 rounding of the inputs and output, or give bfloat16 tensors; "
-            f"a float32-accurate path is not implemented yet")
+        raise TypeError(f"attention needs floating point tensors, got {dtype}")
+    if precision is not None:
+        return torch.bfloat16 if precision == "bf16" else torch.float32
+    if dtype == torch.float64:
+        raise TypeError("tilegrad attention has no float64 kernels: pass precision=\"f32\" "
+                        "(inputs rounded to float32, max abs error ~1e-6) or precision=\"bf16\"")
+    return torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
 
 
-def _prepare_mask(mask, B: int, H: int, qL: int, kL: int) -> Optional[Tensor]:
-    """mask (bool: True = attend; float: additive, rounded to bf16 through
-    autograd, so it can get a gradient) -> bf16 4-D tensor broadcastable to
-    [B, H, qL, kL] (a view with leading 1-dims; no copy)."""
+def _dropout_p_arg(dropout_p: float) -> float:
+    p = float(dropout_p)
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    return p
+
+
+def _dropout_seed(dropout_p: float) -> Optional[Tensor]:
+    """The Philox key of one dropout call, drawn from torch's default
+    generator (torch.manual_seed makes runs repeat); None without dropout."""
+    if not dropout_p:
+        return None
+    return torch.randint(-2 ** 63, 2 ** 63 - 1, (), dtype=torch.int64)
+
+
+def _prepare_mask(mask, B: int, H: int, qL: int, kL: int,
+                  dtype: torch.dtype) -> Optional[Tensor]:
+    """mask (bool: True = attend; float: additive, converted to ``dtype``
+    (the kernels') through autograd, so it can get a gradient) -> 4-D
+    ``dtype`` tensor broadcastable to [B, H, qL, kL] (a view with leading
+    1-dims; no copy when it has that dtype)."""
     if mask is None:
         return None
     if not isinstance(mask, torch.Tensor):
@@ -477,9 +547,9 @@ def _prepare_mask(mask, B: int, H: int, qL: int, kL: int) -> Optional[Tensor]:
         raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to "
                          f"[B, H, qL, kL] = {full}")
     if mask.dtype == torch.bool:
-        m = torch.zeros(mask.shape, dtype=torch.bfloat16).masked_fill(~mask, -math.inf)
+        m = torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, -math.inf)
     elif mask.dtype.is_floating_point:
-        m = mask.to(torch.bfloat16)
+        m = mask.to(dtype)
     else:
         raise TypeError(f"attention mask must be bool or floating point, got {mask.dtype}")
     return m.reshape(shape)
@@ -491,8 +561,8 @@ def _prepare_mask(mask, B: int, H: int, qL: int, kL: int) -> Optional[Tensor]:
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None,
               causal: bool = False, scale: Optional[float] = None,
               softcap: Optional[float] = None, q_offset: Optional[int] = None, *,
-              precision: Optional[str] = None, threads: Optional[int] = None,
-              deterministic: bool = False) -> Tensor:
+              dropout_p: float = 0.0, precision: Optional[str] = None,
+              threads: Optional[int] = None, deterministic: bool = False) -> Tensor:
     """FA-2 attention on the CPU: ``softmax(S) @ v`` with
     ``S = scale * q @ k^T`` (``softcap`` c: ``c*tanh(S/c)``), then the causal
     limit and the additive mask.
@@ -501,23 +571,32 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None,
     (GQA); D a multiple of 8 up to 512, the same for q, k and v. Strided
     views with a unit innermost stride are used in place. mask: bool
     (True = attend) or additive float, any shape broadcastable to
-    ``[B, H, qL, kL]`` (rounded to bf16; a float mask that requires grad gets
-    ``dL/dS``, summed over its broadcast dims). causal: key k visible to
-    query i iff ``k <= i + q_offset``, default ``q_offset = kL - qL``
-    (bottom-right). scale default ``1/sqrt(D)``.
+    ``[B, H, qL, kL]`` (in the compute dtype; a float mask that requires
+    grad gets ``dL/dS``, summed over its broadcast dims). causal: key k
+    visible to query i iff ``k <= i + q_offset``, default
+    ``q_offset = kL - qL`` (bottom-right). scale default ``1/sqrt(D)``.
+    dropout_p: each attention weight is dropped with this probability and
+    the kept ones scaled by ``1/(1 - dropout_p)``, as SDPA; the keep flags
+    come from the C library's counter-based Philox stream, keyed by a value
+    drawn from torch's default generator, and the backward recomputes them.
 
-    Computes in bf16 with f32 accumulation. Inputs of another float dtype
-    need ``precision="bf16"`` (they are rounded to bf16 through autograd and
-    the output cast back); without it they raise ``NotImplementedError``.
-    threads: None = ``torch.get_num_threads()``; deterministic: bitwise
-    identical results across runs and thread counts.
+    Precision: bfloat16 inputs compute in bf16 with f32 accumulation;
+    float32 inputs in float32 (max abs error ~1e-6 against float64 on
+    unit-variance inputs); float16 inputs in float32 (output cast back).
+    ``precision="bf16"`` rounds other dtypes to bf16 (faster, bf16-accurate);
+    ``precision="f32"`` computes in float32 (float64 inputs need one of the
+    two). q, k and v must have one dtype. threads: None =
+    ``torch.get_num_threads()``; deterministic: bitwise identical results
+    across runs and thread counts.
     """
     _check_cpu(q, k, v)
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError("attention takes 4-D [B, heads, L, D] tensors; got shapes "
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        _attn_dtype(t.dtype, precision, name)
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    cdtype = _compute_dtype(q.dtype, precision)
+    dropout_p = _dropout_p_arg(dropout_p)
     B, H, qL, D = q.shape
     Bk, Hkv, kL, Dk = k.shape
     if v.shape[-1] != D:
@@ -536,15 +615,15 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None,
         if x > _I32_MAX:
             raise ValueError(f"{n} = {x} does not fit the kernels' int32")
     dtype = q.dtype
-    q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
-    m = _prepare_mask(mask, B, H, qL, kL)
+    q, k, v = (t.to(cdtype) for t in (q, k, v))
+    m = _prepare_mask(mask, B, H, qL, kL, cdtype)
     if scale is None:
         scale = 1.0 / math.sqrt(D) if D > 0 else 1.0
     o = _attn_call(q, k, v, m, bool(causal), float(scale),
                    1.0 if softcap is None else float(softcap),
-                   kL - qL if q_offset is None else int(q_offset),
-                   _threads_arg(threads), bool(deterministic))
-    return o if dtype == torch.bfloat16 else o.to(dtype)
+                   kL - qL if q_offset is None else int(q_offset), dropout_p,
+                   _dropout_seed(dropout_p), _threads_arg(threads), bool(deterministic))
+    return o if dtype == cdtype else o.to(dtype)
 
 
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
@@ -556,11 +635,9 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
     """``torch.nn.functional.scaled_dot_product_attention`` on the tilegrad
     kernels: the same arguments and semantics (``is_causal`` top-left
     aligned, ``attn_mask`` bool = attend / float = additive, ``enable_gqa``),
-    3-D ``[N, L, E]`` or 4-D ``[N, H, L, E]`` CPU tensors. ``dropout_p``
-    must be 0; other differences in python/README.md."""
-    if dropout_p:
-        raise NotImplementedError(f"dropout_p = {dropout_p}: tilegrad attention has no "
-                                  "dropout yet (dropout_p must be 0)")
+    3-D ``[N, L, E]`` or 4-D ``[N, H, L, E]`` CPU tensors, ``dropout_p``
+    (applied whenever it is non-zero, as SDPA). Precision as
+    :func:`attention`; other differences in python/README.md."""
     if is_causal and attn_mask is not None:
         raise ValueError("give either attn_mask or is_causal, not both (as PyTorch)")
     squeeze = query.dim() == 3
@@ -574,8 +651,8 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
         raise ValueError(f"query has {query.shape[1]} heads, key {key.shape[1]}: "
                          "pass enable_gqa=True for grouped-query attention")
     out = attention(query, key, value, mask=attn_mask, causal=is_causal, scale=scale,
-                    q_offset=0 if is_causal else None, precision=precision, threads=threads,
-                    deterministic=deterministic)
+                    q_offset=0 if is_causal else None, dropout_p=dropout_p,
+                    precision=precision, threads=threads, deterministic=deterministic)
     return out.squeeze(1) if squeeze else out
 
 
@@ -645,23 +722,28 @@ class RMSNorm(torch.nn.Module):
 
 class Attention(torch.nn.Module):
     """Parameter-free module around :func:`attention`:
-    ``Attention(causal=True)(q, k, v, mask=None)``."""
+    ``Attention(causal=True)(q, k, v, mask=None)``. ``dropout`` (the
+    attention weights' dropout probability) applies in training mode only,
+    as ``nn.MultiheadAttention``'s."""
 
     def __init__(self, causal: bool = False, scale: Optional[float] = None,
-                 softcap: Optional[float] = None, *, precision: Optional[str] = None,
-                 threads: Optional[int] = None, deterministic: bool = False):
+                 softcap: Optional[float] = None, dropout: float = 0.0, *,
+                 precision: Optional[str] = None, threads: Optional[int] = None,
+                 deterministic: bool = False):
         super().__init__()
         self.causal, self.scale, self.softcap = causal, scale, softcap
+        self.dropout = _dropout_p_arg(dropout)
         self.precision, self.threads, self.deterministic = precision, threads, deterministic
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None) -> Tensor:
         return attention(q, k, v, mask=mask, causal=self.causal, scale=self.scale,
-                         softcap=self.softcap, precision=self.precision,
-                         threads=self.threads, deterministic=self.deterministic)
+                         softcap=self.softcap, dropout_p=self.dropout if self.training else 0.0,
+                         precision=self.precision, threads=self.threads,
+                         deterministic=self.deterministic)
 
     def extra_repr(self) -> str:
         return (f"causal={self.causal}, scale={self.scale}, softcap={self.softcap}, "
-                f"precision={self.precision}")
+                f"dropout={self.dropout}, precision={self.precision}")
 
 
 class MultiHeadAttention(torch.nn.Module):
@@ -676,11 +758,13 @@ class MultiHeadAttention(torch.nn.Module):
     ``[B, num_heads, L, L]``; ``key_padding_mask`` ``[B, L]`` bool with
     ``nn.MultiheadAttention``'s convention (True = padding, ignored).
     ``num_kv_heads`` (default num_heads) must divide num_heads; the head dim
-    ``embed_dim // num_heads`` must be a multiple of 8. ``precision="bf16"``
-    is needed for float32 activations (see :func:`attention`)."""
+    ``embed_dim // num_heads`` must be a multiple of 8. ``dropout`` as
+    ``nn.MultiheadAttention``'s (attention weights, training mode only);
+    precision as :func:`attention`."""
 
     def __init__(self, embed_dim: int, num_heads: int, num_kv_heads: Optional[int] = None,
-                 causal: bool = True, bias: bool = False, softcap: Optional[float] = None, *,
+                 causal: bool = True, bias: bool = False, softcap: Optional[float] = None,
+                 dropout: float = 0.0, *,
                  precision: Optional[str] = None, threads: Optional[int] = None,
                  deterministic: bool = False, device=None, dtype=None):
         super().__init__()
@@ -695,8 +779,8 @@ class MultiHeadAttention(torch.nn.Module):
         self.k_proj = torch.nn.Linear(embed_dim, num_kv_heads * self.head_dim, **fk)
         self.v_proj = torch.nn.Linear(embed_dim, num_kv_heads * self.head_dim, **fk)
         self.out_proj = torch.nn.Linear(num_heads * self.head_dim, embed_dim, **fk)
-        self.attn = Attention(causal=causal, softcap=softcap, precision=precision,
-                              threads=threads, deterministic=deterministic)
+        self.attn = Attention(causal=causal, softcap=softcap, dropout=dropout,
+                              precision=precision, threads=threads, deterministic=deterministic)
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None,
                 key_padding_mask: Optional[Tensor] = None) -> Tensor:

@@ -25,7 +25,9 @@ static attn_key score(const attn_problem *pb, int64_t b, int64_t h, int64_t i, i
   double aqk;
   const double qk = attn_dot(q, kk, p->D, &aqk);
   double s = p->scale * qk;
-  const double ez = fabs(p->scale) * gam(p->D) * aqk;
+  /* an infinite product (from an infinite input) is exact, and so is what
+   * the f32 score makes of it: scale * inf, tanh(+-inf) = +-1 */
+  const double ez = isinf(qk) ? 0 : fabs(p->scale) * gam(p->D) * aqk;
   attn_key key = {0};
   if (p->softcapping != 1.0f) {
     key.t = tanh(s / p->softcapping);
@@ -39,7 +41,7 @@ static attn_key score(const attn_problem *pb, int64_t b, int64_t h, int64_t i, i
     if (m == -INFINITY) key.vis = 0;
   }
   if (!key.vis) m = 0;
-  key.err = ez + 4 * U * (fabs(s) + fabs(p->scale * qk)) + U * fabs(s + m);
+  key.err = ez + 4 * U * (fabs(s) + (isinf(qk) ? 0 : fabs(p->scale * qk))) + U * fabs(s + m);
   key.s = s + m;
   return key;
 }
@@ -101,7 +103,7 @@ static void accumulate_row(attn_problem *pb, const attn_row *r, double *sK, doub
   const int64_t D = p->D, kL = p->kL, Hk = p->H / p->gqa_factor;
   const tg_bf16 *Qi = pb->Q + attn_off3(p->Q_strides, r->b, r->h, r->i);
   for (int64_t k = 0; k < kL; k++) {
-    if (r->P[k] == 0) continue;
+    if (!r->dense && r->P[k] == 0) continue; /* no term */
     const tg_bf16 *Kk = pb->K + attn_off3(p->K_strides, r->b, r->hk, k);
     const int64_t ko = ((r->b * Hk + r->hk) * kL + k) * D;
     const double dS = r->dS[k], dSe = r->dSe[k], P = r->P[k], Pe = r->Pe[k];
@@ -119,9 +121,15 @@ static void accumulate_row(attn_problem *pb, const attn_row *r, double *sK, doub
   }
 }
 
-static void reference(attn_problem *pb, attn_row_fn *row_fn) {
+static void free_reference(attn_problem *pb) {
+  free(pb->Lr), free(pb->Le), free(pb->Or), free(pb->Oe);
+  free(pb->dQr), free(pb->dKr), free(pb->dVr), free(pb->dQe), free(pb->dKe), free(pb->dVe);
+}
+
+void attn_reference(attn_problem *pb, attn_row_fn *row_fn, int dense) {
   const tg_attn_params *p = &pb->p;
   const int64_t B = p->B, H = p->H, qL = p->qL, kL = p->kL;
+  free_reference(pb);
   pb->Lr = calloc(pb->nL, sizeof(double));
   pb->Le = calloc(pb->nL, sizeof(double));
   pb->Or = calloc(pb->nQ, sizeof(double));
@@ -138,7 +146,8 @@ static void reference(attn_problem *pb, attn_row_fn *row_fn) {
                 .P = malloc(sizeof(double) * kL),
                 .Pe = malloc(sizeof(double) * kL),
                 .dS = malloc(sizeof(double) * kL),
-                .dSe = malloc(sizeof(double) * kL)};
+                .dSe = malloc(sizeof(double) * kL),
+                .dense = dense};
   for (r.b = 0; r.b < B; r.b++)
     for (r.h = 0; r.h < H; r.h++)
       for (r.i = 0; r.i < qL; r.i++) {
@@ -221,14 +230,67 @@ void attn_build(attn_problem *pb, const attn_cfg *c, const attn_suite *s, tu_rng
     tu_fill_f32(r, pb->dK0, pb->nKout, -1, 1);
     tu_fill_f32(r, pb->dV0, pb->nKout, -1, 1);
   }
-  reference(pb, s->row);
+  attn_reference(pb, s->row, 0);
 }
 
 void attn_destroy(attn_problem *pb) {
   free(pb->Q), free(pb->K), free(pb->V), free(pb->dO), free(pb->mask);
   free(pb->L), free(pb->Dv), free(pb->dK0), free(pb->dV0);
-  free(pb->Lr), free(pb->Le), free(pb->Or), free(pb->Oe);
-  free(pb->dQr), free(pb->dKr), free(pb->dVr), free(pb->dQe), free(pb->dKe), free(pb->dVe);
+  free_reference(pb);
+}
+
+/* P and its bound from pb->L (see attn_bwd_row_given). Bound: e_P = P (e_s
+ * + u|s - L| + 2u) (expf is < 2 ulp). */
+static void bwd_probs(attn_problem *pb, const attn_row *r) {
+  const int64_t kL = pb->p.kL;
+  const double L = pb->L[r->row];
+  for (int64_t k = 0; k < kL; k++) {
+    const attn_key *key = &r->key[k];
+    if (r->dense) /* the kernel's exp(s - L) with s = -inf where invisible, L = -inf as +inf */
+      r->P[k] = exp((key->vis ? key->s : -INFINITY) - (L == -INFINITY ? INFINITY : L));
+    else
+      r->P[k] = key->vis && L != -INFINITY ? exp(key->s - L) : 0;
+    r->Pe[k] = r->P[k] * (key->err + U * fabs(key->s - L) + 2 * U);
+  }
+}
+
+/* dS and its bound from pb->Dv: e_dS = |scale| (e_P |dP - Dv| + P (e_dP +
+ * u|dP - Dv|)) + 8u|dS|, e_dP = gamma(D) sum |dO V|. */
+static void bwd_ds(attn_problem *pb, const attn_row *r) {
+  const tg_attn_params *p = &pb->p;
+  const int64_t D = p->D, kL = p->kL;
+  for (int64_t k = 0; k < kL; k++) {
+    if (!r->dense && r->P[k] == 0) continue; /* no term */
+    const tg_bf16 *Vk = pb->V + attn_off3(p->V_strides, r->b, r->hk, k);
+    double adP;
+    const double diff = attn_dot(r->dO, Vk, D, &adP) - pb->Dv[r->row];
+    const double sc = p->softcapping != 1.0f ? 1 - r->key[k].t * r->key[k].t : 1;
+    r->dS[k] = p->scale * r->P[k] * diff * sc;
+    r->dSe[k] = fabs(p->scale) * (r->Pe[k] * fabs(diff) +
+                                  r->P[k] * (gam(D) * adP + U * fabs(diff))) +
+                8 * U * fabs(r->dS[k]);
+  }
+}
+
+void attn_bwd_row_given(attn_problem *pb, const attn_row *r) {
+  bwd_probs(pb, r);
+  bwd_ds(pb, r);
+}
+
+void attn_bwd_row(attn_problem *pb, const attn_row *r) {
+  const tg_attn_params *p = &pb->p;
+  const int64_t D = p->D, kL = p->kL;
+  pb->L[r->row] = (float)pb->Lr[r->row];
+  bwd_probs(pb, r);
+  double Dv = 0;
+  for (int64_t d = 0; d < D; d++) {
+    double O = 0;
+    for (int64_t k = 0; k < kL; k++)
+      O += r->P[k] * attn_bf(pb->V[attn_off3(p->V_strides, r->b, r->hk, k) + d]);
+    Dv += attn_bf(tg_f32_to_bf16((float)O)) * attn_bf(r->dO[d]);
+  }
+  pb->Dv[r->row] = (float)Dv;
+  bwd_ds(pb, r);
 }
 
 attn_outputs attn_alloc_outputs(const attn_problem *pb) {

@@ -9,7 +9,17 @@
  * What the suites share is computed here: scores, the forward reference (L
  * and O with bounds) and the sums that turn P and dS into dQ, dK, dV with
  * bounds. What differs (where the backward's L and D_vec come from, and so
- * the bounds of P and dS) is each suite's row function.
+ * the bounds of P and dS) is each suite's row function; the backward's P and
+ * dS from given L and D_vec are here too (attn_bwd_row, attn_bwd_row_given).
+ *
+ * Inputs may hold NaN or +-inf (tests/test_nan_inputs.c): the reference then
+ * follows IEEE arithmetic. A pair (query row, key) enters the backward's sums
+ * where it has a term: the key is visible (causal limit, mask not -inf) and
+ * P != 0. The dense reference (attn_reference(.., dense = 1)) takes every
+ * pair instead, an invisible one with score -inf, P = exp(-inf - L), and dS
+ * and the products formed from them, as the kernel's tile products do for
+ * the pairs of a tile (0 * inf, 0 * NaN are NaN); its bounds are not
+ * computed. Where it is NaN or infinite the kernel may be too.
  */
 #ifndef TG_ATTN_PROBLEM_H
 #define TG_ATTN_PROBLEM_H
@@ -71,12 +81,14 @@ typedef struct {
 
 /* One query row (b, h, i), head hk = h / gqa, index row = (b H + h) qL + i in
  * the reference arrays. The row function sets P, Pe, dS, dSe for every key;
- * a key with P = 0 adds nothing and its Pe, dS, dSe are not read. */
+ * a key with P = 0 adds nothing and its Pe, dS, dSe are not read (dense: P
+ * and dS of every key are read). */
 typedef struct {
   int64_t b, h, i, hk, row;
   const tg_bf16 *dO;        /* [D] */
   const attn_key *key;      /* [kL] */
   double *P, *Pe, *dS, *dSe; /* [kL] */
+  int dense;                /* every key enters (see the top) */
 } attn_row;
 
 typedef void attn_row_fn(attn_problem *pb, const attn_row *r);
@@ -101,6 +113,19 @@ double attn_dot(const tg_bf16 *a, const tg_bf16 *b, int64_t D, double *abs_sum);
  * reference. Fails the test if the params are refused. */
 void attn_build(attn_problem *pb, const attn_cfg *c, const attn_suite *s, tu_rng *r);
 void attn_destroy(attn_problem *pb);
+/* (Re)computes the reference (Lr .. dVe) from the current inputs with `row`;
+ * dense as at the top. */
+void attn_reference(attn_problem *pb, attn_row_fn *row, int dense);
+
+/* Row functions of the backward (ref_inputs suites). attn_bwd_row hands the
+ * kernel the reference's L, rounded to f32, and D_vec = O.dO with O = P V
+ * rounded to bf16 as the forward stores it (pb->L, pb->Dv), so neither
+ * carries an error of its own; then attn_bwd_row_given. attn_bwd_row_given
+ * takes pb->L and pb->Dv as they are: P = exp(s - L) (0 for an invisible key
+ * and for a row with L = -inf, the contract's fully masked row), dS =
+ * scale P (dO.V - D_vec) (times 1 - t^2 with softcap), with the bounds of
+ * tests/test_attention.c. */
+attn_row_fn attn_bwd_row, attn_bwd_row_given;
 
 /* Kernel outputs: O through O_strides [nQ]; L, D_vec [nL] and D_vec over
  * token-major rows [B,qL,H] (Dtok); dQ [nQ], dK, dV [nKout]. */

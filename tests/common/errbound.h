@@ -8,6 +8,11 @@
  *   libm (expf, logf, 1 ulp): 2u relative + 2 ETA
  *   sums of n terms in any order: sum e_i + gamma_{n-1} sum(|v_i| + e_i),
  *   gamma_k = k u / (1 - k u).
+ * Inputs holding NaN or +-inf (tests/test_nan_inputs.c): v follows IEEE
+ * arithmetic, and a value that is NaN or infinite carries no bound (e = 0):
+ * an infinity here comes from an input, not from an overflow of finite
+ * values, so the f32 evaluation meets the same one exactly (x * inf, inf + x,
+ * 1 / inf = 0 ...), and what it makes finite again is exact.
  */
 #ifndef TG_ERRBOUND_H
 #define TG_ERRBOUND_H
@@ -25,9 +30,11 @@ typedef struct {
 
 static inline eb eb_in(float x) { return (eb){x, 0}; }
 static inline eb eb_round(double v, double e) {
+  if (!isfinite(v)) return (eb){v, 0};
   return (eb){v, e + EB_U * (fabs(v) + e) + EB_ETA};
 }
 static inline eb eb_libm(double v, double e) {
+  if (!isfinite(v)) return (eb){v, 0};
   return (eb){v, e + 2 * EB_U * (fabs(v) + e) + 2 * EB_ETA};
 }
 static inline eb eb_mul(eb a, eb b) {
@@ -63,6 +70,7 @@ static inline void eb_sum_add(eb_sum *s, eb t) {
   s->n++;
 }
 static inline eb eb_sum_get(const eb_sum *s) {
+  if (!isfinite(s->v)) return (eb){s->v, 0};
   const double k = s->n > 1 ? (double)(s->n - 1) : 0.0;
   return (eb){s->v, s->e + k * EB_U / (1 - k * EB_U) * s->mag + k * EB_ETA};
 }

@@ -137,3 +137,29 @@ int tu_check_bound(const char *what, const float *got, const double *want,
   }
   return 1;
 }
+
+/* Why got[i] does not match an IEEE reference (tu_check_ieee), or NULL. */
+static const char *ieee_mismatch(float got, double want, double bound, const double *may) {
+  if (may && !isfinite(*may) && (isnan(got) || (double)got == *may)) return NULL;
+  if (isnan(want)) return isnan(got) ? NULL : "want NaN";
+  if (isinf(want)) return (double)got == want ? NULL : "want this infinity";
+  if (!isfinite(bound)) return "reference bound not finite";
+  if (isnan(got)) return "NaN where the reference is finite";
+  return fabs((double)got - want) <= bound ? NULL : "out of bound";
+}
+
+int tu_check_ieee(const char *what, const float *got, const double *want, const double *bound,
+                  const double *may, int64_t n) {
+  int64_t bad = 0;
+  for (int64_t i = 0; i < n; i++) {
+    const char *why = ieee_mismatch(got[i], want[i], bound[i], may ? may + i : NULL);
+    if (!why) continue;
+    if (bad++ >= 3) continue;
+    printf("  %s: [%lld] got %.9g want %.9g bound %.3g", what, (long long)i, (double)got[i],
+           want[i], bound[i]);
+    if (may) printf(" (dense %.9g)", may[i]);
+    printf(": %s\n", why);
+  }
+  if (bad) printf("  %s: %lld of %lld elements wrong\n", what, (long long)bad, (long long)n);
+  return bad == 0;
+}

@@ -50,6 +50,18 @@ tg_ctx *tu_ctx(int threads, tg_isa isa);
 int tu_check_bound(const char *what, const float *got, const double *want,
                    const double *bound, int64_t n);
 
+/* For references computed in IEEE arithmetic from inputs that hold NaN or
+ * +-inf (tests/common/refs.h): where want[i] is NaN, got[i] must be NaN;
+ * where it is +-inf, got[i] must be that infinity; where it is finite,
+ * got[i] must be within bound[i] of it (a bound that is not finite fails:
+ * the reference cannot check that element). may (NULL: none) is a second
+ * reference of the same inputs with every product the kernel may form with
+ * an exact zero (a dense reference): where may[i] is NaN or infinite, got[i]
+ * may also be NaN or may[i]. Prints the first offending elements (at most
+ * 3) with `what` and returns 0 when any element fails. */
+int tu_check_ieee(const char *what, const float *got, const double *want, const double *bound,
+                  const double *may, int64_t n);
+
 /* Fails the current test with a printf-style message. */
 #define TU_FAIL(...) fail_msg(__VA_ARGS__)
 

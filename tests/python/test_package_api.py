@@ -14,6 +14,7 @@ The oracle modules check the kernels' math through the raw binding
   no output byte changed; Python-side refusals (TypeError / ValueError)
   before the library is called.
 """
+import ctypes
 import math
 import pickle
 import threading
@@ -117,7 +118,7 @@ def test_error_classes():
     builtin = {capi.TG_ERR_NULL_ARG: ValueError, capi.TG_ERR_BAD_SHAPE: ValueError,
                capi.TG_ERR_UNSUPPORTED: NotImplementedError, capi.TG_ERR_BAD_INDEX: IndexError,
                capi.TG_ERR_BAD_PARAMS: ValueError, capi.TG_ERR_OVERFLOW: OverflowError,
-               capi.TG_ERR_NO_MEMORY: MemoryError}
+               capi.TG_ERR_NO_MEMORY: MemoryError, capi.TG_ERR_ALIAS: ValueError}
     for status, base in builtin.items():
         e = tg.errors.error_for_status("tg_x", status, "what", "detail")
         assert isinstance(e, tg.TilegradError) and isinstance(e, base)
@@ -550,6 +551,29 @@ def test_transpose(lib, dctx):
         tg.transpose_2d(np.zeros((0, 3), np.float32), ctx=dctx)
 
 
+def test_aliasing(lib, dctx):
+    """An out= array over an input: AliasError (a ValueError), nothing
+    written; the exact in-place pairs give the out-of-place bits."""
+    rng = np.random.default_rng(13)
+    x = f32(rng, (40, 40))
+    snap = x.copy()
+    with pytest.raises(tg.AliasError, match="tg_transpose_2d: output overlaps input") as e:
+        tg.transpose_2d(x, out=x, ctx=dctx)
+    assert isinstance(e.value, ValueError) and e.value.status == capi.TG_ERR_ALIAS
+    assert same_bits(x, snap)
+    z = f32(rng, (6, 50))
+    sm = np.exp(z - z.max(-1, keepdims=True))
+    sm = (sm / sm.sum(-1, keepdims=True)).astype(np.float32)
+    go = f32(rng, (6, 50))
+    want = tg.softmax_backward(sm, go, ctx=dctx)
+    assert tg.softmax_backward(sm, go, out=go, ctx=dctx) is go and same_bits(go, want)
+    w = f32(rng, (50,))
+    want = tg.rms_norm_forward(z, w, ctx=dctx)
+    assert tg.rms_norm_forward(z, w, out=z, ctx=dctx) is z and same_bits(z, want)
+    with pytest.raises(tg.AliasError, match="y overlaps x"):  # a partial overlap
+        tg.rms_norm_forward(z[1:], w, out=z[:-1], ctx=dctx)
+
+
 def test_causal_attention_backward(lib, dctx):
     rng = np.random.default_rng(13)
     seq, H, Hkv, D = 21, 4, 2, 12
@@ -655,3 +679,45 @@ def test_decode_reduce_and_fwht(lib, dctx):
         tg.fwht_sign_undo_(x512.astype(np.float64), ctx=dctx)
     with pytest.raises(ValueError, match="DV % 4"):
         tg.pack_vec_partials(parts[..., :6], S, M)
+
+
+# ---------------------------------------------------------------------------
+# The raw binding of the dtype / options entry points (CPU extension): f32
+# attention with dropout through capi, the mask from tg_attn_dropout_keep.
+
+def test_capi_attn_float32_dropout(lib, dctx):
+    assert ctypes.sizeof(capi.AttnOptions) == 24
+    rng = np.random.default_rng(18)
+    B, H, Hk, L, D, p = 1, 2, 1, 40, 16, 0.3
+    prm = capi.attn_params_init(B, H, Hk, L, L, D, 0.25, lib=lib)
+    Q, dO = f32(rng, (B, H, L, D)), f32(rng, (B, H, L, D))
+    K, V = f32(rng, (B, Hk, L, D)), f32(rng, (B, Hk, L, D))
+    opt = capi.AttnOptions(dropout_p=p, dropout_seed=int(rng.integers(2**63)),
+                           dropout_offset=2**64 - 3)
+    O, Lse = np.empty_like(Q), np.empty((B, H, L), np.float32)
+    dctx.call("tg_attn_train_fwd", capi.TG_DTYPE_F32, Q, K, V, O, Lse, prm, None, None, 1, opt)
+    keep = np.empty((B, H, L, L), np.uint8)
+    dctx.call("tg_attn_dropout_keep", opt, B, H, L, L, keep)
+    assert 0.5 < keep.mean() < 0.9
+    s = np.einsum("bhid,bkd->bhik", Q.astype(np.float64), K[:, 0].astype(np.float64)) * 0.25
+    s[..., np.triu(np.ones((L, L), bool), 1)] = -np.inf
+    P = np.exp(s - s.max(-1, keepdims=True))
+    P /= P.sum(-1, keepdims=True)
+    ref = np.einsum("bhik,bkd->bhid", P * keep / (1 - np.float32(p)), V[:, 0].astype(np.float64))
+    np.testing.assert_allclose(O, ref, rtol=0, atol=1e-5)
+    Dv = np.empty((B, H, L), np.float32)
+    dctx.call("tg_attn_train_bwd_compute_d", capi.TG_DTYPE_F32, O, dO, Dv, B, H, L, D)
+    dQ, dK, dV = np.empty_like(Q), np.zeros_like(K), np.zeros_like(V)
+    dctx.call("tg_attn_train_bwd", capi.TG_DTYPE_F32, Q, K, V, Lse, dO, Dv, dQ, dK, dV, prm,
+              None, None, 1, opt)
+    refV = np.einsum("bhik,bhid->bkd", P * keep / (1 - np.float32(p)), dO.astype(np.float64))
+    np.testing.assert_allclose(dV[:, 0], refV, rtol=0, atol=1e-5)
+    for bad, field in ((capi.AttnOptions(dropout_p=1.0), "dropout_p"),
+                       (capi.AttnOptions(reserved=1), "reserved")):
+        o = np.full_like(O, 4.0)
+        with pytest.raises(tg.BadParamsError, match=field):
+            dctx.call("tg_attn_train_fwd", capi.TG_DTYPE_F32, Q, K, V, o, Lse, prm, None, None,
+                      1, bad)
+        assert (o == 4).all()
+    with pytest.raises(tg.BadParamsError, match="dtype"):
+        dctx.call("tg_attn_train_bwd_compute_d", 2, O, dO, Dv, B, H, L, D)

@@ -32,27 +32,35 @@ def _attn_cases():
     mask[..., 3] = -math.inf
     mrow = bf(qL, 1, seed=5).reshape(1, 1, qL, 1).requires_grad_(True)  # broadcast over keys
     sc = 1 / math.sqrt(D)
+    f32 = [t.detach().float().requires_grad_(True) for t in (q, k, v)]
+    seed = torch.tensor(12345, dtype=torch.int64)
+    # (q, k, v, mask, causal, scale, softcap, q_offset, dropout_p, seed, threads, det)
     return [
-        (q, k, v, None, False, sc, 1.0, kL - qL, 1, True),
-        (qs, k, v, mask, True, sc, 1.0, kL - qL, 2, True),
-        (q, k, v, mrow, False, sc, 30.0, 0, 1, True),
-        (q.detach(), k.detach(), v.detach(), None, True, 0.5, 1.0, 0, 1, False),
+        (q, k, v, None, False, sc, 1.0, kL - qL, 0.0, None, 1, True),
+        (qs, k, v, mask, True, sc, 1.0, kL - qL, 0.0, None, 2, True),
+        (q, k, v, mrow, False, sc, 30.0, 0, 0.0, None, 1, True),
+        (q.detach(), k.detach(), v.detach(), None, True, 0.5, 1.0, 0, 0.0, None, 1, False),
+        (*f32, mask.float(), True, sc, 1.0, kL - qL, 0.0, None, 2, True),   # float32 kernels
+        (*f32, None, False, sc, 1.0, 0, 0.25, seed, 2, True),              # dropout
     ]
 
 
-@pytest.mark.parametrize("i", range(4))
+@pytest.mark.parametrize("i", range(6))
 def test_opcheck_attn_fwd(i):
     args = _attn_cases()[i]
     torch.library.opcheck(torch.ops.tilegrad.attn_fwd.default, args)
 
 
 def test_opcheck_attn_bwd():
-    q, k, v, mask, causal, sc, cap, off, th, det = _attn_cases()[1]
-    q, k, v = q.detach(), k.detach(), v.detach()
-    o, lse = torch.ops.tilegrad.attn_fwd(q, k, v, mask, causal, sc, cap, off, th, det)
-    do = bf(*o.shape, seed=9)
-    torch.library.opcheck(torch.ops.tilegrad.attn_bwd.default,
-                          (do, q, k, v, o, lse, mask, causal, sc, cap, off, th, det))
+    for case in (1, 5):      # bf16 with a mask, float32 with dropout
+        q, k, v, mask, causal, sc, cap, off, p, seed, th, det = _attn_cases()[case]
+        q, k, v = q.detach(), k.detach(), v.detach()
+        o, lse = torch.ops.tilegrad.attn_fwd(q, k, v, mask, causal, sc, cap, off, p, seed, th,
+                                             det)
+        do = bf(*o.shape, seed=9).to(q.dtype)
+        torch.library.opcheck(torch.ops.tilegrad.attn_bwd.default,
+                              (do, q, k, v, o, lse, mask, causal, sc, cap, off, p, seed, th,
+                               det))
 
 
 def test_opcheck_rms_norm():
@@ -167,8 +175,12 @@ def test_block_pickles_and_deepcopies(tmp_path):
 
 def test_ops_check_their_dtypes():
     q = bf(1, 1, 4, 8)
-    with pytest.raises(TypeError, match="attn_fwd: q must be torch.bfloat16"):
-        torch.ops.tilegrad.attn_fwd(q.float(), q, q, None, False, 1.0, 1.0, 0, 0, False)
+    with pytest.raises(TypeError, match="attn_fwd: q must be torch.bfloat16 or torch.float32"):
+        torch.ops.tilegrad.attn_fwd(q.double(), q, q, None, False, 1.0, 1.0, 0, 0.0, None, 0,
+                                    False)
+    with pytest.raises(TypeError, match="attn_fwd: k must be torch.float32"):
+        torch.ops.tilegrad.attn_fwd(q.float(), q, q, None, False, 1.0, 1.0, 0, 0.0, None, 0,
+                                    False)
     with pytest.raises(TypeError, match="rms_norm_fwd: x must be torch.float32"):
         torch.ops.tilegrad.rms_norm_fwd(q.double(), torch.ones(8), 1e-5, 0, False)
 
@@ -176,10 +188,12 @@ def test_ops_check_their_dtypes():
     # outside a tensor through a direct op call)
     k1 = bf(2, 1, 4, 8)
     with pytest.raises(ValueError, match="attn_fwd: q .* and k .* disagree"):
-        torch.ops.tilegrad.attn_fwd(q, k1, k1, None, False, 1.0, 1.0, 0, 0, False)
-    o, lse = torch.ops.tilegrad.attn_fwd(q, q, q, None, False, 1.0, 1.0, 0, 0, False)
+        torch.ops.tilegrad.attn_fwd(q, k1, k1, None, False, 1.0, 1.0, 0, 0.0, None, 0, False)
+    o, lse = torch.ops.tilegrad.attn_fwd(q, q, q, None, False, 1.0, 1.0, 0, 0.0, None, 0, False)
     with pytest.raises(ValueError, match="attn_bwd: do must have shape"):
         torch.ops.tilegrad.attn_bwd(bf(1, 1, 5, 8), q, q, q, o, lse, None, False, 1.0, 1.0, 0,
-                                    0, False)
+                                    0.0, None, 0, False)
+    with pytest.raises(ValueError, match="needs seed"):
+        torch.ops.tilegrad.attn_fwd(q, q, q, None, False, 1.0, 1.0, 0, 0.5, None, 0, False)
     with pytest.raises(ValueError, match="rms_norm_fwd: x .* and weight"):
         torch.ops.tilegrad.rms_norm_fwd(torch.ones(3, 8), torch.ones(9), 1e-5, 0, False)

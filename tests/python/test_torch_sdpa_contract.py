@@ -8,8 +8,8 @@ same bf16 inputs (PyTorch 1.13 and 2.x):
   summed over its broadcast dims;
 * empty tensors in -> empty (or zero) tensors out, as PyTorch;
 * NaN in the inputs reaches the outputs (the C forward propagates it);
-* value head dim != query head dim, float16/float32 without precision="bf16",
-  dropout_p > 0: clear errors naming the limit;
+* value head dim != query head dim: a clear error naming the limit
+  (dtypes, precision= and dropout: test_torch_precision_dropout.py);
 * modules pickle and deepcopy; MultiHeadAttention's key_padding_mask.
 
 Tolerances, per element: O within 2^-8 |ref| (its one bf16 rounding) plus
@@ -255,30 +255,6 @@ def test_value_head_dim_differs_is_a_clear_error():
     q, k, v = bf(1, 2, 4, 16), bf(1, 2, 5, 16), bf(1, 2, 5, 32)
     with pytest.raises(NotImplementedError, match=r"value head dim 32 != .* 16.*one head dim"):
         tt.scaled_dot_product_attention(q, k, v)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
-def test_non_bf16_inputs_need_precision_bf16(dtype):
-    q, k, v = (bf(1, 2, 6, 16, seed=s).to(dtype).requires_grad_(True) for s in (1, 2, 3))
-    with pytest.raises(NotImplementedError, match='precision="bf16"'):
-        tt.attention(q, k, v)
-    with pytest.raises(NotImplementedError, match="bf16-accurate"):
-        tt.scaled_dot_product_attention(q, k, v)
-    with pytest.raises(NotImplementedError, match='precision="bf16"'):
-        tt.MultiHeadAttention(16, 2, dtype=torch.float32)(q[:, 0].float())
-    o = tt.attention(q, k, v, precision="bf16")
-    assert o.dtype == dtype
-    close(o, ref(q, k, v), f"{dtype} with precision=bf16")
-    o.sum().backward()
-    assert q.grad.dtype == dtype
-    with pytest.raises(ValueError, match="precision"):
-        tt.attention(q, k, v, precision="f32")
-
-
-def test_dropout_is_a_clear_error():
-    q = bf(1, 2, 4, 8)
-    with pytest.raises(NotImplementedError, match=r"dropout_p = 0\.1.*no dropout"):
-        tt.scaled_dot_product_attention(q, q, q, dropout_p=0.1)
 
 
 def test_modules_pickle_and_deepcopy():

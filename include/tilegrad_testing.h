@@ -1,0 +1,34 @@
+/*
+ * tilegrad test hooks: for the project's own tests (tests/test_hardening.c).
+ * NOT part of the API: no ABI or behaviour promise, may change or go away in
+ * any release (the Python package ships tilegrad.h only). libtilegrad
+ * exports these symbols so that a test linked against the shared library
+ * can reach them.
+ *
+ * Allocation failure. Every allocation libtilegrad makes (contexts, scratch,
+ * workspace, per-call buffers) goes through one function, which counts its
+ * calls while the hook is armed and returns NULL for the chosen one: a test
+ * fails allocation k = 0, 1, 2, ... of a call in turn and checks that each
+ * gives TG_ERR_NO_MEMORY with nothing written. The counters are atomic
+ * (allocations may come from OpenMP threads). OpenMP's own allocations
+ * (libgomp's thread pool) are not the library's and are not counted.
+ */
+#ifndef TILEGRAD_TESTING_H
+#define TILEGRAD_TESTING_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Arms the hook: library allocations are counted from 0 on, and the one
+ * numbered fail_at returns NULL (fail_at < 0: none; count only). */
+void tg_testing_alloc_arm(long long fail_at);
+
+/* Disarms the hook. Returns how many library allocations were made since
+ * the arm; *failed (if not NULL) gets 1 if allocation fail_at was refused. */
+long long tg_testing_alloc_disarm(int *failed);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TILEGRAD_TESTING_H */
