@@ -25,48 +25,55 @@ static inline __m512 dp_pairs(__m512 acc, __m512i a, __m512i b) {
   return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
 }
 
-/* rows (a literal at each call site, <= BF16_MR) x 32 columns of C, the
- * columns of each half limited by its lane mask (edge blocks). */
-static inline __attribute__((always_inline)) void bf16_block_rows(
-    const int rows, int P, const uint16_t *restrict A, int64_t lda,
-    const uint32_t *restrict Bp, int64_t ldb, float *restrict C, int64_t ldc, int accumulate,
-    __mmask16 m0, __mmask16 m1) {
-  __m512 acc[BF16_MR][2];
-  for (int r = 0; r < rows; r++) {
-    acc[r][0] = accumulate ? _mm512_maskz_loadu_ps(m0, C + r * ldc) : _mm512_setzero_ps();
-    acc[r][1] = accumulate ? _mm512_maskz_loadu_ps(m1, C + r * ldc + 16) : _mm512_setzero_ps();
-  }
+static inline __m512i pair_at(const uint16_t *p) {
+  uint32_t pair;
+  memcpy(&pair, p, sizeof pair);
+  return _mm512_set1_epi32((int32_t)pair);
+}
+
+/* rows (<= BF16_MR) x 32 columns of C, the columns of each half limited by
+ * its lane mask (edge blocks). The 16 accumulators are named variables: an
+ * array of them (acc[r][j]) was stored to the stack on every k by gcc 12.
+ * A block of fewer rows computes its missing rows on row 0 and stores
+ * only its own. */
+static void bf16_block(int rows, int P, const uint16_t *restrict A, int64_t lda,
+                       const uint32_t *restrict Bp, int64_t ldb, float *restrict C, int64_t ldc,
+                       int accumulate, __mmask16 m0, __mmask16 m1) {
+  int64_t off[BF16_MR]; /* element offset of each row's A (row 0 for rows past the edge) */
+  for (int r = 0; r < BF16_MR; r++) off[r] = r < rows ? r * lda : 0;
+#define TG_BF16_INIT(r)                                                                     \
+  __m512 c##r##0 = accumulate && r < rows ? _mm512_maskz_loadu_ps(m0, C + r * ldc)         \
+                                          : _mm512_setzero_ps();                          \
+  __m512 c##r##1 = accumulate && r < rows ? _mm512_maskz_loadu_ps(m1, C + r * ldc + 16)    \
+                                          : _mm512_setzero_ps();
+  TG_BF16_INIT(0) TG_BF16_INIT(1) TG_BF16_INIT(2) TG_BF16_INIT(3)
+  TG_BF16_INIT(4) TG_BF16_INIT(5) TG_BF16_INIT(6) TG_BF16_INIT(7)
+#undef TG_BF16_INIT
+  const uint16_t *a0 = A + off[0], *a1 = A + off[1], *a2 = A + off[2], *a3 = A + off[3];
+  const uint16_t *a4 = A + off[4], *a5 = A + off[5], *a6 = A + off[6], *a7 = A + off[7];
   for (int p = 0; p < P; p++) {
     const __m512i b0 = _mm512_maskz_loadu_epi32(m0, Bp + (int64_t)p * ldb);
     const __m512i b1 = _mm512_maskz_loadu_epi32(m1, Bp + (int64_t)p * ldb + 16);
-    for (int r = 0; r < rows; r++) {
-      uint32_t pair;
-      memcpy(&pair, A + r * lda + 2 * (int64_t)p, sizeof pair);
-      const __m512i a = _mm512_set1_epi32((int32_t)pair);
-      acc[r][0] = dp_pairs(acc[r][0], a, b0);
-      acc[r][1] = dp_pairs(acc[r][1], a, b1);
-    }
+#define TG_BF16_STEP(r)                                \
+  {                                                    \
+    const __m512i x = pair_at(a##r + 2 * (int64_t)p);  \
+    c##r##0 = dp_pairs(c##r##0, x, b0);                \
+    c##r##1 = dp_pairs(c##r##1, x, b1);                \
   }
-  for (int r = 0; r < rows; r++) {
-    _mm512_mask_storeu_ps(C + r * ldc, m0, acc[r][0]);
-    _mm512_mask_storeu_ps(C + r * ldc + 16, m1, acc[r][1]);
+    TG_BF16_STEP(0) TG_BF16_STEP(1) TG_BF16_STEP(2) TG_BF16_STEP(3)
+    TG_BF16_STEP(4) TG_BF16_STEP(5) TG_BF16_STEP(6) TG_BF16_STEP(7)
+#undef TG_BF16_STEP
   }
+#define TG_BF16_STORE(r)                                       \
+  if (r < rows) {                                              \
+    _mm512_mask_storeu_ps(C + r * ldc, m0, c##r##0);           \
+    _mm512_mask_storeu_ps(C + r * ldc + 16, m1, c##r##1);      \
+  }
+  TG_BF16_STORE(0) TG_BF16_STORE(1) TG_BF16_STORE(2) TG_BF16_STORE(3)
+  TG_BF16_STORE(4) TG_BF16_STORE(5) TG_BF16_STORE(6) TG_BF16_STORE(7)
+#undef TG_BF16_STORE
 }
-
-static void bf16_block(int rows, int P, const uint16_t *A, int64_t lda, const uint32_t *Bp,
-                       int64_t ldb, float *C, int64_t ldc, int accumulate, __mmask16 m0,
-                       __mmask16 m1) {
-  switch (rows) {
-#define TG_BF16_ROWS_CASE(n)                                                         \
-  case n:                                                                            \
-    bf16_block_rows(n, P, A, lda, Bp, ldb, C, ldc, accumulate, m0, m1);              \
-    break;
-    TG_BF16_ROWS_CASE(1) TG_BF16_ROWS_CASE(2) TG_BF16_ROWS_CASE(3) TG_BF16_ROWS_CASE(4)
-    TG_BF16_ROWS_CASE(5) TG_BF16_ROWS_CASE(6) TG_BF16_ROWS_CASE(7) TG_BF16_ROWS_CASE(8)
-#undef TG_BF16_ROWS_CASE
-  }
-}
-_Static_assert(BF16_MR == 8, "bf16_block has cases for up to 8 rows");
+_Static_assert(BF16_MR == 8, "bf16_block names 8 rows of accumulators");
 
 /* The lanes of a 16-lane half with `cols` (any int) columns left. */
 static inline __mmask16 lanes_mask(int cols) {
