@@ -37,8 +37,9 @@ TG_ISA_AUTO = 0
 TG_ISA_PORTABLE = 1
 TG_ISA_AVX512 = 2
 TG_ISA_AVX2 = 3
+TG_ISA_AVX512_BF16 = 4
 ISA_NAMES = {"auto": TG_ISA_AUTO, "portable": TG_ISA_PORTABLE, "avx2": TG_ISA_AVX2,
-             "avx512": TG_ISA_AVX512}
+             "avx512": TG_ISA_AVX512, "avx512bf16": TG_ISA_AVX512_BF16}
 # tg_attn_schedule (how the FA-2 backward shares out dK/dV work)
 TG_ATTN_SCHEDULE_KV = 0
 TG_ATTN_SCHEDULE_ATOMIC = 1
@@ -364,7 +365,7 @@ class Context:
     threads: ``None`` or 0 = OpenMP's default (``OMP_NUM_THREADS``), n > 0 = n.
     deterministic: bitwise identical results across runs and thread counts.
     isa: ``None``/``"auto"`` (best the CPU has; ``TG_ISA`` env overrides),
-    ``"portable"``, ``"avx2"`` or ``"avx512"`` (``UnsupportedError`` if
+    ``"portable"``, ``"avx2"``, ``"avx512"`` or ``"avx512bf16"`` (``UnsupportedError`` if
     unavailable).
     attn_schedule: ``None`` (library default, "kv"), ``"kv"`` or ``"atomic"``.
     """
@@ -419,7 +420,8 @@ class Context:
 
     @property
     def isa(self):
-        """Name of the microkernel table in use ("portable", "avx2", "avx512")."""
+        """Name of the microkernel table in use ("portable", "avx2", "avx512",
+        "avx512bf16")."""
         return self.lib.isa_name(self.isa_id)
 
     @isa.setter
