@@ -621,6 +621,49 @@ static void expect_refused(tg_ctx *ctx, tg_status st, const char *what, const vo
   if (memcmp(mem, snap, bytes)) TU_FAIL("%s: refused, but a byte changed", what);
 }
 
+/* The dtype entry points judge extents by their element size: with float32
+ * tensors, an O that starts where Q's extent would end if Q were bf16 (half
+ * way into the f32 Q) is refused, and so are dQ over dO and D_out over O;
+ * the same buffers laid out apart run. 1 and 3 threads. */
+static void test_attention_f32_extents(void **state) {
+  enum { B = 1, H = 2, L = 24, D = 16, N = B * H * L * D, NL = B * H * L };
+  tu_rng r = tu_rng_make(tu_seed() + 510);
+  float *buf = tu_alloc(sizeof(float) * 8 * N), *l = tu_alloc(4 * NL), *dv = tu_alloc(4 * NL);
+  tu_fill_f32(&r, buf, 8 * N, -1, 1);
+  tu_fill_f32(&r, l, NL, 1, 2);
+  tu_fill_f32(&r, dv, NL, -1, 1);
+  float *q = buf, *k = buf + N, *v = buf + 2 * N, *o = buf + 3 * N, *dO = buf + 4 * N;
+  float *dq = buf + 5 * N, *dk = buf + 6 * N, *dvv = buf + 7 * N;
+  tg_attn_params p;
+  assert_int_equal(tg_attn_params_init(&p, B, H, H, L, L, D, 0.25f), TG_OK);
+  float *snap = tu_alloc(sizeof(float) * 8 * N);
+  for (int t = 1; t <= 3; t += 2) {
+    tg_ctx *ctx = tu_ctx(t, TG_ISA_AUTO);
+    memcpy(snap, buf, sizeof(float) * 8 * N);
+    /* O at the middle of the f32 Q: inside its 4-byte extent only */
+    TU_EXPECT_STATUS(ctx, tg_attn_train_fwd(ctx, TG_DTYPE_F32, q, k, v, q + N / 2, l, &p, NULL,
+                                            NULL, 1, NULL),
+                     TG_ERR_ALIAS);
+    assert_non_null(strstr(tg_ctx_last_error(ctx), "O"));
+    TU_EXPECT_STATUS(ctx, tg_attn_train_bwd(ctx, TG_DTYPE_F32, q, k, v, l, dO, dv, dO + N / 2,
+                                            dk, dvv, &p, NULL, NULL, 1, NULL),
+                     TG_ERR_ALIAS);
+    TU_EXPECT_STATUS(ctx, tg_attn_train_bwd_compute_d(ctx, TG_DTYPE_F32, o, dO,
+                                                      (float *)(o + N / 2), B, H, L, D),
+                     TG_ERR_ALIAS);
+    assert_memory_equal(snap, buf, sizeof(float) * 8 * N);
+    /* apart: they run */
+    TU_EXPECT_STATUS(ctx, tg_attn_train_fwd(ctx, TG_DTYPE_F32, q, k, v, o, l, &p, NULL, NULL, 1,
+                                            NULL),
+                     TG_OK);
+    TU_EXPECT_STATUS(ctx, tg_attn_train_bwd(ctx, TG_DTYPE_F32, q, k, v, l, dO, dv, dq, dk, dvv,
+                                            &p, NULL, NULL, 1, NULL),
+                     TG_OK);
+    tg_ctx_destroy(ctx);
+  }
+  free(buf), free(l), free(dv), free(snap);
+}
+
 static void test_report_transpose_in_place(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 600);
   const uint32_t shapes[][2] = {{256, 256}, {200, 333}};
@@ -742,6 +785,7 @@ int main(void) {
       cmocka_unit_test(test_in_place_pairs),
       cmocka_unit_test(test_cast_in_place),
       cmocka_unit_test(test_attention_extents),
+      cmocka_unit_test(test_attention_f32_extents),
       cmocka_unit_test(test_report_transpose_in_place),
       cmocka_unit_test(test_report_cast_in_place_2_threads),
       cmocka_unit_test(test_report_decode_in_place),
