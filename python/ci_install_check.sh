@@ -10,7 +10,9 @@
 #   4. from another directory, with an empty environment (no TILEGRAD_LIB,
 #      nothing on PYTHONPATH), import tilegrad, check that the bundled
 #      library is the one loaded, and run attention forward/backward through
-#      the autograd wrapper against a float64 reference.
+#      the autograd wrapper against a float64 reference,
+#   5. the wheel into a second fresh venv (nothing built: the library it
+#      bundles) and the same smoke test from there.
 #
 # Usage: python/ci_install_check.sh [--offline]
 #   --offline: pip install --no-build-isolation --no-index (uses the venv's
@@ -44,9 +46,11 @@ echo "   $(basename "$sdist") ($(grep -c /csrc/ "$work/sdist.txt") C source entr
 echo "== pip install the sdist (builds from its csrc/, away from the repository)"
 (cd "$work" && "$work/venv/bin/python" -m pip install "${pip_args[@]}" "$sdist")
 
-echo "== smoke test from $work, empty environment"
-cd "$work"
-env -i PATH=/usr/bin:/bin HOME="$work" "$work/venv/bin/python" - <<'PYEOF'
+# The smoke test, run from $work with an empty environment by each venv's
+# python: the bundled library is the one loaded; FA-2 forward and backward
+# through autograd against float64.
+smoke() {
+  (cd "$work" && env -i PATH=/usr/bin:/bin HOME="$work" "$1" - <<'PYEOF'
 import os, torch, tilegrad, tilegrad.torch as tt
 lib = tilegrad.library().path
 print("tilegrad", tilegrad.__version__, "from", os.path.dirname(tilegrad.__file__), "| library", lib, "| isa", tilegrad.default_context().isa)
@@ -65,3 +69,13 @@ for name, a, b in (("O", o, O), ("dq", q.grad, Q.grad), ("dk", k.grad, K.grad), 
     assert err < 2 ** -6, name
 print("install check OK")
 PYEOF
+  )
+}
+
+echo "== smoke test of the sdist install, from $work, empty environment"
+smoke "$work/venv/bin/python"
+
+echo "== the wheel into a second fresh venv (no build: the bundled library), smoke test"
+"$python" -m venv --system-site-packages "$work/venv-wheel"
+"$work/venv-wheel/bin/python" -m pip install "${pip_args[@]}" -q "$work/dist/$wheel"
+smoke "$work/venv-wheel/bin/python"
