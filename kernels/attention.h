@@ -96,6 +96,13 @@ tg_status tg_attn_check_dtype(tg_ctx *ctx, const char *fn, tg_dtype dtype);
  * its dropout (threshold 0 for none). */
 tg_status tg_attn_check_options(tg_ctx *ctx, const char *fn, const tg_attn_options *opt,
                                 tg_attn_dropout *drop);
+/* The checks of the dtype entry points in their order (dtype, options, then
+ * tg_attn_validate) and *out with the dtype and dropout set: the problem
+ * the engine runs, before the buffers' aliasing check. */
+tg_status tg_attn_prepare(tg_ctx *ctx, const char *fn, tg_dtype dtype,
+                          const tg_attn_options *opt, const tg_attn_params *p,
+                          const tg_attn_mask_params *mp, const void *mask, int causal,
+                          tg_attn_problem *out);
 
 /* The keep flags of a tile: keep[i * ldk + k] = 1 if weight (b, h, q0 + i,
  * k0 + k) survives dropout d, else 0 (i < nq, k < nk). */

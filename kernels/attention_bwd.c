@@ -393,14 +393,9 @@ static tg_status train_bwd(tg_ctx *ctx, const char *fn, tg_dtype dtype, const vo
   const char *names[] = {"Q", "K", "V", "L", "dO", "D_vec", "dQ", "dK", "dV"};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
     if (!bufs[i]) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: %s is NULL", fn, names[i]);
-  tg_attn_dropout drop;
   tg_attn_problem pr;
-  tg_status st = tg_attn_check_dtype(ctx, fn, dtype);
-  if (st == TG_OK) st = tg_attn_check_options(ctx, fn, opt, &drop);
-  if (st == TG_OK) st = tg_attn_validate(ctx, fn, p, mp, mask, causal, &pr);
+  tg_status st = tg_attn_prepare(ctx, fn, dtype, opt, p, mp, mask, causal, &pr);
   if (st != TG_OK) return st;
-  pr.in = dtype;
-  pr.drop = drop;
   pr.compensated = dtype == TG_DTYPE_F32;
   st = tg_attn_check_alias_bwd(ctx, fn, &pr, Q, K, V, L, dO, D_vec, mask, dQ, dK, dV);
   if (st != TG_OK) return st;

@@ -193,14 +193,9 @@ static tg_status train_fwd(tg_ctx *ctx, const char *fn, tg_dtype dtype, const vo
   const char *names[] = {"Q", "K", "V", "O", "L"};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
     if (!bufs[i]) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: %s is NULL", fn, names[i]);
-  tg_attn_dropout drop;
   tg_attn_problem pr;
-  tg_status st = tg_attn_check_dtype(ctx, fn, dtype);
-  if (st == TG_OK) st = tg_attn_check_options(ctx, fn, opt, &drop);
-  if (st == TG_OK) st = tg_attn_validate(ctx, fn, p, mp, mask, causal, &pr);
+  tg_status st = tg_attn_prepare(ctx, fn, dtype, opt, p, mp, mask, causal, &pr);
   if (st != TG_OK) return st;
-  pr.in = dtype;
-  pr.drop = drop;
   st = tg_attn_check_alias_fwd(ctx, fn, &pr, Q, K, V, mask, O, L); /* by pr.in's size */
   if (st != TG_OK) return st;
   return tg_attn_forward(ctx, &pr, Q, K, V, mask, O, L, NULL, NULL);

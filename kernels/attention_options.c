@@ -47,6 +47,20 @@ tg_status tg_attn_check_options(tg_ctx *ctx, const char *fn, const tg_attn_optio
   return TG_OK;
 }
 
+tg_status tg_attn_prepare(tg_ctx *ctx, const char *fn, tg_dtype dtype,
+                          const tg_attn_options *opt, const tg_attn_params *p,
+                          const tg_attn_mask_params *mp, const void *mask, int causal,
+                          tg_attn_problem *out) {
+  tg_attn_dropout drop;
+  tg_status st = tg_attn_check_dtype(ctx, fn, dtype);
+  if (st == TG_OK) st = tg_attn_check_options(ctx, fn, opt, &drop);
+  if (st == TG_OK) st = tg_attn_validate(ctx, fn, p, mp, mask, causal, out);
+  if (st != TG_OK) return st;
+  out->in = dtype;
+  out->drop = drop;
+  return TG_OK;
+}
+
 void tg_attn_dropout_tile(const tg_micro_ops *ops, const tg_attn_dropout *d,
                           const tg_attn_problem *pr, int64_t b, int64_t h, int64_t q0, int64_t nq,
                           int64_t k0, int64_t nk, uint8_t *keep, int64_t ldk) {
