@@ -438,6 +438,84 @@ static void fill_mask(uint16_t *m, int64_t n) {
   }
 }
 
+/* The dtype entry points (tg_attn_train_*, entries 20 and 21): the element
+ * type of Q, K, V, dO, O and the mask, and the options; `bad` when the
+ * dtype or the options must be refused (TG_ERR_BAD_PARAMS, checked before
+ * the params). Off (on = 0) for the bf16 contract entry points. */
+static struct {
+  int on, bad;
+  tg_dtype dtype;
+  size_t es; /* element bytes of the typed tensors */
+  tg_attn_options opt;
+  const tg_attn_options *optp;
+} ext;
+
+static void decode_ext(rd *r) {
+  const uint8_t e = u8(r);
+  ext.on = 1;
+  ext.bad = 0;
+  ext.dtype = (e & 1) ? TG_DTYPE_F32 : TG_DTYPE_BF16;
+  memset(&ext.opt, 0, sizeof ext.opt);
+  ext.optp = &ext.opt;
+  switch ((e >> 1) & 7) {
+    case 0: ext.optp = NULL; break;                       /* the defaults */
+    case 1: break;                                         /* p = 0 */
+    case 2: case 3:                                        /* dropout */
+      ext.opt.dropout_p = (float)(u8(r) % 255) / 256.0f;
+      ext.opt.dropout_seed = u64(r);
+      ext.opt.dropout_offset = u64(r);
+      break;
+    case 4: ext.opt.dropout_p = NAN, ext.bad = 1; break;
+    case 5: ext.opt.dropout_p = 1.0f, ext.bad = 1; break;
+    case 6: ext.opt.dropout_p = -0.25f, ext.bad = 1; break;
+    default: ext.opt.reserved = 1 + u8(r), ext.bad = 1; break;
+  }
+  if ((e >> 4) == 15) ext.dtype = (tg_dtype)(2 + u8(r) % 3), ext.bad = 1;
+  ext.es = ext.dtype == TG_DTYPE_BF16 ? 2 : 4; /* a bad dtype: 4, the larger */
+}
+
+/* Typed tensors: fill and finiteness by ext's element type (bf16 when off). */
+static void fill_typed(void *x, int64_t n, float lo, float hi) {
+  if (ext.on && ext.es == 4)
+    fill_f32(x, n, lo, hi);
+  else
+    fill_bf16(x, n, lo, hi);
+}
+static int finite_typed(const void *x, int64_t n) {
+  return ext.on && ext.es == 4 ? finite_f32(x, n) : finite_bf16(x, n);
+}
+static void fill_mask_typed(void *m, int64_t n) {
+  if (!(ext.on && ext.es == 4)) {
+    fill_mask(m, n);
+    return;
+  }
+  float *f = m;
+  for (int64_t i = 0; i < n; i++)
+    f[i] = raw_data ? bits_f32((uint32_t)rnd()) : uni(0, 1) < 0.2f ? -INFINITY : uni(-4, 4);
+}
+
+/* The FA-2 calls, through the contract's bf16 entry points or the dtype ones. */
+static tg_status call_fwd(tg_ctx *c, void *const a[5], const tg_attn_params *pp,
+                          const tg_attn_mask_params *mpp, const void *mask, int causal) {
+  if (ext.on)
+    return tg_attn_train_fwd(c, ext.dtype, a[0], a[1], a[2], a[3], a[4], pp, mpp, mask, causal,
+                             ext.optp);
+  return tg_flash_attn_train_fwd_bf16(c, a[0], a[1], a[2], a[3], a[4], pp, mpp, mask, causal);
+}
+static tg_status call_bwd(tg_ctx *c, void *const a[9], const tg_attn_params *pp,
+                          const tg_attn_mask_params *mpp, const void *mask, int causal) {
+  if (ext.on)
+    return tg_attn_train_bwd(c, ext.dtype, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8],
+                             pp, mpp, mask, causal, ext.optp);
+  return tg_flash_attn_train_bwd_bf16(c, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8],
+                                      pp, mpp, mask, causal);
+}
+static tg_status call_compute_d(tg_ctx *c, void *const a[3], uint32_t B, uint32_t H,
+                                uint32_t qL, uint32_t D) {
+  if (ext.on) return tg_attn_train_bwd_compute_d(c, ext.dtype, a[0], a[1], a[2], B, H, qL, D);
+  return tg_flash_attn_train_bwd_compute_d_bf16(c, a[0], a[1], a[2], B, H, qL, D);
+}
+
 static tg_ctx *new_ctx(int threads, int det, int portable);
 
 /* TG_FUZZ_DEBUG=1: print the decoded attention problem (for reproducers) */
@@ -474,20 +552,21 @@ static void fuzz_attention(rd *r, tg_ctx *ctx, int which, uint8_t flags, int thr
     unsigned allowed = shape_rule(4, f, 4);
     allowed = allowed ? allowed : BIT(TG_OK);
     const int nullsel = (ptrsel & 0x03) == 0x03 ? 1 + u8(r) % 3 : 0;
+    if (ext.on && (ext.dtype != TG_DTYPE_BF16 && ext.dtype != TG_DTYPE_F32))
+      allowed = BIT(TG_ERR_BAD_PARAMS); /* checked before the sizes */
     if (nullsel) allowed = (allowed & ~BIT(TG_OK)) | BIT(TG_ERR_NULL_ARG);
+    const size_t es = ext.on ? ext.es : 2;
     const int64_t n = prod(4, f), rows = prod(3, f);
-    if (allowed == BIT(TG_OK) && (!fits(n, 2) || !fits(rows, 4))) return;
-    uint16_t *O = buf(n, 2, 0), *dO = buf(n, 2, 0);
+    if (allowed == BIT(TG_OK) && (!fits(n, es) || !fits(rows, 4))) return;
+    void *O = buf(n, es, 0), *dO = buf(n, es, 0);
     float *Dv = buf(rows, 4, 1);
-    fill_bf16(O, allowed == BIT(TG_OK) ? n : 1, -2, 2);
-    fill_bf16(dO, allowed == BIT(TG_OK) ? n : 1, -2, 2);
+    fill_typed(O, allowed == BIT(TG_OK) ? n : 1, -2, 2);
+    fill_typed(dO, allowed == BIT(TG_OK) ? n : 1, -2, 2);
     snapshot();
     void *a[3] = {O, dO, Dv};
     if (nullsel) a[nullsel - 1] = NULL;
-    if (flags & 0x10)
-      check(NULL, tg_flash_attn_train_bwd_compute_d_bf16(NULL, a[0], a[1], a[2], B, H, qL, D),
-            BIT(TG_ERR_NULL_ARG));
-    const tg_status st = tg_flash_attn_train_bwd_compute_d_bf16(ctx, a[0], a[1], a[2], B, H, qL, D);
+    if (flags & 0x10) check(NULL, call_compute_d(NULL, a, B, H, qL, D), BIT(TG_ERR_NULL_ARG));
+    const tg_status st = call_compute_d(ctx, a, B, H, qL, D);
     check(ctx, st, allowed);
     if (st == TG_OK && !raw_data && !finite_f32(Dv, rows)) FINDING("D_out not finite");
     return;
@@ -500,38 +579,37 @@ static void fuzz_attention(rd *r, tg_ctx *ctx, int which, uint8_t flags, int thr
   /* NULL buffers: ptrsel low bits pick one (0 = none) */
   const int nptr = which == 0 ? 5 : 9;
   const int nullsel = (ptrsel & 0x03) == 0x03 ? 1 + u8(r) % nptr : 0;
+  /* the dtype entry points check the dtype and options before the params */
+  if (ext.on && ext.bad) pl.allowed = BIT(TG_ERR_BAD_PARAMS);
   if (nullsel) pl.allowed = (pl.allowed & ~BIT(TG_OK)) | BIT(TG_ERR_NULL_ARG);
+  const size_t es = ext.on ? ext.es : 2;
   if (pl.allowed == BIT(TG_OK)) { /* must succeed: exact buffers, if small enough */
-    if (!fits(pl.eQ, 2) || !fits(pl.eK, 2) || !fits(pl.eV, 2) || !fits(pl.eO, 2) ||
-        !fits(pl.eM, 2) || !fits(pl.nq, 4) || !fits(pl.nk, 4) || pl.work > WORK_CAP)
+    if (!fits(pl.eQ, es) || !fits(pl.eK, es) || !fits(pl.eV, es) || !fits(pl.eO, es) ||
+        !fits(pl.eM, es) || !fits(pl.nq, 4) || !fits(pl.nk, 4) || pl.work > WORK_CAP)
       return;
   } else {
     pl.eQ = pl.eK = pl.eV = pl.eO = pl.eM = 64;
     pl.nq = pl.nk = pl.nrow = 64;
   }
   if (pl.nrow < 1) pl.nrow = 64;
-  uint16_t *Q = buf(pl.eQ, 2, 0), *K = buf(pl.eK, 2, 0), *V = buf(pl.eV, 2, 0);
-  uint16_t *mask = give_mask ? buf(pl.eM, 2, 0) : NULL;
-  fill_bf16(Q, pl.eQ, -2, 2), fill_bf16(K, pl.eK, -2, 2), fill_bf16(V, pl.eV, -1, 1);
-  if (mask) fill_mask(mask, pl.eM);
+  void *Q = buf(pl.eQ, es, 0), *K = buf(pl.eK, es, 0), *V = buf(pl.eV, es, 0);
+  void *mask = give_mask ? buf(pl.eM, es, 0) : NULL;
+  fill_typed(Q, pl.eQ, -2, 2), fill_typed(K, pl.eK, -2, 2), fill_typed(V, pl.eV, -1, 1);
+  if (mask) fill_mask_typed(mask, pl.eM);
   const tg_attn_params *pp = give_p ? &p : NULL;
   const tg_attn_mask_params *mpp = give_mp ? &mp : NULL;
   tg_status st;
 
   if (which == 0) { /* forward: O via O_strides, L */
-    uint16_t *O = buf(pl.eO, 2, 1);
+    char *O = buf(pl.eO, es, 1);
     float *L = buf(pl.nrow, 4, 1);
-    fill_bf16(O, pl.eO, -1, 1);
+    fill_typed(O, pl.eO, -1, 1);
     fill_f32(L, pl.nrow, -1, 1);
     snapshot();
     void *a[5] = {Q, K, V, O, L};
     if (nullsel) a[nullsel - 1] = NULL;
-    if (flags & 0x10) {
-      check(NULL, tg_flash_attn_train_fwd_bf16(NULL, a[0], a[1], a[2], a[3], a[4], pp, mpp,
-                                               mask, causal),
-            BIT(TG_ERR_NULL_ARG));
-    }
-    st = tg_flash_attn_train_fwd_bf16(ctx, a[0], a[1], a[2], a[3], a[4], pp, mpp, mask, causal);
+    if (flags & 0x10) check(NULL, call_fwd(NULL, a, pp, mpp, mask, causal), BIT(TG_ERR_NULL_ARG));
+    st = call_fwd(ctx, a, pp, mpp, mask, causal);
     check(ctx, st, pl.allowed);
     if (st == TG_OK && tame_attn(&p)) {
       for (int64_t i = 0; i < pl.nrow; i++)
@@ -540,25 +618,27 @@ static void fuzz_attention(rd *r, tg_ctx *ctx, int which, uint8_t flags, int thr
       for (int64_t b = 0; b < p.B; b++)
         for (int64_t h = 0; h < p.H; h++)
           for (int64_t i = 0; i < p.qL; i++)
-            if (!finite_bf16(O + b * p.O_strides[0] + h * p.O_strides[1] + i * p.O_strides[2],
-                             p.D))
+            if (!finite_typed(O + (b * p.O_strides[0] + h * p.O_strides[1] +
+                                   i * p.O_strides[2]) * (int64_t)es,
+                              p.D))
               FINDING("O row (%lld, %lld, %lld) not finite", (long long)b, (long long)h,
                       (long long)i);
     }
     return;
   }
   /* backward */
-  uint16_t *dO = buf(pl.eO, 2, 0);
+  void *dO = buf(pl.eO, es, 0);
   float *L = buf(pl.nrow, 4, 0), *Dv = buf(pl.nrow, 4, 0);
   float *dQ = buf(pl.nq, 4, 1), *dK = buf(pl.nk, 4, 1), *dV = buf(pl.nk, 4, 1);
-  fill_bf16(dO, pl.eO, -1, 1);
+  fill_typed(dO, pl.eO, -1, 1);
   fill_f32(Dv, pl.nrow, -1, 1);
   fill_f32(dQ, pl.nq, -1, 1), fill_f32(dK, pl.nk, -1, 1), fill_f32(dV, pl.nk, -1, 1);
   int chained = 0; /* L from the forward: P <= 1, the gradients are finite */
-  if (pl.allowed == BIT(TG_OK) && !nullsel && (flags & 0x08) && fits(pl.eO, 2)) {
-    uint16_t *O = malloc((size_t)pl.eO * 2);
-    memset(O, 0, (size_t)pl.eO * 2);
-    if (tg_flash_attn_train_fwd_bf16(ctx, Q, K, V, O, L, pp, mpp, mask, causal) != TG_OK)
+  if (pl.allowed == BIT(TG_OK) && !nullsel && (flags & 0x08) && fits(pl.eO, es)) {
+    void *O = malloc((size_t)pl.eO * es);
+    memset(O, 0, (size_t)pl.eO * es);
+    void *const fa[5] = {Q, K, V, O, L};
+    if (call_fwd(ctx, fa, pp, mpp, mask, causal) != TG_OK)
       FINDING("forward refused what the backward must accept: %s", tg_ctx_last_error(ctx));
     free(O);
     chained = 1;
@@ -568,12 +648,8 @@ static void fuzz_attention(rd *r, tg_ctx *ctx, int which, uint8_t flags, int thr
   snapshot();
   void *a[9] = {Q, K, V, L, dO, Dv, dQ, dK, dV};
   if (nullsel) a[nullsel - 1] = NULL;
-  if (flags & 0x10)
-    check(NULL, tg_flash_attn_train_bwd_bf16(NULL, a[0], a[1], a[2], a[3], a[4], a[5], a[6],
-                                             a[7], a[8], pp, mpp, mask, causal),
-          BIT(TG_ERR_NULL_ARG));
-  st = tg_flash_attn_train_bwd_bf16(ctx, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8],
-                                    pp, mpp, mask, causal);
+  if (flags & 0x10) check(NULL, call_bwd(NULL, a, pp, mpp, mask, causal), BIT(TG_ERR_NULL_ARG));
+  st = call_bwd(ctx, a, pp, mpp, mask, causal);
   check(ctx, st, pl.allowed);
   if (st != TG_OK) return;
   if (chained && tame_attn(&p) &&
@@ -586,8 +662,8 @@ static void fuzz_attention(rd *r, tg_ctx *ctx, int which, uint8_t flags, int thr
     memcpy(k2, bufs[nbufs - 2].snap, (size_t)pl.nk * 4);
     memcpy(v2, bufs[nbufs - 1].snap, (size_t)pl.nk * 4);
     tg_ctx *c2 = new_ctx(threads % 3 + 1, 1, flags & 0x04);
-    if (tg_flash_attn_train_bwd_bf16(c2, Q, K, V, L, dO, Dv, q2, k2, v2, pp, mpp, mask,
-                                     causal) != TG_OK)
+    void *const a2[9] = {Q, K, V, L, dO, Dv, q2, k2, v2};
+    if (call_bwd(c2, a2, pp, mpp, mask, causal) != TG_OK)
       FINDING("second deterministic run refused");
     if (memcmp(q2, dQ, (size_t)pl.nq * 4) || memcmp(k2, dK, (size_t)pl.nk * 4) ||
         memcmp(v2, dV, (size_t)pl.nk * 4))
@@ -1020,7 +1096,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
   return 0;
 }
 
-enum { N_ENTRIES = 20 };
+enum { N_ENTRIES = 23 };
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   rd r = {data, size};
@@ -1035,8 +1111,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       "softmax_backward",     "f32_to_bf16_cast",     "embedding_backward",
       "cross_entropy",        "transpose_2d",         "causal_attention_backward",
       "vec_reduce",           "vec_reduce_tq_hb_undo", "fwht_sign_undo", "attn_params_init",
-      "ctx",                  "flash_attn_train_bwd (2)"};
+      "ctx",                  "flash_attn_train_bwd (2)", "attn_train_fwd (dtype, options)",
+      "attn_train_bwd (dtype, options)", "attn_train_bwd_compute_d (dtype)"};
   cur_entry = names[entry];
+  ext.on = 0;
   tg_ctx *ctx = new_ctx(threads, flags & 0x01, flags & 0x04);
   switch (entry) {
     case 0: fuzz_attention(&r, ctx, 0, flags, threads); break;
@@ -1057,6 +1135,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case 15: fuzz_decode(&r, ctx, 1, flags); break;
     case 16: fuzz_decode(&r, ctx, 2, flags); break;
     case 17: fuzz_params_init(&r); break;
+    case 20: case 21: case 22:
+      decode_ext(&r);
+      fuzz_attention(&r, ctx, entry - 20, flags, threads);
+      break;
     default: fuzz_ctx(&r); break;
   }
   tg_ctx_destroy(ctx);

@@ -15,6 +15,7 @@ OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
 # entry numbers (fuzz_entry.c, LLVMFuzzerTestOneInput)
 FWD, BWD, CD, RMS_F, RMS_INV, RMS_DX, RMS_DW, RMS_FUSED, SOFTMAX, CAST = range(10)
 EMB, CE, TR, CAUSAL, DEC, DEC_UNDO, FWHT, PINIT, CTX = range(10, 19)
+XFWD, XBWD, XCD = range(20, 23)  # tg_attn_train_* (dtype, options)
 
 # flags: 1 det, 2 raw data, 4 portable ISA, 8 chain fwd->bwd, 16 NULL-ctx call,
 # 32 ATOMIC FA-2 schedule, 128 causal flag -1
@@ -77,6 +78,23 @@ seeds["bwd_null_buffer"] = head(BWD) + attn(ptrsel=3) + bytes([4])
 seeds["bwd_mask_without_params"] = head(BWD) + attn(mask=1, ptrsel=0x0C)
 seeds["fwd_raw_struct"] = head(FWD) + bytes([0]) + bytes(range(160)) + bytes(24)
 seeds["compute_d"] = head(CD) + attn(B=2, Hk=2, g=1, qL=33, kL=5, Dsel=4)
+
+
+def ext(f32=1, mode=0, extra=b""):
+    """decode_ext's byte: bit 0 float32, bits 1-3 the options mode (0 NULL,
+    1 p = 0, 2-3 dropout (then p byte, seed, offset), 4-7 bad options),
+    bits 4-7 = 15: a bad dtype."""
+    return bytes([f32 | mode << 1]) + extra
+
+
+DROP = bytes([77]) + struct.pack("<QQ", 0x1234_5678_9ABC_DEF0, 5)
+seeds["xfwd_f32"] = head(XFWD) + ext() + attn(mask=1, causal=1, qL=50, kL=70)
+seeds["xfwd_f32_dropout"] = head(XFWD, 1, 3) + ext(mode=2, extra=DROP) + attn(B=2, Hk=1, g=2)
+seeds["xbwd_f32_chain_dropout"] = head(XBWD, 9, 3) + ext(mode=2, extra=DROP) + attn(mask=1)
+seeds["xbwd_bf16_dropout_atomic"] = head(XBWD, 8 | 32, 2) + ext(0, 3, DROP) + attn(qL=70, kL=33)
+seeds["xbwd_bad_p"] = head(XBWD) + ext(mode=4) + attn()
+seeds["xfwd_bad_dtype"] = head(XFWD) + bytes([0xF0, 1]) + attn()
+seeds["xcompute_d_f32"] = head(XCD) + ext() + attn(B=2, Hk=2, g=1, qL=33, kL=5, Dsel=4)
 
 # row kernels: rows, dim, eps choice, [eps], NULL selector
 for name, e in [("rms_forward", RMS_F), ("rms_inv", RMS_INV), ("rms_dx", RMS_DX),
