@@ -2,7 +2,7 @@
 # Installs tilegrad into a temporary prefix and builds tests/consumer/main.c
 # against it both ways a C user would, then runs each build:
 #   1. CMake: find_package(tilegrad CONFIG REQUIRED) -> tilegrad::tilegrad
-#   2. pkg-config: gcc main.c $(pkg-config --cflags --libs tilegrad)
+#   2. pkg-config: gcc main.c -o app $(pkg-config --cflags --libs tilegrad)
 # The commands are the ones README.md's "Ways in" gives. TG_CONSUMER_KEEP=1
 # keeps the temporary directory. Needs cmake, gcc, pkg-config (scripts/setup.sh).
 set -euo pipefail
@@ -43,11 +43,11 @@ cmake -S "$here" -B "$tmp/consumer-cmake" -DCMAKE_PREFIX_PATH="$prefix" >/dev/nu
 cmake --build "$tmp/consumer-cmake" >/dev/null
 "$tmp/consumer-cmake/consumer"   # CMake sets the build tree's rpath to the prefix
 
-echo "-- 2. pkg-config: gcc main.c \$(pkg-config --cflags --libs tilegrad)"
+echo "-- 2. pkg-config: gcc main.c -o app \$(pkg-config --cflags --libs tilegrad)"
 export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
 [ "$(pkg-config --modversion tilegrad)" = "$(sed -n 's/^Version: //p' "$prefix/lib/pkgconfig/tilegrad.pc")" ]
 # shellcheck disable=SC2046
-gcc -std=c11 -Wall -Wextra -o "$tmp/consumer-pc" "$here/main.c" $(pkg-config --cflags --libs tilegrad)
+gcc "$here/main.c" -o "$tmp/consumer-pc" $(pkg-config --cflags --libs tilegrad)
 LD_LIBRARY_PATH="$prefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$tmp/consumer-pc"
 
 echo "-- install: both consumers ok"
