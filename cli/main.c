@@ -42,7 +42,7 @@ static void usage(FILE *out) {
 }
 
 static int version(void) {
-  printf("tilegrad %d.%d.%d\n", TG_VERSION_MAJOR, TG_VERSION_MINOR, TG_VERSION_PATCH);
+  printf("tilegrad %s\n", tg_version());
   tg_ctx *ctx = NULL;
   if (tg_ctx_create(&ctx) == TG_OK) {
     printf("isa: %s\n", tg_isa_name(tg_ctx_get_isa(ctx)));

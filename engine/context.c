@@ -7,6 +7,8 @@
 
 #include "engine.h"
 
+const char *tg_version(void) { return TG_VERSION; }
+
 const char *tg_status_str(tg_status s) {
   switch (s) {
     case TG_OK: return "success";

@@ -35,9 +35,19 @@
 extern "C" {
 #endif
 
+/* The one place the version is written: CMakeLists.txt reads these three
+ * lines for project(VERSION), the shared library's VERSION, the CMake
+ * package's tilegradConfigVersion.cmake and tilegrad.pc. */
 #define TG_VERSION_MAJOR 0
 #define TG_VERSION_MINOR 1
 #define TG_VERSION_PATCH 0
+
+#define TG_VERSION_STR_(x) #x
+#define TG_VERSION_STR(x) TG_VERSION_STR_(x)
+/* "MAJOR.MINOR.PATCH" of this header, e.g. "0.1.0" */
+#define TG_VERSION                                                          \
+  TG_VERSION_STR(TG_VERSION_MAJOR) "." TG_VERSION_STR(TG_VERSION_MINOR) "." \
+  TG_VERSION_STR(TG_VERSION_PATCH)
 
 typedef uint16_t tg_bf16;
 
@@ -59,6 +69,11 @@ typedef struct tg_ctx tg_ctx;
 
 /* One-line English description of a status code (never NULL). */
 const char *tg_status_str(tg_status s);
+
+/* "MAJOR.MINOR.PATCH" of the library that is loaded (TG_VERSION of the
+ * header it was built from): compare with TG_VERSION to catch a header /
+ * library mismatch. */
+const char *tg_version(void);
 
 /* --- context ------------------------------------------------------------ */
 /* A context keeps the buffers its kernels needed for later calls, so only

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds tilegrad and runs every test: the C suites (ctest, Release), the same
-# suites under AddressSanitizer + UndefinedBehaviorSanitizer, the PyTorch
-# oracle and Python package suite (pytest; on Debian's torch 1.13, then on
+# Builds tilegrad and runs every test: the C suites (ctest, Release), the
+# installed package's consumers (find_package, pkg-config), the same suites
+# under AddressSanitizer + UndefinedBehaviorSanitizer, the PyTorch oracle and
+# Python package suite (pytest; on Debian's torch 1.13, then on
 # torch 2.9.1 in a venv for the custom ops), the pip-install check, a short
 # libFuzzer run and the ThreadSanitizer race check. Installs what it needs
 # first (scripts/setup.sh).
@@ -14,6 +15,9 @@ echo "== build (Release) and ctest"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$jobs" >/dev/null
 (cd build && ctest --output-on-failure)
+
+echo "== install: find_package and pkg-config consumers"
+bash tests/consumer/check.sh
 
 echo "== build (ASan + UBSan) and ctest"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DTG_SANITIZE=ON >/dev/null
