@@ -258,7 +258,10 @@ def _dropout_keep(dropout_p: float, seed: Tensor, B: int, H: int, qL: int,
     """The kernels' dropout keep flags as a bool [B, H, qL, kL] tensor
     (tg_attn_dropout_keep: the same Philox stream)."""
     keep = torch.empty((B, H, qL, kL), dtype=torch.uint8)
-    _context(1, False).call("tg_attn_dropout_keep", _attn_options(dropout_p, seed), B, H, qL,
+    # the flags do not depend on the thread count: the thread's default
+    # context, at torch's thread count (a 1-thread request would flip the
+    # cached context's count back and forth against the ops' calls)
+    _context(0, False).call("tg_attn_dropout_keep", _attn_options(dropout_p, seed), B, H, qL,
                             kL, _ptr(keep))
     return keep.bool()
 
