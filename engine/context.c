@@ -211,6 +211,21 @@ tg_attn_schedule tg_ctx_get_attn_schedule(const tg_ctx *ctx) {
   return ctx ? ctx->attn_schedule : TG_ATTN_SCHEDULE_KV;
 }
 
+tg_status tg_ctx_set_attn_precision(tg_ctx *ctx, tg_attn_precision p) {
+  if (!ctx) return TG_ERR_NULL_ARG;
+  TG_ENTER(ctx);
+  if (p != TG_ATTN_PRECISION_EXACT && p != TG_ATTN_PRECISION_SPLIT &&
+      p != TG_ATTN_PRECISION_BF16)
+    return tg_fail(ctx, TG_ERR_BAD_PARAMS,
+                   "tg_ctx_set_attn_precision: %d is not a tg_attn_precision", (int)p);
+  ctx->attn_precision = p;
+  return TG_OK;
+}
+
+tg_attn_precision tg_ctx_get_attn_precision(const tg_ctx *ctx) {
+  return ctx ? ctx->attn_precision : TG_ATTN_PRECISION_EXACT;
+}
+
 /* --- threads ------------------------------------------------------------------ */
 
 /* The CPU quota in the cgroup file `dir`/cpu.max (v2: "max 100000" or

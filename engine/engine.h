@@ -28,6 +28,7 @@ struct tg_ctx {
   int deterministic;  /* fixed-order accumulation */
   tg_isa isa;         /* resolved: never TG_ISA_AUTO */
   tg_attn_schedule attn_schedule;
+  tg_attn_precision attn_precision;
   const tg_micro_ops *ops;
   void *scratch;      /* per-thread scratch, reused across calls */
   size_t scratch_bytes;

@@ -50,6 +50,20 @@ typedef struct {
    * for p < K/2, i.e. B = X^T in the layout mm_bf16_pairs reads (K even). */
   void (*pack_bf16_pairs)(int64_t nr, int64_t K, const uint16_t *X, int64_t lds,
                           uint32_t *Bp, int64_t ldb);
+  /* --- operands of the attention's precision modes (bf16_pack.h) ---------
+   * The bf16 parts of an f32 block [rows, cols] (stride lds): hi = bf16(x)
+   * rounded to nearest even, lo = bf16(x - hi) (0 where hi is not finite);
+   * lo NULL: hi only. transpose == 0: hi[r * ldd + c], each row padded to an
+   * even length with a 0; transpose != 0: hi[c * ldd + r], the row count
+   * padded likewise (ldd > cols, resp. rows, when that is odd). */
+  void (*f32_to_bf16_split)(int64_t rows, int64_t cols, const float *src, int64_t lds,
+                            int transpose, uint16_t *hi, uint16_t *lo, int64_t ldd);
+  /* The pair layout of a bf16 matrix along its rows: X [nr, ncols] (stride
+   * lds) -> Bp[p * ldb + j] = (X[2p, j], X[2p+1, j]) for p < ceil(nr / 2),
+   * X[nr, j] read as 0 when nr is odd: B = X in mm_bf16_pairs' layout with
+   * K = nr rounded up to even. */
+  void (*pack_bf16_row_pairs)(int64_t nr, int64_t ncols, const uint16_t *X, int64_t lds,
+                              uint32_t *Bp, int64_t ldb);
   /* dst[i] = float(src[i]) */
   void (*bf16_to_f32)(const uint16_t *src, float *dst, int64_t n);
   /* dst[i] = bf16(src[i]), round to nearest even */

@@ -135,6 +135,36 @@ typedef enum { TG_ATTN_SCHEDULE_KV = 0, TG_ATTN_SCHEDULE_ATOMIC = 1 } tg_attn_sc
 tg_status tg_ctx_set_attn_schedule(tg_ctx *ctx, tg_attn_schedule s);
 tg_attn_schedule tg_ctx_get_attn_schedule(const tg_ctx *ctx);
 
+/* How the attention's products that take the probabilities P or the score
+ * gradient dS as an operand run on bf16 inputs: O += P.V in the forward,
+ * dQ += dS.K, dK += dS^T.Q and dV += P^T.dO in the backward (Q.K^T and
+ * dO.V^T have bf16 operands on both sides and are exact in every mode). It
+ * applies to the bf16 attention entry points (tg_flash_attn_train_*_bf16
+ * and TG_DTYPE_BF16); float32 inputs always compute in f32.
+ *
+ * TG_ATTN_PRECISION_EXACT (default): P and dS in f32, products in f32.
+ * TG_ATTN_PRECISION_SPLIT: P and dS each as a pair of bf16, hi = bf16(x)
+ *   and lo = bf16(x - hi), so the products run on the bf16 dot units
+ *   (AVX512_BF16, AMX) with exact products and f32 sums; each term then
+ *   carries a relative error of at most 2^-16 (f32 itself: 2^-24).
+ * TG_ATTN_PRECISION_BF16: P and dS rounded to bf16 (relative error 2^-8
+ *   per term), as FlashAttention-2 and PyTorch's CPU kernels do.
+ *
+ * The speed of split and bf16 comes from tables with bf16 dot products
+ * (avx512bf16, amx); on the others bf16 rounds P and dS the same way and
+ * multiplies in f32, and split computes exactly as EXACT (whose error is
+ * within split's). docs/KERNELS.md, "Precision modes", has the measured
+ * errors. Every mode is deterministic as the others (same bits for any
+ * thread count in deterministic mode). */
+typedef enum {
+  TG_ATTN_PRECISION_EXACT = 0,
+  TG_ATTN_PRECISION_SPLIT = 1,
+  TG_ATTN_PRECISION_BF16 = 2
+} tg_attn_precision;
+/* TG_ERR_BAD_PARAMS for a value outside the enum. */
+tg_status tg_ctx_set_attn_precision(tg_ctx *ctx, tg_attn_precision p);
+tg_attn_precision tg_ctx_get_attn_precision(const tg_ctx *ctx);
+
 /* --- attention parameter ABI (byte-identical to Metal's AttnParams) ------ */
 typedef struct {
   int32_t B, H, D, qL, kL, gqa_factor; /* H = query heads; H_kv = H / gqa_factor */

@@ -48,6 +48,8 @@ typedef struct {
   tg_attn_dropout drop;             /* threshold 0: none */
   int compensated;                  /* KV schedule: dK, dV summed over q-tiles with
                                      * compensation (attention_bwd.c) */
+  tg_attn_precision precision;      /* of the products taking P or dS (bf16 inputs
+                                     * only; tg_attn_products) */
   int64_t dQs[3], dKs[3];           /* f32 gradients dQ and dK, dV (same layout) */
 } tg_attn_problem;
 
@@ -151,6 +153,43 @@ static inline void tg_attn_load_rows(const tg_micro_ops *ops, tg_dtype t,
  * packed in pairs per key tile (K, V), instead of widened to f32. */
 static inline int tg_attn_bf16_dot(const tg_attn_problem *pr, const tg_micro_ops *ops) {
   return pr->in == TG_DTYPE_BF16 && ops->mm_bf16_pairs != NULL;
+}
+
+/* How the products that take P or dS as an operand (O += P.V; dQ += dS.K,
+ * dK += dS^T.Q, dV += P^T.dO) run, from the precision mode and the table:
+ *   F32:         f32 P and dS, f32 GEMM (EXACT, float32 inputs, and SPLIT on
+ *                tables without bf16 dot products: exact is within split);
+ *   F32_ROUNDED: P and dS rounded to bf16 in place, then the f32 GEMM (BF16
+ *                on tables without them: the same values as on the bf16
+ *                units, products exact in f32 either way);
+ *   BF16_DOT:    P and dS as bf16 rows (hi, and lo for SPLIT) on
+ *                mm_bf16_pairs, the other operand packed in row pairs. */
+typedef enum { TG_PRODUCTS_F32, TG_PRODUCTS_F32_ROUNDED, TG_PRODUCTS_BF16_DOT } tg_attn_products;
+
+static inline tg_attn_products tg_attn_products_of(const tg_attn_problem *pr,
+                                                   const tg_micro_ops *ops) {
+  if (pr->precision == TG_ATTN_PRECISION_EXACT || pr->in != TG_DTYPE_BF16)
+    return TG_PRODUCTS_F32;
+  if (tg_attn_bf16_dot(pr, ops)) return TG_PRODUCTS_BF16_DOT;
+  return pr->precision == TG_ATTN_PRECISION_BF16 ? TG_PRODUCTS_F32_ROUNDED : TG_PRODUCTS_F32;
+}
+
+/* TG_PRODUCTS_F32_ROUNDED: x [rows, cols] (stride ld) rounded to bf16 in place. */
+static inline void tg_attn_round_bf16(float *x, int64_t rows, int64_t cols, int64_t ld) {
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t c = 0; c < cols; c++) x[r * ld + c] = tg_bf16_to_f32(tg_f32_to_bf16(x[r * ld + c]));
+}
+
+/* TG_PRODUCTS_BF16_DOT: C [M, N] (ldc) (+)= X . Bp, X given as its bf16 hi
+ * rows (and lo rows for SPLIT: C += lo . Bp after) of Kp (even) columns,
+ * stride ldx; Bp [Kp/2, N] pairs (pack_bf16_row_pairs), stride ldb. */
+static inline void tg_attn_mm_parts(const tg_attn_problem *pr, const tg_micro_ops *ops, int64_t M,
+                                    int64_t N, int64_t Kp, const uint16_t *hi, const uint16_t *lo,
+                                    int64_t ldx, const uint32_t *Bp, int64_t ldb, float *C,
+                                    int64_t ldc, int accumulate) {
+  ops->mm_bf16_pairs((int)M, (int)N, (int)Kp, hi, ldx, Bp, ldb, C, ldc, accumulate);
+  if (pr->precision == TG_ATTN_PRECISION_SPLIT)
+    ops->mm_bf16_pairs((int)M, (int)N, (int)Kp, lo, ldx, Bp, ldb, C, ldc, 1);
 }
 
 /* Rows [r0, r0 + n) of a strided bf16 head -> Bp [D/2, ldb] in the pair

@@ -76,6 +76,7 @@ typedef struct {
   const tg_micro_ops *ops;
   int64_t BQ, BK; /* the ISA's tiles (ops->attn_bq, attn_bk) */
   int bf16_dot;   /* tg_attn_bf16_dot: KT, VT hold bf16 pairs */
+  tg_attn_products products; /* of dQ, dK, dV (precision mode) */
   int64_t n_qtiles, n_ktiles;
   int64_t n_ranges, range_tiles; /* KV schedule: key ranges per kv head */
   float *dQ_partial;             /* KV schedule: [n_ranges - 1][B, H, qL, D] */
@@ -93,16 +94,23 @@ typedef struct {
    * [BK, D] each (dK, dV above then hold one q-tile's part, zeroed again as
    * it is added) */
   float *dK_sum, *dK_comp, *dV_sum, *dV_comp;
+  /* TG_PRODUCTS_BF16_DOT only: the bf16 parts (hi, lo) of dS [BQ, BK] and
+   * of dS^T, P^T [BK, BQ]; Q, dO and K then hold their bf16 rows in pairs
+   * (pack_bf16_row_pairs: [BQ/2, D], [BK/2, D] pairs) instead of f32 rows */
+  uint16_t *dS_hi, *dS_lo, *dSt_hi, *dSt_lo, *Pt_hi, *Pt_lo;
 } bwd_scratch;
 
-static size_t bwd_scratch_bytes(int64_t D, int64_t BQ, int64_t BK, int compensated) {
+static size_t bwd_scratch_bytes(int64_t D, int64_t BQ, int64_t BK, int compensated,
+                                 tg_attn_products products) {
   const size_t q = tg_align64(sizeof(float) * BQ * (size_t)D);
   const size_t k = tg_align64(sizeof(float) * BK * (size_t)D);
   const size_t s = tg_align64(sizeof(float) * BQ * BK);
-  return 3 * q + (compensated ? 9 : 5) * k + 2 * s + tg_align64((size_t)(BQ * BK));
+  const size_t parts = products == TG_PRODUCTS_BF16_DOT ? 6 * tg_align64(2 * BQ * BK) : 0;
+  return 3 * q + (compensated ? 9 : 5) * k + 2 * s + tg_align64((size_t)(BQ * BK)) + parts;
 }
 
-static bwd_scratch carve(void *base, int64_t D, int64_t BQ, int64_t BK, int compensated) {
+static bwd_scratch carve(void *base, int64_t D, int64_t BQ, int64_t BK, int compensated,
+                         tg_attn_products products) {
   char *p = base;
   const size_t q = tg_align64(sizeof(float) * BQ * (size_t)D);
   const size_t k = tg_align64(sizeof(float) * BK * (size_t)D);
@@ -124,30 +132,47 @@ static bwd_scratch carve(void *base, int64_t D, int64_t BQ, int64_t BK, int comp
     w.dK_sum = (float *)p, p += k;
     w.dK_comp = (float *)p, p += k;
     w.dV_sum = (float *)p, p += k;
-    w.dV_comp = (float *)p;
+    w.dV_comp = (float *)p, p += k;
+  }
+  w.dS_hi = w.dS_lo = w.dSt_hi = w.dSt_lo = w.Pt_hi = w.Pt_lo = NULL;
+  if (products == TG_PRODUCTS_BF16_DOT) {
+    uint16_t **parts[] = {&w.dS_hi, &w.dS_lo, &w.dSt_hi, &w.dSt_lo, &w.Pt_hi, &w.Pt_lo};
+    for (int i = 0; i < 6; i++) *parts[i] = (uint16_t *)p, p += tg_align64(2 * BQ * BK);
   }
   return w;
 }
 
-/* Rows [q0, q0 + nq) of query head h in batch b -> w->Q, w->dO (f32). */
+/* Rows [q0, q0 + nq) of query head h in batch b -> w->Q, w->dO (f32, or
+ * bf16 row pairs for TG_PRODUCTS_BF16_DOT). */
 static void load_qtile(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_t nq,
                        bwd_scratch *w) {
   const tg_attn_problem *pr = &a->pr;
+  if (a->products == TG_PRODUCTS_BF16_DOT) {
+    a->ops->pack_bf16_row_pairs(nq, pr->D, (const tg_bf16 *)a->Q + tg_attn_offset(pr->Qs, b, h, q0),
+                                pr->Qs[2], (uint32_t *)w->Q, pr->D);
+    a->ops->pack_bf16_row_pairs(nq, pr->D, (const tg_bf16 *)a->dO + tg_attn_offset(pr->Os, b, h, q0),
+                                pr->Os[2], (uint32_t *)w->dO, pr->D);
+    return;
+  }
   tg_attn_load_rows(a->ops, pr->in, tg_attn_at(pr->in, a->Q, tg_attn_offset(pr->Qs, b, h, 0)),
                     pr->Qs[2], q0, nq, pr->D, w->Q, NULL, 0);
   tg_attn_load_rows(a->ops, pr->in, tg_attn_at(pr->in, a->dO, tg_attn_offset(pr->Os, b, h, 0)),
                     pr->Os[2], q0, nq, pr->D, w->dO, NULL, 0);
 }
 
-/* Keys [k0, k0 + nk) of kv head h_kv -> w->K (f32), w->KT, w->VT (f32, or
- * bf16 pairs with bf16_dot). */
+/* Keys [k0, k0 + nk) of kv head h_kv -> w->K (f32, or bf16 row pairs for
+ * TG_PRODUCTS_BF16_DOT), w->KT, w->VT (f32, or bf16 pairs with bf16_dot). */
 static void load_ktile(const bwd_args *a, int64_t b, int64_t h_kv, int64_t k0, int64_t nk,
                        bwd_scratch *w) {
   const tg_attn_problem *pr = &a->pr;
   const void *Kh = tg_attn_at(pr->in, a->K, tg_attn_offset(pr->Ks, b, h_kv, 0));
   const void *Vh = tg_attn_at(pr->in, a->V, tg_attn_offset(pr->Vs, b, h_kv, 0));
   if (a->bf16_dot) {
-    tg_attn_load_rows(a->ops, pr->in, Kh, pr->Ks[2], k0, nk, pr->D, w->K, NULL, 0);
+    if (a->products == TG_PRODUCTS_BF16_DOT)
+      a->ops->pack_bf16_row_pairs(nk, pr->D, (const tg_bf16 *)Kh + k0 * pr->Ks[2], pr->Ks[2],
+                                  (uint32_t *)w->K, pr->D);
+    else
+      tg_attn_load_rows(a->ops, pr->in, Kh, pr->Ks[2], k0, nk, pr->D, w->K, NULL, 0);
     tg_attn_pack_pairs(a->ops, Kh, pr->Ks[2], k0, nk, pr->D, (uint32_t *)w->KT, a->BK);
     tg_attn_pack_pairs(a->ops, Vh, pr->Vs[2], k0, nk, pr->D, (uint32_t *)w->VT, a->BK);
     return;
@@ -213,6 +238,27 @@ static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_
   if (pr->drop.threshold) /* P -> P o keep / (1 - p), for dV */
     tg_attn_dropout_apply(w->keep, BK, w->S, BK, nq, nk, pr->drop.scale);
 
+  if (a->products == TG_PRODUCTS_BF16_DOT) { /* dS, dS^T, P^T as bf16 parts (odd counts
+                                              * padded with a 0: nkp, nqp even) */
+    uint16_t *lo[3] = {NULL, NULL, NULL};
+    if (pr->precision == TG_ATTN_PRECISION_SPLIT)
+      lo[0] = w->dS_lo, lo[1] = w->dSt_lo, lo[2] = w->Pt_lo;
+    const int64_t nkp = nk + nk % 2, nqp = nq + nq % 2, BQ = a->BQ;
+    ops->f32_to_bf16_split(nq, nk, w->dS, BK, 0, w->dS_hi, lo[0], BK);
+    ops->f32_to_bf16_split(nq, nk, w->dS, BK, 1, w->dSt_hi, lo[1], BQ);
+    ops->f32_to_bf16_split(nq, nk, w->S, BK, 1, w->Pt_hi, lo[2], BQ);
+    tg_attn_mm_parts(pr, ops, nq, D, nkp, w->dS_hi, w->dS_lo, BK, (const uint32_t *)w->K, D, dQ,
+                     ldq, !dq_first);                                          /* dS.K   */
+    tg_attn_mm_parts(pr, ops, nk, D, nqp, w->dSt_hi, w->dSt_lo, BQ, (const uint32_t *)w->Q, D,
+                     w->dK, D, 1);                                             /* dS^T.Q */
+    tg_attn_mm_parts(pr, ops, nk, D, nqp, w->Pt_hi, w->Pt_lo, BQ, (const uint32_t *)w->dO, D,
+                     w->dV, D, 1);                                             /* P^T.dO */
+    return;
+  }
+  if (a->products == TG_PRODUCTS_F32_ROUNDED) {
+    tg_attn_round_bf16(w->dS, nq, nk, BK);
+    tg_attn_round_bf16(w->S, nq, nk, BK);
+  }
   ops->mm_nn((int)nq, (int)D, (int)nk, w->dS, BK, w->K, D, dQ, ldq, !dq_first); /* dS.K */
   ops->mm_tn_acc((int)nk, (int)D, (int)nq, w->dS, BK, w->Q, D, w->dK, D); /* dS^T.Q */
   ops->mm_tn_acc((int)nk, (int)D, (int)nq, w->S, BK, w->dO, D, w->dV, D);  /* P^T.dO */
@@ -256,7 +302,7 @@ static void bwd_group_kv(const void *vargs, int64_t range, int64_t h_kv, int64_t
   const bwd_args *a = vargs;
   const tg_attn_problem *pr = &a->pr;
   const int64_t D = pr->D, gqa = pr->gqa, BQ = a->BQ, BK = a->BK;
-  bwd_scratch w = carve(scratch, D, BQ, BK, pr->compensated);
+  bwd_scratch w = carve(scratch, D, BQ, BK, pr->compensated, a->products);
 
   const int64_t kt_first = range * a->range_tiles;
   for (int64_t kt = kt_first; kt < kt_first + a->range_tiles && kt < a->n_ktiles; kt++) {
@@ -313,7 +359,7 @@ static void bwd_group_atomic(const void *vargs, int64_t x, int64_t h, int64_t b,
   const bwd_args *a = vargs;
   const tg_attn_problem *pr = &a->pr;
   const int64_t D = pr->D, h_kv = h / pr->gqa, BQ = a->BQ, BK = a->BK;
-  bwd_scratch w = carve(scratch, D, BQ, BK, 0);
+  bwd_scratch w = carve(scratch, D, BQ, BK, 0, a->products);
   const int64_t q0 = (a->n_qtiles - 1 - x) * BQ, nq = pr->qL - q0 < BQ ? pr->qL - q0 : BQ;
 
   load_qtile(a, b, h, q0, nq, &w);
@@ -352,7 +398,8 @@ static void plan_ranges(bwd_args *a) {
 
 static bwd_args make_args(const tg_attn_problem *pr, const tg_micro_ops *ops) {
   bwd_args a = {.pr = *pr, .ops = ops, .BQ = ops->attn_bq, .BK = ops->attn_bk,
-                .bf16_dot = tg_attn_bf16_dot(pr, ops)};
+                .bf16_dot = tg_attn_bf16_dot(pr, ops),
+                .products = tg_attn_products_of(pr, ops)};
   a.n_qtiles = (pr->qL + a.BQ - 1) / a.BQ;
   a.n_ktiles = (pr->kL + a.BK - 1) / a.BK;
   plan_ranges(&a);
@@ -373,7 +420,7 @@ tg_status tg_attn_backward_kv(tg_ctx *ctx, const tg_attn_problem *pr, const void
   a.Q = Q, a.K = K, a.V = V, a.dO = dO, a.mask = mask, a.L = L, a.D_vec = D_vec;
   a.dQ = dQ, a.dK = dK, a.dV = dV, a.dQ_partial = workspace;
   tg_status st = tg_dispatch(ctx, a.n_ranges, pr->H_kv, pr->B,
-                             bwd_scratch_bytes(pr->D, a.BQ, a.BK, pr->compensated),
+                             bwd_scratch_bytes(pr->D, a.BQ, a.BK, pr->compensated, a.products),
                              bwd_group_kv, &a);
   /* The second pass needs no scratch: it cannot fail once the first wrote. */
   if (st == TG_OK && a.n_ranges > 1)
@@ -403,7 +450,7 @@ static tg_status train_bwd(tg_ctx *ctx, const char *fn, tg_dtype dtype, const vo
     bwd_args a = make_args(&pr, ctx->ops);
     a.Q = Q, a.K = K, a.V = V, a.dO = dO, a.mask = mask, a.L = L, a.D_vec = D_vec;
     a.dQ = dQ, a.dK = dK, a.dV = dV;
-    return tg_dispatch(ctx, a.n_qtiles, pr.H, pr.B, bwd_scratch_bytes(pr.D, a.BQ, a.BK, 0),
+    return tg_dispatch(ctx, a.n_qtiles, pr.H, pr.B, bwd_scratch_bytes(pr.D, a.BQ, a.BK, 0, a.products),
                        bwd_group_atomic, &a);
   }
   const size_t ws_bytes = tg_attn_bwd_workspace_bytes(&pr, ctx->ops);

@@ -37,6 +37,7 @@ typedef struct {
   const tg_micro_ops *ops;
   int64_t BQ, BK; /* the ISA's tiles (ops->attn_bq, attn_bk) */
   int bf16_dot;   /* tg_attn_bf16_dot: S = Q.K^T on bf16 pairs, KT holds pairs */
+  tg_attn_products products; /* of acc += P.V (precision mode) */
   int64_t n_qtiles;
 } fwd_args;
 
@@ -47,13 +48,16 @@ typedef struct {
   float *S;        /* [BQ, BK] */
   float *m, *l;    /* [BQ] running max and sum */
   uint8_t *keep;   /* [BQ, BK] dropout keep flags */
+  /* TG_PRODUCTS_BF16_DOT: P's bf16 parts [BQ, BK]; V then holds V's bf16
+   * rows in pairs ([BK/2, D], pack_bf16_row_pairs) */
+  uint16_t *P_hi, *P_lo;
 } fwd_scratch;
 
 static size_t fwd_scratch_bytes(int64_t D, int64_t BQ, int64_t BK) {
   return 2 * tg_align64(sizeof(float) * BQ * (size_t)D) +
          3 * tg_align64(sizeof(float) * BK * (size_t)D) +
          tg_align64(sizeof(float) * BQ * BK) + 2 * tg_align64(sizeof(float) * BQ) +
-         tg_align64((size_t)(BQ * BK));
+         tg_align64((size_t)(BQ * BK)) + 2 * tg_align64(2 * BQ * BK);
 }
 
 static fwd_scratch fwd_carve(void *base, int64_t D, int64_t BQ, int64_t BK) {
@@ -69,7 +73,9 @@ static fwd_scratch fwd_carve(void *base, int64_t D, int64_t BQ, int64_t BK) {
   w.S = (float *)p, p += tg_align64(sizeof(float) * BQ * BK);
   w.m = (float *)p, p += tg_align64(sizeof(float) * BQ);
   w.l = (float *)p, p += tg_align64(sizeof(float) * BQ);
-  w.keep = (uint8_t *)p;
+  w.keep = (uint8_t *)p, p += tg_align64((size_t)(BQ * BK));
+  w.P_hi = (uint16_t *)p, p += tg_align64(2 * BQ * BK);
+  w.P_lo = (uint16_t *)p;
   return w;
 }
 
@@ -96,7 +102,11 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
   const int64_t key_end = tg_attn_key_end(pr, q0, nq);
   for (int64_t k0 = 0; k0 < key_end; k0 += BK) {
     const int64_t nk = key_end - k0 < BK ? key_end - k0 : BK;
-    tg_attn_load_rows(ops, pr->in, Vh, pr->Vs[2], k0, nk, D, w.V, NULL, 0);
+    if (a->products == TG_PRODUCTS_BF16_DOT)
+      ops->pack_bf16_row_pairs(nk, D, (const tg_bf16 *)Vh + k0 * pr->Vs[2], pr->Vs[2],
+                               (uint32_t *)w.V, D);
+    else
+      tg_attn_load_rows(ops, pr->in, Vh, pr->Vs[2], k0, nk, D, w.V, NULL, 0);
     if (a->bf16_dot) { /* Q's bf16 rows in place, K^T in pairs */
       tg_attn_pack_pairs(ops, Kh, pr->Ks[2], k0, nk, D, (uint32_t *)w.KT, BK);
       ops->mm_bf16_pairs((int)nq, (int)nk, (int)D,
@@ -138,6 +148,14 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
       tg_attn_dropout_tile(ops, &pr->drop, pr, b, h, q0, nq, k0, nk, w.keep, BK);
       tg_attn_dropout_apply(w.keep, BK, w.S, BK, nq, nk, 1.0f);
     }
+    if (a->products == TG_PRODUCTS_BF16_DOT) { /* P's bf16 parts, nk padded to even */
+      ops->f32_to_bf16_split(nq, nk, w.S, BK, 0, w.P_hi,
+                             pr->precision == TG_ATTN_PRECISION_SPLIT ? w.P_lo : NULL, BK);
+      tg_attn_mm_parts(pr, ops, nq, D, nk + nk % 2, w.P_hi, w.P_lo, BK, (const uint32_t *)w.V,
+                       D, w.acc, D, 1); /* acc += P.V */
+      continue;
+    }
+    if (a->products == TG_PRODUCTS_F32_ROUNDED) tg_attn_round_bf16(w.S, nq, nk, BK);
     ops->mm_nn((int)nq, (int)D, (int)nk, w.S, BK, w.V, D, w.acc, D, 1); /* acc += P.V */
   }
 
@@ -176,7 +194,8 @@ tg_status tg_attn_forward(tg_ctx *ctx, const tg_attn_problem *pr, const void *Q,
                           const void *dO, float *delta) {
   fwd_args a = {.pr = *pr, .Q = Q, .K = K, .V = V, .dO = dO, .mask = mask, .O = O, .L = L,
                 .delta = delta, .ops = ctx->ops, .BQ = ctx->ops->attn_bq,
-                .BK = ctx->ops->attn_bk, .bf16_dot = tg_attn_bf16_dot(pr, ctx->ops)};
+                .BK = ctx->ops->attn_bk, .bf16_dot = tg_attn_bf16_dot(pr, ctx->ops),
+                .products = tg_attn_products_of(pr, ctx->ops)};
   a.n_qtiles = (pr->qL + a.BQ - 1) / a.BQ;
   return tg_dispatch(ctx, a.n_qtiles, pr->H, pr->B, fwd_scratch_bytes(pr->D, a.BQ, a.BK),
                      fwd_group, &a);

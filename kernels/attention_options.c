@@ -58,6 +58,8 @@ tg_status tg_attn_prepare(tg_ctx *ctx, const char *fn, tg_dtype dtype,
   if (st != TG_OK) return st;
   out->in = dtype;
   out->drop = drop;
+  /* float32 inputs always compute in f32 (tg_attn_precision) */
+  out->precision = dtype == TG_DTYPE_BF16 ? ctx->attn_precision : TG_ATTN_PRECISION_EXACT;
   return TG_OK;
 }
 

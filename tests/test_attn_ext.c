@@ -65,6 +65,7 @@
 
 static const double U = 0x1.0p-24; /* f32 unit roundoff */
 static inline double gam(double n) { return (n + 2) * U; }
+static const double BF16_U = 0x1.0p-8; /* bf16 unit roundoff */
 
 static inline int64_t off3(const int64_t s[3], int64_t b, int64_t h, int64_t r) {
   return b * s[0] + h * s[1] + r * s[2];
@@ -99,9 +100,20 @@ typedef struct {
   float *Q, *K, *V, *dO, *mask;  /* f32 inputs (mask NULL without) */
   float *dK0, *dV0;              /* what dK, dV accumulate onto */
   uint8_t *keep;                 /* [B,H,qL,kL] from tg_attn_dropout_keep */
+  /* bf16 pipeline (test_bf16_precision_modes): the inputs are bf16 values,
+   * O is stored in bf16 (its rounding in the bounds) and the products that
+   * take P or dS add u_P of relative error per term (the precision mode) */
+  int bf16_io;
+  double u_P;
   /* f64 reference and bounds; O and dQ contiguous [B,H,qL,D] */
   double *Lr, *Le, *Or, *Oe, *Dr, *De, *dQr, *dQe, *dKr, *dKe, *dVr, *dVe;
 } ext_problem;
+
+/* The bf16 dot units flush parts below 2^-126 to zero: an absolute error of
+ * up to 2^-126 per P or dS operand of a product in the precision modes,
+ * which a relative bound does not cover (the forward's is left out: there
+ * P <= 1 and such weights are far below the bound's u|O| on these inputs). */
+static inline double tiny(const ext_problem *pb) { return pb->u_P > 0 ? 0x1.0p-126 : 0.0; }
 
 /* Key k of a query row: score with the mask added, its bound, softcap tanh. */
 typedef struct {
@@ -171,7 +183,7 @@ static void ref_forward(ext_problem *pb, const ref_row *w, int64_t row, const fl
     return;
   }
   const double T = (double)((kL + 15) / 16);
-  const double eps = 2 * E + (T + 2) * 2 * U + 2 * U * R + gam(kL);
+  const double eps = 2 * E + (T + 2) * 2 * U + 2 * U * R + gam(kL) + pb->u_P;
   const double e_r = pb->keep ? 3 * U : 0;
   for (int64_t k = 0; k < kL; k++) {
     if (!w->key[k].vis || w->z[k] == 0) continue;
@@ -185,6 +197,7 @@ static void ref_forward(ext_problem *pb, const ref_row *w, int64_t row, const fl
   double Dv = 0, eD = 0;
   for (int64_t d = 0; d < D; d++) {
     Oe[d] = 2 * ((eps + e_r) * (Oe[d] + fabs(O[d])) + U * fabs(O[d]));
+    if (pb->bf16_io) Oe[d] += 2 * BF16_U * fabs(O[d]); /* O stored in bf16 */
     Dv += O[d] * dO[d];
     eD += Oe[d] * fabs(dO[d]) + gam(D) * (fabs(O[d]) + Oe[d]) * fabs(dO[d]);
   }
@@ -220,13 +233,14 @@ static void ref_backward(ext_problem *pb, const ref_row *w, int64_t row, const f
     const double dSe = fabs(p->scale) * sc *
                            (Pe * fabs(diff) + P * (z * gam(D) * adP + eD + U * fabs(diff) + e_z)) +
                        fabs(p->scale) * P * fabs(diff) * esc + 8 * U * fabs(dS);
-    const double Pz = P * z, Pze = z * Pe + (pb->keep ? 3 * U * Pz : 0);
+    const double Pz = P * z, Pze = z * Pe + (pb->keep ? 3 * U * Pz : 0) + pb->u_P * Pz + tiny(pb);
+    const double dSe_mm = dSe + pb->u_P * fabs(dS) + tiny(pb); /* dS as a product operand */
     const int64_t ko = ((b * Hk + hk) * kL + k) * D;
     for (int64_t d = 0; d < D; d++) {
       pb->dQr[row * D + d] += dS * Kk[d];
-      pb->dQe[row * D + d] += dSe * fabs(Kk[d]) + gam(kL) * fabs(dS * Kk[d]);
+      pb->dQe[row * D + d] += dSe_mm * fabs(Kk[d]) + gam(kL) * fabs(dS * Kk[d]);
       pb->dKr[ko + d] += dS * Qi[d];
-      pb->dKe[ko + d] += dSe * fabs(Qi[d]);
+      pb->dKe[ko + d] += dSe_mm * fabs(Qi[d]);
       sK[ko + d] += fabs(dS * Qi[d]);
       pb->dVr[ko + d] += Pz * dO[d];
       pb->dVe[ko + d] += Pze * fabs(dO[d]);
@@ -283,9 +297,19 @@ static void reference(ext_problem *pb) {
  * dK0 / dV0 uniform in [-1, 1) (zero with zero_acc), dropout seed and offset
  * (the offset near 2^64 half the time: the counter's carry), then the
  * reference. */
-static void build(ext_problem *pb, const ext_cfg *c, tu_rng *r, int zero_acc) {
+static void round_to_bf16(float *x, int64_t n) {
+  for (int64_t e = 0; e < n; e++) x[e] = tg_bf16_to_f32(tg_f32_to_bf16(x[e]));
+}
+
+/* build, for the bf16 pipeline when bf16_io: Q, K, V, dO and the mask
+ * rounded to bf16 before the reference, O's bf16 rounding and u_P in its
+ * bounds. */
+static void build_ex(ext_problem *pb, const ext_cfg *c, tu_rng *r, int zero_acc, int bf16_io,
+                     double u_P) {
   memset(pb, 0, sizeof *pb);
   pb->c = *c;
+  pb->bf16_io = bf16_io;
+  pb->u_P = u_P;
   tg_attn_params *p = &pb->p;
   assert_int_equal(tg_attn_params_init(p, c->B, c->H, c->H_kv, c->qL, c->kL, c->D,
                                        (float)(1.0 / sqrt(c->D))),
@@ -343,7 +367,16 @@ static void build(ext_problem *pb, const ext_cfg *c, tu_rng *r, int zero_acc) {
     TU_EXPECT_STATUS(ctx, tg_attn_dropout_keep(ctx, &pb->opt, B, H, qL, kL, pb->keep), TG_OK);
     tg_ctx_destroy(ctx);
   }
+  if (bf16_io) {
+    round_to_bf16(pb->Q, pb->nQ), round_to_bf16(pb->dO, pb->nQ);
+    round_to_bf16(pb->K, pb->nK), round_to_bf16(pb->V, pb->nK);
+    if (pb->mask) round_to_bf16(pb->mask, pb->nM);
+  }
   reference(pb);
+}
+
+static void build(ext_problem *pb, const ext_cfg *c, tu_rng *r, int zero_acc) {
+  build_ex(pb, c, r, zero_acc, 0, 0.0);
 }
 
 static void destroy(ext_problem *pb) {
@@ -413,6 +446,67 @@ static void run_step(tg_ctx *ctx, const ext_problem *pb, const tg_attn_options *
                    TG_OK);
 }
 
+static tg_bf16 *to_bf16(const float *x, int64_t n) {
+  tg_bf16 *y = tu_alloc(sizeof(tg_bf16) * (size_t)(n ? n : 1));
+  for (int64_t e = 0; e < n; e++) y[e] = tg_f32_to_bf16(x[e]);
+  return y;
+}
+
+/* run_step on the bf16 entry points (pb->bf16_io: the inputs are bf16
+ * values): O comes back in bf16 (o->O gets it widened), compute_d reads
+ * that O. */
+static void run_step_bf16(tg_ctx *ctx, const ext_problem *pb, const tg_attn_options *opt,
+                          ext_out *o) {
+  const tg_attn_params *p = &pb->p;
+  const tg_attn_mask_params *mp = pb->mask ? &pb->mp : NULL;
+  tg_bf16 *Q = to_bf16(pb->Q, pb->nQ), *K = to_bf16(pb->K, pb->nK), *V = to_bf16(pb->V, pb->nK);
+  tg_bf16 *dO = to_bf16(pb->dO, pb->nQ), *M = to_bf16(pb->mask, pb->nM);
+  tg_bf16 *O = tu_alloc(sizeof(tg_bf16) * pb->nQ);
+  for (int64_t e = 0; e < pb->nQ; e++) O[e] = 0x7FC0; /* NaN */
+  tu_poison_f32(o->L, pb->nL);
+  tu_poison_f32(o->Dv, pb->nL);
+  tu_poison_f32(o->dQ, pb->nQ);
+  memcpy(o->dK, pb->dK0, sizeof(float) * pb->nKout);
+  memcpy(o->dV, pb->dV0, sizeof(float) * pb->nKout);
+  TU_EXPECT_STATUS(ctx,
+                   tg_attn_train_fwd(ctx, TG_DTYPE_BF16, Q, K, V, O, o->L, p, mp,
+                                     pb->mask ? M : NULL, pb->c.causal, opt),
+                   TG_OK);
+  for (int64_t e = 0; e < pb->nQ; e++) o->O[e] = tg_bf16_to_f32(O[e]);
+  gather(pb, p->O_strides, o->O, o->Oc);
+  gather(pb, p->O_strides, pb->dO, o->dOc);
+  tg_bf16 *Oc = to_bf16(o->Oc, pb->nQ), *dOc = to_bf16(o->dOc, pb->nQ); /* exact */
+  TU_EXPECT_STATUS(ctx,
+                   tg_attn_train_bwd_compute_d(ctx, TG_DTYPE_BF16, Oc, dOc, o->Dv, p->B, p->H,
+                                               p->qL, p->D),
+                   TG_OK);
+  TU_EXPECT_STATUS(ctx,
+                   tg_attn_train_bwd(ctx, TG_DTYPE_BF16, Q, K, V, o->L, dO, o->Dv, o->dQ, o->dK,
+                                     o->dV, p, mp, pb->mask ? M : NULL, pb->c.causal, opt),
+                   TG_OK);
+  free(Q), free(K), free(V), free(dO), free(M), free(O), free(Oc), free(dOc);
+}
+
+/* The backward alone on the bf16 entry points, fed the reference's L and
+ * D_vec rounded to f32 (dK, dV start at dK0, dV0): its error is that of the
+ * backward's own arithmetic, without the bf16 O's share of D_vec. */
+static void run_bwd_bf16_exact_ld(tg_ctx *ctx, const ext_problem *pb, const tg_attn_options *opt,
+                                  ext_out *o) {
+  const tg_attn_params *p = &pb->p;
+  tg_bf16 *Q = to_bf16(pb->Q, pb->nQ), *K = to_bf16(pb->K, pb->nK), *V = to_bf16(pb->V, pb->nK);
+  tg_bf16 *dO = to_bf16(pb->dO, pb->nQ), *M = to_bf16(pb->mask, pb->nM);
+  for (int64_t e = 0; e < pb->nL; e++) o->L[e] = (float)pb->Lr[e], o->Dv[e] = (float)pb->Dr[e];
+  tu_poison_f32(o->dQ, pb->nQ);
+  memcpy(o->dK, pb->dK0, sizeof(float) * pb->nKout);
+  memcpy(o->dV, pb->dV0, sizeof(float) * pb->nKout);
+  TU_EXPECT_STATUS(ctx,
+                   tg_attn_train_bwd(ctx, TG_DTYPE_BF16, Q, K, V, o->L, dO, o->Dv, o->dQ, o->dK,
+                                     o->dV, p, pb->mask ? &pb->mp : NULL, pb->mask ? M : NULL,
+                                     pb->c.causal, opt),
+                   TG_OK);
+  free(Q), free(K), free(V), free(dO), free(M);
+}
+
 /* Every output against the reference bounds; rows that see no key exactly
  * O = 0, L = -inf, dQ = 0. */
 static int check_step(const ext_problem *pb, const ext_out *o, const char *what) {
@@ -444,6 +538,15 @@ static int check_step(const ext_problem *pb, const ext_out *o, const char *what)
   ok &= tu_check_bound("dV", o->dV, pb->dVr, pb->dVe, pb->nKout);
   if (!ok) printf("  ^ in %s\n", what);
   free(Lr), free(Le), free(Lf);
+  return ok;
+}
+
+/* check_step's gradient checks alone. */
+static int check_step_grads(const ext_problem *pb, const ext_out *o, const char *what) {
+  int ok = tu_check_bound("dQ", o->dQ, pb->dQr, pb->dQe, pb->nQ);
+  ok &= tu_check_bound("dK", o->dK, pb->dKr, pb->dKe, pb->nKout);
+  ok &= tu_check_bound("dV", o->dV, pb->dVr, pb->dVe, pb->nKout);
+  if (!ok) printf("  ^ in %s (backward from exact L, D_vec)\n", what);
   return ok;
 }
 
@@ -751,6 +854,96 @@ static void test_bf16_f32_same_engine(void **state) {
   }
 }
 
+/* The precision modes (tg_ctx_set_attn_precision) on the bf16 pipeline:
+ * every config, 1/2/3 threads, both schedules and deterministic mode, the
+ * ISA under test, against the f64 reference with the mode's error per term
+ * of the products that take P or dS: 0 (exact), 2^-16 (split: hi + lo
+ * misses x by at most bf16's unit roundoff of x - hi, itself at most 2^-8
+ * |x|) and 2^-8 (bf16: one rounding), besides the f32 bounds above, and
+ * O's bf16 rounding. The measured max |err| of O, dQ, dK, dV over all runs
+ * of each mode is printed (docs/KERNELS.md's table comes from these and
+ * from tilegrad bench --section precision). Also: exact-mode bits do not
+ * change when a context was in another mode before; bad modes refused. */
+static void test_bf16_precision_modes(void **state) {
+  static const struct { tg_attn_precision mode; const char *name; double u_P; } pm[] = {
+      {TG_ATTN_PRECISION_EXACT, "exact", 0.0},
+      {TG_ATTN_PRECISION_SPLIT, "split", 0x1.0p-16},
+      {TG_ATTN_PRECISION_BF16, "bf16", BF16_U},
+  };
+  tg_isa isas[4];
+  const int nisa = tu_isas(isas);
+  int failures = 0;
+  for (size_t mi = 0; mi < sizeof pm / sizeof pm[0]; mi++) {
+    tu_rng r = tu_rng_make(tu_seed() + 11); /* the same problems in every mode */
+    double worst[4] = {0, 0, 0, 0}, mag[4] = {0, 0, 0, 0};
+    for (int ci = 0; ci < N_CONFIGS; ci++) {
+      ext_problem pb;
+      build_ex(&pb, &configs[ci], &r, 0, 1, pm[mi].u_P);
+      ext_out o = alloc_out(&pb);
+      for (int ii = 0; ii < nisa; ii++)
+        for (int ti = 0; ti < tu_n_thread_counts; ti++)
+          for (int si = 0; si < N_MODES; si++) {
+            tg_ctx *ctx = mode_ctx(tu_thread_counts[ti], isas[ii], &modes[si]);
+            assert_int_equal(tg_ctx_set_attn_precision(ctx, pm[mi].mode), TG_OK);
+            assert_int_equal(tg_ctx_get_attn_precision(ctx), pm[mi].mode);
+            run_step_bf16(ctx, &pb, &pb.opt, &o);
+            char what[160];
+            snprintf(what, sizeof what, "%s [%s, %d threads, %s, precision %s]", pb.c.name,
+                     tg_isa_name(isas[ii]), tu_thread_counts[ti], modes[si].name, pm[mi].name);
+            failures += !check_step(&pb, &o, what);
+            for (int64_t j = 0; j < pb.nQ; j++) /* O: the forward's (bf16 output) */
+              worst[0] = fmax(worst[0], fabs(o.Oc[j] - pb.Or[j])), mag[0] = fmax(mag[0], fabs(pb.Or[j]));
+            run_bwd_bf16_exact_ld(ctx, &pb, &pb.opt, &o);
+            failures += !check_step_grads(&pb, &o, what);
+            const struct { const float *got; const double *want; int64_t n; } outs[] = {
+                {o.dQ, pb.dQr, pb.nQ}, {o.dK, pb.dKr, pb.nKout}, {o.dV, pb.dVr, pb.nKout}};
+            for (int k = 0; k < 3; k++)
+              for (int64_t j = 0; j < outs[k].n; j++) {
+                worst[k + 1] = fmax(worst[k + 1], fabs(outs[k].got[j] - outs[k].want[j]));
+                mag[k + 1] = fmax(mag[k + 1], fabs(outs[k].want[j]));
+              }
+            tg_ctx_destroy(ctx);
+          }
+      free_out(&o);
+      destroy(&pb);
+    }
+    printf("  precision %s [%s]: max |err| vs f64 over the configs (max |ref|): O %.2e (%.2g), "
+           "and the backward from exact L, D_vec: dQ %.2e (%.2g) dK %.2e (%.2g) dV %.2e (%.2g)\n",
+           pm[mi].name, tg_isa_name(isas[0]), worst[0], mag[0], worst[1], mag[1], worst[2], mag[2],
+           worst[3], mag[3]);
+  }
+  tg_ctx *ctx = tu_ctx(1, TG_ISA_AUTO);
+  TU_EXPECT_STATUS(ctx, tg_ctx_set_attn_precision(ctx, (tg_attn_precision)3), TG_ERR_BAD_PARAMS);
+  TU_EXPECT_STATUS(ctx, tg_ctx_set_attn_precision(ctx, (tg_attn_precision)-1), TG_ERR_BAD_PARAMS);
+  assert_int_equal(tg_ctx_get_attn_precision(ctx), TG_ATTN_PRECISION_EXACT);
+  assert_int_equal(tg_ctx_get_attn_precision(NULL), TG_ATTN_PRECISION_EXACT);
+  assert_int_equal(tg_ctx_set_attn_precision(NULL, TG_ATTN_PRECISION_BF16), TG_ERR_NULL_ARG);
+  tg_ctx_destroy(ctx);
+  if (failures) TU_FAIL("%d precision-mode runs out of bound", failures);
+}
+
+/* float32 inputs compute in f32 whatever the mode: the same bits. */
+static void test_precision_modes_leave_f32(void **state) {
+  tu_rng r = tu_rng_make(tu_seed() + 12);
+  const ext_cfg c = {"f32 modes", 1, 4, 2, 70, 90, 32, 1, 0, 1, 0, 1.0f, 0.2f};
+  ext_problem pb;
+  build(&pb, &c, &r, 0);
+  ext_out a = alloc_out(&pb), b = alloc_out(&pb);
+  tg_ctx *ctx = tu_ctx(2, TG_ISA_AUTO);
+  run_step(ctx, &pb, &pb.opt, &a);
+  for (int m = TG_ATTN_PRECISION_SPLIT; m <= TG_ATTN_PRECISION_BF16; m++) {
+    assert_int_equal(tg_ctx_set_attn_precision(ctx, (tg_attn_precision)m), TG_OK);
+    run_step(ctx, &pb, &pb.opt, &b);
+    assert_true(same_bits(a.O, b.O, sizeof(float) * pb.nQ));
+    assert_true(same_bits(a.dQ, b.dQ, sizeof(float) * pb.nQ));
+    assert_true(same_bits(a.dK, b.dK, sizeof(float) * pb.nKout));
+    assert_true(same_bits(a.dV, b.dV, sizeof(float) * pb.nKout));
+  }
+  tg_ctx_destroy(ctx);
+  free_out(&a), free_out(&b);
+  destroy(&pb);
+}
+
 /* Deterministic mode with dropout: bitwise the same at 1, 2, 3 and 5 threads
  * (several key ranges: the dQ partial sum), and the KV schedule without
  * deterministic mode gives those bits too (it is atomic-free). */
@@ -971,6 +1164,8 @@ int main(void) {
       cmocka_unit_test(test_p0_bitwise_equals_no_options),
       cmocka_unit_test(test_bf16_f32_same_engine),
       cmocka_unit_test(test_dropout_deterministic),
+      cmocka_unit_test(test_bf16_precision_modes),
+      cmocka_unit_test(test_precision_modes_leave_f32),
       cmocka_unit_test(test_f32_accuracy_target),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -390,6 +390,7 @@ static void TG_NAME(dropout_keep)(uint8_t *restrict keep, int64_t n, uint64_t n0
 
 #include "row_ops.h"
 #include "bf16_dot.h"
+#include "bf16_pack.h"
 
 const tg_micro_ops TG_NAME(tg_micro) = {
     .name = TG_STR(TG_MICRO_SUFFIX),
@@ -400,6 +401,7 @@ const tg_micro_ops TG_NAME(tg_micro) = {
     .mm_nn = TG_NAME(mm_nn),
     .mm_tn_acc = TG_NAME(mm_tn_acc),
     TG_BF16_DOT_OPS
+    TG_BF16_PACK_OPS
     .bf16_to_f32 = TG_NAME(bf16_to_f32),
     .f32_to_bf16 = TG_NAME(f32_to_bf16),
     .dot_bf16 = TG_NAME(dot_bf16),
