@@ -794,8 +794,10 @@ static int write_json(const char *path, const tg_bench_opts *o, const char *cpu,
   json_str(f, cpu);
   fprintf(f, ",\n  \"threads\": %d,\n  \"isa\": ", threads);
   json_str(f, isa);
-  fprintf(f, ",\n  \"deterministic\": %s,\n  \"quick\": %s,\n  \"reps\": %d,\n",
-          o->deterministic ? "true" : "false", o->quick ? "true" : "false", o->reps);
+  fprintf(f, ",\n  \"deterministic\": %s,\n  \"precision\": \"%s\",\n  \"quick\": %s,\n"
+             "  \"reps\": %d,\n",
+          o->deterministic ? "true" : "false", tg_attn_precision_name(o->precision),
+          o->quick ? "true" : "false", o->reps);
   fprintf(f, "  \"statistic\": \"median of reps after one untimed warm-up\",\n");
   fprintf(f, "  \"peaks\": {\n    \"fma_f32_gflops\": ");
   json_num(f, pk->fma_gflops);
@@ -938,6 +940,11 @@ int tg_bench_main(const tg_bench_opts *o) {
     rc = 2;
     goto out;
   }
+  if ((st = tg_ctx_set_attn_precision(ctx, o->precision)) != TG_OK) {
+    fprintf(stderr, "tilegrad bench: --precision: %s\n", tg_ctx_last_error(ctx));
+    rc = 2;
+    goto out;
+  }
   if (o->deterministic && (st = tg_ctx_set_deterministic(ctx, 1)) != TG_OK) {
     fprintf(stderr, "tilegrad bench: --deterministic: %s\n", tg_ctx_last_error(ctx));
     rc = 2;
@@ -974,12 +981,13 @@ int tg_bench_main(const tg_bench_opts *o) {
   if (tg_ctx_get_isa(ctx) == TG_ISA_PORTABLE && pk.fma_portable_gflops > 0)
     pk.fma_gflops = pk.fma_portable_gflops, pk.fma_variant = "portable";
   if (tg_ctx_get_isa(ctx) != TG_ISA_AVX512_BF16) pk.bf16_gflops = 0;
-  const double ceil = tg_peaks_attn_ceiling(&pk);
+  const double ceil = tg_peaks_attn_ceiling(&pk, o->precision);
 
   printf("tilegrad bench %d.%d.%d\n", TG_VERSION_MAJOR, TG_VERSION_MINOR, TG_VERSION_PATCH);
   printf("cpu:      %s\n", cpu);
-  printf("threads:  %d    isa: %s    deterministic: %s    reps: %d (median; 1 warm-up)\n",
-         threads, isa, o->deterministic ? "on" : "off", o->reps);
+  printf("threads:  %d    isa: %s    precision: %s    deterministic: %s    reps: %d (median; "
+         "1 warm-up)\n",
+         threads, isa, tg_attn_precision_name(o->precision), o->deterministic ? "on" : "off", o->reps);
   printf("ceilings at %d thread%s:\n", threads, threads == 1 ? "" : "s");
   printf("  f32 FMA peak     %8.1f GFLOP/s  (%s; avx512f %.1f, avx2+fma %.1f, portable %.1f)\n",
          pk.fma_gflops, pk.fma_variant, pk.fma_avx512_gflops, pk.fma_avx2_gflops,

@@ -27,6 +27,7 @@ typedef struct {
   int nshapes;
   int quick;              /* small shapes and buffers */
   int deterministic;
+  tg_attn_precision precision; /* --precision (default exact) */
 } tg_bench_opts;
 
 /* Runs the bench with options already checked (every value in the range the

@@ -24,6 +24,8 @@
 
 #include <stddef.h>
 
+#include "tilegrad.h"
+
 typedef struct {
   int threads;
   /* f32 FMA: best variant, and each variant measured (0 = not available) */
@@ -55,6 +57,6 @@ int tg_peaks_measure(tg_peaks *out, int threads, size_t triad_array_bytes);
 /* The "exact-mode ceiling" of the FA-2 backward in GFLOP/s: 2/5 of the FLOPs
  * at the bf16 dot peak, 3/5 at the f32 FMA peak (time-weighted:
  * 1 / (0.4/bf16 + 0.6/fma)); the FMA peak alone when there is no bf16 unit. */
-double tg_peaks_attn_ceiling(const tg_peaks *p);
+double tg_peaks_attn_ceiling(const tg_peaks *p, tg_attn_precision mode);
 
 #endif /* TG_BENCH_PEAK_H */

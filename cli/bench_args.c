@@ -35,6 +35,8 @@ void tg_cli_bench_usage(FILE *f) {
           "  --isa I            portable | avx2 | avx512 | avx512bf16 | auto (default:\n"
           "                     auto, or $TG_ISA)\n"
           "  --deterministic    run the kernels in deterministic mode\n"
+          "  --precision P      exact | split | bf16: the attention's products that take\n"
+          "                     P or dS (tg_ctx_set_attn_precision; default exact)\n"
           "  --section S        attn | mem | all (default all); peaks: the ceilings only\n"
           "  --triad-mib N      size of each of the 3 triad arrays in MiB (default %d,\n"
           "                     at most 2^20; keep the 3 arrays well above the L3 size)\n"
@@ -163,7 +165,8 @@ typedef enum {
   OPT_JSON,
   OPT_ISA,
   OPT_SECTION,
-  OPT_SHAPES
+  OPT_SHAPES,
+  OPT_PRECISION
 } bench_option;
 
 static const struct {
@@ -176,7 +179,7 @@ static const struct {
     {"--threads", OPT_THREADS, 1},  {"--reps", OPT_REPS, 1},
     {"--triad-mib", OPT_TRIAD_MIB, 1}, {"--json", OPT_JSON, 1},
     {"--isa", OPT_ISA, 1},          {"--section", OPT_SECTION, 1},
-    {"--shapes", OPT_SHAPES, 1},
+    {"--shapes", OPT_SHAPES, 1},    {"--precision", OPT_PRECISION, 1},
 };
 
 static const struct {
@@ -252,6 +255,15 @@ static int parse_each(int argc, char **argv, tg_bench_opts *o, char *msg, size_t
       case OPT_SHAPES:
         rc = parse_shapes(val, o, msg, msglen);
         break;
+      case OPT_PRECISION: {
+        int m = TG_ATTN_PRECISION_EXACT;
+        while (m <= TG_ATTN_PRECISION_BF16 && strcmp(val, tg_attn_precision_name(m))) m++;
+        if (m > TG_ATTN_PRECISION_BF16)
+          return refuse(msg, msglen, "--precision %s: want exact, split or bf16",
+                        quoted(q, val, strlen(val)));
+        o->precision = (tg_attn_precision)m;
+        break;
+      }
     }
     if (rc != BENCH_ARGS_RUN) return rc;
   }

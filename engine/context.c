@@ -226,6 +226,15 @@ tg_attn_precision tg_ctx_get_attn_precision(const tg_ctx *ctx) {
   return ctx ? ctx->attn_precision : TG_ATTN_PRECISION_EXACT;
 }
 
+const char *tg_attn_precision_name(tg_attn_precision p) {
+  switch (p) {
+    case TG_ATTN_PRECISION_EXACT: return "exact";
+    case TG_ATTN_PRECISION_SPLIT: return "split";
+    case TG_ATTN_PRECISION_BF16: return "bf16";
+  }
+  return "unknown";
+}
+
 /* --- threads ------------------------------------------------------------------ */
 
 /* The CPU quota in the cgroup file `dir`/cpu.max (v2: "max 100000" or

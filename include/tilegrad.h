@@ -164,6 +164,8 @@ typedef enum {
 /* TG_ERR_BAD_PARAMS for a value outside the enum. */
 tg_status tg_ctx_set_attn_precision(tg_ctx *ctx, tg_attn_precision p);
 tg_attn_precision tg_ctx_get_attn_precision(const tg_ctx *ctx);
+/* "exact", "split", "bf16"; "unknown" outside the enum. */
+const char *tg_attn_precision_name(tg_attn_precision p);
 
 /* --- attention parameter ABI (byte-identical to Metal's AttnParams) ------ */
 typedef struct {

@@ -717,6 +717,71 @@ static void test_rms_fused_rows(void **state) {
   free(x), free(w), free(dy), free(p0), free(p1), free(p2), free(d1), free(d2);
 }
 
+/* The precision modes' operand packing, bit for bit against the scalar
+ * definition on every table: f32_to_bf16_split (hi = RNE, lo = RNE of the
+ * exact remainder, 0 where hi is not finite; both layouts, odd counts padded
+ * with 0, NaN / inf / subnormal / overflowing inputs) and
+ * pack_bf16_row_pairs (odd row counts padded with 0); nothing outside the
+ * destination's rows and columns is written. */
+static void test_bf16_split_and_row_pairs(void **state) {
+  tu_rng r = tu_rng_make(tu_seed() + 13);
+  const tg_micro_ops *tabs[5];
+  const int nt = n_tables(tabs);
+  const float specials[] = {NAN, INFINITY, -INFINITY, 0x1p-130f, -0x1p-140f, 3.4e38f, -0.0f,
+                            1.0f + 0x1p-8f, 1.0f + 0x3p-8f};
+  const int sizes[][2] = {{1, 1}, {64, 64}, {63, 65}, {17, 33}, {48, 48}, {5, 100}, {100, 7}};
+  for (int t = 0; t < nt; t++) {
+    const tg_micro_ops *o = tabs[t];
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+      const int rows = sizes[si][0], cols = sizes[si][1], lds = cols + 3;
+      float *x = tu_alloc(sizeof(float) * rows * lds);
+      tu_fill_f32(&r, x, (int64_t)rows * lds, -3, 3);
+      for (int e = 0; e < rows * lds; e += 7) x[e] = specials[(e / 7) % 9];
+      for (int transpose = 0; transpose < 2; transpose++)
+        for (int with_lo = 0; with_lo < 2; with_lo++) {
+          const int dr = transpose ? cols : rows, dc = transpose ? rows : cols;
+          const int ldd = dc + 1 + (dc + 1) % 2 + 2; /* room for the pad, and a gap */
+          uint16_t *hi = tu_alloc(2 * dr * ldd), *lo = tu_alloc(2 * dr * ldd);
+          memset(hi, 0xA5, 2 * dr * ldd), memset(lo, 0xA5, 2 * dr * ldd);
+          o->f32_to_bf16_split(rows, cols, x, lds, transpose, hi, with_lo ? lo : NULL, ldd);
+          for (int i = 0; i < dr; i++)
+            for (int j = 0; j < ldd; j++) {
+              const int in = j < dc, pad = j == dc && dc % 2;
+              const float v = !in ? 0.0f : transpose ? x[j * lds + i] : x[i * lds + j];
+              const uint16_t h = tg_f32_to_bf16(v);
+              const int finite = (h & 0x7F80) != 0x7F80;
+              const uint16_t l = finite ? tg_f32_to_bf16(v - tg_bf16_to_f32(h)) : 0;
+              const uint16_t want_hi = in ? h : pad ? 0 : 0xA5A5;
+              const uint16_t want_lo = !with_lo ? 0xA5A5 : in ? l : pad ? 0 : 0xA5A5;
+              if (hi[i * ldd + j] != want_hi || lo[i * ldd + j] != want_lo)
+                TU_FAIL("%s split %dx%d transpose %d lo %d at (%d, %d): hi %04x want %04x, lo "
+                        "%04x want %04x (x = %a)",
+                        o->name, rows, cols, transpose, with_lo, i, j, hi[i * ldd + j], want_hi,
+                        lo[i * ldd + j], want_lo, (double)v);
+            }
+          free(hi), free(lo);
+        }
+      /* row pairs of a bf16 matrix [rows, cols] */
+      tg_bf16 *X = tu_alloc(2 * rows * lds);
+      tu_fill_bf16(&r, X, (int64_t)rows * lds, -2, 2);
+      const int np = (rows + 1) / 2, ldb = cols + 2;
+      uint32_t *Bp = tu_alloc(4 * (np + 1) * ldb);
+      memset(Bp, 0xA5, 4 * (np + 1) * ldb);
+      o->pack_bf16_row_pairs(rows, cols, X, lds, Bp, ldb);
+      for (int p = 0; p <= np; p++)
+        for (int j = 0; j < ldb; j++) {
+          uint32_t want = 0xA5A5A5A5u;
+          if (p < np && j < cols)
+            want = X[2 * p * lds + j] | (2 * p + 1 < rows ? (uint32_t)X[(2 * p + 1) * lds + j] << 16 : 0);
+          if (Bp[p * ldb + j] != want)
+            TU_FAIL("%s row pairs %dx%d p=%d j=%d: %08x want %08x", o->name, rows, cols, p, j,
+                    Bp[p * ldb + j], want);
+        }
+      free(X), free(Bp), free(x);
+    }
+  }
+}
+
 int main(void) {
   tu_seed();
   const struct CMUnitTest tests[] = {
@@ -735,6 +800,7 @@ int main(void) {
       cmocka_unit_test(test_wsum4),
       cmocka_unit_test(test_softmax_rows),
       cmocka_unit_test(test_rms_fused_rows),
+      cmocka_unit_test(test_bf16_split_and_row_pairs),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

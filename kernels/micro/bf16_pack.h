@@ -7,54 +7,79 @@
  * 16 x 16 register transpose where AVX-512 has one; included by micro.c.
  */
 
-/* hi = bf16(x) rounded to nearest even (NaN -> 0x7FC0, as f32_to_bf16);
- * lo = bf16(x - hi), and 0 where hi is not finite (x - hi would be NaN for
- * x = inf, and inf - inf for an x that rounds up to inf). lo NULL: hi only. */
+/* bf16(x) rounded to nearest even, NaN -> 0x7FC0 (as f32_to_bf16) */
+static inline __attribute__((always_inline)) uint16_t bf16_rne(float x) {
+  uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  const uint32_t nan = (u & 0x7FFFFFFFu) > 0x7F800000u;
+  return (uint16_t)(nan ? 0x7FC0u : (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* hi = bf16(x); lo = bf16(x - hi), and 0 where hi is not finite (x - hi
+ * would be NaN for x = inf, and inf - inf for an x that rounds up to inf).
+ * lo NULL: hi only. (Two loops: a test of lo inside one keeps it scalar.) */
 static inline __attribute__((always_inline)) void split_row(const float *restrict x, int64_t n,
                                                             uint16_t *restrict hi,
                                                             uint16_t *restrict lo) {
+  if (!lo) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) hi[i] = bf16_rne(x[i]);
+    return;
+  }
 #pragma omp simd
   for (int64_t i = 0; i < n; i++) {
-    uint32_t u;
-    memcpy(&u, &x[i], sizeof u);
-    const uint32_t nan = (u & 0x7FFFFFFFu) > 0x7F800000u;
-    const uint16_t h = (uint16_t)(nan ? 0x7FC0u : (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+    const uint16_t h = bf16_rne(x[i]);
+    const uint32_t hu = (uint32_t)h << 16;
+    float hf;
+    memcpy(&hf, &hu, sizeof hf);
+    const uint16_t l = bf16_rne(x[i] - hf); /* x - hf is exact */
     hi[i] = h;
-    if (lo) {
-      const uint32_t hu = (uint32_t)h << 16;
-      float hf;
-      memcpy(&hf, &hu, sizeof hf);
-      const float r = (h & 0x7F80u) == 0x7F80u ? 0.0f : x[i] - hf; /* exact */
-      uint32_t v;
-      memcpy(&v, &r, sizeof v);
-      lo[i] = (uint16_t)((v + 0x7FFFu + ((v >> 16) & 1u)) >> 16);
-    }
+    lo[i] = (uint16_t)((h & 0x7F80u) == 0x7F80u ? 0u : l);
   }
 }
 
-/* 16 x 16 block (rows r < nr, columns c < nc of src, the rest 0) to
- * t[c][r]. */
-static inline void transpose_in(const float *restrict src, int64_t lds, int nr, int nc,
-                                float t[16][16]) {
 #if defined(__AVX512F__)
-  __m512 m[16];
-  const __mmask16 cols = (__mmask16)((1u << nc) - 1);
-  for (int r = 0; r < 16; r++)
-    m[r] = r < nr ? _mm512_maskz_loadu_ps(cols, src + r * lds) : _mm512_setzero_ps();
-  transpose16_regs(m);
-  for (int c = 0; c < 16; c++) _mm512_storeu_ps(t[c], m[c]);
-#else
-  for (int c = 0; c < 16; c++)
-    for (int r = 0; r < 16; r++) t[c][r] = r < nr && c < nc ? src[r * lds + c] : 0.0f;
-#endif
+/* split_row on 16 lanes (those of `m`) of a register: the same bits, with
+ * the rounding done on the integer lanes as bf16_rne does it. */
+static inline __m512i rne_lanes(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_srli_epi32(
+      _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+  return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
 }
+
+static inline void split_lanes(__m512 v, __mmask16 m, uint16_t *restrict hi,
+                               uint16_t *restrict lo) {
+  const __m512i h = rne_lanes(v);
+  _mm256_mask_storeu_epi16(hi, m, _mm512_cvtepi32_epi16(h));
+  if (!lo) return;
+  const __m512 hf = _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
+  const __mmask16 finite = _mm512_cmpneq_epi32_mask(
+      _mm512_and_si512(h, _mm512_set1_epi32(0x7F80)), _mm512_set1_epi32(0x7F80));
+  const __m512i l = rne_lanes(_mm512_maskz_sub_ps(finite, v, hf)); /* v - hf is exact */
+  _mm256_mask_storeu_epi16(lo, m, _mm512_cvtepi32_epi16(l));
+}
+
+static inline __mmask16 first_lanes(int64_t n) {
+  return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+}
+#endif
 
 static void TG_NAME(f32_to_bf16_split)(int64_t rows, int64_t cols, const float *restrict src,
                                        int64_t lds, int transpose, uint16_t *restrict hi,
                                        uint16_t *restrict lo, int64_t ldd) {
   if (!transpose) {
     for (int64_t r = 0; r < rows; r++) {
+#if defined(__AVX512F__)
+      for (int64_t c = 0; c < cols; c += 16) {
+        const __mmask16 m = first_lanes(cols - c);
+        split_lanes(_mm512_maskz_loadu_ps(m, src + r * lds + c), m, hi + r * ldd + c,
+                    lo ? lo + r * ldd + c : NULL);
+      }
+#else
       split_row(src + r * lds, cols, hi + r * ldd, lo ? lo + r * ldd : NULL);
+#endif
       if (cols % 2) {
         hi[r * ldd + cols] = 0;
         if (lo) lo[r * ldd + cols] = 0;
@@ -62,17 +87,32 @@ static void TG_NAME(f32_to_bf16_split)(int64_t rows, int64_t cols, const float *
     }
     return;
   }
-  float t[16][16] __attribute__((aligned(64)));
+  /* 16 x 16 blocks; rows past `rows` read as 0, which pads an odd count */
   for (int64_t r0 = 0; r0 < rows; r0 += 16)
     for (int64_t c0 = 0; c0 < cols; c0 += 16) {
       const int nr = rows - r0 < 16 ? (int)(rows - r0) : 16;
       const int nc = cols - c0 < 16 ? (int)(cols - c0) : 16;
-      transpose_in(src + r0 * lds + c0, lds, nr, nc, t);
-      const int n = nr + (nr % 2); /* the zero pad of an odd row count */
+      const int n = nr + (nr % 2);
+#if defined(__AVX512F__)
+      __m512 t[16];
+      const __mmask16 cm = first_lanes(nc), rm = first_lanes(n);
+      for (int r = 0; r < 16; r++)
+        t[r] = r < nr ? _mm512_maskz_loadu_ps(cm, src + (r0 + r) * lds + c0) : _mm512_setzero_ps();
+      transpose16_regs(t);
+      for (int c = 0; c < nc; c++) {
+        const int64_t d = (c0 + c) * ldd + r0;
+        split_lanes(t[c], rm, hi + d, lo ? lo + d : NULL);
+      }
+#else
+      float t[16][16];
+      for (int c = 0; c < 16; c++)
+        for (int r = 0; r < 16; r++)
+          t[c][r] = r < nr && c < nc ? src[(r0 + r) * lds + c0 + c] : 0.0f;
       for (int c = 0; c < nc; c++) {
         const int64_t d = (c0 + c) * ldd + r0;
         split_row(t[c], n, hi + d, lo ? lo + d : NULL);
       }
+#endif
     }
 }
 
