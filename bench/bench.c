@@ -811,13 +811,18 @@ static int write_json(const char *path, const tg_bench_opts *o, const char *cpu,
   json_num(f, pk->fma_portable_gflops);
   fprintf(f, ",\n    \"bf16_dot_gflops\": ");
   json_num(f, pk->bf16_gflops);
+  fprintf(f, ",\n    \"amx_bf16_gflops\": ");
+  json_num(f, pk->amx_gflops);
   fprintf(f, ",\n    \"triad_gbs\": ");
   json_num(f, pk->triad_gbs);
   fprintf(f, ",\n    \"triad_streams\": 3,\n    \"triad_array_mib\": %zu,\n",
           pk->triad_array_bytes >> 20);
-  fprintf(f, "    \"attn_exact_ceiling_gflops\": ");
+  fprintf(f, "    \"attn_ceiling_gflops\": ");
   json_num(f, ceil);
-  fprintf(f, ",\n    \"attn_exact_ceiling_def\": \"1/(0.4/bf16_dot + 0.6/fma_f32)\"\n  },\n");
+  fprintf(f, ",\n    \"attn_ceiling_def\": \"%s\"\n  },\n",
+          o->precision == TG_ATTN_PRECISION_BF16    ? "unit (all products at the table's bf16 unit)"
+          : o->precision == TG_ATTN_PRECISION_SPLIT ? "unit / 1.6 (split: 0.4 + 2 x 0.6 of F)"
+                                                    : "1/(0.4/unit + 0.6/fma_f32)");
 
   fprintf(f, "  \"attention_bwd\": {\n");
   fprintf(f, "    \"timed\": \"compute_d + bwd + 3 casts (dK/dV zero-fill not timed)\",\n");
@@ -854,7 +859,7 @@ static int write_json(const char *path, const tg_bench_opts *o, const char *cpu,
     json_num(f, r->gflops);
     fprintf(f, ", \"pct_fma_peak\": ");
     json_num(f, r->pct_fma);
-    fprintf(f, ", \"pct_exact_ceiling\": ");
+    fprintf(f, ", \"pct_ceiling\": ");
     json_num(f, r->pct_ceil);
     fprintf(f, ", \"outputs_finite\": %s", r->finite ? "true" : "false");
     fprintf(f, ", \"fwd\": {\"flops\": \"4*B*H*qL*kL*D, x0.5 when causal\", \"gflop\": ");
@@ -973,15 +978,19 @@ int tg_bench_main(const tg_bench_opts *o) {
     fprintf(stderr, "tilegrad bench: could not allocate 3 x %zu MiB for the triad; "
                     "bandwidth ceiling unavailable\n", o->triad_mib);
   /* The ceilings are those of the instructions the chosen table uses: the
-   * avx2 table on an AVX-512 CPU is measured against the ymm FMA peak, and
-   * only the avx512bf16 table uses the bf16 dot unit (for Q.K^T and dO.V^T,
-   * 2 of the step's 5 products: the exact-mode ceiling). */
+   * avx2 table on an AVX-512 CPU is measured against the ymm FMA peak; the
+   * avx512bf16 table's bf16 unit is vdpbf16ps and the amx table's the AMX
+   * tiles (for Q.K^T and dO.V^T, 2 of the step's 5 products in exact mode,
+   * all 5 in bf16 and split mode: tg_peaks_attn_ceiling). */
   if (tg_ctx_get_isa(ctx) == TG_ISA_AVX2 && pk.fma_avx2_gflops > 0)
     pk.fma_gflops = pk.fma_avx2_gflops, pk.fma_variant = "avx2+fma";
   if (tg_ctx_get_isa(ctx) == TG_ISA_PORTABLE && pk.fma_portable_gflops > 0)
     pk.fma_gflops = pk.fma_portable_gflops, pk.fma_variant = "portable";
-  if (tg_ctx_get_isa(ctx) != TG_ISA_AVX512_BF16) pk.bf16_gflops = 0;
-  const double ceil = tg_peaks_attn_ceiling(&pk, o->precision);
+  const int amx_table = !strcmp(isa, "amx");
+  tg_peaks unit = pk; /* bf16_gflops: this table's bf16 unit (0: none) */
+  unit.bf16_gflops = amx_table ? pk.amx_gflops
+                     : tg_ctx_get_isa(ctx) == TG_ISA_AVX512_BF16 ? pk.bf16_gflops : 0.0;
+  const double ceil = tg_peaks_attn_ceiling(&unit, o->precision);
 
   printf("tilegrad bench %d.%d.%d\n", TG_VERSION_MAJOR, TG_VERSION_MINOR, TG_VERSION_PATCH);
   printf("cpu:      %s\n", cpu);
@@ -996,11 +1005,19 @@ int tg_bench_main(const tg_bench_opts *o) {
     printf("  bf16 dot peak    %8.1f GFLOP/s  (vdpbf16ps zmm, 64 FLOP/instruction)\n",
            pk.bf16_gflops);
   else
-    printf("  bf16 dot peak         n/a         (no AVX512_BF16 on this CPU, or not this ISA's)\n");
+    printf("  bf16 dot peak         n/a         (no AVX512_BF16 on this CPU)\n");
+  if (pk.amx_gflops > 0)
+    printf("  AMX bf16 peak    %8.1f GFLOP/s  (tdpbf16ps, 16384 FLOP/instruction)\n",
+           pk.amx_gflops);
   printf("  triad            %8.1f GB/s     (a = b + 2c, 3 x %zu MiB, 3 streams counted)\n",
          pk.triad_gbs, o->triad_mib);
-  printf("  exact-mode ceil  %8.1f GFLOP/s  (FA-2 bwd: 0.4 F at bf16 dot + 0.6 F at FMA)\n",
-         ceil);
+  static const char *const ceil_how[] = {
+      "0.4 F at the bf16 unit + 0.6 F at FMA", "0.4 F + 2 x 0.6 F at the bf16 unit",
+      "all F at the bf16 unit"};
+  printf("  %s-mode ceil %*s%8.1f GFLOP/s  (FA-2 step: %s, %s)\n",
+         tg_attn_precision_name(o->precision), 5 - (int)strlen(tg_attn_precision_name(o->precision)),
+         "", ceil, unit.bf16_gflops > 0 ? ceil_how[o->precision] : "all F at FMA",
+         unit.bf16_gflops > 0 ? (amx_table ? "AMX" : "vdpbf16ps") : "no bf16 unit in this table");
   fflush(stdout);
 
   /* --- attention backward -------------------------------------------------- */

@@ -88,6 +88,46 @@ __attribute__((target("avx512f,avx512bf16"))) static void bf16_dot_kernel(long i
   s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)));
   g_sink[(tid % SINK_MAX) * SINK_STRIDE] += _mm512_reduce_add_ps(s);
 }
+
+/* AMX-BF16: 4 independent C tiles (16 x 16 f32) fed by 2 A and 2 B tiles
+ * (16 rows x 32 bf16) that stay in the tile registers; one tdpbf16ps is
+ * 16 x 16 x 32 multiply-adds = 16384 FLOP. The tile configuration is the
+ * thread's own (loaded here, released after). Runs only where the library
+ * runs its amx table (tg_isa_available: CPUID, the OS's XCR0 and Linux's
+ * permission request for the tile data). */
+typedef struct {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+} amx_tile_config;
+
+__attribute__((target("amx-tile,amx-bf16"))) static void amx_dot_kernel(long iters, int tid) {
+  amx_tile_config cfg __attribute__((aligned(64)));
+  memset(&cfg, 0, sizeof cfg);
+  cfg.palette = 1;
+  for (int t = 0; t < 8; t++) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+  _tile_loadconfig(&cfg);
+  uint16_t src[16 * 32] __attribute__((aligned(64)));
+  for (int i = 0; i < 16 * 32; i++) src[i] = 0x3A83; /* ~1e-3 */
+  _tile_loadd(4, src, 64);
+  _tile_loadd(5, src, 64);
+  _tile_loadd(6, src, 64);
+  _tile_loadd(7, src, 64);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (long i = 0; i < iters; i++) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  float out[16 * 16] __attribute__((aligned(64)));
+  _tile_stored(0, out, 64);
+  _tile_release();
+  g_sink[(tid % SINK_MAX) * SINK_STRIDE] += out[0];
+}
 #endif /* TG_PEAK_X86 */
 
 /* Portable: GCC/Clang generic vectors of 4 floats (one SSE/NEON register),
@@ -211,6 +251,15 @@ double tg_peak_bf16_dot(int threads, double seconds) {
   return 0.0;
 }
 
+double tg_peak_amx_bf16(int threads, double seconds) {
+#if TG_PEAK_X86
+  tg_isa amx;
+  if (tg_isa_from_name("amx", &amx) == TG_OK && tg_isa_available(amx))
+    return compute_peak(amx_dot_kernel, 4.0 * 16384, threads, seconds);
+#endif
+  return 0.0;
+}
+
 /* --- triad ------------------------------------------------------------------- */
 
 static void *alloc64(size_t bytes) {
@@ -282,6 +331,8 @@ int tg_peaks_measure(tg_peaks *p, int threads, size_t triad_array_bytes) {
     if (g > p->fma_portable_gflops) p->fma_portable_gflops = g;
     g = tg_peak_bf16_dot(threads, 0.1);
     if (g > p->bf16_gflops) p->bf16_gflops = g;
+    g = tg_peak_amx_bf16(threads, 0.1);
+    if (g > p->amx_gflops) p->amx_gflops = g;
   }
   p->fma_gflops = p->fma_portable_gflops;
   p->fma_variant = "portable";

@@ -8,6 +8,8 @@
  *   bf16 dot peak  12 independent vdpbf16ps zmm chains per thread; 2 FLOP per
  *                  bf16 pair = 64 FLOP per instruction. 0 where the CPU has no
  *                  AVX512_BF16.
+ *   AMX peak       4 independent tdpbf16ps tile chains per thread (16384 FLOP
+ *                  each); 0 where the amx table cannot run.
  *   triad          a[i] = b[i] + 2*c[i] over three f32 arrays (default 256 MiB
  *                  each); bytes counted as 3 streams (read b, read c, write a),
  *                  the STREAM convention -- the write-allocate read of a is not
@@ -34,6 +36,8 @@ typedef struct {
   double fma_avx512_gflops, fma_avx2_gflops, fma_portable_gflops;
   /* bf16 dot (vdpbf16ps zmm); 0 = no AVX512_BF16 on this CPU */
   double bf16_gflops;
+  /* AMX-BF16 tiles (tdpbf16ps); 0 where the library cannot run its amx table */
+  double amx_gflops;
   /* triad, 3-stream bytes */
   double triad_gbs;
   size_t triad_array_bytes; /* bytes per array */
@@ -45,6 +49,7 @@ double tg_peak_fma_avx512(int threads, double seconds);
 double tg_peak_fma_avx2(int threads, double seconds);
 double tg_peak_fma_portable(int threads, double seconds);
 double tg_peak_bf16_dot(int threads, double seconds);
+double tg_peak_amx_bf16(int threads, double seconds);
 
 /* GB/s (3 streams) of a[i] = b[i] + 2*c[i] with three arrays of array_bytes
  * each; < 0 if the arrays cannot be allocated. */
