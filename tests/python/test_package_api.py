@@ -95,6 +95,37 @@ def test_library_and_context(lib):
     assert repr(c) == "Context(closed)"
 
 
+def test_context_attn_precision(lib):
+    """tg_ctx_set/get_attn_precision by name: a round trip through every
+    mode, the constructor kwarg, repr, and refusals that leave it unchanged."""
+    if not lib.has("tg_ctx_set_attn_precision"):
+        pytest.skip("the library has no tg_ctx_set_attn_precision")
+    assert [lib.attn_precision_name(i) for i in range(3)] == ["exact", "split", "bf16"]
+    assert lib.attn_precision_name(3) == "unknown"
+    c = tg.Context()
+    assert c.attn_precision == "exact" and c.attn_precision_id == capi.TG_ATTN_PRECISION_EXACT
+    for name, value in capi.ATTN_PRECISION_NAMES.items():
+        c.attn_precision = name
+        assert c.attn_precision == name and c.attn_precision_id == value
+        assert f"attn_precision={name!r}" in repr(c)
+        c.attn_precision = capi.TG_ATTN_PRECISION_EXACT     # by value too
+        assert c.attn_precision == "exact"
+    c.attn_precision = "SPLIT"                              # names ignore case, as isa's
+    assert c.attn_precision == "split"
+    with pytest.raises(ValueError, match="unknown attn_precision 'f32'") as ei:
+        c.attn_precision = "f32"
+    assert all(n in str(ei.value) for n in ("'bf16'", "'exact'", "'split'"))
+    with pytest.raises(tg.BadParamsError, match="tg_attn_precision"):
+        c.attn_precision = 3
+    assert c.attn_precision == "split"                      # unchanged by the refusals
+    c.close()
+    for name in ("exact", "split", "bf16"):
+        with tg.Context(attn_precision=name, threads=2) as c2:
+            assert c2.attn_precision == name and c2.threads == 2
+    with pytest.raises(ValueError, match="unknown attn_precision"):
+        tg.Context(attn_precision="fp8")
+
+
 def test_default_context_is_per_thread():
     a = tg.default_context()
     assert tg.default_context() is a
