@@ -40,7 +40,6 @@ partly cancel. Held to exact's bound (e = 0), bf16 mode fails every case
 
 float32 inputs compute in f32 in every mode: bitwise the same results.
 """
-import math
 
 import pytest
 
