@@ -15,7 +15,8 @@ numpy arrays) or :mod:`tilegrad.torch`. This module is the layer below them:
   extension: float32 attention, ``TG_DTYPE_*``) and ``tg_attn_dropout_keep``;
 * :class:`Library` -- the CDLL with argtypes declared from the header;
   ``has(name)`` says whether an entry point is exported;
-* :class:`Context` -- a ``tg_ctx`` (threads, deterministic mode, ISA).
+* :class:`Context` -- a ``tg_ctx`` (threads, deterministic mode, ISA, the
+  FA-2 backward's schedule and the attention precision mode).
   ``Context.call(name, *args)`` calls ``tg_<kernel>(ctx, *args)`` with raw
   buffers (C-contiguous numpy arrays by pointer, ``None`` as NULL, params
   structs by reference) and raises a :class:`~tilegrad.errors.TilegradError`
@@ -44,6 +45,13 @@ ISA_NAMES = {"auto": TG_ISA_AUTO, "portable": TG_ISA_PORTABLE, "avx2": TG_ISA_AV
 TG_ATTN_SCHEDULE_KV = 0
 TG_ATTN_SCHEDULE_ATOMIC = 1
 ATTN_SCHEDULE_NAMES = {"kv": TG_ATTN_SCHEDULE_KV, "atomic": TG_ATTN_SCHEDULE_ATOMIC}
+# tg_attn_precision (how the attention's products taking P or dS run on bf16
+# inputs: O += P.V, dQ += dS.K, dK += dS^T.Q, dV += P^T.dO)
+TG_ATTN_PRECISION_EXACT = 0
+TG_ATTN_PRECISION_SPLIT = 1
+TG_ATTN_PRECISION_BF16 = 2
+ATTN_PRECISION_NAMES = {"exact": TG_ATTN_PRECISION_EXACT, "split": TG_ATTN_PRECISION_SPLIT,
+                        "bf16": TG_ATTN_PRECISION_BF16}
 # tg_dtype (element type of Q, K, V, dO, O and the mask in tg_attn_train_*)
 TG_DTYPE_BF16 = 0
 TG_DTYPE_F32 = 1
@@ -244,6 +252,9 @@ _OTHER_SIGNATURES = {
     "tg_isa_available": (_I, [_I]),
     "tg_ctx_set_attn_schedule": (_I, [_P, _I]),
     "tg_ctx_get_attn_schedule": (_I, [_P]),
+    "tg_ctx_set_attn_precision": (_I, [_P, _I]),
+    "tg_ctx_get_attn_precision": (_I, [_P]),
+    "tg_attn_precision_name": (ctypes.c_char_p, [_I]),
     "tg_attn_params_init": (_I, [_PP, _I, _I, _I, _I, _I, _I, _F]),
 }
 
@@ -289,6 +300,12 @@ class Library:
 
     def isa_name(self, isa):
         r = self.func("tg_isa_name")(int(isa))
+        return r.decode() if r is not None else "<NULL>"
+
+    def attn_precision_name(self, p):
+        """``tg_attn_precision_name(p)``: "exact", "split", "bf16" ("unknown"
+        outside the enum)."""
+        r = self.func("tg_attn_precision_name")(int(p))
         return r.decode() if r is not None else "<NULL>"
 
     def __repr__(self):
@@ -346,6 +363,18 @@ def as_pointer(a):
     return a  # plain scalar
 
 
+def parse_attn_precision(p):
+    """An attention precision mode by name ("exact", "split", "bf16") or
+    ``tg_attn_precision`` value -> the value; ValueError for other names."""
+    if isinstance(p, str):
+        try:
+            return ATTN_PRECISION_NAMES[p.lower()]
+        except KeyError:
+            raise ValueError(f"unknown attn_precision {p!r}; one of "
+                             f"{sorted(ATTN_PRECISION_NAMES)}") from None
+    return int(p)
+
+
 def parse_isa(isa):
     if isa is None:
         return None
@@ -368,10 +397,18 @@ class Context:
     ``"portable"``, ``"avx2"``, ``"avx512"`` or ``"avx512bf16"`` (``UnsupportedError`` if
     unavailable).
     attn_schedule: ``None`` (library default, "kv"), ``"kv"`` or ``"atomic"``.
+    attn_precision: ``None`` (library default, "exact"), ``"exact"``,
+    ``"split"`` or ``"bf16"``: how the attention's products that take the
+    probabilities P or the score gradient dS (O += P.V, dQ += dS.K,
+    dK += dS^T.Q, dV += P^T.dO) run on **bf16 inputs** -- "exact": P and dS
+    in f32; "split": P and dS as bf16 hi + lo pairs on the bf16 dot units
+    (relative error <= 2^-16 per term); "bf16": P and dS rounded to bf16
+    (2^-8 per term, as FlashAttention-2 and PyTorch's CPU kernel). float32
+    attention always computes in f32 (the mode is ignored there).
     """
 
     def __init__(self, threads=None, deterministic=False, isa=None, lib=None,
-                 attn_schedule=None):
+                 attn_schedule=None, attn_precision=None):
         self.lib = lib or library()
         self._h = None
         h = ctypes.c_void_p()
@@ -389,6 +426,8 @@ class Context:
             self.isa = isa
         if attn_schedule is not None:
             self.attn_schedule = attn_schedule
+        if attn_precision is not None:
+            self.attn_precision = attn_precision
 
     # -- configuration ------------------------------------------------------
     @property
@@ -453,6 +492,25 @@ class Context:
                     self.lib.func("tg_ctx_set_attn_schedule")(self.handle, int(s)))
 
     @property
+    def attn_precision(self):
+        """Attention precision mode on bf16 inputs: "exact" (default; P and
+        dS in f32), "split" (bf16 hi + lo pairs, 2^-16 relative per term) or
+        "bf16" (P and dS rounded to bf16, 2^-8 per term). See
+        ``tg_ctx_set_attn_precision`` in include/tilegrad.h."""
+        return self.lib.attn_precision_name(self.attn_precision_id)
+
+    @attn_precision.setter
+    def attn_precision(self, p):
+        self._check("tg_ctx_set_attn_precision",
+                    self.lib.func("tg_ctx_set_attn_precision")(self.handle,
+                                                               parse_attn_precision(p)))
+
+    @property
+    def attn_precision_id(self):
+        """The ``tg_attn_precision`` value in use (0 exact, 1 split, 2 bf16)."""
+        return int(self.lib.func("tg_ctx_get_attn_precision")(self.handle))
+
+    @property
     def last_error(self):
         """``tg_ctx_last_error``: detail of the last failure ("" if none)."""
         r = self.lib.func("tg_ctx_last_error")(self.handle)
@@ -490,8 +548,11 @@ class Context:
     def __repr__(self):
         if self._h is None:
             return "Context(closed)"
+        extra = ""
+        if self.lib.has("tg_ctx_get_attn_precision"):
+            extra = f", attn_precision={self.attn_precision!r}"
         return (f"Context(threads={self._threads}, deterministic={self._deterministic}, "
-                f"isa={self.isa!r})")
+                f"isa={self.isa!r}{extra})")
 
 
 _tls = threading.local()

@@ -6,10 +6,13 @@ autograd, so ``torch.compile(fullgraph=True)``, ``torch.export`` and
 ``torch.library.opcheck`` understand them:
 
 * ``tilegrad::attn_fwd(q, k, v, mask, causal, scale, softcap, q_offset,
-  dropout_p, seed, threads, deterministic) -> (o, lse)`` --
+  dropout_p, seed, threads, deterministic, attn_precision) -> (o, lse)`` --
   ``tg_attn_train_fwd`` on bfloat16 or float32 tensors (all of one dtype);
-* ``tilegrad::attn_bwd(do, q, k, v, o, lse, mask, ...) -> (dq, dk, dv)`` --
-  ``tg_attn_train_bwd_compute_d`` + ``tg_attn_train_bwd``;
+  ``attn_precision`` is the ``tg_attn_precision`` value (0 exact, 1 split,
+  2 bf16; it matters for bfloat16 tensors only);
+* ``tilegrad::attn_bwd(do, q, k, v, o, lse, mask, causal, scale, softcap,
+  q_offset, dropout_p, seed, threads, deterministic, attn_precision) ->
+  (dq, dk, dv)`` -- ``tg_attn_train_bwd_compute_d`` + ``tg_attn_train_bwd``;
 * ``tilegrad::rms_norm_fwd(x, weight, eps, threads, deterministic) -> (y, r)``
   -- ``tg_rms_norm_forward_f32``;
 * ``tilegrad::rms_norm_bwd(dy, x, weight, r, threads, deterministic) ->
@@ -27,7 +30,9 @@ User-facing functions: :func:`attention`, :func:`scaled_dot_product_attention`,
 :class:`MultiHeadAttention`. python/README.md lists what differs from PyTorch.
 
 Threads: each call runs on this thread's tilegrad context with
-``torch.get_num_threads()`` threads unless ``threads=`` says otherwise.
+``torch.get_num_threads()`` threads unless ``threads=`` says otherwise; the
+attention functions set that context's precision mode (``attn_precision=``)
+the same way, per call.
 """
 import math
 import threading
@@ -58,18 +63,26 @@ _I32_MAX = 2 ** 31 - 1
 _tls = threading.local()
 
 
-def _context(threads: int, deterministic: bool) -> "_capi.Context":
+def _context(threads: int, deterministic: bool,
+             attn_precision: Optional[int] = None) -> "_capi.Context":
     """This thread's Context for ``deterministic``, set to ``threads`` threads
-    (0: follow ``torch.get_num_threads()``, read at each call)."""
+    (0: follow ``torch.get_num_threads()``, read at each call) and, unless
+    None, to the ``tg_attn_precision`` value ``attn_precision`` (the
+    attention ops pass theirs on every call; the others leave it as is)."""
     cache = getattr(_tls, "ctxs", None)
     if cache is None:
         cache = _tls.ctxs = {}
-    c = cache.get(bool(deterministic))
-    if c is None:
-        c = cache[bool(deterministic)] = _capi.Context(deterministic=bool(deterministic))
+    entry = cache.get(bool(deterministic))
+    if entry is None:       # [context, its precision mode: library default exact]
+        entry = cache[bool(deterministic)] = [
+            _capi.Context(deterministic=bool(deterministic)), _capi.TG_ATTN_PRECISION_EXACT]
+    c = entry[0]
     n = threads if threads > 0 else torch.get_num_threads()
     if c.threads != n:
         c.threads = n                       # one cheap ctypes call, only on change
+    if attn_precision is not None and entry[1] != attn_precision:
+        c.attn_precision = attn_precision   # likewise
+        entry[1] = attn_precision
     return c
 
 
@@ -171,6 +184,15 @@ def _need_attn_dtype(op: str, q: Tensor, **ts: Optional[Tensor]) -> int:
     return _ATTN_DTYPES[q.dtype]
 
 
+def _need_attn_precision(op: str, attn_precision: int) -> int:
+    """The ops' attn_precision: a ``tg_attn_precision`` value (0 exact,
+    1 split, 2 bf16)."""
+    if attn_precision not in _capi.ATTN_PRECISION_NAMES.values():
+        raise ValueError(f"{op}: attn_precision must be 0 (exact), 1 (split) or 2 (bf16), "
+                         f"got {attn_precision}")
+    return int(attn_precision)
+
+
 def _attn_options(dropout_p: float, seed: Optional[Tensor]) -> Optional["_capi.AttnOptions"]:
     """tg_attn_options for dropout (None without): Philox key = the seed
     tensor's value, drawn from torch's generator by the caller."""
@@ -187,15 +209,17 @@ def _attn_options(dropout_p: float, seed: Optional[Tensor]) -> Optional["_capi.A
 
 def _attn_fwd_impl(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], causal: bool,
                    scale: float, softcap: float, q_offset: int, dropout_p: float,
-                   seed: Optional[Tensor], threads: int, deterministic: bool
-                   ) -> Tuple[Tensor, Tensor]:
+                   seed: Optional[Tensor], threads: int, deterministic: bool,
+                   attn_precision: int) -> Tuple[Tensor, Tensor]:
     """q [B,H,qL,D], k/v [B,Hkv,kL,D], bfloat16 or float32 (one dtype; strided
     views OK), mask None or of their dtype, 4-D broadcastable to
     [B,H,qL,kL] (additive) -> o [B,H,qL,D] of their dtype, contiguous, lse f32
     [B,H,qL] (-inf for a row that sees no key). dropout_p > 0: attention
-    weights dropped by the C library's Philox stream keyed by ``seed``."""
+    weights dropped by the C library's Philox stream keyed by ``seed``.
+    attn_precision: the tg_attn_precision of O += P.V (bfloat16 only)."""
     dt = _need_attn_dtype("tilegrad::attn_fwd", q, k=k, v=v, mask=mask)
     _need_shapes("tilegrad::attn_fwd", q, k, v)
+    ap = _need_attn_precision("tilegrad::attn_fwd", attn_precision)
     B, H, qL, D = q.shape
     o = q.new_empty((B, H, qL, D))
     lse = q.new_empty((B, H, qL), dtype=torch.float32)
@@ -206,7 +230,7 @@ def _attn_fwd_impl(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], caus
     q, k, v = _inner_unit(q), _inner_unit(k), _inner_unit(v)
     p = _attn_params(q, k, v, _bhl_strides(o), scale, softcap, q_offset)
     m, mp = _mask_args(mask, B, H, qL, k.shape[2])
-    ctx = _context(threads, deterministic)
+    ctx = _context(threads, deterministic, ap)
     ctx.call("tg_attn_train_fwd", dt, _ptr(q), _ptr(k), _ptr(v), _ptr(o), _ptr(lse), p, mp,
              None if m is None else _ptr(m), 1 if causal else 0,
              _attn_options(dropout_p, seed))
@@ -214,7 +238,7 @@ def _attn_fwd_impl(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], caus
 
 
 def _attn_fwd_fake(q, k, v, mask, causal, scale, softcap, q_offset, dropout_p, seed, threads,
-                   deterministic):
+                   deterministic, attn_precision):
     B, H, qL, D = q.shape
     return q.new_empty((B, H, qL, D)), q.new_empty((B, H, qL), dtype=torch.float32)
 
@@ -222,18 +246,21 @@ def _attn_fwd_fake(q, k, v, mask, causal, scale, softcap, q_offset, dropout_p, s
 def _attn_bwd_impl(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
                    mask: Optional[Tensor], causal: bool, scale: float, softcap: float,
                    q_offset: int, dropout_p: float, seed: Optional[Tensor], threads: int,
-                   deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+                   deterministic: bool, attn_precision: int) -> Tuple[Tensor, Tensor, Tensor]:
     """The FA-2 backward: dq, dk, dv of q's dtype, contiguous, shapes of q, k,
-    v (the kernel's f32 results, rounded once to bf16 (RNE) for bf16)."""
+    v (the kernel's f32 results, rounded once to bf16 (RNE) for bf16).
+    attn_precision: the tg_attn_precision of dQ += dS.K, dK += dS^T.Q and
+    dV += P^T.dO (bfloat16 only)."""
     dt = _need_attn_dtype("tilegrad::attn_bwd", q, do=do, k=k, v=v, o=o, mask=mask)
     _need_dtype("tilegrad::attn_bwd", torch.float32, lse=lse)
     _need_shapes("tilegrad::attn_bwd", q, k, v, do=do, o=o, lse=lse)
+    ap = _need_attn_precision("tilegrad::attn_bwd", attn_precision)
     B, H, qL, D = q.shape
     if _is_empty(q, k):
         return q.new_zeros(q.shape), k.new_zeros(k.shape), v.new_zeros(v.shape)
     q, k, v = _inner_unit(q), _inner_unit(k), _inner_unit(v)
     do, o, lse = do.contiguous(), o.contiguous(), lse.contiguous()   # compute_d: contiguous
-    ctx = _context(threads, deterministic)
+    ctx = _context(threads, deterministic, ap)
     delta = lse.new_empty((B, H, qL))
     ctx.call("tg_attn_train_bwd_compute_d", dt, _ptr(o), _ptr(do), _ptr(delta), B, H, qL, D)
     p = _attn_params(q, k, v, _bhl_strides(do), scale, softcap, q_offset)
@@ -249,7 +276,7 @@ def _attn_bwd_impl(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: 
 
 
 def _attn_bwd_fake(do, q, k, v, o, lse, mask, causal, scale, softcap, q_offset, dropout_p,
-                   seed, threads, deterministic):
+                   seed, threads, deterministic, attn_precision):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -377,11 +404,11 @@ def _attn_grads(attn_bwd, saved, args, do: Tensor, need: Sequence[bool]):
     """(dq, dk, dv, dmask) from the saved (q, k, v, o, lse, mask) and the op's
     scalar args; ``need`` = needs_input_grad of (q, k, v, mask)."""
     q, k, v, o, lse, mask, seed = saved
-    causal, scale, softcap, q_offset, dropout_p, threads, deterministic = args
+    causal, scale, softcap, q_offset, dropout_p, threads, deterministic, attn_precision = args
     dq = dk = dv = dm = None
     if need[0] or need[1] or need[2]:
         dq, dk, dv = attn_bwd(do, q, k, v, o, lse, mask, causal, scale, softcap, q_offset,
-                              dropout_p, seed, threads, deterministic)
+                              dropout_p, seed, threads, deterministic, attn_precision)
     if need[3]:
         dm = _attn_dmask(do, q, k, v, o, lse, mask, causal, scale, softcap, q_offset,
                          dropout_p, seed)
@@ -403,13 +430,14 @@ if HAVE_CUSTOM_OPS:
 
     def _attn_setup_context(ctx, inputs, output):
         q, k, v, mask, causal, scale, softcap, q_offset, dropout_p, seed = inputs[:10]
+        # + (threads, deterministic, attn_precision)
         ctx.args = (causal, scale, softcap, q_offset, dropout_p) + tuple(inputs[10:])
         ctx.save_for_backward(q, k, v, output[0], output[1], mask, seed)
 
     def _attn_backward(ctx, do, dlse):
         dq, dk, dv, dm = _attn_grads(attn_bwd, ctx.saved_tensors, ctx.args, do,
                                      ctx.needs_input_grad[:4])
-        return (dq, dk, dv, dm) + (None,) * 8
+        return (dq, dk, dv, dm) + (None,) * 9
 
     attn_fwd.register_autograd(_attn_backward, setup_context=_attn_setup_context)
 
@@ -429,9 +457,9 @@ if HAVE_CUSTOM_OPS:
     rms_norm_fwd.register_autograd(_rms_backward, setup_context=_rms_setup_context)
 
     def _attn_call(q, k, v, mask, causal, scale, softcap, q_offset, dropout_p, seed, threads,
-                   deterministic):
+                   deterministic, attn_precision):
         return attn_fwd(q, k, v, mask, causal, scale, softcap, q_offset, dropout_p, seed,
-                        threads, deterministic)[0]
+                        threads, deterministic, attn_precision)[0]
 
     def _rms_call(x, weight, eps, threads, deterministic):
         return rms_norm_fwd(x, weight, eps, threads, deterministic)[0]
@@ -442,10 +470,11 @@ else:  # PyTorch < 2.4: the same implementations behind autograd Functions
     class _AttnFunction(torch.autograd.Function):
         @staticmethod
         def forward(ctx, q, k, v, mask, causal, scale, softcap, q_offset, dropout_p, seed,
-                    threads, deterministic):
+                    threads, deterministic, attn_precision):
             o, lse = _attn_fwd_impl(q, k, v, mask, causal, scale, softcap, q_offset,
-                                    dropout_p, seed, threads, deterministic)
-            ctx.args = (causal, scale, softcap, q_offset, dropout_p, threads, deterministic)
+                                    dropout_p, seed, threads, deterministic, attn_precision)
+            ctx.args = (causal, scale, softcap, q_offset, dropout_p, threads, deterministic,
+                        attn_precision)
             ctx.save_for_backward(q, k, v, o, lse, mask, seed)
             return o
 
@@ -453,7 +482,7 @@ else:  # PyTorch < 2.4: the same implementations behind autograd Functions
         def backward(ctx, do):
             g = _attn_grads(_attn_bwd_impl, ctx.saved_tensors, ctx.args, do,
                             ctx.needs_input_grad[:4])
-            return g + (None,) * 8
+            return g + (None,) * 9
 
     class _RMSFunction(torch.autograd.Function):
         @staticmethod
@@ -483,6 +512,11 @@ else:  # PyTorch < 2.4: the same implementations behind autograd Functions
 #: precision= values: "f32" computes in float32 (inputs of other float
 #: dtypes converted), "bf16" in bfloat16 (inputs rounded to bf16).
 PRECISIONS = ("f32", "bf16")
+
+#: attn_precision= values (the C library's tg_attn_precision, by name): how
+#: the products taking the attention weights P or the score gradient dS run
+#: when the compute dtype is bf16 (ignored for float32).
+ATTN_PRECISIONS = ("exact", "split", "bf16")
 
 
 def _check_cpu(*ts):
@@ -514,6 +548,14 @@ def _compute_dtype(dtype: torch.dtype, precision: Optional[str]) -> torch.dtype:
         raise TypeError("tilegrad attention has no float64 kernels: pass precision=\"f32\" "
                         "(inputs rounded to float32, max abs error ~1e-6) or precision=\"bf16\"")
     return torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+
+
+def _attn_precision_arg(attn_precision: str) -> int:
+    """attn_precision= name -> the ops' tg_attn_precision value."""
+    if attn_precision not in ATTN_PRECISIONS:
+        raise ValueError(f"attn_precision must be one of {ATTN_PRECISIONS}, "
+                         f"got {attn_precision!r}")
+    return _capi.ATTN_PRECISION_NAMES[attn_precision]
 
 
 def _dropout_p_arg(dropout_p: float) -> float:
@@ -565,7 +607,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None,
               causal: bool = False, scale: Optional[float] = None,
               softcap: Optional[float] = None, q_offset: Optional[int] = None, *,
               dropout_p: float = 0.0, precision: Optional[str] = None,
-              threads: Optional[int] = None, deterministic: bool = False) -> Tensor:
+              attn_precision: str = "exact", threads: Optional[int] = None,
+              deterministic: bool = False) -> Tensor:
     """FA-2 attention on the CPU: ``softmax(S) @ v`` with
     ``S = scale * q @ k^T`` (``softcap`` c: ``c*tanh(S/c)``), then the causal
     limit and the additive mask.
@@ -588,9 +631,24 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None,
     unit-variance inputs); float16 inputs in float32 (output cast back).
     ``precision="bf16"`` rounds other dtypes to bf16 (faster, bf16-accurate);
     ``precision="f32"`` computes in float32 (float64 inputs need one of the
-    two). q, k and v must have one dtype. threads: None =
-    ``torch.get_num_threads()``; deterministic: bitwise identical results
-    across runs and thread counts.
+    two). q, k and v must have one dtype.
+
+    attn_precision: how the products that take the attention weights P or
+    the score gradient dS (``O = P.V``; ``dQ = dS.K``, ``dK = dS^T.Q``,
+    ``dV = P^T.dO``) run when the compute dtype is bfloat16 (bf16 inputs,
+    or ``precision="bf16"``): ``"exact"`` (default: P and dS stay f32,
+    f32 products), ``"split"`` (P and dS as bf16 hi + lo pairs on the CPU's
+    bf16 dot units: relative error <= 2^-16 per term, within bf16
+    outputs' rounding) or ``"bf16"`` (P and dS rounded to bf16: 2^-8 per
+    term, as FlashAttention-2 and PyTorch's CPU kernel do). ``precision=``
+    picks the compute dtype, ``attn_precision`` refines bf16 compute only:
+    with a float32 compute dtype every mode gives the same bits. split and
+    bf16 are faster on CPUs with bf16 dot products (AVX512_BF16, AMX);
+    elsewhere split computes exactly as exact. The mask gradient is
+    recomputed in f32 in every mode.
+
+    threads: None = ``torch.get_num_threads()``; deterministic: bitwise
+    identical results across runs and thread counts (in every mode).
     """
     _check_cpu(q, k, v)
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
@@ -599,6 +657,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None,
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k and v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     cdtype = _compute_dtype(q.dtype, precision)
+    ap = _attn_precision_arg(attn_precision)
     dropout_p = _dropout_p_arg(dropout_p)
     B, H, qL, D = q.shape
     Bk, Hkv, kL, Dk = k.shape
@@ -625,7 +684,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None,
     o = _attn_call(q, k, v, m, bool(causal), float(scale),
                    1.0 if softcap is None else float(softcap),
                    kL - qL if q_offset is None else int(q_offset), dropout_p,
-                   _dropout_seed(dropout_p), _threads_arg(threads), bool(deterministic))
+                   _dropout_seed(dropout_p), _threads_arg(threads), bool(deterministic), ap)
     return o if dtype == cdtype else o.to(dtype)
 
 
@@ -633,14 +692,18 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
                                  attn_mask: Optional[Tensor] = None, dropout_p: float = 0.0,
                                  is_causal: bool = False, scale: Optional[float] = None,
                                  enable_gqa: bool = False, *, precision: Optional[str] = None,
+                                 attn_precision: str = "exact",
                                  threads: Optional[int] = None,
                                  deterministic: bool = False) -> Tensor:
     """``torch.nn.functional.scaled_dot_product_attention`` on the tilegrad
     kernels: the same arguments and semantics (``is_causal`` top-left
     aligned, ``attn_mask`` bool = attend / float = additive, ``enable_gqa``),
     3-D ``[N, L, E]`` or 4-D ``[N, H, L, E]`` CPU tensors, ``dropout_p``
-    (applied whenever it is non-zero, as SDPA). Precision as
-    :func:`attention`; other differences in python/README.md."""
+    (applied whenever it is non-zero, as SDPA). ``precision`` (the compute
+    dtype) and ``attn_precision`` (exact / split / bf16 products with P and
+    dS, bf16 compute only) as :func:`attention`; other differences in
+    python/README.md."""
+    _attn_precision_arg(attn_precision)          # refused before any reshaping
     if is_causal and attn_mask is not None:
         raise ValueError("give either attn_mask or is_causal, not both (as PyTorch)")
     squeeze = query.dim() == 3
@@ -655,7 +718,8 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
                          "pass enable_gqa=True for grouped-query attention")
     out = attention(query, key, value, mask=attn_mask, causal=is_causal, scale=scale,
                     q_offset=0 if is_causal else None, dropout_p=dropout_p,
-                    precision=precision, threads=threads, deterministic=deterministic)
+                    precision=precision, attn_precision=attn_precision, threads=threads,
+                    deterministic=deterministic)
     return out.squeeze(1) if squeeze else out
 
 
@@ -727,26 +791,32 @@ class Attention(torch.nn.Module):
     """Parameter-free module around :func:`attention`:
     ``Attention(causal=True)(q, k, v, mask=None)``. ``dropout`` (the
     attention weights' dropout probability) applies in training mode only,
-    as ``nn.MultiheadAttention``'s."""
+    as ``nn.MultiheadAttention``'s. ``precision`` (compute dtype) and
+    ``attn_precision`` (exact / split / bf16 products with P and dS, bf16
+    compute only) as :func:`attention`."""
 
     def __init__(self, causal: bool = False, scale: Optional[float] = None,
                  softcap: Optional[float] = None, dropout: float = 0.0, *,
-                 precision: Optional[str] = None, threads: Optional[int] = None,
-                 deterministic: bool = False):
+                 precision: Optional[str] = None, attn_precision: str = "exact",
+                 threads: Optional[int] = None, deterministic: bool = False):
         super().__init__()
         self.causal, self.scale, self.softcap = causal, scale, softcap
         self.dropout = _dropout_p_arg(dropout)
-        self.precision, self.threads, self.deterministic = precision, threads, deterministic
+        _attn_precision_arg(attn_precision)
+        self.precision, self.attn_precision = precision, attn_precision
+        self.threads, self.deterministic = threads, deterministic
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None) -> Tensor:
         return attention(q, k, v, mask=mask, causal=self.causal, scale=self.scale,
                          softcap=self.softcap, dropout_p=self.dropout if self.training else 0.0,
-                         precision=self.precision, threads=self.threads,
-                         deterministic=self.deterministic)
+                         precision=self.precision,
+                         attn_precision=getattr(self, "attn_precision", "exact"),
+                         threads=self.threads, deterministic=self.deterministic)
 
     def extra_repr(self) -> str:
         return (f"causal={self.causal}, scale={self.scale}, softcap={self.softcap}, "
-                f"dropout={self.dropout}, precision={self.precision}")
+                f"dropout={self.dropout}, precision={self.precision}, "
+                f"attn_precision={getattr(self, 'attn_precision', 'exact')!r}")
 
 
 class MultiHeadAttention(torch.nn.Module):
@@ -763,13 +833,15 @@ class MultiHeadAttention(torch.nn.Module):
     ``num_kv_heads`` (default num_heads) must divide num_heads; the head dim
     ``embed_dim // num_heads`` must be a multiple of 8. ``dropout`` as
     ``nn.MultiheadAttention``'s (attention weights, training mode only);
-    precision as :func:`attention`."""
+    ``precision`` and ``attn_precision`` as :func:`attention` (stored on the
+    inner :class:`Attention`, ``self.attn``)."""
 
     def __init__(self, embed_dim: int, num_heads: int, num_kv_heads: Optional[int] = None,
                  causal: bool = True, bias: bool = False, softcap: Optional[float] = None,
                  dropout: float = 0.0, *,
-                 precision: Optional[str] = None, threads: Optional[int] = None,
-                 deterministic: bool = False, device=None, dtype=None):
+                 precision: Optional[str] = None, attn_precision: str = "exact",
+                 threads: Optional[int] = None, deterministic: bool = False, device=None,
+                 dtype=None):
         super().__init__()
         num_kv_heads = num_kv_heads or num_heads
         if embed_dim % num_heads or num_heads % num_kv_heads:
@@ -783,7 +855,8 @@ class MultiHeadAttention(torch.nn.Module):
         self.v_proj = torch.nn.Linear(embed_dim, num_kv_heads * self.head_dim, **fk)
         self.out_proj = torch.nn.Linear(num_heads * self.head_dim, embed_dim, **fk)
         self.attn = Attention(causal=causal, softcap=softcap, dropout=dropout,
-                              precision=precision, threads=threads, deterministic=deterministic)
+                              precision=precision, attn_precision=attn_precision,
+                              threads=threads, deterministic=deterministic)
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None,
                 key_padding_mask: Optional[Tensor] = None) -> Tensor:

@@ -95,6 +95,59 @@ def test_library_and_context(lib):
     assert repr(c) == "Context(closed)"
 
 
+def test_context_attn_precision(lib):
+    """tg_ctx_set/get_attn_precision by name: a round trip through every
+    mode, the constructor kwarg, repr, and refusals that leave it unchanged."""
+    if not lib.has("tg_ctx_set_attn_precision"):
+        pytest.skip("the library has no tg_ctx_set_attn_precision")
+    assert [lib.attn_precision_name(i) for i in range(3)] == ["exact", "split", "bf16"]
+    assert lib.attn_precision_name(3) == "unknown"
+    c = tg.Context()
+    assert c.attn_precision == "exact" and c.attn_precision_id == capi.TG_ATTN_PRECISION_EXACT
+    for name, value in capi.ATTN_PRECISION_NAMES.items():
+        c.attn_precision = name
+        assert c.attn_precision == name and c.attn_precision_id == value
+        assert f"attn_precision={name!r}" in repr(c)
+        c.attn_precision = capi.TG_ATTN_PRECISION_EXACT     # by value too
+        assert c.attn_precision == "exact"
+    c.attn_precision = "SPLIT"                              # names ignore case, as isa's
+    assert c.attn_precision == "split"
+    with pytest.raises(ValueError, match="unknown attn_precision 'f32'") as ei:
+        c.attn_precision = "f32"
+    assert all(n in str(ei.value) for n in ("'bf16'", "'exact'", "'split'"))
+    with pytest.raises(tg.BadParamsError, match="tg_attn_precision"):
+        c.attn_precision = 3
+    assert c.attn_precision == "split"                      # unchanged by the refusals
+    c.close()
+    for name in ("exact", "split", "bf16"):
+        with tg.Context(attn_precision=name, threads=2) as c2:
+            assert c2.attn_precision == name and c2.threads == 2
+    with pytest.raises(ValueError, match="unknown attn_precision"):
+        tg.Context(attn_precision="fp8")
+    # the mode reaches the bf16 kernels through the context: bf16 rounds P
+    # and dS on every table (2^-8 per term), split is within 2^-16 per term
+    # of exact (equal to it on tables without bf16 dot products)
+    rng = np.random.default_rng(4)
+    q, k, v, do = (bf16(rng, (1, 2, 40, 32)) for _ in range(4))
+    with tg.Context(deterministic=True) as c3:
+        o, lse = tg.flash_attn_train_fwd(q, k, v, causal=True, ctx=c3)
+    res = {}
+    for name in ("exact", "split", "bf16"):
+        with tg.Context(deterministic=True, attn_precision=name) as c3:
+            assert c3.attn_precision == name
+            o3, _ = tg.flash_attn_train_fwd(q, k, v, causal=True, ctx=c3)
+            # the backward fed one O and L: its f32 gradients show its own mode
+            res[name] = (tg.bf16_to_f32(o3),) + tg.flash_attn_backward(
+                q, k, v, o, lse, do, causal=True, ctx=c3)
+    for i, (x, s, b) in enumerate(zip(res["exact"], res["split"], res["bf16"])):
+        d_split, d_bf16 = (float(np.linalg.norm(y - x) / np.linalg.norm(x)) for y in (s, b))
+        # O is bf16: split moves it only where an output rounding flips
+        # (~1e-4 normwise vs bf16's ~2e-3); the f32 gradients by the
+        # per-term errors' ratio, 256 (~600 measured)
+        assert d_bf16 > 2 ** -12 and d_split <= d_bf16 / (4 if i == 0 else 32), \
+            (i, d_split, d_bf16)
+
+
 def test_default_context_is_per_thread():
     a = tg.default_context()
     assert tg.default_context() is a

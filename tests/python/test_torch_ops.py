@@ -34,14 +34,15 @@ def _attn_cases():
     sc = 1 / math.sqrt(D)
     f32 = [t.detach().float().requires_grad_(True) for t in (q, k, v)]
     seed = torch.tensor(12345, dtype=torch.int64)
-    # (q, k, v, mask, causal, scale, softcap, q_offset, dropout_p, seed, threads, det)
+    # (q, k, v, mask, causal, scale, softcap, q_offset, dropout_p, seed, threads, det,
+    #  attn_precision: 0 exact, 1 split, 2 bf16)
     return [
-        (q, k, v, None, False, sc, 1.0, kL - qL, 0.0, None, 1, True),
-        (qs, k, v, mask, True, sc, 1.0, kL - qL, 0.0, None, 2, True),
-        (q, k, v, mrow, False, sc, 30.0, 0, 0.0, None, 1, True),
-        (q.detach(), k.detach(), v.detach(), None, True, 0.5, 1.0, 0, 0.0, None, 1, False),
-        (*f32, mask.float(), True, sc, 1.0, kL - qL, 0.0, None, 2, True),   # float32 kernels
-        (*f32, None, False, sc, 1.0, 0, 0.25, seed, 2, True),              # dropout
+        (q, k, v, None, False, sc, 1.0, kL - qL, 0.0, None, 1, True, 0),
+        (qs, k, v, mask, True, sc, 1.0, kL - qL, 0.0, None, 2, True, 2),
+        (q, k, v, mrow, False, sc, 30.0, 0, 0.0, None, 1, True, 1),
+        (q.detach(), k.detach(), v.detach(), None, True, 0.5, 1.0, 0, 0.0, None, 1, False, 0),
+        (*f32, mask.float(), True, sc, 1.0, kL - qL, 0.0, None, 2, True, 2),  # float32 kernels
+        (*f32, None, False, sc, 1.0, 0, 0.25, seed, 2, True, 1),              # dropout
     ]
 
 
@@ -52,15 +53,17 @@ def test_opcheck_attn_fwd(i):
 
 
 def test_opcheck_attn_bwd():
-    for case in (1, 5):      # bf16 with a mask, float32 with dropout
-        q, k, v, mask, causal, sc, cap, off, p, seed, th, det = _attn_cases()[case]
+    # bf16 with a mask (attn_precision bf16), bf16 softcap (split), float32 with dropout
+    for case in (1, 2, 5):
+        q, k, v, mask, causal, sc, cap, off, p, seed, th, det, ap = _attn_cases()[case]
         q, k, v = q.detach(), k.detach(), v.detach()
+        mask = None if mask is None else mask.detach()
         o, lse = torch.ops.tilegrad.attn_fwd(q, k, v, mask, causal, sc, cap, off, p, seed, th,
-                                             det)
+                                             det, ap)
         do = bf(*o.shape, seed=9).to(q.dtype)
         torch.library.opcheck(torch.ops.tilegrad.attn_bwd.default,
                               (do, q, k, v, o, lse, mask, causal, sc, cap, off, p, seed, th,
-                               det))
+                               det, ap))
 
 
 def test_opcheck_rms_norm():
@@ -97,11 +100,12 @@ def test_inputs_are_read_in_place(monkeypatch):
 # torch.compile / torch.export of a transformer block
 
 class Block(torch.nn.Module):
-    def __init__(self, dim=32, heads=4, kv_heads=2):
+    def __init__(self, dim=32, heads=4, kv_heads=2, attn_precision="exact"):
         super().__init__()
         self.norm1 = tt.RMSNorm(dim, eps=1e-5)
         self.attn = tt.MultiHeadAttention(dim, heads, kv_heads, causal=True,
-                                          precision="bf16", deterministic=True)
+                                          precision="bf16", attn_precision=attn_precision,
+                                          deterministic=True)
         self.norm2 = tt.RMSNorm(dim, eps=1e-5)
         self.mlp = torch.nn.Sequential(torch.nn.Linear(dim, 2 * dim), torch.nn.GELU(),
                                        torch.nn.Linear(2 * dim, dim))
@@ -111,14 +115,15 @@ class Block(torch.nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
-def _block_and_input():
+def _block_and_input(attn_precision="exact"):
     torch.manual_seed(0)
-    return Block(), torch.randn(2, 12, 32, requires_grad=True)
+    return Block(attn_precision=attn_precision), torch.randn(2, 12, 32, requires_grad=True)
 
 
-def test_compile_fullgraph_zero_graph_breaks_matches_eager():
+@pytest.mark.parametrize("attn_precision", ["exact", "bf16"])
+def test_compile_fullgraph_zero_graph_breaks_matches_eager(attn_precision):
     import torch._dynamo as dynamo
-    model, x = _block_and_input()
+    model, x = _block_and_input(attn_precision)
     dynamo.reset()
     exp = dynamo.explain(model)(x)
     assert exp.graph_break_count == 0, exp.break_reasons
@@ -135,6 +140,39 @@ def test_compile_fullgraph_zero_graph_breaks_matches_eager():
     assert torch.equal(gx, gx_eager)
     for a, b in zip(gp, gp_eager):
         assert torch.equal(a, b)
+    if attn_precision != "exact":
+        # the mode reached the kernels through the graph: the block on exact
+        # products gives other bits (bf16 mode rounds P and dS on every table)
+        exact, _ = _block_and_input("exact")
+        assert not torch.equal(exact(x), y)
+
+
+def test_compile_attention_attn_precision_bf16():
+    """attention(..., attn_precision="bf16") alone under
+    torch.compile(fullgraph=True): one graph, the eager bits, and a mode
+    change between calls is honoured (the compiled graph bakes in the
+    constant; a recompile for the other mode, not a stale context)."""
+    import torch._dynamo as dynamo
+
+    def f(q, k, v, ap):
+        return tt.attention(q, k, v, causal=True, attn_precision=ap, deterministic=True)
+
+    q, k, v = bf(1, 2, 24, 16, seed=1), bf(1, 2, 24, 16, seed=2), bf(1, 2, 24, 16, seed=3)
+    dynamo.reset()
+    exp = dynamo.explain(f)(q, k, v, "bf16")
+    assert exp.graph_break_count == 0, exp.break_reasons
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+    y = compiled(*leaves, "bf16")
+    y.float().square().sum().backward()
+    eager = [t.detach().requires_grad_(True) for t in (q, k, v)]
+    y_eager = f(*eager, "bf16")
+    y_eager.float().square().sum().backward()
+    assert torch.equal(y, y_eager)
+    for a, b in zip(leaves, eager):
+        assert torch.equal(a.grad, b.grad)
+    assert torch.equal(compiled(q, k, v, "exact"), f(q, k, v, "exact"))
+    assert not torch.equal(compiled(q, k, v, "exact"), y.detach())
 
 
 def test_compile_inductor_fullgraph_matches_eager():
@@ -177,10 +215,10 @@ def test_ops_check_their_dtypes():
     q = bf(1, 1, 4, 8)
     with pytest.raises(TypeError, match="attn_fwd: q must be torch.bfloat16 or torch.float32"):
         torch.ops.tilegrad.attn_fwd(q.double(), q, q, None, False, 1.0, 1.0, 0, 0.0, None, 0,
-                                    False)
+                                    False, 0)
     with pytest.raises(TypeError, match="attn_fwd: k must be torch.float32"):
         torch.ops.tilegrad.attn_fwd(q.float(), q, q, None, False, 1.0, 1.0, 0, 0.0, None, 0,
-                                    False)
+                                    False, 0)
     with pytest.raises(TypeError, match="rms_norm_fwd: x must be torch.float32"):
         torch.ops.tilegrad.rms_norm_fwd(q.double(), torch.ones(8), 1e-5, 0, False)
 
@@ -188,12 +226,21 @@ def test_ops_check_their_dtypes():
     # outside a tensor through a direct op call)
     k1 = bf(2, 1, 4, 8)
     with pytest.raises(ValueError, match="attn_fwd: q .* and k .* disagree"):
-        torch.ops.tilegrad.attn_fwd(q, k1, k1, None, False, 1.0, 1.0, 0, 0.0, None, 0, False)
-    o, lse = torch.ops.tilegrad.attn_fwd(q, q, q, None, False, 1.0, 1.0, 0, 0.0, None, 0, False)
+        torch.ops.tilegrad.attn_fwd(q, k1, k1, None, False, 1.0, 1.0, 0, 0.0, None, 0, False, 0)
+    o, lse = torch.ops.tilegrad.attn_fwd(q, q, q, None, False, 1.0, 1.0, 0, 0.0, None, 0, False,
+                                         0)
     with pytest.raises(ValueError, match="attn_bwd: do must have shape"):
         torch.ops.tilegrad.attn_bwd(bf(1, 1, 5, 8), q, q, q, o, lse, None, False, 1.0, 1.0, 0,
-                                    0.0, None, 0, False)
+                                    0.0, None, 0, False, 0)
     with pytest.raises(ValueError, match="needs seed"):
-        torch.ops.tilegrad.attn_fwd(q, q, q, None, False, 1.0, 1.0, 0, 0.5, None, 0, False)
+        torch.ops.tilegrad.attn_fwd(q, q, q, None, False, 1.0, 1.0, 0, 0.5, None, 0, False, 0)
+    # attn_precision is a tg_attn_precision value, checked before the kernels
+    for bad in (3, -1):
+        with pytest.raises(ValueError, match=r"attn_fwd: attn_precision must be 0 \(exact\)"):
+            torch.ops.tilegrad.attn_fwd(q, q, q, None, False, 1.0, 1.0, 0, 0.0, None, 0, False,
+                                        bad)
+        with pytest.raises(ValueError, match="attn_bwd: attn_precision"):
+            torch.ops.tilegrad.attn_bwd(q, q, q, q, o, lse, None, False, 1.0, 1.0, 0, 0.0, None,
+                                        0, False, bad)
     with pytest.raises(ValueError, match="rms_norm_fwd: x .* and weight"):
         torch.ops.tilegrad.rms_norm_fwd(torch.ones(3, 8), torch.ones(9), 1e-5, 0, False)
