@@ -137,7 +137,7 @@ def main():
                             color="C1", fillstyle="full" if causal else "none", ls="none")
             if rows:
                 ax.axhline(rows[0]["fma_peak_gflops"], color="k", lw=0.8, label="f32 FMA peak")
-                ax.axhline(rows[0]["exact_ceiling_gflops"], color="gray", lw=0.8, ls=":",
+                ax.axhline(rows[0].get("ceiling_gflops", rows[0].get("exact_ceiling_gflops")), color="gray", lw=0.8, ls=":",
                            label="exact-mode ceiling")
             ax.set_xscale("log", base=2)
             ax.set_ylim(bottom=0)

@@ -25,7 +25,7 @@ of --reps timed runs after one warm-up.
 Throughput is 10*B*H*L^2*D FLOP (x0.5 causal) over the median time, also
 given as a fraction of the ceilings `tilegrad bench --section peaks` measures
 on this machine at the same thread count: the f32 FMA peak, and the issue's
-exact-mode ceiling (QK^T and dO.V^T at the bf16-dot rate, the rest at FMA).
+ceiling of the table and precision mode (--precision; `tilegrad bench --precision`).
 
 Needs PyTorch 2.x, numpy and a built tilegrad (build/libtilegrad.so and
 build/tilegrad, or $TILEGRAD_LIB and $TILEGRAD_CLI); see bench/README.md.
@@ -108,15 +108,15 @@ def parse_dtypes(text):
     return names
 
 
-def measure_peaks(threads):
-    """The CLI's ceilings at `threads` (GFLOP/s): fma, exact-mode ceiling.
-    They belong to the machine, not to the ISA tilegrad's kernels run, so the
-    CLI measures every variant the CPU has whatever --isa says."""
+def measure_peaks(threads, isa, precision):
+    """The CLI's ceilings at `threads` (GFLOP/s): the f32 FMA peak and the
+    FA-2 step's ceiling for tilegrad's table `isa` in `precision` mode (the
+    table's bf16 unit, if any, for the products the mode puts there)."""
     exe = os.environ.get("TILEGRAD_CLI") or os.path.join(REPO, "build", "tilegrad")
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         subprocess.run([exe, "bench", "--section", "peaks", "--threads", str(threads),
-                        "--json", f.name], check=True, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL)
+                        "--isa", isa, "--precision", precision, "--json", f.name], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         with open(f.name) as jf:
             peaks = json.load(jf)["peaks"]
     return peaks["fma_f32_gflops"], peaks["attn_ceiling_gflops"]
@@ -373,6 +373,9 @@ def main():
                     "sets TG_ISA); default: the library's choice")
     ap.add_argument("--torch-dtypes", type=parse_dtypes, default=list(TORCH_DTYPES),
                     help="PyTorch dtypes to time, the faster is the peer (default f32,bf16)")
+    ap.add_argument("--precision", default="exact", choices=("exact", "split", "bf16"),
+                    help="tilegrad's attention precision mode (tg_ctx_set_attn_precision; "
+                    "default exact)")
     ap.add_argument("--json", help="write all results here")
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
@@ -380,12 +383,13 @@ def main():
     thread_counts = [int(t) for t in args.threads.split(",")]
     dtypes = args.torch_dtypes
     ctx = make_context(args.isa)
+    ctx.attn_precision = args.precision
     cpu, capability = cpu_name(), torch_cpu_capability()
 
     print(f"CPU: {cpu} ({os.cpu_count()} cpus)")
     requested = os.environ.get("TG_ISA")  # --isa, or the caller's environment
     asked = f"TG_ISA={requested}" if requested else "the library's choice"
-    print(f"tilegrad: ISA {ctx.isa} ({asked}), {ctx.lib.path}")
+    print(f"tilegrad: ISA {ctx.isa} ({asked}), precision {args.precision}, {ctx.lib.path}")
     print(f"torch {torch.__version__}, CPU capability {capability}; timed in "
           f"{' and '.join(dtypes)}" + (", the peer is the faster per shape"
                                        if len(dtypes) > 1 else " only"))
@@ -394,8 +398,8 @@ def main():
     for threads in thread_counts:
         torch.set_num_threads(threads)
         ctx.threads = threads
-        fma, ceil = measure_peaks(threads)
-        print(f"\n{threads} thread(s): f32 FMA peak {fma:.1f} GFLOP/s, exact-mode ceiling "
+        fma, ceil = measure_peaks(threads, ctx.isa, args.precision)
+        print(f"\n{threads} thread(s): f32 FMA peak {fma:.1f} GFLOP/s, {args.precision}-mode ceiling "
               f"{ceil:.1f} GFLOP/s; times in ms, speedup = faster torch / tilegrad, "
               f"diff = tilegrad's max rel gradient diff vs each torch dtype")
         print(fmt_row([c[0] for c in COLS]))
@@ -404,7 +408,7 @@ def main():
             r = run_shape(shape, threads, args.reps, ctx, args.seed + si, dtypes)
             r["pct_fma_peak"] = 100 * r["tilegrad_gflops"] / fma
             r["pct_ceiling"] = 100 * r["tilegrad_gflops"] / ceil
-            r["fma_peak_gflops"], r["exact_ceiling_gflops"] = fma, ceil
+            r["fma_peak_gflops"], r["ceiling_gflops"] = fma, ceil
             rows.append(r)
             print(fmt_result(r), flush=True)
         summaries.append(summarize(rows, dtypes))
@@ -416,6 +420,7 @@ def main():
         with open(args.json, "w") as f:
             json.dump({"tool": "bench/vs_torch.py", "cpu": cpu, "threads": thread_counts,
                        "tilegrad_isa": isa, "isa_requested": requested,
+                       "tilegrad_precision": args.precision,
                        "torch": torch.__version__, "torch_cpu_capability": capability,
                        "torch_dtypes": dtypes,
                        "peer": "the faster of torch_dtypes per shape (ms_torch, "
