@@ -488,7 +488,7 @@ static tg_ctx *mode_ctx(int threads, tg_isa isa, const run_mode *m) {
 /* Every config, 1/2/3 threads, every run mode, on the ISA under test. */
 static void test_f32_against_reference(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 1);
-  tg_isa isas[4];
+  tg_isa isas[TU_MAX_ISAS];
   const int nisa = tu_isas(isas);
   int failures = 0;
   for (int ci = 0; ci < N_CONFIGS; ci++) {

@@ -22,8 +22,8 @@ static const double U = 0x1.0p-24;
 
 /* The tables under test: the portable one first (the reference of the
  * bitwise checks below), then the other ISAs tu_isas gives. */
-static int n_tables(const tg_micro_ops *out[5]) {
-  tg_isa isas[4];
+static int n_tables(const tg_micro_ops *out[TU_MAX_ISAS]) {
+  tg_isa isas[TU_MAX_ISAS];
   const int n = tu_isas(isas);
   int nt = 0;
   out[nt++] = tg_micro_table(TG_ISA_PORTABLE);
@@ -35,7 +35,7 @@ static int n_tables(const tg_micro_ops *out[5]) {
 /* Each table's blocking is one the drivers can use: key tiles whole GEMM
  * panels, tiles within the attention scratch limit. */
 static void test_blocking(void **state) {
-  const tg_micro_ops *tabs[5];
+  const tg_micro_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   for (int t = 0; t < nt; t++) {
     const tg_micro_ops *o = tabs[t];
@@ -51,7 +51,7 @@ static void test_blocking(void **state) {
  * table's MR x NR block: 8 x 32, 6 x 16, 4 x 8). */
 static void test_gemms(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 11);
-  const tg_micro_ops *tabs[5];
+  const tg_micro_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   const int sizes[][3] = {{1, 1, 1}, {4, 32, 8}, {5, 33, 7}, {64, 64, 128}, {3, 70, 64},
                           {64, 136, 64}, {13, 8, 300}, {17, 65, 9}, {48, 48, 64},
@@ -107,7 +107,7 @@ static void test_gemms(void **state) {
  * packing is checked bit for bit. */
 static void test_bf16_dot_gemm(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 12);
-  const tg_micro_ops *tabs[5];
+  const tg_micro_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   int tested = 0;
   const int sizes[][3] = {{1, 1, 2}, {8, 32, 64}, {9, 33, 66}, {64, 64, 128}, {3, 70, 8},
@@ -164,7 +164,7 @@ static void test_bf16_dot_gemm(void **state) {
 }
 
 static void test_exp(void **state) {
-  const tg_micro_ops *tabs[5];
+  const tg_micro_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   const int64_t n = 1 << 18;
   float *x = tu_alloc(sizeof(float) * n), *y = tu_alloc(sizeof(float) * n);
@@ -198,7 +198,7 @@ static void test_exp(void **state) {
 }
 
 static void test_conversions_and_dot(void **state) {
-  const tg_micro_ops *tabs[5];
+  const tg_micro_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 13);
   const int64_t n = 1000;
@@ -230,7 +230,7 @@ static void test_conversions_and_dot(void **state) {
 /* attn_score_row / attn_ds_row on ragged rows: visible prefix, bf16 and f32
  * masks with -inf entries, the causal tail set to -inf. */
 static void test_attention_rows(void **state) {
-  const tg_micro_ops *tabs[5];
+  const tg_micro_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 17);
   enum { N = 77 };
@@ -285,7 +285,7 @@ static void test_attention_rows(void **state) {
  * several vector batches), a counter whose low 64 bits wrap (the carry into
  * word 2), thresholds 0, 1, 2^31 and 2^32 - 1. Exact on every table. */
 static void test_dropout_keep(void **state) {
-  const tg_micro_ops *tabs[5];
+  const tg_micro_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 23);
   const uint32_t thresholds[] = {0, 1, 0x80000000u, 0xFFFFFFFFu, (uint32_t)tu_next(&r)};
@@ -332,7 +332,7 @@ static const int64_t k_lens[] = {0, 1, 5, 15, 16, 17, 31, 33, 100, 1000, 1031, 2
 #define N_LENS ((int)(sizeof k_lens / sizeof k_lens[0]))
 
 static void test_row_reductions(void **state) {
-  const tg_micro_ops *tabs[5];
+  const tg_micro_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 19);
   enum { NMAX = 2600 };
@@ -371,7 +371,7 @@ static void test_row_reductions(void **state) {
 }
 
 static void test_row_elementwise(void **state) {
-  const tg_micro_ops *tabs[5];
+  const tg_micro_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 23);
   enum { NMAX = 2600 };
@@ -423,11 +423,11 @@ static void test_row_elementwise(void **state) {
  * (2u + 4 m u^2) sum|x| for m parts (Higham, Accuracy and Stability, 4.3);
  * the parts zeroed; the same bits on every table (no contraction). */
 static void test_add_compensated(void **state) {
-  const tg_micro_ops *tabs[5];
+  const tg_micro_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 29);
   enum { N = 37, M = 300 };
-  float parts[M][N], sum[3][N], comp[N], x[N], plain[N];
+  float parts[M][N], sum[TU_MAX_ISAS][N], comp[N], x[N], plain[N];
   for (int m = 0; m < M; m++) tu_fill_f32(&r, parts[m], N, m ? 0 : 1, m ? 1e-8 : 2);
   double want[N] = {0}, mag[N] = {0};
   for (int m = 0; m < M; m++)
@@ -459,7 +459,7 @@ static int popcount_u(unsigned v) {
 }
 
 static void test_fwht(void **state) {
-  const tg_micro_ops *tabs[5];
+  const tg_micro_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 29);
   const int64_t sizes[] = {16, 32, 64, 256, 512};
@@ -496,7 +496,7 @@ static void test_fwht(void **state) {
 }
 
 static void test_transpose(void **state) {
-  const tg_micro_ops *tabs[5];
+  const tg_micro_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 31);
   const int64_t sizes[][2] = {{1, 1}, {1, 37}, {37, 1}, {15, 17}, {16, 16}, {33, 70},
@@ -527,7 +527,7 @@ static void test_transpose(void **state) {
 }
 
 static void test_wsum4(void **state) {
-  const tg_micro_ops *tabs[5];
+  const tg_micro_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 37);
   const int64_t lds[] = {1, 3, 16};
@@ -593,7 +593,7 @@ static void test_wsum4(void **state) {
  * fused multiply-adds where the ISA has them (kernels/micro/row_ops.h says
  * why), so the portable table rounds differently, within the same bounds. */
 static void test_softmax_rows(void **state) {
-  const tg_micro_ops *tabs[5];
+  const tg_micro_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 41);
   const int64_t lens[] = {1, 5, 17, 1000, 1024, 1025, 2500, 5000};
@@ -678,7 +678,7 @@ static void test_softmax_rows(void **state) {
  * are checked above): rms_sums_f32 to dot_f32(x, x) and dot3_f32(dy, x, w),
  * rms_bwd_row to acc_mul2_f32 and rms_dx_row. */
 static void test_rms_fused_rows(void **state) {
-  const tg_micro_ops *tabs[5];
+  const tg_micro_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 43);
   enum { NMAX = 2600 };
