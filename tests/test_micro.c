@@ -100,44 +100,59 @@ static void test_gemms(void **state) {
 
 /* The bf16 dot GEMM of the tables that have it (mm_bf16_pairs, B packed by
  * pack_bf16_pairs from X = B^T): C = A.X^T and C += A.X^T on ragged sizes
- * (8 x 32 block edges, K not a multiple of 32 pairs), A read at an odd
- * element offset (2-byte aligned only). Bound as the f32 GEMMs: the
- * products are exact, the sums rounded (K + 3) u sum |a b|; the
- * instruction's flush of subnormals does not arise for these inputs. The
- * packing is checked bit for bit. */
+ * (the 8 x 32 blocks of vdpbf16ps; the 32 x 32 blocks of 16 x 16 AMX tiles
+ * with k in chunks of 32: M, N not multiples of 16 or 32, K not a multiple
+ * of 32, M or N zero), A read at an odd element offset (2-byte aligned
+ * only), every leading dimension larger than its row. Bound as the f32
+ * GEMMs: the products are exact, the sums rounded (K + 3) u sum |a b| in
+ * any order; the flush of subnormals (vdpbf16ps, TDPBF16PS) does not arise
+ * for these inputs. Nothing outside the operands may be read into C or
+ * written: A's row padding holds NaN, Bp's column padding NaN pairs, and
+ * everything of C's buffer outside [M, N] (row padding, two rows past M) is
+ * NaN that must come back bit for bit. The packing is checked bit for bit,
+ * its padding unchanged. */
 static void test_bf16_dot_gemm(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 12);
   const tg_micro_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   int tested = 0;
-  const int sizes[][3] = {{1, 1, 2}, {8, 32, 64}, {9, 33, 66}, {64, 64, 128}, {3, 70, 8},
-                          {64, 48, 512}, {17, 15, 40}, {48, 64, 256}, {5, 100, 34}};
+  const int sizes[][3] = {{1, 1, 2},     {8, 32, 64},   {9, 33, 66},    {64, 64, 128},
+                          {3, 70, 8},    {64, 48, 512}, {17, 15, 40},   {48, 64, 256},
+                          {5, 100, 34},  {32, 32, 30},  {16, 16, 32},   {33, 47, 80},
+                          {31, 17, 2},   {64, 96, 66},  {40, 80, 128},  {100, 37, 256},
+                          {47, 64, 34},  {32, 64, 96},  {15, 31, 30},   {0, 8, 32},
+                          {8, 0, 32},    {6, 5, 0}};
+  const uint16_t nan_bf16 = 0x7FC0;
+  const uint32_t nan_pair = 0x7FC07FC0u;
   for (int t = 0; t < nt; t++) {
     const tg_micro_ops *o = tabs[t];
     if (!o->mm_bf16_pairs) continue;
     tested++;
     for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
       const int M = sizes[si][0], N = sizes[si][1], K = sizes[si][2];
-      const int64_t lda = K + 6, ldx = K + 2, ldb = N + 3, ldc = N + 1;
+      const int64_t lda = K + 6, ldx = K + 2, ldb = N + 3, ldc = N + 5, nc = (M + 2) * ldc;
       tg_bf16 *Abuf = tu_alloc(2 * (M * lda + 1)), *X = tu_alloc(2 * N * ldx);
       tg_bf16 *A = Abuf + 1; /* odd element offset */
       uint32_t *Bp = tu_alloc(4 * (K / 2) * ldb);
-      float *C = tu_alloc(sizeof(float) * M * ldc), *C0 = tu_alloc(sizeof(float) * M * ldc);
+      float *C = tu_alloc(sizeof(float) * nc), *C0 = tu_alloc(sizeof(float) * nc);
       tu_fill_bf16(&r, A, M * lda, -2, 2);
+      for (int i = 0; i < M; i++)
+        for (int64_t k = K; k < lda; k++) A[i * lda + k] = nan_bf16;
       tu_fill_bf16(&r, X, N * ldx, -2, 2);
-      tu_fill_f32(&r, C0, M * ldc, -1, 1);
-      memset(Bp, 0xA5, 4 * (K / 2) * ldb);
+      tu_poison_f32(C0, nc);
+      for (int i = 0; i < M; i++) tu_fill_f32(&r, C0 + i * ldc, N, -1, 1);
+      for (int64_t e = 0; e < (K / 2) * ldb; e++) Bp[e] = nan_pair;
       o->pack_bf16_pairs(N, K, X, ldx, Bp, ldb);
       for (int p = 0; p < K / 2; p++)
-        for (int j = 0; j < N; j++) {
-          uint32_t want;
-          memcpy(&want, X + j * ldx + 2 * p, 4);
-          if (Bp[p * ldb + j] != want) TU_FAIL("%s pack p=%d j=%d", o->name, p, j);
+        for (int64_t j = 0; j < ldb; j++) {
+          uint32_t want = nan_pair;
+          if (j < N) memcpy(&want, X + j * ldx + 2 * p, 4);
+          if (Bp[p * ldb + j] != want) TU_FAIL("%s pack p=%d j=%lld", o->name, p, (long long)j);
         }
       double *want = tu_alloc(sizeof(double) * M * N), *bound = tu_alloc(sizeof(double) * M * N);
       float *got = tu_alloc(sizeof(float) * M * N);
       for (int acc = 0; acc < 2; acc++) {
-        memcpy(C, C0, sizeof(float) * M * ldc);
+        memcpy(C, C0, sizeof(float) * nc);
         o->mm_bf16_pairs(M, N, K, A, lda, Bp, ldb, C, ldc, acc);
         for (int i = 0; i < M; i++)
           for (int j = 0; j < N; j++) {
@@ -154,8 +169,10 @@ static void test_bf16_dot_gemm(void **state) {
           }
         if (!tu_check_bound("bf16 gemm", got, want, bound, (int64_t)M * N))
           TU_FAIL("%s accumulate %d M=%d N=%d K=%d", o->name, acc, M, N, K);
-        for (int i = 0; i < M; i++) /* padding between rows is never written */
-          assert_true(C[i * ldc + N] == C0[i * ldc + N]);
+        for (int64_t e = 0; e < nc; e++) /* outside [M, N]: never written */
+          if ((e / ldc >= M || e % ldc >= N) && memcmp(C + e, C0 + e, sizeof(float)))
+            TU_FAIL("%s accumulate %d M=%d N=%d K=%d: C[%lld][%lld] outside [M, N] written",
+                    o->name, acc, M, N, K, (long long)(e / ldc), (long long)(e % ldc));
       }
       free(Abuf), free(X), free(Bp), free(C), free(C0), free(want), free(bound), free(got);
     }
