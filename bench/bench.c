@@ -809,6 +809,8 @@ static int write_json(const char *path, const tg_bench_opts *o, const char *cpu,
   json_num(f, pk->fma_portable_gflops);
   fprintf(f, ",\n    \"bf16_dot_gflops\": ");
   json_num(f, pk->bf16_gflops);
+  fprintf(f, ",\n    \"amx_bf16_gflops\": ");
+  json_num(f, pk->amx_gflops);
   fprintf(f, ",\n    \"triad_gbs\": ");
   json_num(f, pk->triad_gbs);
   fprintf(f, ",\n    \"triad_streams\": 3,\n    \"triad_array_mib\": %zu,\n",
@@ -967,13 +969,16 @@ int tg_bench_main(const tg_bench_opts *o) {
                     "bandwidth ceiling unavailable\n", o->triad_mib);
   /* The ceilings are those of the instructions the chosen table uses: the
    * avx2 table on an AVX-512 CPU is measured against the ymm FMA peak, and
-   * only the avx512bf16 table uses the bf16 dot unit (for Q.K^T and dO.V^T,
-   * 2 of the step's 5 products: the exact-mode ceiling). */
-  if (tg_ctx_get_isa(ctx) == TG_ISA_AVX2 && pk.fma_avx2_gflops > 0)
+   * only the avx512bf16 and amx tables run Q.K^T and dO.V^T (2 of the
+   * step's 5 products: the exact-mode ceiling) on a bf16 unit, vdpbf16ps
+   * and AMX tiles: bf16_gflops is then that unit's peak, else 0. */
+  const tg_isa isa_id = tg_ctx_get_isa(ctx);
+  if (isa_id == TG_ISA_AVX2 && pk.fma_avx2_gflops > 0)
     pk.fma_gflops = pk.fma_avx2_gflops, pk.fma_variant = "avx2+fma";
-  if (tg_ctx_get_isa(ctx) == TG_ISA_PORTABLE && pk.fma_portable_gflops > 0)
+  if (isa_id == TG_ISA_PORTABLE && pk.fma_portable_gflops > 0)
     pk.fma_gflops = pk.fma_portable_gflops, pk.fma_variant = "portable";
-  if (tg_ctx_get_isa(ctx) != TG_ISA_AVX512_BF16) pk.bf16_gflops = 0;
+  if (isa_id == TG_ISA_AMX) pk.bf16_gflops = pk.amx_gflops;
+  else if (isa_id != TG_ISA_AVX512_BF16) pk.bf16_gflops = 0;
   const double ceil = tg_peaks_attn_ceiling(&pk);
 
   printf("tilegrad bench %d.%d.%d\n", TG_VERSION_MAJOR, TG_VERSION_MINOR, TG_VERSION_PATCH);
@@ -984,7 +989,10 @@ int tg_bench_main(const tg_bench_opts *o) {
   printf("  f32 FMA peak     %8.1f GFLOP/s  (%s; avx512f %.1f, avx2+fma %.1f, portable %.1f)\n",
          pk.fma_gflops, pk.fma_variant, pk.fma_avx512_gflops, pk.fma_avx2_gflops,
          pk.fma_portable_gflops);
-  if (pk.bf16_gflops > 0)
+  if (pk.bf16_gflops > 0 && isa_id == TG_ISA_AMX)
+    printf("  bf16 dot peak    %8.1f GFLOP/s  (AMX tdpbf16ps, 16384 FLOP/instruction)\n",
+           pk.bf16_gflops);
+  else if (pk.bf16_gflops > 0)
     printf("  bf16 dot peak    %8.1f GFLOP/s  (vdpbf16ps zmm, 64 FLOP/instruction)\n",
            pk.bf16_gflops);
   else

@@ -18,6 +18,8 @@
 
 #include <omp.h>
 
+#include "tilegrad.h" /* tg_isa_available: whether this process may run AMX */
+
 #if defined(__x86_64__) || defined(__i386__)
 #define TG_PEAK_X86 1
 #include <immintrin.h>
@@ -89,6 +91,51 @@ __attribute__((target("avx512f,avx512bf16"))) static void bf16_dot_kernel(long i
   g_sink[(tid % SINK_MAX) * SINK_STRIDE] += _mm512_reduce_add_ps(s);
 }
 #endif /* TG_PEAK_X86 */
+
+/* AMX-BF16 (compilers with its intrinsics: gcc 11, clang 12 and later):
+ * TDPBF16PS on four accumulator tiles (tmm0-3) from two A and two B tiles
+ * loaded once (tmm4-7), all 16 rows x 64 bytes as in kernels/micro/
+ * amx_dot.h's 32 x 32 block, without its loads: 16 x 16 f32 results of 32
+ * bf16 products each = 16384 FLOP per instruction. Runs only where the
+ * library's amx table does (tg_isa_available: CPUID, XCR0 and the Linux
+ * permission, which it requests). */
+#if TG_PEAK_X86 && ((defined(__clang__) && __clang_major__ >= 12) || \
+                    (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11))
+#define TG_PEAK_AMX 1
+__attribute__((target("amx-tile,amx-bf16"))) static void amx_kernel(long iters, int tid) {
+  struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+  } cfg __attribute__((aligned(64)));
+  memset(&cfg, 0, sizeof cfg);
+  cfg.palette = 1;
+  for (int t = 0; t < 8; t++) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+  uint16_t src[16 * 32] __attribute__((aligned(64)));
+  for (int i = 0; i < 16 * 32; i++) src[i] = 0x3A83; /* ~1e-3: sums grow ~3e-5 a step */
+  float out[16 * 16] __attribute__((aligned(64)));
+  /* (gcc's tile intrinsics do not declare the memory they read: barriers) */
+  __asm__ volatile("" ::: "memory");
+  _tile_loadconfig(&cfg);
+  _tile_loadd(4, src, 64);
+  _tile_loadd(5, src, 64);
+  _tile_loadd(6, src, 64);
+  _tile_loadd(7, src, 64);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (long i = 0; i < iters; i++) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, out, 64);
+  _tile_release();
+  g_sink[(tid % SINK_MAX) * SINK_STRIDE] += out[0] + out[255];
+}
+#endif
 
 /* Portable: GCC/Clang generic vectors of 4 floats (one SSE/NEON register),
  * mul + add (2 FLOP per lane; contracted to an FMA where the compiler may). */
@@ -211,6 +258,15 @@ double tg_peak_bf16_dot(int threads, double seconds) {
   return 0.0;
 }
 
+double tg_peak_amx_bf16(int threads, double seconds) {
+#if TG_PEAK_AMX
+  /* 4 TDPBF16PS x 16 x 16 outputs x 32 products x 2 FLOP */
+  if (tg_isa_available(TG_ISA_AMX))
+    return compute_peak(amx_kernel, 4.0 * 16 * 16 * 32 * 2, threads, seconds);
+#endif
+  return 0.0;
+}
+
 /* --- triad ------------------------------------------------------------------- */
 
 static void *alloc64(size_t bytes) {
@@ -282,6 +338,8 @@ int tg_peaks_measure(tg_peaks *p, int threads, size_t triad_array_bytes) {
     if (g > p->fma_portable_gflops) p->fma_portable_gflops = g;
     g = tg_peak_bf16_dot(threads, 0.1);
     if (g > p->bf16_gflops) p->bf16_gflops = g;
+    g = tg_peak_amx_bf16(threads, 0.1);
+    if (g > p->amx_gflops) p->amx_gflops = g;
   }
   p->fma_gflops = p->fma_portable_gflops;
   p->fma_variant = "portable";

@@ -8,6 +8,9 @@
  *   bf16 dot peak  12 independent vdpbf16ps zmm chains per thread; 2 FLOP per
  *                  bf16 pair = 64 FLOP per instruction. 0 where the CPU has no
  *                  AVX512_BF16.
+ *   AMX bf16 peak  TDPBF16PS on four accumulator tiles per thread, operands
+ *                  in tiles (no loads); 16384 FLOP per instruction. 0 where
+ *                  the library's amx table cannot run (tg_isa_available).
  *   triad          a[i] = b[i] + 2*c[i] over three f32 arrays (default 256 MiB
  *                  each); bytes counted as 3 streams (read b, read c, write a),
  *                  the STREAM convention -- the write-allocate read of a is not
@@ -32,6 +35,8 @@ typedef struct {
   double fma_avx512_gflops, fma_avx2_gflops, fma_portable_gflops;
   /* bf16 dot (vdpbf16ps zmm); 0 = no AVX512_BF16 on this CPU */
   double bf16_gflops;
+  /* AMX-BF16 (TDPBF16PS tiles); 0 = no amx table on this CPU/OS/build */
+  double amx_gflops;
   /* triad, 3-stream bytes */
   double triad_gbs;
   size_t triad_array_bytes; /* bytes per array */
@@ -43,6 +48,7 @@ double tg_peak_fma_avx512(int threads, double seconds);
 double tg_peak_fma_avx2(int threads, double seconds);
 double tg_peak_fma_portable(int threads, double seconds);
 double tg_peak_bf16_dot(int threads, double seconds);
+double tg_peak_amx_bf16(int threads, double seconds);
 
 /* GB/s (3 streams) of a[i] = b[i] + 2*c[i] with three arrays of array_bytes
  * each; < 0 if the arrays cannot be allocated. */
