@@ -109,8 +109,9 @@ static void test_gemms(void **state) {
  * for these inputs. Nothing outside the operands may be read into C or
  * written: A's row padding holds NaN, Bp's column padding NaN pairs, and
  * everything of C's buffer outside [M, N] (row padding, two rows past M) is
- * NaN that must come back bit for bit. The packing is checked bit for bit,
- * its padding unchanged. */
+ * NaN, then a finite value (a NaN read, added to and written back would
+ * look unchanged), that must come back bit for bit. The packing is checked
+ * bit for bit, its padding unchanged. */
 static void test_bf16_dot_gemm(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 12);
   const tg_micro_ops *tabs[TU_MAX_ISAS];
@@ -151,7 +152,13 @@ static void test_bf16_dot_gemm(void **state) {
         }
       double *want = tu_alloc(sizeof(double) * M * N), *bound = tu_alloc(sizeof(double) * M * N);
       float *got = tu_alloc(sizeof(float) * M * N);
-      for (int acc = 0; acc < 2; acc++) {
+      for (int run = 0; run < 4; run++) {
+        const int acc = run & 1;
+        /* runs 2, 3: a finite value outside [M, N] in place of the NaN, which
+         * a read-add-write of the padding would carry back unchanged */
+        if (run == 2)
+          for (int64_t e = 0; e < nc; e++)
+            if (e / ldc >= M || e % ldc >= N) C0[e] = 12345.0f;
         memcpy(C, C0, sizeof(float) * nc);
         o->mm_bf16_pairs(M, N, K, A, lda, Bp, ldb, C, ldc, acc);
         for (int i = 0; i < M; i++)
