@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # The amx table on a machine with AMX-BF16 (issue 13 part 2): a Release
-# build, every suite's amx run (ctest's <suite>.amx), the ceilings with the
-# amx table, and avx512 against amx on the attention section, alternating
-# (bench/ab_compare.sh).
+# build, every suite's amx run (ctest's <suite>.amx), the tile GEMM against
+# f64 through ctypes (bench/amx_kernel_check.py, numpy), the PyTorch
+# attention oracle on amx (tests/python, where torch, pytest and hypothesis
+# import), the ceilings with the amx table, and avx512 against amx on the
+# attention section, alternating (bench/ab_compare.sh).
 #
-#   [CMOCKA_PREFIX=DIR] [OUT=DIR] [THREADS=N] [ROUNDS=N] bench/amx_check.sh
+#   [CMOCKA_PREFIX=DIR] [OUT=DIR] [THREADS=N] [ROUNDS=N] [PYTHON=python3] \
+#     bench/amx_check.sh
 #
 # CMOCKA_PREFIX: a cmocka install (DIR/lib/pkgconfig/cmocka.pc) for the
-# tests; unset: no tests (-DTG_BUILD_TESTS=OFF), the bench only.
+# C suites; unset: no C suites (-DTG_BUILD_TESTS=OFF).
 # OUT: where the logs go (default $OUT of the device runner, else
 # ./amx-check). THREADS (default all CPUs), ROUNDS (default 3).
 # Exit status: 0 when every step passed.
@@ -43,6 +46,17 @@ if [ "$tests" = ON ]; then
   ctest --test-dir build-amx -R '\.amx$' -j"$(nproc)" --output-on-failure >"$out/ctest-amx.log" 2>&1 || rc=1
   step "ctest -R '\\.amx\$': $(grep -E 'tests passed|tests failed' "$out/ctest-amx.log")"
   grep -E 'Failed|Skipped' "$out/ctest-amx.log" | tee -a "$out/summary.txt"
+fi
+
+py=${PYTHON:-python3}
+if "$py" -c "import numpy" 2>/dev/null; then
+  "$py" bench/amx_kernel_check.py build-amx/libtilegrad.so amx >"$out/kernel-check.txt" 2>&1 || rc=1
+  step "tile GEMM vs f64: $(tail -1 "$out/kernel-check.txt")"
+fi
+if "$py" -c "import torch, pytest, hypothesis" 2>/dev/null; then
+  TILEGRAD_LIB=build-amx/libtilegrad.so TG_ISA=amx "$py" -m pytest -q -p no:cacheprovider \
+    tests/python/test_attention_oracle.py >"$out/oracle-amx.txt" 2>&1 || rc=1
+  step "attention oracle (PyTorch f64), TG_ISA=amx: $(tail -1 "$out/oracle-amx.txt")"
 fi
 
 build-amx/tilegrad bench --section peaks --isa amx --threads "$threads" >"$out/peaks-amx.txt" 2>&1 || rc=1
