@@ -10,8 +10,9 @@ set(TG_ISA_FLAGS_avx512 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mavx2 
 # blocking, with the attention's bf16 x bf16 products on the bf16 unit
 set(TG_ISA_FLAGS_avx512bf16 ${TG_ISA_FLAGS_avx512} -mavx512bf16)
 # avx512bf16 plus AMX-BF16 tiles (kernels/micro/amx_dot.h): the bf16 x bf16
-# products on TDPBF16PS, everything else as avx512bf16 (gcc >= 11, clang >= 12)
-set(TG_ISA_FLAGS_amx ${TG_ISA_FLAGS_avx512bf16} -mamx-tile -mamx-bf16)
+# products on TDPBF16PS, everything else as avx512bf16 (gcc >= 11, clang >= 12).
+# TG_MICRO_AMX: amx_dot.h refuses to build without the tile intrinsics.
+set(TG_ISA_FLAGS_amx ${TG_ISA_FLAGS_avx512bf16} -mamx-tile -mamx-bf16 -DTG_MICRO_AMX)
 
 # tg_add_micro_tables(<prefix> <objects_var> <built_var>
 #                     [OPTIONS <compile options>...] [LINK <libraries>...])

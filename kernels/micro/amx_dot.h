@@ -48,7 +48,8 @@
  * "Output denormals are always flushed to zero and input denormals are
  * always treated as zero").
  */
-#if defined(__AMX_BF16__) && defined(__AMX_TILE__)
+#if (defined(__AMX_BF16__) || defined(__AMXBF16__)) && \
+    (defined(__AMX_TILE__) || defined(__AMXTILE__)) /* gcc's names || clang's */
 
 /* LDTILECFG's 64-byte operand, palette 1. */
 typedef struct {
@@ -217,4 +218,9 @@ static void TG_NAME(mm_bf16_pairs_amx)(int M, int N, int K, const uint16_t *A, i
 #define TG_BF16_MM TG_NAME(mm_bf16_pairs_amx)
 #undef AMX_LOAD
 #undef AMX_SYNC
+#elif defined(TG_MICRO_AMX)
+/* The amx table's flags (cmake/isa.cmake) without the tile intrinsics: no
+ * table rather than a copy of avx512bf16's under amx's name (the build
+ * then uses absent.c). */
+#error "the amx table needs a compiler that defines the AMX-BF16 and AMX-TILE macros"
 #endif
