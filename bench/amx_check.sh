@@ -45,7 +45,11 @@ step "TG_ISA=amx tilegrad --version: $(grep -i isa "$out/version.txt" | head -1)
 if [ "$tests" = ON ]; then
   ctest --test-dir build-amx -R '\.amx$' -j"$(nproc)" --output-on-failure >"$out/ctest-amx.log" 2>&1 || rc=1
   step "ctest -R '\\.amx\$': $(grep -E 'tests passed|tests failed' "$out/ctest-amx.log")"
-  grep -E 'Failed|Skipped' "$out/ctest-amx.log" | tee -a "$out/summary.txt"
+  grep -E '^\s+[0-9]+ - ' "$out/ctest-amx.log" | tee -a "$out/summary.txt" # not passed
+fi
+if ! grep -q 'isa: amx' "$out/version.txt"; then # the reason, from tg_ctx_set_isa
+  step "no amx here: $(build-amx/tilegrad bench --section peaks --isa amx 2>&1 | tail -1)"
+  exit 1
 fi
 
 py=${PYTHON:-python3}
