@@ -58,9 +58,18 @@ if "$py" -c "import numpy" 2>/dev/null; then
   step "tile GEMM vs f64: $(tail -1 "$out/kernel-check.txt")"
 fi
 if "$py" -c "import torch, pytest, hypothesis" 2>/dev/null; then
-  TILEGRAD_LIB=build-amx/libtilegrad.so TG_ISA=amx "$py" -m pytest -q -p no:cacheprovider \
-    tests/python/test_attention_oracle.py >"$out/oracle-amx.txt" 2>&1 || rc=1
-  step "attention oracle (PyTorch f64), TG_ISA=amx: $(tail -1 "$out/oracle-amx.txt")"
+  # TG_ISA=amx falls back to auto where amx is refused: first check that a
+  # Python process (faulthandler's sigaltstack, torch loaded) gets it
+  got=$(TILEGRAD_LIB=build-amx/libtilegrad.so "$py" -X faulthandler -c 'import sys, torch
+sys.path.insert(0, "python"); import tilegrad.capi as c; print(c.Context(isa="amx").isa)' 2>&1)
+  step "amx from Python (faulthandler on, torch imported): $(echo "$got" | tail -1)"
+  if [ "$(echo "$got" | tail -1)" = amx ]; then
+    TILEGRAD_LIB=build-amx/libtilegrad.so TG_ISA=amx "$py" -m pytest -q -p no:cacheprovider \
+      tests/python/test_attention_oracle.py >"$out/oracle-amx.txt" 2>&1 || rc=1
+    step "attention oracle (PyTorch f64), TG_ISA=amx: $(tail -1 "$out/oracle-amx.txt")"
+  else
+    rc=1
+  fi
 fi
 
 build-amx/tilegrad bench --section peaks --isa amx --threads "$threads" >"$out/peaks-amx.txt" 2>&1 || rc=1
