@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "isa.h" /* TG_ISA_NAMES_*: the --isa names */
 #include "num.h"
 #include "outfile.h"
 
@@ -32,7 +33,7 @@ void tg_cli_bench_usage(FILE *f) {
           "                     at most 100000; one untimed warm-up run comes first)\n"
           "  --json FILE        also write all results as JSON to FILE (its location is\n"
           "                     checked before the bench starts)\n"
-          "  --isa I            portable | avx2 | avx512 | avx512bf16 | auto (default:\n"
+          "  --isa I            " TG_ISA_NAMES_BAR " (default:\n"
           "                     auto, or $TG_ISA)\n"
           "  --deterministic    run the kernels in deterministic mode\n"
           "  --precision P      exact | split | bf16: the attention's products that take\n"
@@ -238,7 +239,7 @@ static int parse_each(int argc, char **argv, tg_bench_opts *o, char *msg, size_t
         break;
       case OPT_ISA:
         if (tg_isa_from_name(val, &o->isa) != TG_OK)
-          return refuse(msg, msglen, "--isa %s: want portable, avx2, avx512, avx512bf16 or auto",
+          return refuse(msg, msglen, "--isa %s: want one of " TG_ISA_NAMES_COMMA,
                         quoted(q, val, strlen(val)));
         o->isa_set = 1;
         break;

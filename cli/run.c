@@ -43,6 +43,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "isa.h" /* TG_ISA_NAMES_*: the --isa names */
 #include "npy.h"
 #include "num.h"
 #include "outfile.h"
@@ -705,7 +706,8 @@ static void run_usage(FILE *out) {
   fprintf(out,
           "usage: tilegrad run <kernel> --in NAME=file.npy ... --out NAME=file.npy ...\n"
           "                    [--param k=v ...] [--threads N] [--deterministic]\n"
-          "                    [--isa auto|portable|avx2|avx512] [--quiet]\n"
+          "                    [--isa " TG_ISA_NAMES_BAR "]\n"
+          "                    [--quiet]\n"
           "       tilegrad run --help            all kernels and their buffers\n"
           "       tilegrad run <kernel> --help   one kernel\n"
           "\n"
@@ -1001,7 +1003,7 @@ static int parse_command_line(run_call *c, int argc, char **argv, run_opts *o) {
     if (!strcmp(opt, "--isa")) {
       if (tg_isa_from_name(val, &o->isa) != TG_OK) {
         tg_num_label(label, sizeof label, "--isa", ' ', val);
-        return usage_errorf(c, "%s: expected auto, portable, avx2, avx512 or avx512bf16", label);
+        return usage_errorf(c, "%s: expected one of " TG_ISA_NAMES_COMMA, label);
       }
       o->have_isa = 1;
       continue;

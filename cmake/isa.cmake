@@ -2,13 +2,17 @@
 # same names in the same order): each ISA's compile flags for
 # kernels/micro/micro.c. The portable table takes the target's baseline
 # flags only and is always built.
-set(TG_ISA_NAMES portable avx2 avx512 avx512bf16)
+set(TG_ISA_NAMES portable avx2 avx512 avx512bf16 amx)
 set(TG_ISA_FLAGS_portable "")
 set(TG_ISA_FLAGS_avx2 -mavx2 -mfma -mf16c)
 set(TG_ISA_FLAGS_avx512 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mavx2 -mf16c)
 # avx512 plus vdpbf16ps (kernels/micro/bf16_dot.h): the same code and
 # blocking, with the attention's bf16 x bf16 products on the bf16 unit
 set(TG_ISA_FLAGS_avx512bf16 ${TG_ISA_FLAGS_avx512} -mavx512bf16)
+# avx512bf16 plus AMX-BF16 tiles (kernels/micro/amx_dot.h): the bf16 x bf16
+# products on TDPBF16PS, everything else as avx512bf16 (gcc >= 11, clang >= 12).
+# TG_MICRO_AMX: amx_dot.h refuses to build without the tile intrinsics.
+set(TG_ISA_FLAGS_amx ${TG_ISA_FLAGS_avx512bf16} -mamx-tile -mamx-bf16 -DTG_MICRO_AMX)
 
 # tg_add_micro_tables(<prefix> <objects_var> <built_var>
 #                     [OPTIONS <compile options>...] [LINK <libraries>...])

@@ -1,9 +1,18 @@
 /* The context, status messages, ISA selection and checked arithmetic. */
+#define _DEFAULT_SOURCE /* syscall() (tg_cpu_amx's permission request) under -std=c11 */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <omp.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#endif
+#if defined(__x86_64__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "engine.h"
 
@@ -96,6 +105,80 @@ static int tg_cpu_bf16_dot_fast(void) {
 #endif
 }
 
+/* AMX-BF16 tiles: CPUID.(7,0):EDX bit 22 (AMX-BF16) and bit 24 (AMX-TILE),
+ * avx512bf16 (the amx table is avx512bf16's with tiles for two products),
+ * XCR0 bits 17 and 18 (the OS saves XTILECFG and XTILEDATA), and on Linux
+ * the permission to use XTILEDATA: since 5.16 a process must ask for it
+ * (arch_prctl ARCH_REQ_XCOMP_PERM) before its first tile instruction, or
+ * that instruction is a SIGILL. The permission is process-wide and the
+ * request idempotent; it is made once, by the first check, and its outcome
+ * kept (amx_state). Refused (kernel before 5.16, seccomp, a thread's
+ * sigaltstack too small for the larger signal frame) or not Linux: no amx,
+ * and amx_why() says why. */
+enum {
+  AMX_UNKNOWN = 0,
+  AMX_OK,
+  AMX_NO_COMPILER, /* not x86-64 with GNU C */
+  AMX_NO_CPUID,
+  AMX_NO_BF16,
+  AMX_NO_XCR0,
+  AMX_NOT_LINUX,
+  AMX_REFUSED,
+};
+static atomic_int amx_state; /* AMX_*; a race only repeats the same idempotent checks */
+
+static int amx_check(void) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  unsigned a, b, c, d;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22)) || !(d & (1u << 24)))
+    return AMX_NO_CPUID;
+  if (!tg_cpu_avx512_bf16()) return AMX_NO_BF16;
+  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) /* OSXSAVE: xgetbv runs */
+    return AMX_NO_XCR0;
+  unsigned lo, hi;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  if ((lo & (3u << 17)) != (3u << 17)) return AMX_NO_XCR0;
+#if defined(__linux__)
+  enum { GET_XCOMP_PERM = 0x1022, REQ_XCOMP_PERM = 0x1023, XTILEDATA = 18 };
+  unsigned long long perm = 0;
+  if (syscall(SYS_arch_prctl, REQ_XCOMP_PERM, XTILEDATA) != 0 ||
+      syscall(SYS_arch_prctl, GET_XCOMP_PERM, &perm) != 0 || !(perm & (1ull << XTILEDATA)))
+    return AMX_REFUSED;
+  return AMX_OK;
+#else
+  return AMX_NOT_LINUX;
+#endif
+#else
+  return AMX_NO_COMPILER;
+#endif
+}
+
+static int amx_status(void) {
+  int s = atomic_load_explicit(&amx_state, memory_order_acquire);
+  if (s == AMX_UNKNOWN) {
+    s = amx_check();
+    atomic_store_explicit(&amx_state, s, memory_order_release);
+  }
+  return s;
+}
+
+static int tg_cpu_amx(void) { return amx_status() == AMX_OK; }
+
+/* Why this CPU/OS cannot run amx ("" when it can). */
+static const char *amx_why(void) {
+  switch (amx_status()) {
+    case AMX_NO_COMPILER: return "not an x86-64 build with GNU C";
+    case AMX_NO_CPUID: return "CPUID reports no AMX-TILE / AMX-BF16";
+    case AMX_NO_BF16: return "the CPU has AMX but no AVX512_BF16";
+    case AMX_NO_XCR0: return "the OS has not enabled the tile state (XCR0 bits 17, 18)";
+    case AMX_NOT_LINUX: return "the tile-data permission is only requested on Linux";
+    case AMX_REFUSED:
+      return "Linux refused the tile-data permission (arch_prctl ARCH_REQ_XCOMP_PERM: "
+             "a kernel before 5.16, seccomp, or a sigaltstack too small)";
+  }
+  return "";
+}
+
 static const struct {
   tg_isa id;
   const char *name;
@@ -140,14 +223,28 @@ static tg_isa isa_of(const tg_micro_ops *ops) {
   return TG_ISA_AUTO; /* not reached: every table is in the registry */
 }
 
+/* Why tg_micro_table(isa) is NULL, where that is cheap to say ("" if not). */
+static const char *isa_why_not(tg_isa isa) {
+  for (int i = 0; i < N_ISAS; i++)
+    if (isa_registry[i].id == isa) {
+      if (!isa_registry[i].ops->mm_nn)
+        return "this build has no such table (the compiler refused its flags, or the "
+               "target is not x86-64)";
+      if (isa == TG_ISA_AMX) return amx_why();
+    }
+  return "";
+}
+
 tg_status tg_ctx_set_isa(tg_ctx *ctx, tg_isa isa) {
   if (!ctx) return TG_ERR_NULL_ARG;
   TG_ENTER(ctx);
   const tg_micro_ops *ops = tg_micro_table(isa);
-  if (!ops)
+  if (!ops) {
+    const char *why = isa_why_not(isa);
     return tg_fail(ctx, TG_ERR_UNSUPPORTED,
-                   "tg_ctx_set_isa: ISA '%s' (%d) is not available on this CPU/build",
-                   tg_isa_name(isa), (int)isa);
+                   "tg_ctx_set_isa: ISA '%s' (%d) is not available on this CPU/build%s%s",
+                   tg_isa_name(isa), (int)isa, why[0] ? ": " : "", why);
+  }
   ctx->isa = isa_of(ops);
   ctx->ops = ops;
   return TG_OK;

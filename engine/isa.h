@@ -14,6 +14,9 @@
  *        (a table can run but lose: vdpbf16ps runs at about 2x the f32 FMA
  *        rate on AMD Zen 4 / Zen 5 and about 0.5x on Intel Xeons, measured
  *        by `tilegrad bench --section peaks`; there auto keeps avx512).
+ *        amx (AMX-BF16 tiles for the two bf16 x bf16 attention products,
+ *        the rest avx512bf16's) is picked wherever it runs: its predicate
+ *        includes the OS's permission (Linux: arch_prctl, once per process).
  *
  * Listed from least to most preferred: TG_ISA_AUTO picks the last entry
  * the CPU runs, its auto predicate allows and this build has. The compile
@@ -25,10 +28,18 @@
 #ifndef TG_ISA_H
 #define TG_ISA_H
 
-#define TG_ISA_LIST(X)                                                    \
-  X(portable, TG_ISA_PORTABLE, tg_cpu_any, tg_cpu_any)                    \
-  X(avx2, TG_ISA_AVX2, tg_cpu_avx2_fma, tg_cpu_any)                       \
-  X(avx512, TG_ISA_AVX512, tg_cpu_avx512, tg_cpu_any)                     \
-  X(avx512bf16, TG_ISA_AVX512_BF16, tg_cpu_avx512_bf16, tg_cpu_bf16_dot_fast)
+#define TG_ISA_LIST(X)                                                        \
+  X(portable, TG_ISA_PORTABLE, tg_cpu_any, tg_cpu_any)                        \
+  X(avx2, TG_ISA_AVX2, tg_cpu_avx2_fma, tg_cpu_any)                           \
+  X(avx512, TG_ISA_AVX512, tg_cpu_avx512, tg_cpu_any)                         \
+  X(avx512bf16, TG_ISA_AVX512_BF16, tg_cpu_avx512_bf16, tg_cpu_bf16_dot_fast) \
+  X(amx, TG_ISA_AMX, tg_cpu_amx, tg_cpu_any)
+
+/* The names, "auto" first, for messages and usage texts:
+ * "auto, portable, avx2, ..." and "auto|portable|avx2|...". */
+#define TG_ISA_COMMA_NAME_(name, id, cpu, pick) ", " #name
+#define TG_ISA_BAR_NAME_(name, id, cpu, pick) "|" #name
+#define TG_ISA_NAMES_COMMA "auto" TG_ISA_LIST(TG_ISA_COMMA_NAME_)
+#define TG_ISA_NAMES_BAR "auto" TG_ISA_LIST(TG_ISA_BAR_NAME_)
 
 #endif /* TG_ISA_H */

@@ -93,12 +93,19 @@ tg_status tg_ctx_set_deterministic(tg_ctx *ctx, int on);
 const char *tg_ctx_last_error(const tg_ctx *ctx);
 
 /* Which vector microkernels (and blocking) a context uses. TG_ISA_AUTO picks
- * the best the CPU and this build support: avx512bf16 where vdpbf16ps
- * outruns the f32 FMA (AMD Zen 4 and later; not on Intel, where it runs at
- * half the FMA rate), else avx512, else avx2 (AVX2 + FMA, x86-64-v3), else
- * portable. avx512bf16 is avx512 with the bf16 x bf16 attention products
- * (Q.K^T, dO.V^T) on vdpbf16ps: exact products, f32 sums. The environment variable TG_ISA=<name> (one of
- * the names tg_isa_name gives) overrides it at tg_ctx_create.
+ * the best the CPU and this build support: amx where the CPU has AMX-BF16
+ * tiles and the OS lets this process use them, else avx512bf16 where
+ * vdpbf16ps outruns the f32 FMA (AMD Zen 4 and later; not on Intel, where
+ * it runs at half the FMA rate), else avx512, else avx2 (AVX2 + FMA,
+ * x86-64-v3), else portable. avx512bf16 is avx512 with the bf16 x bf16
+ * attention products (Q.K^T, dO.V^T) on vdpbf16ps: exact products, f32
+ * sums. amx is avx512bf16 with those two products on AMX-BF16 tiles
+ * (TDPBF16PS; exact products, f32 sums in the tile unit's order); on Linux
+ * the first check asks the kernel for the tile-data permission
+ * (arch_prctl ARCH_REQ_XCOMP_PERM, once per process), and amx is
+ * unavailable where it is refused (kernels before 5.16, seccomp). The
+ * environment variable TG_ISA=<name> (one of the names tg_isa_name gives)
+ * overrides it at tg_ctx_create.
  * TG_ISA_PORTABLE is plain C for the target's baseline and always available.
  * (The values are ABI: new ISAs get new numbers.) */
 typedef enum {
@@ -106,14 +113,16 @@ typedef enum {
   TG_ISA_PORTABLE = 1,
   TG_ISA_AVX512 = 2,
   TG_ISA_AVX2 = 3,
-  TG_ISA_AVX512_BF16 = 4
+  TG_ISA_AVX512_BF16 = 4,
+  TG_ISA_AMX = 5
 } tg_isa;
 /* TG_ERR_UNSUPPORTED if the CPU (or this build) lacks the ISA, or isa is no
- * tg_isa value; the context is unchanged on failure. */
+ * tg_isa value (tg_ctx_last_error says which, and for amx why); the context
+ * is unchanged on failure. */
 tg_status tg_ctx_set_isa(tg_ctx *ctx, tg_isa isa);
 tg_isa tg_ctx_get_isa(const tg_ctx *ctx);
-/* "auto", "portable", "avx2", "avx512", "avx512bf16"; "unknown" for other
- * values. */
+/* "auto", "portable", "avx2", "avx512", "avx512bf16", "amx"; "unknown" for
+ * other values. */
 const char *tg_isa_name(tg_isa isa);
 /* The tg_isa named `name` (as tg_isa_name spells it) in *out: TG_OK, or
  * TG_ERR_BAD_PARAMS (and *out untouched) for NULL or an unknown name. */

@@ -353,7 +353,7 @@ BAD_BENCH_ARGS = [
     (["--threads"], ["--threads needs a value"]),
     (["--json"], ["--json needs a value"]),
     (["--quick=1"], ["--quick takes no value"]),
-    (["--isa", "avx9"], ["--isa 'avx9'", "portable, avx2, avx512, avx512bf16 or auto"]),
+    (["--isa", "avx9"], ["--isa 'avx9'", "want one of auto, portable, avx2, avx512, avx512bf16, amx"]),
     (["--section=gpu"], ["--section 'gpu'", "attn, mem, peaks or all"]),
     (["--shapes", "1,8,3,512,64,0"], ["--shapes '1,8,3,512,64,0'", "H=8 is not a multiple of Hkv=3"]),
     (["--shapes", "1,8,8,512,64"], ["--shapes '1,8,8,512,64'", "want 6 fields"]),

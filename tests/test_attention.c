@@ -86,7 +86,7 @@ enum { N_MODES = sizeof modes / sizeof modes[0] };
 /* Every config, at 1/2/3 threads, on every ISA, in every run mode. */
 static void test_bwd_against_reference(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 1);
-  tg_isa isas[4];
+  tg_isa isas[TU_MAX_ISAS];
   const int nisa = tu_isas(isas);
   int failures = 0;
   for (size_t ci = 0; ci < sizeof configs / sizeof configs[0]; ci++) {
@@ -341,7 +341,7 @@ static int check_forward(tg_ctx *ctx, const attn_problem *pb, const char *what) 
 
 static void test_fwd_against_reference(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 8);
-  tg_isa isas[4];
+  tg_isa isas[TU_MAX_ISAS];
   const int nisa = tu_isas(isas);
   int failures = 0;
   for (size_t ci = 0; ci < sizeof configs / sizeof configs[0]; ci++) {
@@ -409,7 +409,7 @@ static void test_compute_d(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 6);
   const int shapes[][4] = {{1, 1, 1, 8}, {2, 3, 37, 24}, {1, 4, 300, 64}, {1, 1, 5, 512},
                            {1, 2, 3, 7}};
-  tg_isa isas[4];
+  tg_isa isas[TU_MAX_ISAS];
   const int nisa = tu_isas(isas);
   for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
     const int64_t rows = (int64_t)shapes[si][0] * shapes[si][1] * shapes[si][2];
@@ -481,7 +481,7 @@ static void test_cast(void **state) {
     uint32_t u = i < (int64_t)ns ? specials[i] : (uint32_t)tu_next(&r);
     memcpy(&src[i], &u, 4);
   }
-  tg_isa isas[4];
+  tg_isa isas[TU_MAX_ISAS];
   const int nisa = tu_isas(isas);
   for (int ii = 0; ii < nisa; ii++)
     for (int ti = 0; ti < tu_n_thread_counts; ti++) {

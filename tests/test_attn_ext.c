@@ -60,6 +60,7 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "micro.h"
 #include "philox.h"
 #include "testutil.h"
 
@@ -591,7 +592,7 @@ static tg_ctx *mode_ctx(int threads, tg_isa isa, const run_mode *m) {
 /* Every config, 1/2/3 threads, every run mode, on the ISA under test. */
 static void test_f32_against_reference(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 1);
-  tg_isa isas[4];
+  tg_isa isas[TU_MAX_ISAS];
   const int nisa = tu_isas(isas);
   int failures = 0;
   for (int ci = 0; ci < N_CONFIGS; ci++) {
@@ -790,10 +791,11 @@ static void test_p0_bitwise_equals_no_options(void **state) {
  * (on the KV schedule f32 sums them with compensation, bf16 does not). */
 static void test_bf16_f32_same_engine(void **state) {
   tg_ctx *probe = tu_ctx(1, TG_ISA_AUTO);
-  const int bf16_dot = tg_ctx_get_isa(probe) == TG_ISA_AVX512_BF16;
+  const tg_micro_ops *ops = tg_micro_table(tg_ctx_get_isa(probe));
   tg_ctx_destroy(probe);
-  if (bf16_dot) { /* bf16 runs Q.K^T and dO.V^T on vdpbf16ps: other sums, other bits */
-    printf("  avx512bf16: the bf16 path has its own products; not bitwise the f32 path's\n");
+  if (ops->mm_bf16_pairs) { /* bf16 runs Q.K^T and dO.V^T on the bf16 dot GEMM
+                             * (vdpbf16ps, AMX tiles): other sums, other bits */
+    printf("  %s: the bf16 path has its own products; not bitwise the f32 path's\n", ops->name);
     return;
   }
   tu_rng r = tu_rng_make(tu_seed() + 5);

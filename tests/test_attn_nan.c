@@ -80,7 +80,7 @@ static void check(const char *what, bufs *b, const char expect[H][QL], int vd, i
 static void test_nan_and_inf(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 101);
   bufs *b = tu_alloc(sizeof *b);
-  tg_isa isas[4];
+  tg_isa isas[TU_MAX_ISAS];
   const int nisa = tu_isas(isas);
   const int threads[] = {1, 3};
   for (int ii = 0; ii < nisa; ii++)

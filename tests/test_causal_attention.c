@@ -115,7 +115,7 @@ static void run_case(const ca_case *c, uint64_t k) {
 
   float *gQ = tu_alloc(nq * sizeof(float));
   float *gK = tu_alloc(nk * sizeof(float)), *gV = tu_alloc(nk * sizeof(float));
-  tg_isa isas[4];
+  tg_isa isas[TU_MAX_ISAS];
   const int n_isas = tu_isas(isas);
   char what[200];
   for (int ti = 0; ti < tu_n_thread_counts; ti++)
@@ -178,7 +178,7 @@ static void check_deterministic(const ca_case c, uint64_t seed) {
   float *gV = tu_alloc(nk * sizeof(float)), *fQ = tu_alloc(nq * sizeof(float));
   float *fK = tu_alloc(nk * sizeof(float)), *fV = tu_alloc(nk * sizeof(float));
   const int threads[] = {1, 2, 3, 5};
-  tg_isa isas[4];
+  tg_isa isas[TU_MAX_ISAS];
   const int n_isas = tu_isas(isas);
   for (int ii = 0; ii < n_isas; ii++)
     for (int ti = 0; ti < 4; ti++) {

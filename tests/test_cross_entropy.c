@@ -73,7 +73,7 @@ static void check_case(uint32_t n_pos, uint32_t V, int fill, uint64_t k) {
   double lw, lw_e; /* a -inf target makes it +inf */
   ref_cross_entropy(logits, targets, n_pos, V, pad_id, count, prefill, want, bound, &lw, &lw_e);
 
-  tg_isa isas[4];
+  tg_isa isas[TU_MAX_ISAS];
   const int n_isas = tu_isas(isas);
   for (int ti = 0; ti < tu_n_thread_counts; ti++)
     for (int ii = 0; ii < n_isas; ii++)
@@ -223,7 +223,7 @@ static void test_ce_count_zero(void **state) {
 static void test_ce_deterministic(void **state) {
   const uint32_t sizes[][2] = {{500, 200}, {12, 50257}, {3000, 5}};
   const int threads[] = {1, 2, 3, 5, 5};
-  tg_isa isas[4];
+  tg_isa isas[TU_MAX_ISAS];
   const int n_isas = tu_isas(isas);
   for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
     const uint32_t n_pos = sizes[s][0], V = sizes[s][1];

@@ -132,7 +132,7 @@ static void test_sign_table(void **state) {
 
 static void test_fwht_sign_undo(void **state) {
   const uint32_t shapes[][2] = {{1, 256}, {3, 256}, {1, 512}, {4, 512}};
-  tg_isa isas[4];
+  tg_isa isas[TU_MAX_ISAS];
   const int n_isas = tu_isas(isas);
   char what[128];
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
@@ -253,7 +253,7 @@ static void test_reduce_values(void **state) {
       {5, 8, 3, 8.0, 4},
       {1, 64, 1, 3.0, 0},    /* nwg = 1, all empty */
   };
-  tg_isa isas[4];
+  tg_isa isas[TU_MAX_ISAS];
   const int n_isas = tu_isas(isas);
   char what[160];
   for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
@@ -312,7 +312,7 @@ static void test_reduce_empty_garbage(void **state) {
 static void test_reduce_tq_hb_undo(void **state) {
   const red_case cases[] = {
       {1, 256, 1, 3.0, -1}, {3, 256, 3, 3.0, 1}, {2, 512, 40, 10.0, -1}, {4, 512, 2, 3.0, -1}};
-  tg_isa isas[4];
+  tg_isa isas[TU_MAX_ISAS];
   const int n_isas = tu_isas(isas);
   for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
     const red_case *c = &cases[ci];

@@ -55,7 +55,7 @@ static void run_case(const emb_case *c, uint64_t k) {
   }
   ref_embedding_backward(g, ids, pre, c->vocab, c->seq, c->dim, want, bound);
 
-  tg_isa isas[4];
+  tg_isa isas[TU_MAX_ISAS];
   const int n_isas = tu_isas(isas);
   char what[160];
   for (int ti = 0; ti < tu_n_thread_counts; ti++)
@@ -107,7 +107,7 @@ static void test_embedding_deterministic(void **state) {
   tu_fill_f32(&rng, pre, nw, -2.0, 2.0);
   make_ids(&rng, ids, &c);
   const int threads[] = {1, 2, 3, 5};
-  tg_isa isas[4];
+  tg_isa isas[TU_MAX_ISAS];
   const int n_isas = tu_isas(isas);
   for (int ii = 0; ii < n_isas; ii++)
     for (int ti = 0; ti < 4; ti++) {

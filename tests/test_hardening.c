@@ -533,7 +533,7 @@ enum { N_DET = sizeof det_threads / sizeof det_threads[0] };
 typedef void (*det_run)(tg_ctx *ctx, void *env);
 
 static void check_det(const char *name, det_run run, void *env, outbuf *out, int nout) {
-  tg_isa isas[4];
+  tg_isa isas[TU_MAX_ISAS];
   const int nisa = tu_isas(isas);
   for (int ii = 0; ii < nisa; ii++)
     for (int t = 0; t < N_DET; t++) {

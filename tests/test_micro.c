@@ -22,8 +22,8 @@ static const double U = 0x1.0p-24;
 
 /* The tables under test: the portable one first (the reference of the
  * bitwise checks below), then the other ISAs tu_isas gives. */
-static int n_tables(const tg_micro_ops *out[5]) {
-  tg_isa isas[4];
+static int n_tables(const tg_micro_ops *out[TU_MAX_ISAS]) {
+  tg_isa isas[TU_MAX_ISAS];
   const int n = tu_isas(isas);
   int nt = 0;
   out[nt++] = tg_micro_table(TG_ISA_PORTABLE);
@@ -35,7 +35,7 @@ static int n_tables(const tg_micro_ops *out[5]) {
 /* Each table's blocking is one the drivers can use: key tiles whole GEMM
  * panels, tiles within the attention scratch limit. */
 static void test_blocking(void **state) {
-  const tg_micro_ops *tabs[5];
+  const tg_micro_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   for (int t = 0; t < nt; t++) {
     const tg_micro_ops *o = tabs[t];
@@ -51,7 +51,7 @@ static void test_blocking(void **state) {
  * table's MR x NR block: 8 x 32, 6 x 16, 4 x 8). */
 static void test_gemms(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 11);
-  const tg_micro_ops *tabs[5];
+  const tg_micro_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   const int sizes[][3] = {{1, 1, 1}, {4, 32, 8}, {5, 33, 7}, {64, 64, 128}, {3, 70, 64},
                           {64, 136, 64}, {13, 8, 300}, {17, 65, 9}, {48, 48, 64},
@@ -100,44 +100,66 @@ static void test_gemms(void **state) {
 
 /* The bf16 dot GEMM of the tables that have it (mm_bf16_pairs, B packed by
  * pack_bf16_pairs from X = B^T): C = A.X^T and C += A.X^T on ragged sizes
- * (8 x 32 block edges, K not a multiple of 32 pairs), A read at an odd
- * element offset (2-byte aligned only). Bound as the f32 GEMMs: the
- * products are exact, the sums rounded (K + 3) u sum |a b|; the
- * instruction's flush of subnormals does not arise for these inputs. The
- * packing is checked bit for bit. */
+ * (the 8 x 32 blocks of vdpbf16ps; the 32 x 32 blocks of 16 x 16 AMX tiles
+ * with k in chunks of 32: M, N not multiples of 16 or 32, K not a multiple
+ * of 32, M or N zero), A read at an odd element offset (2-byte aligned
+ * only), every leading dimension larger than its row. Bound as the f32
+ * GEMMs: the products are exact, the sums rounded (K + 3) u sum |a b| in
+ * any order; the flush of subnormals (vdpbf16ps, TDPBF16PS) does not arise
+ * for these inputs. Nothing outside the operands may be read into C or
+ * written: A's row padding holds NaN, Bp's column padding NaN pairs, and
+ * everything of C's buffer outside [M, N] (row padding, two rows past M) is
+ * NaN, then a finite value (a NaN read, added to and written back would
+ * look unchanged), that must come back bit for bit. The packing is checked
+ * bit for bit, its padding unchanged. */
 static void test_bf16_dot_gemm(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 12);
-  const tg_micro_ops *tabs[5];
+  const tg_micro_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   int tested = 0;
-  const int sizes[][3] = {{1, 1, 2}, {8, 32, 64}, {9, 33, 66}, {64, 64, 128}, {3, 70, 8},
-                          {64, 48, 512}, {17, 15, 40}, {48, 64, 256}, {5, 100, 34}};
+  const int sizes[][3] = {{1, 1, 2},     {8, 32, 64},   {9, 33, 66},    {64, 64, 128},
+                          {3, 70, 8},    {64, 48, 512}, {17, 15, 40},   {48, 64, 256},
+                          {5, 100, 34},  {32, 32, 30},  {16, 16, 32},   {33, 47, 80},
+                          {31, 17, 2},   {64, 96, 66},  {40, 80, 128},  {100, 37, 256},
+                          {47, 64, 34},  {32, 64, 96},  {15, 31, 30},   {0, 8, 32},
+                          {8, 0, 32},    {6, 5, 0}};
+  const uint16_t nan_bf16 = 0x7FC0;
+  const uint32_t nan_pair = 0x7FC07FC0u;
   for (int t = 0; t < nt; t++) {
     const tg_micro_ops *o = tabs[t];
     if (!o->mm_bf16_pairs) continue;
     tested++;
     for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
       const int M = sizes[si][0], N = sizes[si][1], K = sizes[si][2];
-      const int64_t lda = K + 6, ldx = K + 2, ldb = N + 3, ldc = N + 1;
+      const int64_t lda = K + 6, ldx = K + 2, ldb = N + 3, ldc = N + 5, nc = (M + 2) * ldc;
       tg_bf16 *Abuf = tu_alloc(2 * (M * lda + 1)), *X = tu_alloc(2 * N * ldx);
       tg_bf16 *A = Abuf + 1; /* odd element offset */
       uint32_t *Bp = tu_alloc(4 * (K / 2) * ldb);
-      float *C = tu_alloc(sizeof(float) * M * ldc), *C0 = tu_alloc(sizeof(float) * M * ldc);
+      float *C = tu_alloc(sizeof(float) * nc), *C0 = tu_alloc(sizeof(float) * nc);
       tu_fill_bf16(&r, A, M * lda, -2, 2);
+      for (int i = 0; i < M; i++)
+        for (int64_t k = K; k < lda; k++) A[i * lda + k] = nan_bf16;
       tu_fill_bf16(&r, X, N * ldx, -2, 2);
-      tu_fill_f32(&r, C0, M * ldc, -1, 1);
-      memset(Bp, 0xA5, 4 * (K / 2) * ldb);
+      tu_poison_f32(C0, nc);
+      for (int i = 0; i < M; i++) tu_fill_f32(&r, C0 + i * ldc, N, -1, 1);
+      for (int64_t e = 0; e < (K / 2) * ldb; e++) Bp[e] = nan_pair;
       o->pack_bf16_pairs(N, K, X, ldx, Bp, ldb);
       for (int p = 0; p < K / 2; p++)
-        for (int j = 0; j < N; j++) {
-          uint32_t want;
-          memcpy(&want, X + j * ldx + 2 * p, 4);
-          if (Bp[p * ldb + j] != want) TU_FAIL("%s pack p=%d j=%d", o->name, p, j);
+        for (int64_t j = 0; j < ldb; j++) {
+          uint32_t want = nan_pair;
+          if (j < N) memcpy(&want, X + j * ldx + 2 * p, 4);
+          if (Bp[p * ldb + j] != want) TU_FAIL("%s pack p=%d j=%lld", o->name, p, (long long)j);
         }
       double *want = tu_alloc(sizeof(double) * M * N), *bound = tu_alloc(sizeof(double) * M * N);
       float *got = tu_alloc(sizeof(float) * M * N);
-      for (int acc = 0; acc < 2; acc++) {
-        memcpy(C, C0, sizeof(float) * M * ldc);
+      for (int run = 0; run < 4; run++) {
+        const int acc = run & 1;
+        /* runs 2, 3: a finite value outside [M, N] in place of the NaN, which
+         * a read-add-write of the padding would carry back unchanged */
+        if (run == 2)
+          for (int64_t e = 0; e < nc; e++)
+            if (e / ldc >= M || e % ldc >= N) C0[e] = 12345.0f;
+        memcpy(C, C0, sizeof(float) * nc);
         o->mm_bf16_pairs(M, N, K, A, lda, Bp, ldb, C, ldc, acc);
         for (int i = 0; i < M; i++)
           for (int j = 0; j < N; j++) {
@@ -154,8 +176,10 @@ static void test_bf16_dot_gemm(void **state) {
           }
         if (!tu_check_bound("bf16 gemm", got, want, bound, (int64_t)M * N))
           TU_FAIL("%s accumulate %d M=%d N=%d K=%d", o->name, acc, M, N, K);
-        for (int i = 0; i < M; i++) /* padding between rows is never written */
-          assert_true(C[i * ldc + N] == C0[i * ldc + N]);
+        for (int64_t e = 0; e < nc; e++) /* outside [M, N]: never written */
+          if ((e / ldc >= M || e % ldc >= N) && memcmp(C + e, C0 + e, sizeof(float)))
+            TU_FAIL("%s accumulate %d M=%d N=%d K=%d: C[%lld][%lld] outside [M, N] written",
+                    o->name, acc, M, N, K, (long long)(e / ldc), (long long)(e % ldc));
       }
       free(Abuf), free(X), free(Bp), free(C), free(C0), free(want), free(bound), free(got);
     }
@@ -164,7 +188,7 @@ static void test_bf16_dot_gemm(void **state) {
 }
 
 static void test_exp(void **state) {
-  const tg_micro_ops *tabs[5];
+  const tg_micro_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   const int64_t n = 1 << 18;
   float *x = tu_alloc(sizeof(float) * n), *y = tu_alloc(sizeof(float) * n);
@@ -198,7 +222,7 @@ static void test_exp(void **state) {
 }
 
 static void test_conversions_and_dot(void **state) {
-  const tg_micro_ops *tabs[5];
+  const tg_micro_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 13);
   const int64_t n = 1000;
@@ -230,7 +254,7 @@ static void test_conversions_and_dot(void **state) {
 /* attn_score_row / attn_ds_row on ragged rows: visible prefix, bf16 and f32
  * masks with -inf entries, the causal tail set to -inf. */
 static void test_attention_rows(void **state) {
-  const tg_micro_ops *tabs[5];
+  const tg_micro_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 17);
   enum { N = 77 };
@@ -285,7 +309,7 @@ static void test_attention_rows(void **state) {
  * several vector batches), a counter whose low 64 bits wrap (the carry into
  * word 2), thresholds 0, 1, 2^31 and 2^32 - 1. Exact on every table. */
 static void test_dropout_keep(void **state) {
-  const tg_micro_ops *tabs[5];
+  const tg_micro_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 23);
   const uint32_t thresholds[] = {0, 1, 0x80000000u, 0xFFFFFFFFu, (uint32_t)tu_next(&r)};
@@ -332,7 +356,7 @@ static const int64_t k_lens[] = {0, 1, 5, 15, 16, 17, 31, 33, 100, 1000, 1031, 2
 #define N_LENS ((int)(sizeof k_lens / sizeof k_lens[0]))
 
 static void test_row_reductions(void **state) {
-  const tg_micro_ops *tabs[5];
+  const tg_micro_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 19);
   enum { NMAX = 2600 };
@@ -371,7 +395,7 @@ static void test_row_reductions(void **state) {
 }
 
 static void test_row_elementwise(void **state) {
-  const tg_micro_ops *tabs[5];
+  const tg_micro_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 23);
   enum { NMAX = 2600 };
@@ -423,11 +447,11 @@ static void test_row_elementwise(void **state) {
  * (2u + 4 m u^2) sum|x| for m parts (Higham, Accuracy and Stability, 4.3);
  * the parts zeroed; the same bits on every table (no contraction). */
 static void test_add_compensated(void **state) {
-  const tg_micro_ops *tabs[5];
+  const tg_micro_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 29);
   enum { N = 37, M = 300 };
-  float parts[M][N], sum[3][N], comp[N], x[N], plain[N];
+  float parts[M][N], sum[TU_MAX_ISAS][N], comp[N], x[N], plain[N];
   for (int m = 0; m < M; m++) tu_fill_f32(&r, parts[m], N, m ? 0 : 1, m ? 1e-8 : 2);
   double want[N] = {0}, mag[N] = {0};
   for (int m = 0; m < M; m++)
@@ -459,7 +483,7 @@ static int popcount_u(unsigned v) {
 }
 
 static void test_fwht(void **state) {
-  const tg_micro_ops *tabs[5];
+  const tg_micro_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 29);
   const int64_t sizes[] = {16, 32, 64, 256, 512};
@@ -496,7 +520,7 @@ static void test_fwht(void **state) {
 }
 
 static void test_transpose(void **state) {
-  const tg_micro_ops *tabs[5];
+  const tg_micro_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 31);
   const int64_t sizes[][2] = {{1, 1}, {1, 37}, {37, 1}, {15, 17}, {16, 16}, {33, 70},
@@ -527,7 +551,7 @@ static void test_transpose(void **state) {
 }
 
 static void test_wsum4(void **state) {
-  const tg_micro_ops *tabs[5];
+  const tg_micro_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 37);
   const int64_t lds[] = {1, 3, 16};
@@ -593,7 +617,7 @@ static void test_wsum4(void **state) {
  * fused multiply-adds where the ISA has them (kernels/micro/row_ops.h says
  * why), so the portable table rounds differently, within the same bounds. */
 static void test_softmax_rows(void **state) {
-  const tg_micro_ops *tabs[5];
+  const tg_micro_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 41);
   const int64_t lens[] = {1, 5, 17, 1000, 1024, 1025, 2500, 5000};
@@ -678,7 +702,7 @@ static void test_softmax_rows(void **state) {
  * are checked above): rms_sums_f32 to dot_f32(x, x) and dot3_f32(dy, x, w),
  * rms_bwd_row to acc_mul2_f32 and rms_dx_row. */
 static void test_rms_fused_rows(void **state) {
-  const tg_micro_ops *tabs[5];
+  const tg_micro_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 43);
   enum { NMAX = 2600 };

@@ -128,7 +128,7 @@ static void test_compute_d(void **state) {
   double *want = dalloc(ROWS), *bound = dalloc(ROWS);
   float *got = falloc(ROWS);
   const input ins[] = {{"O", O, ROWS * D, 1}, {"dO", dO, ROWS * D, 1}};
-  tg_isa isas[4];
+  tg_isa isas[TU_MAX_ISAS];
   const int nisa = tu_isas(isas);
   for (size_t b = 0; b < 2; b++)
     for (int sv = 0; sv < N_SPECIAL; sv++) {
@@ -164,7 +164,7 @@ static const attn_suite fa2_suite = {.mask_ninf = 0.2, .mask_lo = -3, .mask_row0
 static void test_attention_backward(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 1102);
   failures = 0;
-  tg_isa isas[4];
+  tg_isa isas[TU_MAX_ISAS];
   const int nisa = tu_isas(isas);
   for (size_t ci = 0; ci < sizeof fa2_configs / sizeof fa2_configs[0]; ci++) {
     attn_problem pb;
@@ -224,7 +224,7 @@ static void test_cast(void **state) {
   tg_bf16 *dst = tu_alloc(2 * N);
   tu_fill_f32(&r, src, N, -10, 10);
   const input in = {"src", src, N, 0};
-  tg_isa isas[4];
+  tg_isa isas[TU_MAX_ISAS];
   const int nisa = tu_isas(isas);
   for (int sv = 0; sv < N_SPECIAL; sv++) {
     const int64_t at = random_at(&r, N);
@@ -358,7 +358,7 @@ static void test_rmsnorm(void **state) {
   const input *const ins[N_RMS][4] = {
       [RMS_FORWARD] = {&x, &wt}, [RMS_INV] = {&x},          [RMS_DX] = {&x, &wt, &dy, &rr},
       [RMS_DW] = {&x, &dy, &rr}, [RMS_FUSED] = {&x, &wt, &dy}};
-  tg_isa isas[4];
+  tg_isa isas[TU_MAX_ISAS];
   const int nisa = tu_isas(isas);
   for (int k = 0; k < N_RMS; k++)
     for (int i = 0; i < 4 && ins[k][i]; i++)
@@ -393,7 +393,7 @@ static void test_softmax_backward(void **state) {
   }
   tu_fill_f32(&r, go, N, -1, 1);
   const input ins[] = {{"sm", sm, N, 0}, {"grad_out", go, N, 0}};
-  tg_isa isas[4];
+  tg_isa isas[TU_MAX_ISAS];
   const int nisa = tu_isas(isas);
   for (size_t b = 0; b < 2; b++)
     for (int sv = 0; sv < N_SPECIAL; sv++) {
@@ -427,7 +427,7 @@ static void test_embedding_backward(void **state) {
   tu_fill_f32(&r, pre, VOCAB * DIM, -2, 2);
   for (int t = 0; t < SEQ; t++) ids[t] = (uint32_t)tu_int(&r, 0, VOCAB - 1); /* repeats */
   const input in = {"grad_out", g, SEQ * DIM, 0};
-  tg_isa isas[4];
+  tg_isa isas[TU_MAX_ISAS];
   const int nisa = tu_isas(isas);
   for (int sv = 0; sv < N_SPECIAL; sv++) {
     const int64_t at = random_at(&r, in.n);
@@ -464,7 +464,7 @@ static void test_cross_entropy(void **state) {
   }
   const float prefill = 0.75f;
   const input in = {"logits", logits, N, 0};
-  tg_isa isas[4];
+  tg_isa isas[TU_MAX_ISAS];
   const int nisa = tu_isas(isas);
   for (int where = 0; where < 2; where++) /* a random logit; a target logit */
     for (int sv = 0; sv < N_SPECIAL; sv++) {
@@ -502,7 +502,7 @@ static void test_transpose(void **state) {
   float *in = falloc(N), *out = falloc(N), *want = falloc(N);
   tu_fill_f32(&r, in, N, -10, 10);
   const input buf = {"input", in, N, 0};
-  tg_isa isas[4];
+  tg_isa isas[TU_MAX_ISAS];
   const int nisa = tu_isas(isas);
   for (int sv = 0; sv < N_SPECIAL; sv++) {
     const int64_t at = random_at(&r, N);
@@ -546,7 +546,7 @@ static void test_causal_attention(void **state) {
   tu_fill_f32(&r, preK, NK, -1, 1);
   tu_fill_f32(&r, preV, NK, -1, 1);
   const input ins[] = {{"Q", Q, NQ, 0}, {"K", K, NK, 0}, {"V", V, NK, 0}, {"grad_out", dO, NQ, 0}};
-  tg_isa isas[4];
+  tg_isa isas[TU_MAX_ISAS];
   const int nisa = tu_isas(isas);
   for (size_t b = 0; b < sizeof ins / sizeof ins[0]; b++)
     for (int sv = 0; sv < N_SPECIAL; sv++) {
@@ -611,7 +611,7 @@ static void test_decode(void **state) {
   double *want = dalloc(DEC_N), *bound = dalloc(DEC_N);
   dec_fill(&r, htmp);
   const input in = {"htmp", htmp, DEC_HTMP, 0};
-  tg_isa isas[4];
+  tg_isa isas[TU_MAX_ISAS];
   const int nisa = tu_isas(isas);
   /* where: 0 a partial, 1 an S, 2 an M (random), 3 a partial and 4 the S of
    * the workgroup whose weight underflows */

@@ -95,7 +95,7 @@ static void check_case(uint32_t rows, uint32_t dim, uint64_t k) {
   float *r = tu_alloc(rows * sizeof(float));
   float *dx = tu_alloc(n * sizeof(float));
   float *dw = tu_alloc(dim * sizeof(float));
-  tg_isa isas[4];
+  tg_isa isas[TU_MAX_ISAS];
   const int n_isas = tu_isas(isas);
   char what[160];
   for (int ti = 0; ti < tu_n_thread_counts; ti++)
@@ -156,7 +156,7 @@ static void test_rmsnorm_sizes(void **state) {
 static void test_rmsnorm_deterministic(void **state) {
   const uint32_t sizes[][2] = {{1000, 77}, {4200, 3}, {33, 300}, {5, 5}};
   const int threads[] = {1, 2, 3, 5, 5};
-  tg_isa isas[4];
+  tg_isa isas[TU_MAX_ISAS];
   const int n_isas = tu_isas(isas);
   for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
     const uint32_t rows = sizes[s][0], dim = sizes[s][1];
@@ -387,7 +387,7 @@ static void test_rmsnorm_zero_row(void **state) {
 static void test_rmsnorm_forward(void **state) {
   tu_rng rng = tu_rng_make(tu_seed() + 900);
   const uint32_t shapes[][2] = {{1, 1}, {3, 17}, {64, 300}, {7, 4099}};
-  tg_isa isas[4];
+  tg_isa isas[TU_MAX_ISAS];
   const int n_isas = tu_isas(isas);
   for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
     const uint32_t rows = shapes[si][0], dim = shapes[si][1];

@@ -41,7 +41,7 @@ static void check_case(uint32_t rows, uint32_t len, uint64_t k) {
     tu_fill_f32(&rng, go + (int64_t)b * len, len, -1, 1);
   }
   ref_softmax_backward(sm, go, rows, len, want, bound);
-  tg_isa isas[4];
+  tg_isa isas[TU_MAX_ISAS];
   const int n_isas = tu_isas(isas);
   for (int ti = 0; ti < tu_n_thread_counts; ti++)
     for (int ii = 0; ii < n_isas; ii++) {

@@ -30,7 +30,7 @@ static void check_case(uint32_t rows, uint32_t cols, uint64_t k) {
   for (int64_t r = 0; r < rows; r++)
     for (int64_t c = 0; c < cols; c++) want[c * rows + r] = in[r * cols + c];
 
-  tg_isa isas[4];
+  tg_isa isas[TU_MAX_ISAS];
   const int n_isas = tu_isas(isas);
   for (int ti = 0; ti < tu_n_thread_counts; ti++)
     for (int ii = 0; ii < n_isas; ii++) {

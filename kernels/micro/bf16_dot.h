@@ -80,9 +80,10 @@ static inline __mmask16 lanes_mask(int cols) {
   return cols >= 16 ? (__mmask16)0xFFFF : cols <= 0 ? (__mmask16)0 : (__mmask16)((1u << cols) - 1);
 }
 
-static void TG_NAME(mm_bf16_pairs)(int M, int N, int K, const uint16_t *restrict A, int64_t lda,
-                                   const uint32_t *restrict Bp, int64_t ldb, float *restrict C,
-                                   int64_t ldc, int accumulate) {
+/* (Unused in the amx build, where amx_dot.h's tile GEMM takes its place.) */
+__attribute__((unused)) static void TG_NAME(mm_bf16_pairs)(
+    int M, int N, int K, const uint16_t *restrict A, int64_t lda,
+    const uint32_t *restrict Bp, int64_t ldb, float *restrict C, int64_t ldc, int accumulate) {
   const int P = K / 2;
   for (int i = 0; i < M; i += BF16_MR) {
     const int rows = M - i < BF16_MR ? M - i : BF16_MR;
@@ -111,8 +112,11 @@ static void TG_NAME(pack_bf16_pairs)(int64_t nr, int64_t K, const uint16_t *rest
       memcpy(Bp + p * ldb + r, X + r * lds + 2 * p, sizeof(uint32_t));
 }
 
-#define TG_BF16_DOT_OPS \
-  .mm_bf16_pairs = TG_NAME(mm_bf16_pairs), .pack_bf16_pairs = TG_NAME(pack_bf16_pairs),
+/* The ops of this file for the table's initializer (micro.c). TG_BF16_MM is
+ * the GEMM: amx_dot.h, included next, redefines it in AMX builds; the
+ * packing is the same for both (the pair layout is the AMX B-tile's). */
+#define TG_BF16_MM TG_NAME(mm_bf16_pairs)
+#define TG_BF16_DOT_OPS .mm_bf16_pairs = TG_BF16_MM, .pack_bf16_pairs = TG_NAME(pack_bf16_pairs),
 #else
 #define TG_BF16_DOT_OPS
 #endif

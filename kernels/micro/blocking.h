@@ -23,7 +23,10 @@
 enum { LANES = 16 };
 
 #if defined(__AVX512F__)
-/* 32 zmm: an 8 x 32 block is 16 accumulators + 2 B vectors + broadcasts.
+/* (Also the avx512bf16 and amx builds: their f32 GEMMs and rows are
+ * avx512's, so is their blocking for now; the amx table's tile GEMM blocks
+ * C by 32 x 32 itself, kernels/micro/amx_dot.h.)
+ * 32 zmm: an 8 x 32 block is 16 accumulators + 2 B vectors + broadcasts.
  * 8 x 32 vs 8 x 16 / 4 x 32 at 1 thread, L = 1024 (Xeon, issue 5): D = 64
  * 123 -> 157, D = 256 85 -> 164 GFLOP/s. */
 enum { MR = 8, NR = 32, ATTN_BQ = 64, ATTN_BK = 64 };

@@ -389,8 +389,9 @@ static void TG_NAME(dropout_keep)(uint8_t *restrict keep, int64_t n, uint64_t n0
 }
 
 #include "row_ops.h"
-#include "bf16_dot.h"
-#include "bf16_pack.h"
+#include "bf16_dot.h" /* AVX512_BF16: pack_bf16_pairs, mm_bf16_pairs on vdpbf16ps */
+#include "amx_dot.h"  /* AMX-BF16: mm_bf16_pairs on tiles in place of bf16_dot.h's */
+#include "bf16_pack.h" /* the precision modes' operand packing */
 
 const tg_micro_ops TG_NAME(tg_micro) = {
     .name = TG_STR(TG_MICRO_SUFFIX),

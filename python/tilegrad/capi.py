@@ -39,8 +39,11 @@ TG_ISA_PORTABLE = 1
 TG_ISA_AVX512 = 2
 TG_ISA_AVX2 = 3
 TG_ISA_AVX512_BF16 = 4
+TG_ISA_AMX = 5
+# The names tg_isa_name gives (engine/isa.h), "auto" first; the docstrings
+# below refer to this list.
 ISA_NAMES = {"auto": TG_ISA_AUTO, "portable": TG_ISA_PORTABLE, "avx2": TG_ISA_AVX2,
-             "avx512": TG_ISA_AVX512, "avx512bf16": TG_ISA_AVX512_BF16}
+             "avx512": TG_ISA_AVX512, "avx512bf16": TG_ISA_AVX512_BF16, "amx": TG_ISA_AMX}
 # tg_attn_schedule (how the FA-2 backward shares out dK/dV work)
 TG_ATTN_SCHEDULE_KV = 0
 TG_ATTN_SCHEDULE_ATOMIC = 1
@@ -394,8 +397,9 @@ class Context:
     threads: ``None`` or 0 = OpenMP's default (``OMP_NUM_THREADS``), n > 0 = n.
     deterministic: bitwise identical results across runs and thread counts.
     isa: ``None``/``"auto"`` (best the CPU has; ``TG_ISA`` env overrides),
-    ``"portable"``, ``"avx2"``, ``"avx512"`` or ``"avx512bf16"`` (``UnsupportedError`` if
-    unavailable).
+    ``"portable"``, ``"avx2"``, ``"avx512"``, ``"avx512bf16"`` or ``"amx"``
+    (:data:`ISA_NAMES`; ``UnsupportedError`` if unavailable, with the reason
+    in the message for ``"amx"``).
     attn_schedule: ``None`` (library default, "kv"), ``"kv"`` or ``"atomic"``.
     attn_precision: ``None`` (library default, "exact"), ``"exact"``,
     ``"split"`` or ``"bf16"``: how the attention's products that take the
@@ -460,7 +464,7 @@ class Context:
     @property
     def isa(self):
         """Name of the microkernel table in use ("portable", "avx2", "avx512",
-        "avx512bf16")."""
+        "avx512bf16", "amx")."""
         return self.lib.isa_name(self.isa_id)
 
     @isa.setter

@@ -93,12 +93,15 @@ __attribute__((constructor)) static void tu_pick_isa(void) {
   fflush(stdout);
 }
 
-int tu_isas(tg_isa out[4]) {
+int tu_isas(tg_isa out[TU_MAX_ISAS]) {
   if (test_isa != TG_ISA_AUTO) {
     out[0] = test_isa;
     return 1;
   }
-  static const tg_isa all[] = {TG_ISA_PORTABLE, TG_ISA_AVX2, TG_ISA_AVX512, TG_ISA_AVX512_BF16};
+#define TU_ISA_ID_(name, id, cpu, pick) id,
+  static const tg_isa all[] = {TG_ISA_LIST(TU_ISA_ID_)};
+#undef TU_ISA_ID_
+  _Static_assert(sizeof all / sizeof all[0] == TU_MAX_ISAS, "one per registry entry");
   int n = 0;
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
     if (tg_isa_available(all[i])) out[n++] = all[i];

@@ -64,7 +64,7 @@ def test_library_and_context(lib):
     c.isa = "portable"
     assert c.isa == "portable" and c.isa_id == capi.TG_ISA_PORTABLE
     c.isa = "auto"
-    assert c.isa in ("portable", "avx2", "avx512", "avx512bf16")
+    assert c.isa in ("portable", "avx2", "avx512", "avx512bf16", "amx")
     assert "Context(" in repr(c)
     with pytest.raises(tg.BadParamsError) as ei:
         c.threads = -1

@@ -183,7 +183,7 @@ static const attn_cfg configs[] = {
 
 static void test_round_trip(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 101);
-  tg_isa isas[4];
+  tg_isa isas[TU_MAX_ISAS];
   const int nisa = tu_isas(isas);
   int failures = 0;
   double worst = 0;

@@ -255,7 +255,7 @@ static void gradcheck(const gc_cfg *g, tu_rng *r) {
 
   /* tilegrad: the step at 1, 2, 3 threads on every ISA */
   double worst[TM_NTENSORS] = {0}, worst_loss = 0;
-  tg_isa isas[4];
+  tg_isa isas[TU_MAX_ISAS];
   const int nisa = tu_isas(isas);
   for (int run = 0; run < nisa * tu_n_thread_counts; run++) {
     const int threads = tu_thread_counts[run % tu_n_thread_counts];
