@@ -872,7 +872,7 @@ static void test_bf16_precision_modes(void **state) {
       {TG_ATTN_PRECISION_SPLIT, "split", 0x1.0p-16},
       {TG_ATTN_PRECISION_BF16, "bf16", BF16_U},
   };
-  tg_isa isas[4];
+  tg_isa isas[TU_MAX_ISAS];
   const int nisa = tu_isas(isas);
   int failures = 0;
   for (size_t mi = 0; mi < sizeof pm / sizeof pm[0]; mi++) {

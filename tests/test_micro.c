@@ -749,7 +749,7 @@ static void test_rms_fused_rows(void **state) {
  * destination's rows and columns is written. */
 static void test_bf16_split_and_row_pairs(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 13);
-  const tg_micro_ops *tabs[5];
+  const tg_micro_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   const float specials[] = {NAN, INFINITY, -INFINITY, 0x1p-130f, -0x1p-140f, 3.4e38f, -0.0f,
                             1.0f + 0x1p-8f, 1.0f + 0x3p-8f};
