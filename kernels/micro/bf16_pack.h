@@ -40,24 +40,16 @@ static inline __attribute__((always_inline)) void split_row(const float *restric
 
 #if defined(__AVX512F__)
 /* split_row on 16 lanes (those of `m`) of a register: the same bits, with
- * the rounding done on the integer lanes as bf16_rne does it. */
-static inline __m512i rne_lanes(__m512 v) {
-  const __m512i u = _mm512_castps_si512(v);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i r = _mm512_srli_epi32(
-      _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
-  return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
-}
-
+ * the rounding of simd_avx512.h's bf16_rne_lanes. */
 static inline void split_lanes(__m512 v, __mmask16 m, uint16_t *restrict hi,
                                uint16_t *restrict lo) {
-  const __m512i h = rne_lanes(v);
+  const __m512i h = bf16_rne_lanes(v);
   _mm256_mask_storeu_epi16(hi, m, _mm512_cvtepi32_epi16(h));
   if (!lo) return;
   const __m512 hf = _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
   const __mmask16 finite = _mm512_cmpneq_epi32_mask(
       _mm512_and_si512(h, _mm512_set1_epi32(0x7F80)), _mm512_set1_epi32(0x7F80));
-  const __m512i l = rne_lanes(_mm512_maskz_sub_ps(finite, v, hf)); /* v - hf is exact */
+  const __m512i l = bf16_rne_lanes(_mm512_maskz_sub_ps(finite, v, hf)); /* v - hf is exact */
   _mm256_mask_storeu_epi16(lo, m, _mm512_cvtepi32_epi16(l));
 }
 

@@ -124,8 +124,10 @@ _Static_assert(LANES == 16, "the row reductions end in tg_lane_tree16 (engine/re
 
 static void TG_NAME(bf16_to_f32)(const uint16_t *restrict src, float *restrict dst,
                                  int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; i++) {
+  int64_t i = 0;
+  if (CVT_W)
+    for (; i + CVT_W <= n; i += CVT_W) bf16_widen_block(src + i, dst + i);
+  for (; i < n; i++) {
     const uint32_t u = (uint32_t)src[i] << 16;
     float f;
     memcpy(&f, &u, sizeof f);
@@ -135,8 +137,10 @@ static void TG_NAME(bf16_to_f32)(const uint16_t *restrict src, float *restrict d
 
 static void TG_NAME(f32_to_bf16)(const float *restrict src, uint16_t *restrict dst,
                                  int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; i++) {
+  int64_t i = 0;
+  if (CVT_W)
+    for (; i + CVT_W <= n; i += CVT_W) bf16_narrow_block(src + i, dst + i);
+  for (; i < n; i++) {
     uint32_t u;
     memcpy(&u, &src[i], sizeof u);
     const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;

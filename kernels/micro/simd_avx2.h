@@ -4,6 +4,26 @@
  */
 #include <immintrin.h>
 
+/* bf16 <-> f32 on CVT_W lanes, written out as simd_avx512.h's (gcc 13
+ * leaves the plain loops scalar); the same bits as engine/bf16.h. */
+enum { CVT_W = 8 };
+static inline void bf16_widen_block(const uint16_t *restrict src, float *restrict dst) {
+  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)src));
+  _mm256_storeu_ps(dst, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+}
+static inline void bf16_narrow_block(const float *restrict src, uint16_t *restrict dst) {
+  const __m256 v = _mm256_loadu_ps(src);
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_srli_epi32(
+      _mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16);
+  r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0),
+                         _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+  /* 32 -> 16 bits (every lane <= 0xFFFF): packus works per 128-bit half */
+  const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0xD8);
+  _mm_storeu_si128((__m128i *)dst, _mm256_castsi256_si128(p));
+}
+
 /* The 16 floats in two ymm. Stages len = 1, 2, 4 act inside each ymm as
  * y[l] = x[l ^ len] + sgn(l) x[l] (a lane permute, an exact multiply by the
  * +-1 pattern, an add: each output is one rounding of x[l] + x[l^len] or

@@ -28,6 +28,28 @@ static inline void fwht16_block(float *restrict x) {
   _mm512_storeu_ps(x, v);
 }
 
+/* bf16 <-> f32 on CVT_W lanes (micro.c's bf16_to_f32 / f32_to_bf16, and
+ * bf16_pack.h): written out because gcc 13 leaves the plain loops scalar
+ * (a 20-30x slower load of every attention tile than gcc 12's vector loop,
+ * measured on the lent Xeon). Narrowing rounds to nearest even on the
+ * integer lanes, NaN -> 0x7FC0: the bits of engine/bf16.h. */
+enum { CVT_W = 16 };
+static inline void bf16_widen_block(const uint16_t *restrict src, float *restrict dst) {
+  const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)src));
+  _mm512_storeu_ps(dst, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
+}
+static inline __m512i bf16_rne_lanes(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_srli_epi32(
+      _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+  return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q),
+                               _mm512_set1_epi32(0x7FC0));
+}
+static inline void bf16_narrow_block(const float *restrict src, uint16_t *restrict dst) {
+  _mm256_storeu_si256((__m256i *)dst, _mm512_cvtepi32_epi16(bf16_rne_lanes(_mm512_loadu_ps(src))));
+}
+
 /* Transpose blocks of TB x TB floats; streaming needs each block row to be a
  * whole 64-byte line. */
 enum { TB = 16 };

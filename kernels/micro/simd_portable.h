@@ -15,6 +15,15 @@ static inline void fwht16_block(float *restrict x) {
   for (int l = 0; l < 16; l++) x[l] = t[l];
 }
 
+/* No conversion block: micro.c's scalar loops are the statement. */
+enum { CVT_W = 0 };
+static inline void bf16_widen_block(const uint16_t *restrict src, float *restrict dst) {
+  (void)src, (void)dst;
+}
+static inline void bf16_narrow_block(const float *restrict src, uint16_t *restrict dst) {
+  (void)src, (void)dst;
+}
+
 /* No transpose block: plain C has no register transpose and no
  * non-temporal store; micro.c copies element by element. */
 enum { TB = 0 };
