@@ -704,6 +704,15 @@ static void test_f32_accuracy_target(void **state) {
 /* --- bitwise relations ------------------------------------------------------ */
 static int same_bits(const void *a, const void *b, size_t bytes) { return !memcmp(a, b, bytes); }
 
+/* Two run_step results of pb bitwise equal: O, L, dQ, dK, dV. */
+static void assert_same_step(const ext_problem *pb, const ext_out *a, const ext_out *b) {
+  assert_true(same_bits(a->O, b->O, sizeof(float) * pb->nQ));
+  assert_true(same_bits(a->L, b->L, sizeof(float) * pb->nL));
+  assert_true(same_bits(a->dQ, b->dQ, sizeof(float) * pb->nQ));
+  assert_true(same_bits(a->dK, b->dK, sizeof(float) * pb->nKout));
+  assert_true(same_bits(a->dV, b->dV, sizeof(float) * pb->nKout));
+}
+
 /* p = 0 (any seed and offset) gives the bits of opt == NULL, in f32 and bf16;
  * bf16 with opt NULL gives the bits of the tg_flash_attn_*_bf16 entry points. */
 static void test_p0_bitwise_equals_no_options(void **state) {
@@ -936,10 +945,7 @@ static void test_precision_modes_leave_f32(void **state) {
   for (int m = TG_ATTN_PRECISION_SPLIT; m <= TG_ATTN_PRECISION_BF16; m++) {
     assert_int_equal(tg_ctx_set_attn_precision(ctx, (tg_attn_precision)m), TG_OK);
     run_step(ctx, &pb, &pb.opt, &b);
-    assert_true(same_bits(a.O, b.O, sizeof(float) * pb.nQ));
-    assert_true(same_bits(a.dQ, b.dQ, sizeof(float) * pb.nQ));
-    assert_true(same_bits(a.dK, b.dK, sizeof(float) * pb.nKout));
-    assert_true(same_bits(a.dV, b.dV, sizeof(float) * pb.nKout));
+    assert_same_step(&pb, &a, &b);
   }
   tg_ctx_destroy(ctx);
   free_out(&a), free_out(&b);
@@ -960,13 +966,7 @@ static void test_dropout_deterministic(void **state) {
     tg_ctx *ctx = tu_ctx(threads[ti], TG_ISA_AUTO);
     tg_ctx_set_deterministic(ctx, ti != 4);
     run_step(ctx, &pb, &pb.opt, ti ? &o : &first);
-    if (ti) {
-      assert_true(same_bits(o.O, first.O, sizeof(float) * pb.nQ));
-      assert_true(same_bits(o.L, first.L, sizeof(float) * pb.nL));
-      assert_true(same_bits(o.dQ, first.dQ, sizeof(float) * pb.nQ));
-      assert_true(same_bits(o.dK, first.dK, sizeof(float) * pb.nKout));
-      assert_true(same_bits(o.dV, first.dV, sizeof(float) * pb.nKout));
-    }
+    if (ti) assert_same_step(&pb, &first, &o);
     tg_ctx_destroy(ctx);
   }
   free_out(&first), free_out(&o);
