@@ -45,6 +45,13 @@ typedef struct {
   void (*mm_bf16_pairs)(int M, int N, int K, const uint16_t *A, int64_t lda,
                         const uint32_t *Bp, int64_t ldb, float *C, int64_t ldc,
                         int accumulate);
+  /* Optional (NULL where not needed): bracket a work item's run of
+   * mm_bf16_pairs calls on one thread. The amx table loads its tile
+   * configuration once at begin and releases the tiles at end (its calls
+   * outside a bracket do both themselves); nothing else may use the tiles
+   * on that thread in between. */
+  void (*bf16_dot_begin)(void);
+  void (*bf16_dot_end)(void);
   /* The pair layout of a transposed bf16 matrix: rows r < nr of X [nr, K]
    * (stride lds elements, even) -> Bp[p * ldb + r] = (X[r, 2p], X[r, 2p+1])
    * for p < K/2, i.e. B = X^T in the layout mm_bf16_pairs reads (K even). */

@@ -192,6 +192,15 @@ static inline void tg_attn_mm_parts(const tg_attn_problem *pr, const tg_micro_op
     ops->mm_bf16_pairs((int)M, (int)N, (int)Kp, lo, ldx, Bp, ldb, C, ldc, 1);
 }
 
+/* A work item's mm_bf16_pairs calls in one bracket of the table's (the amx
+ * table: one tile configuration per item, not per product). */
+static inline void tg_attn_dot_begin(const tg_micro_ops *ops, int bf16_dot) {
+  if (bf16_dot && ops->bf16_dot_begin) ops->bf16_dot_begin();
+}
+static inline void tg_attn_dot_end(const tg_micro_ops *ops, int bf16_dot) {
+  if (bf16_dot && ops->bf16_dot_end) ops->bf16_dot_end();
+}
+
 /* Rows [r0, r0 + n) of a strided bf16 head -> Bp [D/2, ldb] in the pair
  * layout of mm_bf16_pairs: the transposed tile K^T / V^T of the products. */
 static inline void tg_attn_pack_pairs(const tg_micro_ops *ops, const void *head,

@@ -303,6 +303,7 @@ static void bwd_group_kv(const void *vargs, int64_t range, int64_t h_kv, int64_t
   const tg_attn_problem *pr = &a->pr;
   const int64_t D = pr->D, gqa = pr->gqa, BQ = a->BQ, BK = a->BK;
   bwd_scratch w = carve(scratch, D, BQ, BK, pr->compensated, a->products);
+  tg_attn_dot_begin(a->ops, a->bf16_dot);
 
   const int64_t kt_first = range * a->range_tiles;
   for (int64_t kt = kt_first; kt < kt_first + a->range_tiles && kt < a->n_ktiles; kt++) {
@@ -337,6 +338,7 @@ static void bwd_group_kv(const void *vargs, int64_t range, int64_t h_kv, int64_t
     add_rows(a->dK + kv, pr->dKs[2], pr->compensated ? w.dK_sum : w.dK, nk, D, 0);
     add_rows(a->dV + kv, pr->dKs[2], pr->compensated ? w.dV_sum : w.dV, nk, D, 0);
   }
+  tg_attn_dot_end(a->ops, a->bf16_dot);
 }
 
 /* KV schedule, second pass: dQ += the partials of ranges 1.. in range order,
@@ -360,6 +362,7 @@ static void bwd_group_atomic(const void *vargs, int64_t x, int64_t h, int64_t b,
   const tg_attn_problem *pr = &a->pr;
   const int64_t D = pr->D, h_kv = h / pr->gqa, BQ = a->BQ, BK = a->BK;
   bwd_scratch w = carve(scratch, D, BQ, BK, 0, a->products);
+  tg_attn_dot_begin(a->ops, a->bf16_dot);
   const int64_t q0 = (a->n_qtiles - 1 - x) * BQ, nq = pr->qL - q0 < BQ ? pr->qL - q0 : BQ;
 
   load_qtile(a, b, h, q0, nq, &w);
@@ -378,6 +381,7 @@ static void bwd_group_atomic(const void *vargs, int64_t x, int64_t h, int64_t b,
   float *dq = a->dQ + tg_attn_offset(pr->dQs, b, h, q0);
   for (int64_t i = 0; i < nq; i++)
     memcpy(dq + i * pr->dQs[2], w.dQ + i * D, sizeof(float) * (size_t)D);
+  tg_attn_dot_end(a->ops, a->bf16_dot);
 }
 
 /* KV schedule: key ranges per kv head (see TG_ATTN_ITEMS), from the shape

@@ -85,6 +85,7 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
   const tg_micro_ops *ops = a->ops;
   const int64_t BQ = a->BQ, BK = a->BK;
   fwd_scratch w = fwd_carve(scratch, pr->D, BQ, BK);
+  tg_attn_dot_begin(ops, a->bf16_dot);
   const int64_t D = pr->D, h_kv = h / pr->gqa, qt = a->n_qtiles - 1 - x;
   const int64_t q0 = qt * BQ, nq = pr->qL - q0 < BQ ? pr->qL - q0 : BQ;
 
@@ -187,6 +188,7 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
     }
     a->L[row0 + i] = l == 0.0f ? -INFINITY : w.m[i] + logf(l);
   }
+  tg_attn_dot_end(ops, a->bf16_dot);
 }
 
 tg_status tg_attn_forward(tg_ctx *ctx, const tg_attn_problem *pr, const void *Q,

@@ -190,11 +190,26 @@ static void amx_tile1(int rows, int cols, int K, const uint16_t *A, int64_t lda,
   }
 }
 
+/* Inside a bf16_dot_begin / _end bracket on this thread: the configuration
+ * is loaded and the tiles stay in use until the end (one LDTILECFG and one
+ * TILERELEASE per work item instead of per product). */
+static _Thread_local int amx_bracket;
+
+static void TG_NAME(bf16_dot_begin_amx)(void) {
+  amx_configure();
+  amx_bracket = 1;
+}
+
+static void TG_NAME(bf16_dot_end_amx)(void) {
+  _tile_release();
+  amx_bracket = 0;
+}
+
 static void TG_NAME(mm_bf16_pairs_amx)(int M, int N, int K, const uint16_t *A, int64_t lda,
                                        const uint32_t *Bp, int64_t ldb, float *C, int64_t ldc,
                                        int accumulate) {
   if (M <= 0 || N <= 0) return;
-  amx_configure();
+  if (!amx_bracket) amx_configure();
   for (int i = 0; i < M; i += 32)
     for (int j = 0; j < N; j += 32) {
       const uint16_t *Ai = A + (int64_t)i * lda;
@@ -211,11 +226,13 @@ static void TG_NAME(mm_bf16_pairs_amx)(int M, int N, int K, const uint16_t *A, i
                     Cij + (int64_t)ii * ldc + jj, ldc, accumulate);
         }
     }
-  _tile_release();
+  if (!amx_bracket) _tile_release();
 }
 
 #undef TG_BF16_MM
 #define TG_BF16_MM TG_NAME(mm_bf16_pairs_amx)
+#define TG_BF16_BRACKET_OPS \
+  .bf16_dot_begin = TG_NAME(bf16_dot_begin_amx), .bf16_dot_end = TG_NAME(bf16_dot_end_amx),
 #undef AMX_LOAD
 #undef AMX_SYNC
 #elif defined(TG_MICRO_AMX)

@@ -396,6 +396,9 @@ static void TG_NAME(dropout_keep)(uint8_t *restrict keep, int64_t n, uint64_t n0
 #include "bf16_dot.h" /* AVX512_BF16: pack_bf16_pairs, mm_bf16_pairs on vdpbf16ps */
 #include "amx_dot.h"  /* AMX-BF16: mm_bf16_pairs on tiles in place of bf16_dot.h's */
 #include "bf16_pack.h" /* the precision modes' operand packing */
+#ifndef TG_BF16_BRACKET_OPS /* only the amx table brackets its calls */
+#define TG_BF16_BRACKET_OPS
+#endif
 
 const tg_micro_ops TG_NAME(tg_micro) = {
     .name = TG_STR(TG_MICRO_SUFFIX),
@@ -406,6 +409,7 @@ const tg_micro_ops TG_NAME(tg_micro) = {
     .mm_nn = TG_NAME(mm_nn),
     .mm_tn_acc = TG_NAME(mm_tn_acc),
     TG_BF16_DOT_OPS
+    TG_BF16_BRACKET_OPS
     TG_BF16_PACK_OPS
     .bf16_to_f32 = TG_NAME(bf16_to_f32),
     .f32_to_bf16 = TG_NAME(f32_to_bf16),
