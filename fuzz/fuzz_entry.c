@@ -24,7 +24,8 @@
  *     cross-entropy with count == 0 writes nothing; in deterministic mode the
  *     FA-2 backward gives the same bits with another thread count.
  *
- * Input layout: byte 0 picks the entry point, byte 1 flags, byte 2 threads;
+ * Input layout: byte 0 picks the entry point, byte 1 flags, byte 2 threads
+ * and the attention precision mode;
  * the rest is read on demand (zeros past the end). See fuzz/README.md.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -144,6 +145,7 @@ static uint16_t to_bf16(float f) { /* round to nearest even; NaN -> 0x7FC0 */
 }
 static int raw_data;        /* inputs are arbitrary bits (NaN, inf, ...) */
 static int atomic_schedule; /* FA-2 backward: TG_ATTN_SCHEDULE_ATOMIC */
+static int attn_precision;  /* tg_attn_precision of every context (byte 2 / 3 % 3) */
 
 static void fill_f32(float *x, int64_t n, float lo, float hi) {
   for (int64_t i = 0; i < n; i++) x[i] = raw_data ? bits_f32((uint32_t)rnd()) : uni(lo, hi);
@@ -1059,7 +1061,7 @@ static void fuzz_ctx(rd *r) {
   const tg_isa before = tg_ctx_get_isa(c);
   const int isa = (int32_t)u32(r);
   st = tg_ctx_set_isa(c, (tg_isa)isa);
-  if ((isa < 0 || isa > 3) && st != TG_ERR_UNSUPPORTED)
+  if ((isa < 0 || isa > TG_ISA_AMX) && st != TG_ERR_UNSUPPORTED)
     FINDING("set_isa(%d) = %d", isa, (int)st);
   if ((isa == 0 || isa == 1 || tg_isa_available((tg_isa)isa)) && st != TG_OK) FINDING("set_isa(%d) = %d", isa, (int)st);
   if (st != TG_OK && tg_ctx_get_isa(c) != before) FINDING("set_isa changed the ISA on failure");
@@ -1071,7 +1073,15 @@ static void fuzz_ctx(rd *r) {
     FINDING("set_attn_schedule(%d) = %d", sched, (int)st);
   if (st != TG_OK && (tg_ctx_get_attn_schedule(c) != sb || !tg_ctx_last_error(c)[0]))
     FINDING("set_attn_schedule: state changed or no message on failure");
-  if (!tg_status_str((tg_status)(int)u32(r)) || !tg_isa_name((tg_isa)(int)u32(r)))
+  const int prec = (int32_t)u32(r);
+  const tg_attn_precision pb = tg_ctx_get_attn_precision(c);
+  st = tg_ctx_set_attn_precision(c, (tg_attn_precision)prec);
+  if (st != (prec >= 0 && prec <= 2 ? TG_OK : TG_ERR_BAD_PARAMS))
+    FINDING("set_attn_precision(%d) = %d", prec, (int)st);
+  if (st != TG_OK && (tg_ctx_get_attn_precision(c) != pb || !tg_ctx_last_error(c)[0]))
+    FINDING("set_attn_precision: state changed or no message on failure");
+  if (!tg_status_str((tg_status)(int)u32(r)) || !tg_isa_name((tg_isa)(int)u32(r)) ||
+      !tg_attn_precision_name((tg_attn_precision)(int)u32(r)))
     FINDING("NULL string");
   tg_ctx_destroy(c);
 }
@@ -1083,6 +1093,7 @@ static tg_ctx *new_ctx(int threads, int det, int portable) {
       tg_ctx_set_deterministic(ctx, det) != TG_OK ||
       tg_ctx_set_attn_schedule(ctx, atomic_schedule ? TG_ATTN_SCHEDULE_ATOMIC
                                                     : TG_ATTN_SCHEDULE_KV) != TG_OK ||
+      tg_ctx_set_attn_precision(ctx, (tg_attn_precision)attn_precision) != TG_OK ||
       (portable && tg_ctx_set_isa(ctx, TG_ISA_PORTABLE) != TG_OK))
     abort();
   return ctx;
@@ -1101,10 +1112,12 @@ enum { N_ENTRIES = 23 };
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   rd r = {data, size};
   const uint8_t entry = u8(&r) % N_ENTRIES, flags = u8(&r);
-  const int threads = 1 + u8(&r) % 3;
+  const uint8_t tb = u8(&r);
+  const int threads = 1 + tb % 3;
   rng_state = u64(&r);
   raw_data = (flags & 0x02) != 0;
   atomic_schedule = (flags & 0x20) != 0;
+  attn_precision = tb / 3 % 3;
   static const char *names[N_ENTRIES] = {
       "flash_attn_train_fwd", "flash_attn_train_bwd", "bwd_compute_d", "rms_norm_forward",
       "rms_norm_rms_inv",     "rms_norm_dx",          "rms_norm_dw",   "rms_norm_fused",
