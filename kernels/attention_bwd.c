@@ -31,6 +31,12 @@
  * (and unread): the partials cost one write and one read of the rows that
  * matter, in a workspace the context keeps between calls.
  *
+ * Precision modes (tg_attn_products, kernels/attention.h): with bf16
+ * inputs on a table with bf16 dot products, split and bf16 mode turn the
+ * tile's dS and P into bf16 parts (dS rows for dQ, dS^T and P^T rows for
+ * dK, dV) and run the last three products on mm_bf16_pairs against K
+ * (packed once per key tile) and Q, dO (per q-tile) in row pairs.
+ *
  * tg_attn_backward_kv is the KV schedule on a validated problem (bf16 or
  * f32 inputs, gradients through strides); kernel 10 runs it too.
  *

@@ -19,6 +19,9 @@
  * keeps them: L is the logsumexp of the undropped scores) and the kept ones'
  * 1 / (1 - p) is folded into the final scaling, O = (acc / l) / (1 - p).
  *
+ * Precision modes (tg_attn_products): split and bf16 mode run acc += P.V
+ * on the bf16 parts of P against V's rows in pairs; l sums the f32 P.
+ *
  * tg_attn_forward is the loop itself, on a validated problem with bf16 or
  * f32 inputs; kernel 10 (causal_attention.c) runs it on f32 token-major
  * rows, storing no O but delta = dO . O (O in f32) for its backward.
