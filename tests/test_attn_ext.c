@@ -418,6 +418,15 @@ static void gather(const ext_problem *pb, const int64_t s[3], const float *src, 
                sizeof(float) * (size_t)p->D);
 }
 
+/* Before a step: L, D_vec, dQ poisoned, dK and dV back to dK0 and dV0. */
+static void reset_outputs(const ext_problem *pb, ext_out *o) {
+  tu_poison_f32(o->L, pb->nL);
+  tu_poison_f32(o->Dv, pb->nL);
+  tu_poison_f32(o->dQ, pb->nQ);
+  memcpy(o->dK, pb->dK0, sizeof(float) * pb->nKout);
+  memcpy(o->dV, pb->dV0, sizeof(float) * pb->nKout);
+}
+
 /* forward -> compute_d -> backward, outputs poisoned first (dK, dV start
  * at dK0, dV0). opt NULL: no options. */
 static void run_step(tg_ctx *ctx, const ext_problem *pb, const tg_attn_options *opt,
@@ -425,11 +434,7 @@ static void run_step(tg_ctx *ctx, const ext_problem *pb, const tg_attn_options *
   const tg_attn_params *p = &pb->p;
   const tg_attn_mask_params *mp = pb->mask ? &pb->mp : NULL;
   tu_poison_f32(o->O, pb->nQ);
-  tu_poison_f32(o->L, pb->nL);
-  tu_poison_f32(o->Dv, pb->nL);
-  tu_poison_f32(o->dQ, pb->nQ);
-  memcpy(o->dK, pb->dK0, sizeof(float) * pb->nKout);
-  memcpy(o->dV, pb->dV0, sizeof(float) * pb->nKout);
+  reset_outputs(pb, o);
   TU_EXPECT_STATUS(ctx,
                    tg_attn_train_fwd(ctx, TG_DTYPE_F32, pb->Q, pb->K, pb->V, o->O, o->L, p, mp,
                                      pb->mask, pb->c.causal, opt),
@@ -464,11 +469,7 @@ static void run_step_bf16(tg_ctx *ctx, const ext_problem *pb, const tg_attn_opti
   tg_bf16 *dO = to_bf16(pb->dO, pb->nQ), *M = to_bf16(pb->mask, pb->nM);
   tg_bf16 *O = tu_alloc(sizeof(tg_bf16) * pb->nQ);
   for (int64_t e = 0; e < pb->nQ; e++) O[e] = 0x7FC0; /* NaN */
-  tu_poison_f32(o->L, pb->nL);
-  tu_poison_f32(o->Dv, pb->nL);
-  tu_poison_f32(o->dQ, pb->nQ);
-  memcpy(o->dK, pb->dK0, sizeof(float) * pb->nKout);
-  memcpy(o->dV, pb->dV0, sizeof(float) * pb->nKout);
+  reset_outputs(pb, o);
   TU_EXPECT_STATUS(ctx,
                    tg_attn_train_fwd(ctx, TG_DTYPE_BF16, Q, K, V, O, o->L, p, mp,
                                      pb->mask ? M : NULL, pb->c.causal, opt),
@@ -496,10 +497,8 @@ static void run_bwd_bf16_exact_ld(tg_ctx *ctx, const ext_problem *pb, const tg_a
   const tg_attn_params *p = &pb->p;
   tg_bf16 *Q = to_bf16(pb->Q, pb->nQ), *K = to_bf16(pb->K, pb->nK), *V = to_bf16(pb->V, pb->nK);
   tg_bf16 *dO = to_bf16(pb->dO, pb->nQ), *M = to_bf16(pb->mask, pb->nM);
+  reset_outputs(pb, o);
   for (int64_t e = 0; e < pb->nL; e++) o->L[e] = (float)pb->Lr[e], o->Dv[e] = (float)pb->Dr[e];
-  tu_poison_f32(o->dQ, pb->nQ);
-  memcpy(o->dK, pb->dK0, sizeof(float) * pb->nKout);
-  memcpy(o->dV, pb->dV0, sizeof(float) * pb->nKout);
   TU_EXPECT_STATUS(ctx,
                    tg_attn_train_bwd(ctx, TG_DTYPE_BF16, Q, K, V, o->L, dO, o->Dv, o->dQ, o->dK,
                                      o->dV, p, pb->mask ? &pb->mp : NULL, pb->mask ? M : NULL,
