@@ -986,7 +986,7 @@ int tg_bench_main(const tg_bench_opts *o) {
     pk.fma_gflops = pk.fma_avx2_gflops, pk.fma_variant = "avx2+fma";
   if (tg_ctx_get_isa(ctx) == TG_ISA_PORTABLE && pk.fma_portable_gflops > 0)
     pk.fma_gflops = pk.fma_portable_gflops, pk.fma_variant = "portable";
-  const int amx_table = !strcmp(isa, "amx");
+  const int amx_table = tg_ctx_get_isa(ctx) == TG_ISA_AMX;
   tg_peaks unit = pk; /* bf16_gflops: this table's bf16 unit (0: none) */
   unit.bf16_gflops = amx_table ? pk.amx_gflops
                      : tg_ctx_get_isa(ctx) == TG_ISA_AVX512_BF16 ? pk.bf16_gflops : 0.0;

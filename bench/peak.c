@@ -253,8 +253,7 @@ double tg_peak_bf16_dot(int threads, double seconds) {
 
 double tg_peak_amx_bf16(int threads, double seconds) {
 #if TG_PEAK_X86
-  tg_isa amx;
-  if (tg_isa_from_name("amx", &amx) == TG_OK && tg_isa_available(amx))
+  if (tg_isa_available(TG_ISA_AMX))
     return compute_peak(amx_dot_kernel, 4.0 * 16384, threads, seconds);
 #endif
   return 0.0;

@@ -56,14 +56,16 @@ typedef struct {
   uint16_t *P_hi, *P_lo;
 } fwd_scratch;
 
-static size_t fwd_scratch_bytes(int64_t D, int64_t BQ, int64_t BK) {
+static size_t fwd_scratch_bytes(int64_t D, int64_t BQ, int64_t BK, tg_attn_products products) {
+  const size_t parts = products == TG_PRODUCTS_BF16_DOT ? 2 * tg_align64(2 * BQ * BK) : 0;
   return 2 * tg_align64(sizeof(float) * BQ * (size_t)D) +
          3 * tg_align64(sizeof(float) * BK * (size_t)D) +
          tg_align64(sizeof(float) * BQ * BK) + 2 * tg_align64(sizeof(float) * BQ) +
-         tg_align64((size_t)(BQ * BK)) + 2 * tg_align64(2 * BQ * BK);
+         tg_align64((size_t)(BQ * BK)) + parts;
 }
 
-static fwd_scratch fwd_carve(void *base, int64_t D, int64_t BQ, int64_t BK) {
+static fwd_scratch fwd_carve(void *base, int64_t D, int64_t BQ, int64_t BK,
+                             tg_attn_products products) {
   char *p = base;
   const size_t q = tg_align64(sizeof(float) * BQ * (size_t)D);
   const size_t k = tg_align64(sizeof(float) * BK * (size_t)D);
@@ -77,8 +79,11 @@ static fwd_scratch fwd_carve(void *base, int64_t D, int64_t BQ, int64_t BK) {
   w.m = (float *)p, p += tg_align64(sizeof(float) * BQ);
   w.l = (float *)p, p += tg_align64(sizeof(float) * BQ);
   w.keep = (uint8_t *)p, p += tg_align64((size_t)(BQ * BK));
-  w.P_hi = (uint16_t *)p, p += tg_align64(2 * BQ * BK);
-  w.P_lo = (uint16_t *)p;
+  w.P_hi = w.P_lo = NULL;
+  if (products == TG_PRODUCTS_BF16_DOT) {
+    w.P_hi = (uint16_t *)p, p += tg_align64(2 * BQ * BK);
+    w.P_lo = (uint16_t *)p;
+  }
   return w;
 }
 
@@ -87,7 +92,7 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
   const tg_attn_problem *pr = &a->pr;
   const tg_micro_ops *ops = a->ops;
   const int64_t BQ = a->BQ, BK = a->BK;
-  fwd_scratch w = fwd_carve(scratch, pr->D, BQ, BK);
+  fwd_scratch w = fwd_carve(scratch, pr->D, BQ, BK, a->products);
   tg_attn_dot_begin(ops, a->bf16_dot);
   const int64_t D = pr->D, h_kv = h / pr->gqa, qt = a->n_qtiles - 1 - x;
   const int64_t q0 = qt * BQ, nq = pr->qL - q0 < BQ ? pr->qL - q0 : BQ;
@@ -202,7 +207,7 @@ tg_status tg_attn_forward(tg_ctx *ctx, const tg_attn_problem *pr, const void *Q,
                 .BK = ctx->ops->attn_bk, .bf16_dot = tg_attn_bf16_dot(pr, ctx->ops),
                 .products = tg_attn_products_of(pr, ctx->ops)};
   a.n_qtiles = (pr->qL + a.BQ - 1) / a.BQ;
-  return tg_dispatch(ctx, a.n_qtiles, pr->H, pr->B, fwd_scratch_bytes(pr->D, a.BQ, a.BK),
+  return tg_dispatch(ctx, a.n_qtiles, pr->H, pr->B, fwd_scratch_bytes(pr->D, a.BQ, a.BK, a.products),
                      fwd_group, &a);
 }
 

@@ -1,19 +1,12 @@
 /*
  * Operand packing of the attention's precision modes (TG_ATTN_PRECISION_
- * SPLIT and _BF16; kernels/attention_lowp.c): the f32 probabilities P and
- * score gradients dS become bf16 rows, or bf16 hi + lo pairs, in the A
+ * SPLIT and _BF16; tg_attn_products in kernels/attention.h): the f32
+ * probabilities P and score gradients dS become bf16 rows, or bf16 hi + lo
+ * pairs, in the A
  * layout mm_bf16_pairs reads, and the bf16 rows of K, V, Q and dO become its
  * B layout (pairs along the reduction). Plain C on every table, with the
  * 16 x 16 register transpose where AVX-512 has one; included by micro.c.
  */
-
-/* bf16(x) rounded to nearest even, NaN -> 0x7FC0 (as f32_to_bf16) */
-static inline __attribute__((always_inline)) uint16_t bf16_rne(float x) {
-  uint32_t u;
-  memcpy(&u, &x, sizeof u);
-  const uint32_t nan = (u & 0x7FFFFFFFu) > 0x7F800000u;
-  return (uint16_t)(nan ? 0x7FC0u : (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
 
 /* hi = bf16(x); lo = bf16(x - hi), and 0 where hi is not finite (x - hi
  * would be NaN for x = inf, and inf - inf for an x that rounds up to inf).
@@ -28,11 +21,8 @@ static inline __attribute__((always_inline)) void split_row(const float *restric
   }
 #pragma omp simd
   for (int64_t i = 0; i < n; i++) {
-    const uint16_t h = bf16_rne(x[i]);
-    const uint32_t hu = (uint32_t)h << 16;
-    float hf;
-    memcpy(&hf, &hu, sizeof hf);
-    const uint16_t l = bf16_rne(x[i] - hf); /* x - hf is exact */
+    const uint16_t h = bf16_rne(x[i]); /* micro.c's element conversions */
+    const uint16_t l = bf16_rne(x[i] - bf16_widen(h)); /* x - hi is exact */
     hi[i] = h;
     lo[i] = (uint16_t)((h & 0x7F80u) == 0x7F80u ? 0u : l);
   }

@@ -122,17 +122,29 @@ static void TG_NAME(mm_tn_acc)(int M, int N, int K, const float *restrict A, int
 
 _Static_assert(LANES == 16, "the row reductions end in tg_lane_tree16 (engine/reduce.h)");
 
+/* One element each way, branch-free (engine/bf16.h's bits: RNE, any NaN ->
+ * 0x7FC0), for the loops below and bf16_pack.h; the simd_<isa>.h blocks
+ * take whole vectors. */
+static inline __attribute__((always_inline)) float bf16_widen(uint16_t h) {
+  const uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+static inline __attribute__((always_inline)) uint16_t bf16_rne(float x) {
+  uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  return (uint16_t)(((u & 0x7FFFFFFFu) > 0x7F800000u) ? 0x7FC0u : rounded);
+}
+
 static void TG_NAME(bf16_to_f32)(const uint16_t *restrict src, float *restrict dst,
                                  int64_t n) {
   int64_t i = 0;
   if (CVT_W)
     for (; i + CVT_W <= n; i += CVT_W) bf16_widen_block(src + i, dst + i);
-  for (; i < n; i++) {
-    const uint32_t u = (uint32_t)src[i] << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    dst[i] = f;
-  }
+#pragma omp simd
+  for (int64_t j = i; j < n; j++) dst[j] = bf16_widen(src[j]);
 }
 
 static void TG_NAME(f32_to_bf16)(const float *restrict src, uint16_t *restrict dst,
@@ -140,12 +152,8 @@ static void TG_NAME(f32_to_bf16)(const float *restrict src, uint16_t *restrict d
   int64_t i = 0;
   if (CVT_W)
     for (; i + CVT_W <= n; i += CVT_W) bf16_narrow_block(src + i, dst + i);
-  for (; i < n; i++) {
-    uint32_t u;
-    memcpy(&u, &src[i], sizeof u);
-    const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-    dst[i] = (uint16_t)(((u & 0x7FFFFFFFu) > 0x7F800000u) ? 0x7FC0u : rounded);
-  }
+#pragma omp simd
+  for (int64_t j = i; j < n; j++) dst[j] = bf16_rne(src[j]);
 }
 
 static float TG_NAME(dot_bf16)(const uint16_t *restrict a, const uint16_t *restrict b,
