@@ -792,7 +792,8 @@ static int write_json(const char *path, const tg_bench_opts *o, const char *cpu,
   json_str(f, ts);
   fprintf(f, ",\n  \"cpu\": ");
   json_str(f, cpu);
-  fprintf(f, ",\n  \"threads\": %d,\n  \"isa\": ", threads);
+  fprintf(f, ",\n  \"threads\": %d,\n  \"plan_cpus\": %d,\n  \"isa\": ", threads,
+          tg_plan_cpus());
   json_str(f, isa);
   fprintf(f, ",\n  \"deterministic\": %s,\n  \"precision\": \"%s\",\n  \"quick\": %s,\n"
              "  \"reps\": %d,\n",
@@ -993,7 +994,7 @@ int tg_bench_main(const tg_bench_opts *o) {
   const double ceil = tg_peaks_attn_ceiling(&unit, o->precision);
 
   printf("tilegrad bench %d.%d.%d\n", TG_VERSION_MAJOR, TG_VERSION_MINOR, TG_VERSION_PATCH);
-  printf("cpu:      %s\n", cpu);
+  printf("cpu:      %s    (work plans sized for %d CPUs: tg_plan_cpus)\n", cpu, tg_plan_cpus());
   printf("threads:  %d    isa: %s    precision: %s    deterministic: %s    reps: %d (median; "
          "1 warm-up)\n",
          threads, isa, tg_attn_precision_name(o->precision), o->deterministic ? "on" : "off", o->reps);

@@ -134,12 +134,19 @@ int tg_isa_available(tg_isa isa);
  * TG_ATTN_SCHEDULE_KV (default): one work item per (key range, kv head,
  * batch) owns its dK/dV rows (no atomics); dQ partials of the key ranges are
  * summed in a fixed order. The number of key ranges depends on the shape
- * only, so results are bitwise identical for any thread count.
+ * and tg_plan_cpus() only, so results are bitwise identical for any thread
+ * count.
  * TG_ATTN_SCHEDULE_ATOMIC: the Metal kernel's own grid, one work item per
  * (q-tile, query head, batch) adding dK/dV with `omp atomic` (kept for parity
  * studies with the GPU; slower on x86, where an f32 atomic add is a
  * compare-exchange loop). Deterministic mode always uses TG_ATTN_SCHEDULE_KV. */
 typedef enum { TG_ATTN_SCHEDULE_KV = 0, TG_ATTN_SCHEDULE_ATOMIC = 1 } tg_attn_schedule;
+/* The CPUs the work plans are sized for: this process's affinity mask
+ * (CPU_COUNT of sched_getaffinity on Linux, else the online CPUs), capped by
+ * the cgroup CPU quota; read once per process, >= 1. The KV schedule aims
+ * for 4 work items per such CPU, so its bits depend on this count (as on the
+ * ISA table), never on the thread count of a call. */
+int tg_plan_cpus(void);
 /* TG_ERR_BAD_PARAMS for a value outside the enum. */
 tg_status tg_ctx_set_attn_schedule(tg_ctx *ctx, tg_attn_schedule s);
 tg_attn_schedule tg_ctx_get_attn_schedule(const tg_ctx *ctx);

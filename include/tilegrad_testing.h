@@ -1,5 +1,6 @@
 /*
- * tilegrad test hooks: for the project's own tests (tests/test_hardening.c).
+ * tilegrad test hooks: for the project's own tests (tests/test_hardening.c,
+ * the attention suites).
  * NOT part of the API: no ABI or behaviour promise, may change or go away in
  * any release (the Python package ships tilegrad.h only). libtilegrad
  * exports these symbols so that a test linked against the shared library
@@ -27,6 +28,12 @@ void tg_testing_alloc_arm(long long fail_at);
 /* Disarms the hook. Returns how many library allocations were made since
  * the arm; *failed (if not NULL) gets 1 if allocation fail_at was refused. */
 long long tg_testing_alloc_disarm(int *failed);
+
+/* Work plans as if tg_plan_cpus() gave n (n >= 1); n <= 0 restores the
+ * machine's count. The suites plan for a fixed count so that the KV
+ * schedule's several key ranges run whatever CPU count the test machine
+ * has. Set it between calls, not while one runs. */
+void tg_testing_plan_cpus(int n);
 
 #ifdef __cplusplus
 }

@@ -24,8 +24,9 @@
  * item touches those rows: no atomics. dQ rows are summed over key tiles in
  * place; with several key ranges each range sums into its own dQ partial and
  * the partials are added in range order afterwards. The number of ranges
- * depends on the shape only (enough items to feed ~TG_ATTN_ITEMS threads),
- * so the result is the same bitwise for every thread count. A range's first
+ * depends on the shape and the machine's CPU count (tg_plan_cpus: about 4
+ * items per CPU), never on the thread count, so the result is the same
+ * bitwise for every thread count. A range's first
  * key tile writes its dQ rows instead of adding to zeros, and a causal range
  * leaves the partial rows of q-tiles that see none of its keys unwritten
  * (and unread): the partials cost one write and one read of the rows that
@@ -64,14 +65,15 @@
 
 #include "attention.h"
 
-/* KV schedule: aim for this many work items (several per thread on the
- * largest machines we run on, for dynamic load balance under causality), but
- * never split a kv head's keys into ranges shorter than MIN_RANGE_TILES key
- * tiles, nor into more than MAX_RANGES, nor so many that the dQ partials
+/* KV schedule: aim for ITEMS_PER_CPU work items per CPU of the machine
+ * (tg_plan_cpus: several per thread, for dynamic load balance under
+ * causality; fewer items mean fewer dQ partials to write and sum), but never
+ * split a kv head's keys into ranges shorter than MIN_RANGE_TILES key tiles,
+ * nor into more than MAX_RANGES, nor so many that the dQ partials
  * ((ranges - 1) copies of dQ) pass PARTIALS_BUDGET bytes (a dQ larger than
  * that gets one range). None of this depends on the thread count
  * (determinism). */
-enum { TG_ATTN_ITEMS = 64, MIN_RANGE_TILES = 4, MAX_RANGES = 16 };
+enum { ITEMS_PER_CPU = 4, MIN_RANGE_TILES = 4, MAX_RANGES = 16 };
 #define PARTIALS_BUDGET ((int64_t)1 << 30)
 
 typedef struct {
@@ -302,8 +304,11 @@ static int range_visible(const bwd_args *a, int64_t range, int64_t q0, int64_t n
   return tg_attn_key_end(&a->pr, q0, nq) > range * a->range_tiles * a->BK;
 }
 
-/* KV schedule: x = key range, y = kv head, z = batch. */
-static void bwd_group_kv(const void *vargs, int64_t range, int64_t h_kv, int64_t b,
+/* KV schedule: x = kv head, y = batch, z = key range. The range varies
+ * slowest, so every kv head's range 0 is handed out first: under causality
+ * the early keys are seen by the most queries, and the heaviest items
+ * starting first keeps the last ones short (dynamic order). */
+static void bwd_group_kv(const void *vargs, int64_t h_kv, int64_t b, int64_t range,
                          void *scratch) {
   const bwd_args *a = vargs;
   const tg_attn_problem *pr = &a->pr;
@@ -390,13 +395,14 @@ static void bwd_group_atomic(const void *vargs, int64_t x, int64_t h, int64_t b,
   tg_attn_dot_end(a->ops, a->bf16_dot);
 }
 
-/* KV schedule: key ranges per kv head (see TG_ATTN_ITEMS), from the shape
- * alone; sets a->range_tiles, n_ranges, dq_elems. */
+/* KV schedule: key ranges per kv head (see ITEMS_PER_CPU), from the shape
+ * and the machine; sets a->range_tiles, n_ranges, dq_elems. */
 static void plan_ranges(bwd_args *a) {
   const tg_attn_problem *pr = &a->pr;
   const int64_t heads = pr->B * pr->H_kv;
   const int64_t dq_bytes = pr->B * pr->H * pr->qL * pr->D * (int64_t)sizeof(float);
-  int64_t ranges = (TG_ATTN_ITEMS + heads - 1) / heads;
+  const int64_t items = (int64_t)ITEMS_PER_CPU * tg_plan_cpus();
+  int64_t ranges = (items + heads - 1) / heads;
   if (ranges > a->n_ktiles / MIN_RANGE_TILES) ranges = a->n_ktiles / MIN_RANGE_TILES;
   if (ranges > MAX_RANGES) ranges = MAX_RANGES;
   if (ranges > 1 + PARTIALS_BUDGET / dq_bytes) ranges = 1 + PARTIALS_BUDGET / dq_bytes;
@@ -429,7 +435,7 @@ tg_status tg_attn_backward_kv(tg_ctx *ctx, const tg_attn_problem *pr, const void
   bwd_args a = make_args(pr, ctx->ops);
   a.Q = Q, a.K = K, a.V = V, a.dO = dO, a.mask = mask, a.L = L, a.D_vec = D_vec;
   a.dQ = dQ, a.dK = dK, a.dV = dV, a.dQ_partial = workspace;
-  tg_status st = tg_dispatch(ctx, a.n_ranges, pr->H_kv, pr->B,
+  tg_status st = tg_dispatch(ctx, pr->H_kv, pr->B, a.n_ranges,
                              bwd_scratch_bytes(pr->D, a.BQ, a.BK, pr->compensated, a.products),
                              bwd_group_kv, &a);
   /* The second pass needs no scratch: it cannot fail once the first wrote. */

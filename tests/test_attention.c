@@ -35,6 +35,7 @@
 #include <string.h>
 
 #include "attn_problem.h"
+#include "tilegrad_testing.h"
 #include "refs.h"
 
 /* Masks: 20 % -inf entries, the others in [-3, 1); every third row all -inf. */
@@ -196,26 +197,39 @@ static void test_bwd_fully_masked_rows_are_zero(void **state) {
   attn_destroy(&pb);
 }
 
-/* Deterministic mode: bitwise identical across runs and 1/2/3/5 threads
- * (9 key tiles: two key ranges, so the dQ partial sum is covered). */
+/* Deterministic mode: bitwise identical across runs and 1/2/3/5 threads,
+ * for work planned for 1 CPU (one key range per kv head), 16 (9 key tiles:
+ * two key ranges, so the dQ partial sum is covered), 64 and this machine's
+ * count (tg_plan_cpus), each within the reference bound. */
 static void test_bwd_deterministic_bitwise(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 4);
   const attn_cfg c = {"det", 2, 4, 2, 150, 530, 64, 1, 0, 1, ATTN_HEAD_MAJOR, 1.0f};
   attn_problem pb;
   attn_build(&pb, &c, &suite, &r);
   attn_outputs first = attn_alloc_outputs(&pb), o = attn_alloc_outputs(&pb);
-  const int threads[] = {1, 2, 3, 5, 2};
-  for (int ti = 0; ti < 5; ti++) {
-    tg_ctx *ctx = tu_ctx(threads[ti], TG_ISA_AUTO);
-    tg_ctx_set_deterministic(ctx, 1);
-    TU_EXPECT_STATUS(ctx, run_bwd(ctx, &pb, ti ? &o : &first), TG_OK);
-    if (ti) {
-      assert_memory_equal(o.dQ, first.dQ, sizeof(float) * pb.nQ);
-      assert_memory_equal(o.dK, first.dK, sizeof(float) * pb.nKout);
-      assert_memory_equal(o.dV, first.dV, sizeof(float) * pb.nKout);
+  const int plans[] = {1, TU_PLAN_CPUS, 64, 0}, threads[] = {1, 2, 3, 5, 2};
+  for (int pi = 0; pi < 4; pi++) {
+    tg_testing_plan_cpus(plans[pi]);
+    for (int ti = 0; ti < 5; ti++) {
+      tg_ctx *ctx = tu_ctx(threads[ti], TG_ISA_AUTO);
+      tg_ctx_set_deterministic(ctx, 1);
+      TU_EXPECT_STATUS(ctx, run_bwd(ctx, &pb, ti ? &o : &first), TG_OK);
+      if (ti) {
+        assert_memory_equal(o.dQ, first.dQ, sizeof(float) * pb.nQ);
+        assert_memory_equal(o.dK, first.dK, sizeof(float) * pb.nKout);
+        assert_memory_equal(o.dV, first.dV, sizeof(float) * pb.nKout);
+      } else if (!attn_check_grads(&pb, &first)) {
+        TU_FAIL("deterministic result out of bound, planned for %d CPUs", plans[pi]);
+      }
+      tg_ctx_destroy(ctx);
     }
-    tg_ctx_destroy(ctx);
   }
+  tu_plan_fixed();
+  assert_true(tg_plan_cpus() == TU_PLAN_CPUS);
+  tg_testing_plan_cpus(0);
+  const int machine = tg_plan_cpus();
+  assert_true(machine >= 1 && machine == tg_plan_cpus());
+  tu_plan_fixed();
   attn_free_outputs(&first);
   attn_free_outputs(&o);
   attn_destroy(&pb);
@@ -558,6 +572,7 @@ static void test_params_init_and_ctx(void **state) {
 
 int main(void) {
   tu_seed();
+  tu_plan_fixed();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_params_init_and_ctx),
       cmocka_unit_test(test_cast),

@@ -1156,6 +1156,7 @@ static void test_bad_options_write_nothing(void **state) {
 
 int main(void) {
   tu_seed();
+  tu_plan_fixed();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_philox_known_answers),
       cmocka_unit_test(test_dropout_keep_mask),

@@ -264,6 +264,7 @@ static void test_causal_bad_input(void **state) {
 
 int main(void) {
   tu_seed();
+  tu_plan_fixed();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_causal_small),
       cmocka_unit_test(test_causal_long),

@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "bf16.h"
+#include "tilegrad_testing.h"
 
 uint64_t tu_seed(void) {
   static uint64_t seed;
@@ -21,6 +22,8 @@ uint64_t tu_seed(void) {
   }
   return seed;
 }
+
+void tu_plan_fixed(void) { tg_testing_plan_cpus(TU_PLAN_CPUS); }
 
 tu_rng tu_rng_make(uint64_t seed) { return (tu_rng){seed ^ 0x9E3779B97F4A7C15ull}; }
 

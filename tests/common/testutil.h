@@ -46,6 +46,12 @@ int tu_isas(tg_isa out[TU_MAX_ISAS]); /* returns how many */
 /* Fails the test on error. TG_ISA_AUTO: the ISA under test (TG_TEST_ISA),
  * else the best the CPU has. */
 tg_ctx *tu_ctx(int threads, tg_isa isa);
+/* The attention suites plan their work for TU_PLAN_CPUS CPUs (the lent
+ * Xeon's 16: 64 KV work items) whatever the test machine has, so the
+ * configurations written to split keys into several ranges (and sum dQ
+ * partials) do so on a 2-CPU CI machine too (tg_testing_plan_cpus). */
+enum { TU_PLAN_CPUS = 16 };
+void tu_plan_fixed(void);
 
 /* --- comparison ----------------------------------------------------------
  * Passes iff |got[i] - want[i]| <= bound[i] for every i (and got[i] is not
