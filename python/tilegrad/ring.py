@@ -149,7 +149,8 @@ class _Plan:
         self.causal, self.scale, self.softcap = causal, scale, softcap
         self.dt = _tt._ATTN_DTYPES[dtype]
         self.threads, self.deterministic, self.ap = threads, deterministic, attn_precision
-        glob = (lambda r: r) if group is None else (lambda r: dist.get_global_rank(group, r))
+        world = group is None or group is dist.group.WORLD
+        glob = (lambda r: r) if world else (lambda r: dist.get_global_rank(group, r))
         self.next, self.prev = glob((rank + 1) % N), glob((rank - 1) % N)
 
     def lengths(self, r: int) -> int:
@@ -224,31 +225,32 @@ def _plan(q, k, v, causal, scale, softcap, group, layout, dropout_p, threads, de
     rank, N = dist.get_rank(group), dist.get_world_size(group)
     if rank < 0:
         raise ValueError("ring_attention: this process is not a member of `group`")
+    meta = [1] + [0] * (len(_META) + 1)      # [refused, _META..., chunk length]
     try:    # a bad argument on one rank must not leave the others waiting: gathered below
         layout = _layout_arg(layout)
         ap = _tt._attn_precision_arg(attn_precision)
         threads = _tt._threads_arg(threads)
         err = _local_problem(q, k, v, dropout_p)
-    except ValueError as e:
+        if err is None:
+            D = q.shape[3]
+            scale = float(1.0 / math.sqrt(D) if scale is None else scale)
+            softcap = 1.0 if softcap is None else float(softcap)
+            if not (math.isfinite(scale) and math.isfinite(softcap) and softcap > 0):
+                raise ValueError(f"scale = {scale} must be finite, softcap = {softcap} "
+                                 "finite and > 0")
+            vals = dict(B=q.shape[0], H=q.shape[1], H_kv=k.shape[1], D=D,
+                        dtype=_tt._ATTN_DTYPES[q.dtype], causal=int(bool(causal)),
+                        layout=LAYOUTS.index(layout), scale=_f32_bits(scale),
+                        softcap=_f32_bits(softcap), attn_precision=ap)
+            meta = [0] + [vals[n] for n in _META] + [q.shape[2]]
+    except (ValueError, TypeError, OverflowError) as e:   # scale / softcap beyond float32 too
         err = str(e)
-    if err is None:
-        D = q.shape[3]
-        scale = float(1.0 / math.sqrt(D) if scale is None else scale)
-        softcap = 1.0 if softcap is None else float(softcap)
-        vals = dict(B=q.shape[0], H=q.shape[1], H_kv=k.shape[1], D=D,
-                    dtype=_tt._ATTN_DTYPES[q.dtype], causal=int(bool(causal)),
-                    layout=LAYOUTS.index(layout), scale=_f32_bits(scale),
-                    softcap=_f32_bits(softcap), attn_precision=ap)
-        meta = [0] + [vals[n] for n in _META] + [q.shape[2]]
-    else:
-        meta = [1] + [0] * (len(_META) + 1)
     # one all_gather: every rank sees every rank's problem, so all raise together
     mine = torch.tensor(meta, dtype=torch.int64)
-    every = [torch.empty_like(mine) for _ in range(N)]
+    every = [mine]
     if N > 1:
+        every = [torch.empty_like(mine) for _ in range(N)]
         dist.all_gather(every, mine, group=group)
-    else:
-        every = [mine]
     failed = [r for r in range(N) if every[r][0]]
     if err is not None:
         raise ValueError(f"ring_attention (rank {rank} of {N}): {err}")
