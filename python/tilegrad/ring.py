@@ -374,7 +374,7 @@ def _ring_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: 
     dq = torch.zeros((B, H, L, D), dtype=torch.float32)
     kv = torch.stack((k, v))
 
-    sends, home, home_work = [], None, None
+    sent, home, home_work = None, None, None    # sent: the last dK/dV send, in flight
     for s in range(N):
         src = (rank - s) % N
         kv_works, g_in_work = [], None
@@ -384,7 +384,7 @@ def _ring_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: 
         if s > 0:   # the sum of the ranks before us on chunk src (their step s - 1)
             g_in = torch.empty((2, B * Hkv * plan.lengths(src) * D), dtype=torch.float32)
             g_in_work = _irecv(plan, g_in, N + s - 1)
-        if s == N - 1 and N > 1:   # our chunk's whole sum, sent after the previous rank's last step
+        if s == N - 1 and N > 1:   # our chunk's whole sum, after the previous rank's last step
             home = torch.empty((2, B * Hkv * L * D), dtype=torch.float32)
             home_work = _irecv(plan, home, 2 * N - 1)
         # this rank's part, computed while the previous ranks' sum is in flight
@@ -398,8 +398,10 @@ def _ring_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: 
         if g_in_work is not None:
             g_in_work.wait()
             g.add_(g_in)
-        if N > 1:
-            sends.append(_isend(plan, g, N + s))   # on to the next rank; at s = N-1: home
+        if N > 1:   # on to the next rank (at s = N-1: home); one step's send in flight
+            if sent is not None:
+                sent.wait()
+            sent = _isend(plan, g, N + s)
         for w in kv_works:
             w.wait()
         if kv_works:
@@ -408,8 +410,8 @@ def _ring_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: 
         home_work.wait()
     else:
         home = g                   # one rank: its own sum
-    for w in sends:
-        w.wait()
+    if sent is not None:
+        sent.wait()
     views = _grad_views(home, mine, B, Hkv, D)
     dk = torch.cat([views[s][0] for s in mine], 2)
     dv = torch.cat([views[s][1] for s in mine], 2)
