@@ -81,6 +81,9 @@ def _segments(layout: str, lengths: Sequence[int]) -> List[List[Tuple[int, int, 
         starts = [sum(lengths[:r]) for r in range(N)]
         return [[(0, lengths[r], starts[r])] for r in range(N)]
     sizes = _chunk_sizes(sum(lengths), 2 * N)
+    if min(sizes) < 1:
+        raise ValueError(f"layout='zigzag' on {N} ranks needs a sequence of at least {2 * N} "
+                         f"rows, got {sum(lengths)}")
     starts = [sum(sizes[:c]) for c in range(2 * N)]
     want = [sizes[r] + sizes[2 * N - 1 - r] for r in range(N)]
     if list(lengths) != want:
@@ -153,7 +156,8 @@ class _Plan:
         glob = (lambda r: r) if world else (lambda r: dist.get_global_rank(group, r))
         self.next, self.prev = glob((rank + 1) % N), glob((rank - 1) % N)
 
-    def lengths(self, r: int) -> int:
+    def rows(self, r: int) -> int:
+        """Rank r's chunk length."""
         return sum(n for _, n, _ in self.segs[r])
 
     def pairs(self, src: int):
@@ -333,7 +337,7 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, plan: _Plan) -> Tuple[Tensor,
         src = (plan.rank - s) % plan.N
         works = []
         if s < plan.N - 1:                        # the next chunk comes in meanwhile
-            nxt = kv.new_empty((2, B, k.shape[1], plan.lengths((src - 1) % plan.N), D))
+            nxt = kv.new_empty((2, B, k.shape[1], plan.rows((src - 1) % plan.N), D))
             works = [_isend(plan, kv, s), _irecv(plan, nxt, s)]
         for qs, ks, causal, off in plan.pairs(src):
             o, lse = _fwd_pair(ctx, plan, _rows(q, qs), _rows(kv[0], ks), _rows(kv[1], ks),
@@ -379,16 +383,16 @@ def _ring_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: 
         src = (rank - s) % N
         kv_works, g_in_work = [], None
         if s < N - 1:
-            kv_nxt = kv.new_empty((2, B, Hkv, plan.lengths((src - 1) % N), D))
+            kv_nxt = kv.new_empty((2, B, Hkv, plan.rows((src - 1) % N), D))
             kv_works = [_isend(plan, kv, s), _irecv(plan, kv_nxt, s)]
         if s > 0:   # the sum of the ranks before us on chunk src (their step s - 1)
-            g_in = torch.empty((2, B * Hkv * plan.lengths(src) * D), dtype=torch.float32)
+            g_in = torch.empty((2, B * Hkv * plan.rows(src) * D), dtype=torch.float32)
             g_in_work = _irecv(plan, g_in, N + s - 1)
         if s == N - 1 and N > 1:   # our chunk's whole sum, after the previous rank's last step
             home = torch.empty((2, B * Hkv * L * D), dtype=torch.float32)
             home_work = _irecv(plan, home, 2 * N - 1)
         # this rank's part, computed while the previous ranks' sum is in flight
-        g = torch.zeros((2, B * Hkv * plan.lengths(src) * D), dtype=torch.float32)
+        g = torch.zeros((2, B * Hkv * plan.rows(src) * D), dtype=torch.float32)
         views = _grad_views(g, plan.segs[src], B, Hkv, D)
         for qs, ks, causal, off in plan.pairs(src):
             dq_part = torch.empty((B, H, qs[1], D), dtype=torch.float32)

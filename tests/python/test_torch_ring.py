@@ -339,3 +339,5 @@ def test_shard_unshard_round_trip():
         tt.ring_shard(x, 2, 0, "striped")
     with pytest.raises(ValueError, match="non-empty"):
         tt.ring_positions(5, 4, 0, "zigzag")
+    with pytest.raises(ValueError, match="at least 4 rows"):    # a zigzag chunk would be empty
+        tt.ring_unshard([x[:, :, :1], x[:, :, :2]], "zigzag")
