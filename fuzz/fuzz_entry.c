@@ -470,7 +470,7 @@ static void decode_ext(rd *r) {
     case 4: ext.opt.dropout_p = NAN, ext.bad = 1; break;
     case 5: ext.opt.dropout_p = 1.0f, ext.bad = 1; break;
     case 6: ext.opt.dropout_p = -0.25f, ext.bad = 1; break;
-    default: ext.opt.reserved = 1 + u8(r), ext.bad = 1; break;
+    default: ext.opt.flags = (1u + u8(r)) << 1, ext.bad = 1; break; /* undefined bits */
   }
   if ((e >> 4) == 15) ext.dtype = (tg_dtype)(2 + u8(r) % 3), ext.bad = 1;
   ext.es = ext.dtype == TG_DTYPE_BF16 ? 2 : 4; /* a bad dtype: 4, the larger */

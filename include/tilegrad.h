@@ -261,8 +261,9 @@ tg_status tg_flash_attn_train_fwd_bf16(tg_ctx *ctx, const tg_bf16 *Q, const tg_b
  * float in both. TG_DTYPE_F32 uses the inputs as given: no bf16 rounding
  * anywhere, the mask added in f32, O stored in f32. Shapes, strides, masks,
  * causality, softcapping and validation are those of the bf16 entry points;
- * in addition a dtype outside the enum, opt->reserved != 0 and a dropout_p
- * that is NaN, < 0 or >= 1 are TG_ERR_BAD_PARAMS (nothing written). */
+ * in addition a dtype outside the enum, a bit of opt->flags that is not a
+ * TG_ATTN_OPT_* flag and a dropout_p that is NaN, < 0 or >= 1 are
+ * TG_ERR_BAD_PARAMS (nothing written). */
 typedef enum { TG_DTYPE_BF16 = 0, TG_DTYPE_F32 = 1 } tg_dtype; /* ABI values */
 
 /* Dropout of the attention weights, FlashAttention-2 style: the backward
@@ -276,10 +277,19 @@ typedef enum { TG_DTYPE_BF16 = 0, TG_DTYPE_F32 = 1 } tg_dtype; /* ABI values */
  * advance dropout_offset by at least ceil(B*H*qL*kL / 4). */
 typedef struct {
   float dropout_p;         /* probability a weight is dropped, [0, 1); 0 = no dropout */
-  uint32_t reserved;       /* must be 0 */
+  uint32_t flags;          /* TG_ATTN_OPT_* bits, 0 = none; other bits are refused
+                            * (the field was `reserved`, required 0: same ABI) */
   uint64_t dropout_seed;   /* Philox-4x32-10 key */
   uint64_t dropout_offset; /* counter base */
 } tg_attn_options;         /* NULL = all defaults */
+
+/* tg_attn_options.flags. TG_ATTN_OPT_O_F32: tg_attn_train_fwd stores O as
+ * float (f32, through O_strides in elements) whatever dtype is: with bf16
+ * inputs, the f32 result that the bf16 O would be rounded from (RNE), for
+ * callers that combine partial results (context-parallel attention merges
+ * (O, L) pairs in f32). The backward and tg_attn_dropout_keep accept the flag
+ * and ignore it, so one options struct serves the forward and the backward. */
+enum { TG_ATTN_OPT_O_F32 = 1u };
 
 /* Training forward: O = (P o keep / (1 - p)) . V with P = softmax(S) and S
  * exactly as in tg_flash_attn_train_bwd_bf16; O [B,H,qL,D] of type dtype

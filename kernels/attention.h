@@ -50,6 +50,8 @@ typedef struct {
                                      * compensation (attention_bwd.c) */
   tg_attn_precision precision;      /* of the products taking P or dS (bf16 inputs
                                      * only; tg_attn_products) */
+  int o_f32;                        /* forward: O stored as f32 for bf16 inputs too
+                                     * (TG_ATTN_OPT_O_F32) */
   int64_t dQs[3], dKs[3];           /* f32 gradients dQ and dK, dV (same layout) */
 } tg_attn_problem;
 
@@ -74,9 +76,10 @@ tg_status tg_attn_validate(tg_ctx *ctx, const char *fn, const tg_attn_params *p,
 tg_buf tg_attn_buf(const char *name, const void *base, const int64_t s[3], int64_t n0,
                    int64_t n1, int64_t n2, int64_t n3, size_t elem_bytes, int written);
 
-/* The forward's check: outputs O (type pr->in, through pr->Os) and L
- * [B, H, qL] f32 against each other and the inputs Q, K, V (type pr->in)
- * and mask (type pr->in, through pr->Ms; NULL without). No exact in place. */
+/* The forward's check: outputs O (type pr->in, f32 if pr->o_f32; through
+ * pr->Os) and L [B, H, qL] f32 against each other and the inputs Q, K, V
+ * (type pr->in) and mask (type pr->in, through pr->Ms; NULL without). No
+ * exact in place. */
 tg_status tg_attn_check_alias_fwd(tg_ctx *ctx, const char *fn, const tg_attn_problem *pr,
                                   const void *Q, const void *K, const void *V,
                                   const void *mask, const void *O, const float *L);
@@ -94,12 +97,12 @@ tg_status tg_attn_check_alias_bwd(tg_ctx *ctx, const char *fn, const tg_attn_pro
  * beyond tg_attn_validate (attention_options.c); TG_ERR_BAD_PARAMS with a
  * message naming the field otherwise. dtype: a tg_dtype value. */
 tg_status tg_attn_check_dtype(tg_ctx *ctx, const char *fn, tg_dtype dtype);
-/* opt (NULL: the defaults): reserved == 0, dropout_p in [0, 1); *drop gets
- * its dropout (threshold 0 for none). */
+/* opt (NULL: the defaults): flags only TG_ATTN_OPT_* bits, dropout_p in
+ * [0, 1); *drop gets its dropout (threshold 0 for none). */
 tg_status tg_attn_check_options(tg_ctx *ctx, const char *fn, const tg_attn_options *opt,
                                 tg_attn_dropout *drop);
 /* The checks of the dtype entry points in their order (dtype, options, then
- * tg_attn_validate) and *out with the dtype and dropout set: the problem
+ * tg_attn_validate) and *out with the dtype, dropout and o_f32 set: the problem
  * the engine runs, before the buffers' aliasing check. */
 tg_status tg_attn_prepare(tg_ctx *ctx, const char *fn, tg_dtype dtype,
                           const tg_attn_options *opt, const tg_attn_params *p,

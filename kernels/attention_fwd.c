@@ -34,7 +34,7 @@
 typedef struct {
   tg_attn_problem pr;
   const void *Q, *K, *V, *dO, *mask; /* type pr.in */
-  void *O;      /* type pr.in; NULL: O is not written */
+  void *O;      /* type pr.in (f32 if pr.o_f32); NULL: O is not written */
   float *L;
   float *delta; /* with dO: rowsum(dO * O) */
   const tg_micro_ops *ops;
@@ -185,7 +185,7 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
       ops->scale2_f32(o, D, l > 0.0f ? 1.0f / l : l, keep_scale);
     if (a->O) {
       const int64_t off = tg_attn_offset(pr->Os, b, h, q0 + i);
-      if (pr->in == TG_DTYPE_F32)
+      if (pr->in == TG_DTYPE_F32 || pr->o_f32) /* o_f32: TG_ATTN_OPT_O_F32 */
         memcpy((float *)a->O + off, o, sizeof(float) * (size_t)D);
       else
         ops->f32_to_bf16(o, (tg_bf16 *)a->O + off, D);

@@ -177,7 +177,7 @@ tg_status tg_attn_check_alias_fwd(tg_ctx *ctx, const char *fn, const tg_attn_pro
       tg_attn_buf("K", K, pr->Ks, B, H_kv, kL, D, e, 0),
       tg_attn_buf("V", V, pr->Vs, B, H_kv, kL, D, e, 0),
       mask_buf(pr, mask),
-      tg_attn_buf("O", O, pr->Os, B, H, qL, D, e, 1),
+      tg_attn_buf("O", O, pr->Os, B, H, qL, D, pr->o_f32 ? sizeof(float) : e, 1),
       tg_out("L", L, (uint64_t)(B * H * qL) * sizeof(float))};
   return tg_check_alias(ctx, fn, bufs, TG_LEN(bufs));
 }

@@ -1083,8 +1083,8 @@ static void test_bad_options_write_nothing(void **state) {
       {{.dropout_p = 1.0f}, "dropout_p"},      {{.dropout_p = 1.5f}, "dropout_p"},
       {{.dropout_p = INFINITY}, "dropout_p"},  {{.dropout_p = -INFINITY}, "dropout_p"},
       {{.dropout_p = -0.0f - 1e-30f}, "dropout_p"},
-      {{.dropout_p = 0.1f, .reserved = 1}, "reserved"},
-      {{.reserved = 0x80000000u}, "reserved"}};
+      {{.dropout_p = 0.1f, .flags = 2}, "flags"},
+      {{.flags = 0x80000000u | TG_ATTN_OPT_O_F32}, "flags"}};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     TU_EXPECT_STATUS(ctx, FWD(TG_DTYPE_F32, &bad[i].opt), TG_ERR_BAD_PARAMS);
     assert_non_null(strstr(tg_ctx_last_error(ctx), bad[i].field));

@@ -59,6 +59,8 @@ ATTN_PRECISION_NAMES = {"exact": TG_ATTN_PRECISION_EXACT, "split": TG_ATTN_PRECI
 TG_DTYPE_BF16 = 0
 TG_DTYPE_F32 = 1
 DTYPE_NAMES = {"bf16": TG_DTYPE_BF16, "float32": TG_DTYPE_F32}
+# tg_attn_options.flags bits: the forward's O in float32 for bf16 inputs too
+TG_ATTN_OPT_O_F32 = 1
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 BUNDLED_LIB = os.path.join(_PKG_DIR, "_lib", "libtilegrad.so")
@@ -165,14 +167,16 @@ assert ctypes.sizeof(AttnMaskParams) == 24
 class AttnOptions(ctypes.Structure):
     """``tg_attn_options``: dropout of the attention weights (``dropout_p`` in
     [0, 1); the mask is drawn from Philox4x32-10 with key ``dropout_seed``
-    and counter base ``dropout_offset``, docs/KERNELS.md). ``reserved`` must
-    stay 0. Pass ``None`` instead for the defaults (no dropout)."""
-    _fields_ = [("dropout_p", ctypes.c_float), ("reserved", ctypes.c_uint32),
+    and counter base ``dropout_offset``, docs/KERNELS.md) and ``flags``
+    (``TG_ATTN_OPT_*`` bits: ``TG_ATTN_OPT_O_F32``, the forward's O in
+    float32 for bf16 inputs too; other bits are refused). Pass ``None``
+    instead for the defaults (no dropout, no flags)."""
+    _fields_ = [("dropout_p", ctypes.c_float), ("flags", ctypes.c_uint32),
                 ("dropout_seed", ctypes.c_uint64), ("dropout_offset", ctypes.c_uint64)]
 
     def __repr__(self):
-        return (f"AttnOptions(dropout_p={self.dropout_p}, dropout_seed={self.dropout_seed}, "
-                f"dropout_offset={self.dropout_offset})")
+        return (f"AttnOptions(dropout_p={self.dropout_p}, flags={self.flags:#x}, "
+                f"dropout_seed={self.dropout_seed}, dropout_offset={self.dropout_offset})")
 
 
 assert ctypes.sizeof(AttnOptions) == 24

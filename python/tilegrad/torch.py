@@ -28,6 +28,9 @@ behind plain ``torch.autograd.Function`` s (no compile/export support).
 User-facing functions: :func:`attention`, :func:`scaled_dot_product_attention`,
 :func:`rms_norm`; modules :class:`RMSNorm`, :class:`Attention`,
 :class:`MultiHeadAttention`. python/README.md lists what differs from PyTorch.
+Context-parallel attention over ``torch.distributed`` (the sequence sharded
+across processes): :func:`ring_attention` with :func:`ring_shard`,
+:func:`ring_unshard`, :func:`ring_positions`, from :mod:`tilegrad.ring`.
 
 Threads: each call runs on this thread's tilegrad context with
 ``torch.get_num_threads()`` threads unless ``threads=`` says otherwise; the
@@ -43,8 +46,11 @@ import torch
 
 from . import capi as _capi
 
+#: context-parallel attention, defined in tilegrad.ring (imported on first use)
+_RING_NAMES = ("ring_attention", "ring_shard", "ring_unshard", "ring_positions")
+
 __all__ = ["attention", "scaled_dot_product_attention", "rms_norm", "RMSNorm", "Attention",
-           "MultiHeadAttention", "HAVE_CUSTOM_OPS"]
+           "MultiHeadAttention", "HAVE_CUSTOM_OPS"] + list(_RING_NAMES)
 
 Tensor = torch.Tensor
 
@@ -879,3 +885,11 @@ class MultiHeadAttention(torch.nn.Module):
                 mask = mask.masked_fill(~keep, -math.inf)
         o = self.attn(q, k, v, mask=mask)
         return self.out_proj(o.transpose(1, 2).reshape(B, L, self.num_heads * D))
+
+
+def __getattr__(name):
+    # tilegrad.ring imports this module: its names resolve here on first use
+    if name in _RING_NAMES:
+        from . import ring
+        return getattr(ring, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,467 @@
+"""Context-parallel (ring) FlashAttention-2 over ``torch.distributed``.
+
+The sequence is sharded across the processes of a group; each holds its
+chunk of q, k and v (``[B, H, L_r, D]`` / ``[B, H_kv, L_r, D]``) and gets its
+chunk of the output. The key/value chunks travel around the ring of ranks
+(point-to-point sends on the group's backend: gloo on CPUs, or MPI), never
+through a transport of our own:
+
+* forward: at step s rank r holds the key/value chunk of rank r - s and runs
+  the forward kernel of its queries against it, giving a partial (O_s, L_s)
+  with O_s in float32 (``TG_ATTN_OPT_O_F32``, also for bf16 inputs); the
+  partials are merged with a logsumexp combine in float32,
+  ``L = logaddexp(L, L_s)``, ``O = O exp(L_old - L) + O_s exp(L_s - L)``,
+  and O is rounded to the input dtype once at the end. The next chunk is
+  received while this one is computed.
+* backward: ``D_vec = rowsum(dO * O)`` once, locally; the backward kernel of
+  one (query chunk, key chunk) pair needs only the global L and D_vec, so
+  the pairs are independent. The key/value chunks travel again; dQ sums
+  locally; each chunk's dK/dV partial sum travels with it (every rank adds
+  its part, computed into a fresh buffer while the previous ranks' sum is
+  in flight) and arrives home after the last step.
+* causal: global position p sees keys at positions <= p. A pair whose keys
+  all come after its queries is skipped, one whose keys all come before runs
+  without the mask, the diagonal pairs run causal with ``q_offset`` placing
+  the query chunk against the key chunk. With ``layout="zigzag"`` (2N chunks,
+  rank r holds chunks r and 2N-1-r) every rank does the same causal work.
+
+Layouts (positions of the rows of a rank's local tensors, group ranks
+0..N-1): ``"contiguous"``: rank r holds the r-th chunk, chunks in rank
+order, any lengths >= 1 (ragged; the lengths are exchanged at each call).
+``"zigzag"``: the sequence of length S is cut into 2N chunks as
+``torch.tensor_split`` cuts it (the first S % 2N one longer); rank r holds
+chunk r followed by chunk 2N-1-r. :func:`ring_shard`, :func:`ring_unshard`
+and :func:`ring_positions` (e.g. for rotary position ids) convert.
+
+Not supported: attention masks and dropout (the kernels number dropout's
+weights by their position in the local (qL, kL) problem, not the global
+one); double backward. docs/RING.md has the cost model and how to launch.
+"""
+import math
+import struct
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+from . import capi as _capi
+from . import torch as _tt
+
+__all__ = ["ring_attention", "ring_shard", "ring_unshard", "ring_positions", "LAYOUTS",
+           "bytes_sent"]
+
+Tensor = torch.Tensor
+
+#: values of ``layout=``
+LAYOUTS = ("contiguous", "zigzag")
+
+_bytes_sent = 0
+
+
+def bytes_sent() -> int:
+    """Bytes this process has handed to ``torch.distributed`` sends in
+    :func:`ring_attention` (forward and backward), since it started."""
+    return _bytes_sent
+
+
+# ---------------------------------------------------------------------------
+# layouts: a rank's segments (local row, length, global position)
+
+def _chunk_sizes(S: int, parts: int) -> List[int]:
+    """torch.tensor_split's sizes: the first S % parts chunks one longer."""
+    base, extra = divmod(S, parts)
+    return [base + (i < extra) for i in range(parts)]
+
+
+def _segments(layout: str, lengths: Sequence[int]) -> List[List[Tuple[int, int, int]]]:
+    """Per rank, its local tensor's segments (local row, length, global
+    position), from every rank's local length."""
+    N = len(lengths)
+    if layout == "contiguous":
+        starts = [sum(lengths[:r]) for r in range(N)]
+        return [[(0, lengths[r], starts[r])] for r in range(N)]
+    sizes = _chunk_sizes(sum(lengths), 2 * N)
+    if min(sizes) < 1:
+        raise ValueError(f"layout='zigzag' on {N} ranks needs a sequence of at least {2 * N} "
+                         f"rows, got {sum(lengths)}")
+    starts = [sum(sizes[:c]) for c in range(2 * N)]
+    want = [sizes[r] + sizes[2 * N - 1 - r] for r in range(N)]
+    if list(lengths) != want:
+        raise ValueError(f"layout='zigzag': ranks hold {list(lengths)} rows; a sequence of "
+                         f"{sum(lengths)} cut into {2 * N} chunks (torch.tensor_split) gives "
+                         f"{want} (ring_shard makes them)")
+    return [[(0, sizes[r], starts[r]),
+             (sizes[r], sizes[2 * N - 1 - r], starts[2 * N - 1 - r])] for r in range(N)]
+
+
+def _layout_arg(layout: str) -> str:
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    return layout
+
+
+def _positions(segs) -> Tensor:
+    return torch.cat([torch.arange(g, g + n) for _, n, g in segs])
+
+
+def ring_positions(seq_len: int, world_size: int, rank: int,
+                   layout: str = "contiguous") -> Tensor:
+    """Global positions (int64 ``[L_rank]``) of rank ``rank``'s rows when a
+    sequence of ``seq_len`` is sharded by :func:`ring_shard` (contiguous:
+    ``torch.tensor_split`` into ``world_size`` chunks)."""
+    _layout_arg(layout)
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in [0, world_size = {world_size})")
+    parts = world_size if layout == "contiguous" else 2 * world_size
+    if seq_len < parts:
+        raise ValueError(f"seq_len = {seq_len} < {parts}: layout={layout!r} on {world_size} "
+                         "ranks needs every chunk non-empty")
+    sizes = _chunk_sizes(seq_len, parts)
+    lengths = sizes if layout == "contiguous" else \
+        [sizes[r] + sizes[parts - 1 - r] for r in range(world_size)]
+    return _positions(_segments(layout, lengths)[rank])
+
+
+def ring_shard(x: Tensor, world_size: int, rank: int, layout: str = "contiguous",
+               dim: int = -2) -> Tensor:
+    """Rank ``rank``'s rows of the whole-sequence tensor ``x`` (sequence
+    along ``dim``: -2 fits ``[B, H, L, D]`` and ``[B, L, E]``), as
+    :func:`ring_attention` with the same ``layout`` expects them."""
+    return x.index_select(dim, ring_positions(x.shape[dim], world_size, rank, layout))
+
+
+def ring_unshard(parts: Sequence[Tensor], layout: str = "contiguous", dim: int = -2) -> Tensor:
+    """The whole-sequence tensor from every rank's part (``parts[r]`` from
+    group rank r; contiguous parts may have any lengths)."""
+    _layout_arg(layout)
+    segs = _segments(layout, [p.shape[dim] for p in parts])
+    pos = torch.cat([_positions(s) for s in segs])
+    return torch.cat(list(parts), dim).index_select(dim, torch.argsort(pos))
+
+
+# ---------------------------------------------------------------------------
+# the plan of one call: checked on every rank, agreed by one all_gather
+
+class _Plan:
+    """What both passes need: the group and its ring, every rank's segments,
+    the kernels' scalar arguments."""
+
+    def __init__(self, group, rank, N, segs, causal, scale, softcap, dtype, threads,
+                 deterministic, attn_precision):
+        self.group, self.rank, self.N, self.segs = group, rank, N, segs
+        self.causal, self.scale, self.softcap = causal, scale, softcap
+        self.dt = _tt._ATTN_DTYPES[dtype]
+        self.threads, self.deterministic, self.ap = threads, deterministic, attn_precision
+        world = group is None or group is dist.group.WORLD
+        glob = (lambda r: r) if world else (lambda r: dist.get_global_rank(group, r))
+        self.next, self.prev = glob((rank + 1) % N), glob((rank - 1) % N)
+
+    def rows(self, r: int) -> int:
+        """Rank r's chunk length."""
+        return sum(n for _, n, _ in self.segs[r])
+
+    def pairs(self, src: int):
+        """(query segment, key segment, causal, q_offset) of this rank's
+        queries against rank src's keys; fully masked pairs left out."""
+        for qs in self.segs[self.rank]:
+            for ks in self.segs[src]:
+                (_, ql, qg), (_, kl, kg) = qs, ks
+                if not self.causal or kg + kl - 1 <= qg:     # every key visible
+                    yield qs, ks, False, 0
+                elif kg <= qg + ql - 1:                      # the diagonal crosses the pair
+                    yield qs, ks, True, qg - kg              # key k sees query i: k <= i + off
+
+
+_META = ("B", "H", "H_kv", "D", "dtype", "causal", "layout", "scale", "softcap",
+         "attn_precision")
+
+
+def _local_problem(q, k, v, dropout_p) -> Optional[str]:
+    """What is wrong with this rank's inputs alone (None: nothing)."""
+    if dropout_p:
+        return ("dropout is not supported across chunks: the kernels number the dropped "
+                "weights by their place in the local (query chunk, key chunk) problem, "
+                "so the ranks would not draw the single-process mask")
+    if any(not isinstance(t, torch.Tensor) for t in (q, k, v)):
+        return "q, k and v must be tensors"
+    if any(t.device.type != "cpu" for t in (q, k, v)):
+        return f"tilegrad runs on the CPU; got tensors on {q.device}, {k.device}, {v.device}"
+    if q.dim() != 4 or k.dim() != 4 or tuple(k.shape) != tuple(v.shape):
+        return (f"q [B, H, L, D], k and v [B, H_kv, L, D] expected; got {tuple(q.shape)}, "
+                f"{tuple(k.shape)}, {tuple(v.shape)}")
+    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in _tt._ATTN_DTYPES:
+        return (f"q, k and v must all be torch.bfloat16 or all torch.float32; got "
+                f"{q.dtype}, {k.dtype}, {v.dtype}")
+    B, H, L, D = q.shape
+    if k.shape[0] != B or k.shape[2] != L or k.shape[3] != D:
+        return (f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in batch, chunk "
+                "length (q, k and v are this rank's chunk of one sequence) and head dim")
+    if k.shape[1] < 1 or H % k.shape[1]:
+        return f"query heads H = {H} must be a multiple of kv heads {k.shape[1]} (GQA)"
+    if L < 1 or B < 1 or H < 1:
+        return f"every rank needs a non-empty chunk; got q {tuple(q.shape)}"
+    if D % 8 or not 8 <= D <= 512:
+        return f"head dim D = {D}: the kernels take a multiple of 8 up to 512"
+    return None
+
+
+def _f32_bits(x: float) -> int:
+    return struct.unpack("<i", struct.pack("<f", x))[0]
+
+
+def _describe(meta: Tensor) -> dict:
+    """A rank's gathered _META values, readable."""
+    d = dict(zip(_META, meta.tolist()))
+    d["dtype"] = {v: k for k, v in _capi.DTYPE_NAMES.items()}.get(d["dtype"], d["dtype"])
+    d["layout"] = LAYOUTS[d["layout"]]
+    d["causal"] = bool(d["causal"])
+    for f in ("scale", "softcap"):
+        d[f] = struct.unpack("<f", struct.pack("<i", d[f]))[0]
+    return d
+
+
+def _plan(q, k, v, causal, scale, softcap, group, layout, dropout_p, threads, deterministic,
+          attn_precision) -> _Plan:
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("ring_attention needs torch.distributed: call "
+                           "torch.distributed.init_process_group('gloo') first (torchrun "
+                           "sets its environment; docs/RING.md)")
+    rank, N = dist.get_rank(group), dist.get_world_size(group)
+    if rank < 0:
+        raise ValueError("ring_attention: this process is not a member of `group`")
+    meta = [1] + [0] * (len(_META) + 1)      # [refused, _META..., chunk length]
+    try:    # a bad argument on one rank must not leave the others waiting: gathered below
+        layout = _layout_arg(layout)
+        ap = _tt._attn_precision_arg(attn_precision)
+        threads = _tt._threads_arg(threads)
+        err = _local_problem(q, k, v, dropout_p)
+        if err is None:
+            D = q.shape[3]
+            scale = float(1.0 / math.sqrt(D) if scale is None else scale)
+            softcap = 1.0 if softcap is None else float(softcap)
+            if not (math.isfinite(scale) and math.isfinite(softcap) and softcap > 0):
+                raise ValueError(f"scale = {scale} must be finite, softcap = {softcap} "
+                                 "finite and > 0")
+            vals = dict(B=q.shape[0], H=q.shape[1], H_kv=k.shape[1], D=D,
+                        dtype=_tt._ATTN_DTYPES[q.dtype], causal=int(bool(causal)),
+                        layout=LAYOUTS.index(layout), scale=_f32_bits(scale),
+                        softcap=_f32_bits(softcap), attn_precision=ap)
+            meta = [0] + [vals[n] for n in _META] + [q.shape[2]]
+    except (ValueError, TypeError, OverflowError) as e:   # scale / softcap beyond float32 too
+        err = str(e)
+    # one all_gather: every rank sees every rank's problem, so all raise together
+    mine = torch.tensor(meta, dtype=torch.int64)
+    every = [mine]
+    if N > 1:
+        every = [torch.empty_like(mine) for _ in range(N)]
+        dist.all_gather(every, mine, group=group)
+    failed = [r for r in range(N) if every[r][0]]
+    if err is not None:
+        raise ValueError(f"ring_attention (rank {rank} of {N}): {err}")
+    if failed:
+        raise RuntimeError(f"ring_attention: rank(s) {failed} of the group refused their "
+                           "inputs (their own errors say why)")
+    for r in range(N):
+        diff = [n for j, n in enumerate(_META) if every[r][1 + j] != every[0][1 + j]]
+        if diff:
+            raise ValueError(f"ring_attention: rank {r} and rank 0 disagree in {diff} "
+                             f"({_describe(every[r][1:-1])} against "
+                             f"{_describe(every[0][1:-1])}); every rank must call with the "
+                             "same shapes (but the chunk length) and arguments")
+    segs = _segments(layout, [int(e[-1]) for e in every])
+    return _Plan(group, rank, N, segs, bool(causal), scale, softcap, q.dtype, threads,
+                 bool(deterministic), ap)
+
+
+# ---------------------------------------------------------------------------
+# the kernels of one (query segment, key segment) pair
+
+def _fwd_pair(ctx, plan, q, k, v, causal, q_offset) -> Tuple[Tensor, Tensor]:
+    """q [B,H,ql,D], k/v [B,Hkv,kl,D] (views, unit inner stride) -> O f32
+    [B,H,ql,D], L f32 [B,H,ql]."""
+    o = torch.empty(q.shape, dtype=torch.float32)
+    lse = torch.empty(q.shape[:3], dtype=torch.float32)
+    p = _tt._attn_params(q, k, v, _tt._bhl_strides(o), plan.scale, plan.softcap, q_offset)
+    opt = _capi.AttnOptions(flags=_capi.TG_ATTN_OPT_O_F32)
+    ctx.call("tg_attn_train_fwd", plan.dt, _tt._ptr(q), _tt._ptr(k), _tt._ptr(v), _tt._ptr(o),
+             _tt._ptr(lse), p, None, None, int(causal), opt)
+    return o, lse
+
+
+def _merge(o_acc: Tensor, l_acc: Tensor, o: Tensor, lse: Tensor) -> None:
+    """(o_acc, l_acc) <- the logsumexp combine of it and (o, lse), in f32, in
+    place (views of the accumulators). Rows with L = -inf (no key yet) get
+    weight 0; -inf + -inf stays -inf with O 0."""
+    l_new = torch.logaddexp(l_acc, lse)
+    ref = l_new.masked_fill(torch.isneginf(l_new), 0.0)
+    o_acc.mul_(torch.exp(l_acc - ref).unsqueeze(-1))
+    o_acc.add_(o * torch.exp(lse - ref).unsqueeze(-1))
+    l_acc.copy_(l_new)
+
+
+def _bwd_pair(ctx, plan, q, k, v, lse, do, delta, dq, dk, dv, causal, q_offset) -> None:
+    """dq [B,H,ql,D] f32 written; dk, dv [B,Hkv,kl,D] f32 accumulate (all
+    contiguous); lse, delta [B,H,ql] contiguous (the global L and D_vec)."""
+    p = _tt._attn_params(q, k, v, _tt._bhl_strides(do), plan.scale, plan.softcap, q_offset)
+    ctx.call("tg_attn_train_bwd", plan.dt, _tt._ptr(q), _tt._ptr(k), _tt._ptr(v),
+             _tt._ptr(lse), _tt._ptr(do), _tt._ptr(delta), _tt._ptr(dq), _tt._ptr(dk),
+             _tt._ptr(dv), p, None, None, int(causal), None)
+
+
+def _rows(t: Tensor, seg) -> Tensor:
+    return t[:, :, seg[0]:seg[0] + seg[1]]
+
+
+# ---------------------------------------------------------------------------
+# the ring
+
+def _isend(plan, t: Tensor, tag: int):
+    global _bytes_sent
+    _bytes_sent += t.numel() * t.element_size()
+    return dist.isend(t, plan.next, group=plan.group, tag=tag)
+
+
+def _irecv(plan, t: Tensor, tag: int):
+    return dist.irecv(t, plan.prev, group=plan.group, tag=tag)
+
+
+def _ring_forward(q: Tensor, k: Tensor, v: Tensor, plan: _Plan) -> Tuple[Tensor, Tensor]:
+    """-> O [B,H,L,D] in q's dtype, L f32 [B,H,L] (the global logsumexp)."""
+    B, H, L, D = q.shape
+    q = _tt._inner_unit(q)
+    o_acc = torch.zeros((B, H, L, D), dtype=torch.float32)
+    l_acc = torch.full((B, H, L), -math.inf, dtype=torch.float32)
+    kv = torch.stack((k, v))                      # [2, B, Hkv, L_src, D]: one message
+    ctx = _tt._context(plan.threads, plan.deterministic, plan.ap)
+    for s in range(plan.N):
+        src = (plan.rank - s) % plan.N
+        works = []
+        if s < plan.N - 1:                        # the next chunk comes in meanwhile
+            nxt = kv.new_empty((2, B, k.shape[1], plan.rows((src - 1) % plan.N), D))
+            works = [_isend(plan, kv, s), _irecv(plan, nxt, s)]
+        for qs, ks, causal, off in plan.pairs(src):
+            o, lse = _fwd_pair(ctx, plan, _rows(q, qs), _rows(kv[0], ks), _rows(kv[1], ks),
+                               causal, off)
+            _merge(_rows(o_acc, qs), _rows(l_acc, qs), o, lse)
+        for w in works:
+            w.wait()
+        if works:
+            kv = nxt
+    return o_acc.to(q.dtype), l_acc
+
+
+def _grad_views(g: Tensor, segs, B: int, Hkv: int, D: int):
+    """A chunk's dK, dV as one message g, f32 [2, B*Hkv*L_chunk*D] with each
+    key segment a contiguous [B, Hkv, len, D] block (the kernel accumulates
+    into contiguous dK, dV) -> {segment: (dk, dv)} views."""
+    views, at = {}, 0
+    for s in segs:
+        n = B * Hkv * s[1] * D
+        views[s] = tuple(g[j, at:at + n].view(B, Hkv, s[1], D) for j in (0, 1))
+        at += n
+    return views
+
+
+def _ring_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
+                   plan: _Plan) -> Tuple[Tensor, Tensor, Tensor]:
+    """-> dq, dk, dv of q's dtype (f32 sums rounded once)."""
+    B, H, L, D = q.shape
+    Hkv, N, rank = k.shape[1], plan.N, plan.rank
+    q, do, o = _tt._inner_unit(q), do.contiguous(), o.contiguous()
+    ctx = _tt._context(plan.threads, plan.deterministic, plan.ap)
+    delta = torch.empty((B, H, L), dtype=torch.float32)
+    ctx.call("tg_attn_train_bwd_compute_d", plan.dt, _tt._ptr(o), _tt._ptr(do),
+             _tt._ptr(delta), B, H, L, D)
+    mine = plan.segs[rank]
+    lse_of = {s: _rows(lse, s).contiguous() for s in mine}      # the kernel takes them
+    delta_of = {s: _rows(delta, s).contiguous() for s in mine}  # contiguous
+    dq = torch.zeros((B, H, L, D), dtype=torch.float32)
+    kv = torch.stack((k, v))
+
+    sent, home, home_work = None, None, None    # sent: the last dK/dV send, in flight
+    for s in range(N):
+        src = (rank - s) % N
+        kv_works, g_in_work = [], None
+        if s < N - 1:
+            kv_nxt = kv.new_empty((2, B, Hkv, plan.rows((src - 1) % N), D))
+            kv_works = [_isend(plan, kv, s), _irecv(plan, kv_nxt, s)]
+        if s > 0:   # the sum of the ranks before us on chunk src (their step s - 1)
+            g_in = torch.empty((2, B * Hkv * plan.rows(src) * D), dtype=torch.float32)
+            g_in_work = _irecv(plan, g_in, N + s - 1)
+        if s == N - 1 and N > 1:   # our chunk's whole sum, after the previous rank's last step
+            home = torch.empty((2, B * Hkv * L * D), dtype=torch.float32)
+            home_work = _irecv(plan, home, 2 * N - 1)
+        # this rank's part, computed while the previous ranks' sum is in flight
+        g = torch.zeros((2, B * Hkv * plan.rows(src) * D), dtype=torch.float32)
+        views = _grad_views(g, plan.segs[src], B, Hkv, D)
+        for qs, ks, causal, off in plan.pairs(src):
+            dq_part = torch.empty((B, H, qs[1], D), dtype=torch.float32)
+            _bwd_pair(ctx, plan, _rows(q, qs), _rows(kv[0], ks), _rows(kv[1], ks), lse_of[qs],
+                      _rows(do, qs), delta_of[qs], dq_part, *views[ks], causal, off)
+            _rows(dq, qs).add_(dq_part)
+        if g_in_work is not None:
+            g_in_work.wait()
+            g.add_(g_in)
+        if N > 1:   # on to the next rank (at s = N-1: home); one step's send in flight
+            if sent is not None:
+                sent.wait()
+            sent = _isend(plan, g, N + s)
+        for w in kv_works:
+            w.wait()
+        if kv_works:
+            kv = kv_nxt
+    if home_work is not None:
+        home_work.wait()
+    else:
+        home = g                   # one rank: its own sum
+    if sent is not None:
+        sent.wait()
+    views = _grad_views(home, mine, B, Hkv, D)
+    dk = torch.cat([views[s][0] for s in mine], 2)
+    dv = torch.cat([views[s][1] for s in mine], 2)
+    return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype)
+
+
+class _RingAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, plan):
+        o, lse = _ring_forward(q, k, v, plan)
+        ctx.plan = plan
+        ctx.save_for_backward(q, k, v, o, lse)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = _ring_backward(do.to(q.dtype), q, k, v, o, lse, ctx.plan)
+        return dq, dk, dv, None
+
+
+def ring_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
+                   scale: Optional[float] = None, softcap: Optional[float] = None, *,
+                   group=None, layout: str = "contiguous", dropout_p: float = 0.0,
+                   attn_precision: str = "exact", threads: Optional[int] = None,
+                   deterministic: bool = False) -> Tensor:
+    """Context-parallel FA-2 attention: this rank's chunk of
+    ``softmax(scale q k^T) v`` over the whole sequence, whose chunks the
+    ranks of ``group`` (default: the world) hold.
+
+    q ``[B, H, L_r, D]``, k and v ``[B, H_kv, L_r, D]``: this rank's rows of
+    one self-attention sequence (H a multiple of H_kv: GQA), bfloat16 or
+    float32 CPU tensors, D a multiple of 8 up to 512; ``layout`` says which
+    global positions the rows are (module docstring: ``"contiguous"``, any
+    chunk lengths; ``"zigzag"``, the balanced causal layout of
+    :func:`ring_shard`). Every rank must call it, with the same B, H, H_kv,
+    D, dtype and arguments; each gets its own rows of O (q's dtype).
+    causal: position p sees keys at positions <= p. scale default
+    ``1/sqrt(D)``; softcap, attn_precision, threads and deterministic as
+    :func:`tilegrad.torch.attention`. Gradients flow to q, k and v (the
+    backward runs the ring again, so every rank must run it).
+
+    Results: O and the gradients are the single-process kernels' up to f32
+    rounding (the (O, L) merge and the chunk order of the f32 sums); with one
+    rank and the contiguous layout they are those kernels' bits.
+    Not supported (clear errors): masks, dropout_p != 0."""
+    plan = _plan(q, k, v, causal, scale, softcap, group, layout, dropout_p, threads,
+                 deterministic, attn_precision)
+    return _RingAttention.apply(q, k, v, plan)
