@@ -34,7 +34,7 @@
 typedef struct {
   tg_attn_problem pr;
   const void *Q, *K, *V, *dO, *mask; /* type pr.in */
-  void *O;      /* type pr.in (f32 if pr.o_f32); NULL: O is not written */
+  void *O;      /* type pr.in; NULL: O is not written */
   float *L;
   float *delta; /* with dO: rowsum(dO * O) */
   const tg_micro_ops *ops;

@@ -148,6 +148,7 @@ def _worker(rank, N, port, out_dir, lib_path):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
+    torch.set_default_dtype(torch.float32)     # _inputs draws as the parent does
     import torch.distributed as dist
     from tilegrad import capi
     assert os.path.samefile(capi.library().path, lib_path), (capi.library().path, lib_path)
