@@ -37,7 +37,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import socket
 import statistics
 import sys
@@ -51,6 +50,7 @@ sys.path.insert(0, os.path.join(REPO, "python"))
 import tilegrad  # noqa: E402  (the package in python/, from the source tree)
 import tilegrad.torch as tt  # noqa: E402
 from tilegrad import ring  # noqa: E402
+from vs_torch import cpu_name  # noqa: E402  (bench/vs_torch.py)
 
 DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
 
@@ -179,17 +179,6 @@ def _model(N, cf, cb, link_kv, link_grad):
     return over, serial
 
 
-def _cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ranks", default="1,2,4", help="world sizes (default 1,2,4)")
@@ -219,7 +208,7 @@ def main():
     isa = tilegrad.Context(threads=1).isa
     head = (f"ring attention: B,H,H_kv,S,D = {a.shape}, {'causal' if a.causal else 'full'}, "
             f"{a.dtype}, layout {a.layout}; {a.threads_total} threads in total on "
-            f"{cores} cores ({_cpu_name()}); tilegrad ISA table {isa}; torch "
+            f"{cores} cores ({cpu_name()}); tilegrad ISA table {isa}; torch "
             f"{torch.__version__}; OMP_WAIT_POLICY {os.environ.get('OMP_WAIT_POLICY', 'unset')}; "
             f"median of {a.reps}\n"
             f"single process, whole sequence, {a.threads_total} threads: fwd "
@@ -251,7 +240,7 @@ def main():
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(shape=a.shape, causal=a.causal, dtype=a.dtype, layout=a.layout,
-                           threads_total=a.threads_total, cores=cores, cpu=_cpu_name(),
+                           threads_total=a.threads_total, cores=cores, cpu=cpu_name(),
                            isa=isa, torch=torch.__version__, reps=a.reps,
                            single=dict(fwd=sf, bwd=sb),
                            results=results, table="\n".join(lines)), f, indent=1)

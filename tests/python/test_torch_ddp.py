@@ -138,10 +138,24 @@ def _worker(rank, port, out_dir, pkg_dir, lib_path):
         dist.destroy_process_group()
 
 
-def _free_port():
+def free_port():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def gloo_on_loopback():
+    """Skips the test where torch has no torch.distributed or no gloo; pins
+    gloo to loopback where there is one (it picks its interface from the
+    hostname otherwise). Shared with test_torch_ring.py."""
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available():
+        pytest.skip(f"torch {torch.__version__} was built without torch.distributed")
+    if not dist.is_gloo_available():
+        pytest.skip(f"torch {torch.__version__}'s torch.distributed has no gloo backend")
+    if "GLOO_SOCKET_IFNAME" not in os.environ and any(
+            name == "lo" for _, name in socket.if_nameindex()):
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo"
 
 
 def _reference():
@@ -175,19 +189,10 @@ def _check_close(what, got, ref):
 
 
 def test_ddp_gloo_two_ranks_matches_whole_batch(tmp_path, lib):
-    dist = pytest.importorskip("torch.distributed")
-    if not dist.is_available():
-        pytest.skip(f"torch {torch.__version__} was built without torch.distributed")
-    if not dist.is_gloo_available():
-        pytest.skip(f"torch {torch.__version__}'s torch.distributed has no gloo backend")
+    gloo_on_loopback()
     import torch.multiprocessing as mp
-
-    # gloo picks its interface from the hostname; pin loopback where there is one
-    if "GLOO_SOCKET_IFNAME" not in os.environ and any(
-            name == "lo" for _, name in socket.if_nameindex()):
-        os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     pkg_dir = os.path.dirname(tilegrad.__file__)
-    ctx = mp.spawn(_worker, args=(_free_port(), str(tmp_path), pkg_dir, lib.path),
+    ctx = mp.spawn(_worker, args=(free_port(), str(tmp_path), pkg_dir, lib.path),
                    nprocs=WORLD, join=False)
     deadline = 120
     t0 = time.monotonic()

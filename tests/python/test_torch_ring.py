@@ -50,7 +50,6 @@ process group. Skipped when torch.distributed or gloo is unavailable.
 import datetime
 import math
 import os
-import socket
 import sys
 import time
 
@@ -59,6 +58,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the torch front needs PyTorch")
 import tilegrad.torch as tt  # noqa: E402
 from tilegrad import ring  # noqa: E402
+from test_torch_ddp import free_port, gloo_on_loopback  # noqa: E402
 from test_torch_wrappers import F64, SAFETY, U32, UBF, check, ref_attention, \
     sum_group  # noqa: E402
 
@@ -174,23 +174,10 @@ def _worker(rank, N, port, out_dir, lib_path):
         dist.destroy_process_group()
 
 
-def _free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spawn(N, tmp_path, lib):
-    dist = pytest.importorskip("torch.distributed")
-    if not dist.is_available():
-        pytest.skip(f"torch {torch.__version__} was built without torch.distributed")
-    if not dist.is_gloo_available():
-        pytest.skip(f"torch {torch.__version__}'s torch.distributed has no gloo backend")
+    gloo_on_loopback()
     import torch.multiprocessing as mp
-    if "GLOO_SOCKET_IFNAME" not in os.environ and any(
-            name == "lo" for _, name in socket.if_nameindex()):
-        os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    ctx = mp.spawn(_worker, args=(N, _free_port(), str(tmp_path), lib.path), nprocs=N,
+    ctx = mp.spawn(_worker, args=(N, free_port(), str(tmp_path), lib.path), nprocs=N,
                    join=False)
     deadline, t0 = 120, time.monotonic()
     while not ctx.join(timeout=1):        # raises with the child's traceback on a failure
