@@ -112,6 +112,11 @@ int tu_isas(tg_isa out[TU_MAX_ISAS]) {
   return n;
 }
 
+int tu_short(void) {
+  const char *env = getenv("TG_TEST_SHORT");
+  return env && strcmp(env, "1") == 0;
+}
+
 tg_ctx *tu_ctx(int threads, tg_isa isa) {
   tg_ctx *ctx;
   if (tg_ctx_create(&ctx) != TG_OK) fail_msg("tg_ctx_create failed");

@@ -46,6 +46,11 @@ int tu_isas(tg_isa out[TU_MAX_ISAS]); /* returns how many */
 /* Fails the test on error. TG_ISA_AUTO: the ISA under test (TG_TEST_ISA),
  * else the best the CPU has. */
 tg_ctx *tu_ctx(int threads, tg_isa isa);
+/* TG_TEST_SHORT=1 (scripts/test_aarch64.sh, where every floating-point
+ * operation is emulated by qemu): suites leave out the cases that add only
+ * size, not paths (each says what it left out), because their f64
+ * references take many minutes there. */
+int tu_short(void);
 
 /* --- comparison ----------------------------------------------------------
  * Passes iff |got[i] - want[i]| <= bound[i] for every i (and got[i] is not
