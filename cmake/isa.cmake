@@ -1,8 +1,14 @@
 # The CMake side of the ISA registry (engine/isa.h is the C side, with the
-# same names in the same order): each ISA's compile flags for
-# kernels/micro/micro.c. The portable table takes the target's baseline
-# flags only and is always built.
-set(TG_ISA_NAMES portable avx2 avx512 avx512bf16 amx)
+# same names in the same order for each architecture): each ISA's compile
+# flags for kernels/micro/micro.c. The portable table takes the target's
+# baseline flags only and is always built.
+if(CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64")
+  set(TG_ISA_NAMES portable avx2 avx512 avx512bf16 amx)
+elseif(CMAKE_SYSTEM_PROCESSOR MATCHES "aarch64|arm64|ARM64")
+  set(TG_ISA_NAMES portable neon neonbf16)
+else()
+  set(TG_ISA_NAMES portable)
+endif()
 set(TG_ISA_FLAGS_portable "")
 set(TG_ISA_FLAGS_avx2 -mavx2 -mfma -mf16c)
 set(TG_ISA_FLAGS_avx512 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mavx2 -mf16c)
@@ -13,6 +19,14 @@ set(TG_ISA_FLAGS_avx512bf16 ${TG_ISA_FLAGS_avx512} -mavx512bf16)
 # products on TDPBF16PS, everything else as avx512bf16 (gcc >= 11, clang >= 12).
 # TG_MICRO_AMX: amx_dot.h refuses to build without the tile intrinsics.
 set(TG_ISA_FLAGS_amx ${TG_ISA_FLAGS_avx512bf16} -mamx-tile -mamx-bf16 -DTG_MICRO_AMX)
+# aarch64 (Advanced SIMD is in the baseline, so the portable table is
+# auto-vectorized NEON too): TG_MICRO_NEON selects the neon sections of
+# kernels/micro/ (blocking for 32 q registers, simd_neon.h). neonbf16 adds
+# FEAT_BF16 for BFMMLA (kernels/micro/bf16_dot.h): optional from Armv8.2,
+# so armv8.2-a+bf16 asks for nothing else a BF16 CPU might lack.
+# TG_MICRO_BF16: bf16_dot.h refuses to build without the BF16 intrinsics.
+set(TG_ISA_FLAGS_neon -DTG_MICRO_NEON)
+set(TG_ISA_FLAGS_neonbf16 -march=armv8.2-a+bf16 -DTG_MICRO_NEON -DTG_MICRO_BF16)
 
 # tg_add_micro_tables(<prefix> <objects_var> <built_var>
 #                     [OPTIONS <compile options>...] [LINK <libraries>...])
@@ -30,16 +44,12 @@ function(tg_add_micro_tables prefix objects_var built_var)
     set(flags ${TG_ISA_FLAGS_${name}})
     set(ok ON)
     if(flags)
-      if(NOT CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64")
-        set(ok OFF)
-      else()
-        set(CMAKE_TRY_COMPILE_TARGET_TYPE STATIC_LIBRARY)
-        try_compile(ok ${CMAKE_CURRENT_BINARY_DIR}/try_isa_${prefix}_${name}
-                    SOURCES ${root}/kernels/micro/micro.c
-                    COMPILE_DEFINITIONS -DTG_MICRO_SUFFIX=${name} -I${root}/include
-                                        -I${root}/engine ${ARG_OPTIONS} -fno-trapping-math
-                                        ${flags})
-      endif()
+      set(CMAKE_TRY_COMPILE_TARGET_TYPE STATIC_LIBRARY)
+      try_compile(ok ${CMAKE_CURRENT_BINARY_DIR}/try_isa_${prefix}_${name}
+                  SOURCES ${root}/kernels/micro/micro.c
+                  COMPILE_DEFINITIONS -DTG_MICRO_SUFFIX=${name} -I${root}/include
+                                      -I${root}/engine ${ARG_OPTIONS} -fno-trapping-math
+                                      ${flags})
     endif()
     if(ok)
       add_library(${prefix}_${name} OBJECT ${root}/kernels/micro/micro.c)

@@ -13,6 +13,11 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#elif defined(__aarch64__) && defined(__APPLE__)
+#include <sys/sysctl.h>
+#endif
 
 #include "engine.h"
 
@@ -65,8 +70,10 @@ const char *tg_ctx_last_error(const tg_ctx *ctx) {
 
 /* --- ISA: the registry of engine/isa.h --------------------------------------
  * CPUID predicates (libgcc's __builtin_cpu_supports also checks that the OS
- * saves the wider registers). */
+ * saves the wider registers); on aarch64 the OS's feature reports. Each
+ * architecture compiles only the predicates of its own tables. */
 static int tg_cpu_any(void) { return 1; }
+#if defined(__x86_64__)
 static int tg_cpu_avx2_fma(void) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   __builtin_cpu_init();
@@ -178,6 +185,26 @@ static const char *amx_why(void) {
   }
   return "";
 }
+#endif /* __x86_64__ */
+
+#if defined(__aarch64__)
+/* FEAT_BF16 (BFDOT, BFMMLA) as the OS reports it: Linux's HWCAP2_BF16 in
+ * the auxiliary vector (a kernel older than that bit reports no BF16),
+ * macOS's hw.optional.arm.FEAT_BF16 (Apple M2 and later). Advanced SIMD
+ * itself needs no check: every AArch64 CPU and OS has it. */
+static int tg_cpu_neon_bf16(void) {
+#if defined(__linux__)
+  enum { HWCAP2_BF16_BIT = 1 << 14 }; /* <asm/hwcap.h>'s HWCAP2_BF16 */
+  return (getauxval(AT_HWCAP2) & HWCAP2_BF16_BIT) != 0;
+#elif defined(__APPLE__)
+  int v = 0;
+  size_t len = sizeof v;
+  return sysctlbyname("hw.optional.arm.FEAT_BF16", &v, &len, NULL, 0) == 0 && v != 0;
+#else
+  return 0;
+#endif
+}
+#endif /* __aarch64__ */
 
 static const struct {
   tg_isa id;
@@ -228,9 +255,14 @@ static const char *isa_why_not(tg_isa isa) {
   for (int i = 0; i < N_ISAS; i++)
     if (isa_registry[i].id == isa) {
       if (!isa_registry[i].ops->mm_nn)
-        return "this build has no such table (the compiler refused its flags, or the "
-               "target is not x86-64)";
+        return "this build has no such table (the compiler refused its flags)";
+#if defined(__x86_64__)
       if (isa == TG_ISA_AMX) return amx_why();
+#elif defined(__aarch64__)
+      if (isa == TG_ISA_NEON_BF16 && !tg_cpu_neon_bf16())
+        return "the CPU (or the OS) does not report FEAT_BF16 (Linux: HWCAP2_BF16; "
+               "macOS: hw.optional.arm.FEAT_BF16)";
+#endif
     }
   return "";
 }

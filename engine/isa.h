@@ -28,12 +28,27 @@
 #ifndef TG_ISA_H
 #define TG_ISA_H
 
+/* Each architecture lists its own tables; the others' compile out (their
+ * names are "unknown" there). */
+#if defined(__x86_64__)
 #define TG_ISA_LIST(X)                                                        \
   X(portable, TG_ISA_PORTABLE, tg_cpu_any, tg_cpu_any)                        \
   X(avx2, TG_ISA_AVX2, tg_cpu_avx2_fma, tg_cpu_any)                           \
   X(avx512, TG_ISA_AVX512, tg_cpu_avx512, tg_cpu_any)                         \
   X(avx512bf16, TG_ISA_AVX512_BF16, tg_cpu_avx512_bf16, tg_cpu_bf16_dot_fast) \
   X(amx, TG_ISA_AMX, tg_cpu_amx, tg_cpu_any)
+#elif defined(__aarch64__)
+/* neon: Advanced SIMD, in every AArch64 CPU. neonbf16: neon with the two
+ * bf16 x bf16 attention products on BFMMLA (FEAT_BF16: Linux HWCAP2_BF16,
+ * macOS hw.optional.arm.FEAT_BF16); picked wherever it runs (unmeasured:
+ * docs/AARCH64.md). */
+#define TG_ISA_LIST(X)                                   \
+  X(portable, TG_ISA_PORTABLE, tg_cpu_any, tg_cpu_any)   \
+  X(neon, TG_ISA_NEON, tg_cpu_any, tg_cpu_any)           \
+  X(neonbf16, TG_ISA_NEON_BF16, tg_cpu_neon_bf16, tg_cpu_any)
+#else
+#define TG_ISA_LIST(X) X(portable, TG_ISA_PORTABLE, tg_cpu_any, tg_cpu_any)
+#endif
 
 /* The names, "auto" first, for messages and usage texts:
  * "auto, portable, avx2, ..." and "auto|portable|avx2|...". */

@@ -106,6 +106,12 @@ const char *tg_ctx_last_error(const tg_ctx *ctx);
  * unavailable where it is refused (kernels before 5.16, seccomp). The
  * environment variable TG_ISA=<name> (one of the names tg_isa_name gives)
  * overrides it at tg_ctx_create.
+ * On aarch64 auto picks neonbf16 where the CPU has FEAT_BF16 (Linux:
+ * HWCAP2_BF16; macOS: hw.optional.arm.FEAT_BF16), else neon. neon is
+ * Advanced SIMD with its own blocking (32 128-bit registers); neonbf16 is
+ * neon with the two bf16 x bf16 attention products on BFMMLA (exact
+ * products, f32 sums). Each architecture has only its own tables: the
+ * others are unavailable there and tg_isa_name calls them "unknown".
  * TG_ISA_PORTABLE is plain C for the target's baseline and always available.
  * (The values are ABI: new ISAs get new numbers.) */
 typedef enum {
@@ -114,15 +120,18 @@ typedef enum {
   TG_ISA_AVX512 = 2,
   TG_ISA_AVX2 = 3,
   TG_ISA_AVX512_BF16 = 4,
-  TG_ISA_AMX = 5
+  TG_ISA_AMX = 5,
+  TG_ISA_NEON = 6,     /* aarch64 */
+  TG_ISA_NEON_BF16 = 7 /* aarch64 with FEAT_BF16 */
 } tg_isa;
 /* TG_ERR_UNSUPPORTED if the CPU (or this build) lacks the ISA, or isa is no
  * tg_isa value (tg_ctx_last_error says which, and for amx why); the context
  * is unchanged on failure. */
 tg_status tg_ctx_set_isa(tg_ctx *ctx, tg_isa isa);
 tg_isa tg_ctx_get_isa(const tg_ctx *ctx);
-/* "auto", "portable", "avx2", "avx512", "avx512bf16", "amx"; "unknown" for
- * other values. */
+/* "auto", "portable", "avx2", "avx512", "avx512bf16", "amx" (x86-64),
+ * "neon", "neonbf16" (aarch64); "unknown" for other values and for another
+ * architecture's tables. */
 const char *tg_isa_name(tg_isa isa);
 /* The tg_isa named `name` (as tg_isa_name spells it) in *out: TG_OK, or
  * TG_ERR_BAD_PARAMS (and *out untouched) for NULL or an unknown name. */

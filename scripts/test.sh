@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds tilegrad and runs every test: the C suites (ctest, Release), the
-# installed package's consumers (find_package, pkg-config), the same suites
-# under AddressSanitizer + UndefinedBehaviorSanitizer, the PyTorch oracle and
+# installed package's consumers (find_package, pkg-config), the C suites
+# cross-built for aarch64 under qemu (scripts/test_aarch64.sh), the same
+# x86-64 suites under AddressSanitizer + UndefinedBehaviorSanitizer, the PyTorch oracle and
 # Python package suite (pytest; on Debian's torch 1.13, then on
 # torch 2.9.1 in a venv for the custom ops), the pip-install check, a short
 # libFuzzer run and the ThreadSanitizer race check. Installs what it needs
@@ -18,6 +19,9 @@ cmake --build build -j"$jobs" >/dev/null
 
 echo "== install: find_package and pkg-config consumers"
 bash tests/consumer/check.sh
+
+echo "== aarch64: cross build, every C suite under qemu (neon, neonbf16, portable)"
+bash scripts/test_aarch64.sh
 
 echo "== build (ASan + UBSan) and ctest"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DTG_SANITIZE=ON >/dev/null

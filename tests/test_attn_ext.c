@@ -659,7 +659,8 @@ static void test_f32_random_configs(void **state) {
  * (2.2-3.7e-5 with a plain running sum). A target, not a derived
  * bound (the per-element bounds are checked as well); the measured errors
  * are printed. dK, dV start from 0 here. The L = 4096 case is left out
- * under AddressSanitizer (its f64 reference alone takes minutes there). */
+ * under AddressSanitizer and with TG_TEST_SHORT (its f64 reference alone
+ * takes minutes there). */
 static void test_f32_accuracy_target(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 3);
   static const ext_cfg long_cfgs[] = {
@@ -673,6 +674,10 @@ static void test_f32_accuracy_target(void **state) {
   };
   int failures = 0;
   for (size_t ci = 0; ci < sizeof long_cfgs / sizeof long_cfgs[0]; ci++) {
+    if (long_cfgs[ci].qL > 1024 && tu_short()) {
+      printf("  %s: left out (TG_TEST_SHORT)\n", long_cfgs[ci].name);
+      continue;
+    }
     ext_problem pb;
     build(&pb, &long_cfgs[ci], &r, 1);
     ext_out o = alloc_out(&pb);

@@ -42,6 +42,20 @@ enum { MR = 8, NR = 32, ATTN_BQ = 64, ATTN_BK = 64 };
  * 0-5% on every shape. */
 enum { MR = 6, NR = 16, ATTN_BQ = 48, ATTN_BK = 48 };
 
+#elif defined(__aarch64__) && defined(TG_MICRO_NEON)
+/* NEON (the neon and neonbf16 tables): 32 q registers of 4 floats. A 6 x 16
+ * block is 24 accumulators + 4 B vectors + the A values (by-element FMLA
+ * takes them from lanes of 2 registers): 30 of 32. 8 x 12 (24 + 3 + 2) is
+ * the other fit, but its 12-column panels do not divide the head dims
+ * (64, 128, 256: D is the N of O = P.V, dQ = dS.K, dK = dS^T.Q and
+ * dV = P^T.dO), and the 4 or 8 columns left over would run block_edge's
+ * row-at-a-time loop. Tiles
+ * of 48 rows are whole 6-row blocks and three 16-column panels (the shape
+ * avx2 measured best with the same block). Chosen by register count, not
+ * measured: nothing here has run on an aarch64 machine, only under qemu
+ * (docs/AARCH64.md says what to measure). */
+enum { MR = 6, NR = 16, ATTN_BQ = 48, ATTN_BK = 48 };
+
 #else
 /* Portable: the target's baseline (SSE2 on x86-64, 16 xmm): 4 x 8 is 8
  * accumulators of 4 floats, leaving room for the B vectors and the

@@ -28,6 +28,8 @@
 #include "simd_avx512.h"
 #elif defined(__AVX2__) && defined(__FMA__)
 #include "simd_avx2.h"
+#elif defined(__aarch64__) && defined(TG_MICRO_NEON)
+#include "simd_neon.h"
 #else
 #include "simd_portable.h"
 #endif
@@ -401,7 +403,7 @@ static void TG_NAME(dropout_keep)(uint8_t *restrict keep, int64_t n, uint64_t n0
 }
 
 #include "row_ops.h"
-#include "bf16_dot.h" /* AVX512_BF16: pack_bf16_pairs, mm_bf16_pairs on vdpbf16ps */
+#include "bf16_dot.h" /* AVX512_BF16 (vdpbf16ps), FEAT_BF16 (BFMMLA): pack_bf16_pairs, mm_bf16_pairs */
 #include "amx_dot.h"  /* AMX-BF16: mm_bf16_pairs on tiles in place of bf16_dot.h's */
 #include "bf16_pack.h" /* the precision modes' operand packing */
 #ifndef TG_BF16_BRACKET_OPS /* only the amx table brackets its calls */

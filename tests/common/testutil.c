@@ -87,8 +87,12 @@ __attribute__((constructor)) static void tu_pick_isa(void) {
     fprintf(stderr, "TG_TEST_ISA=%s: not an ISA name\n", env);
     exit(2);
   }
-  if (!tg_isa_available(test_isa)) {
-    printf("[ isa      ] %s: SKIPPED, this CPU or build cannot run it\n", env);
+  if (!tg_isa_available(test_isa)) { /* the library's reason: tg_ctx_set_isa's message */
+    tg_ctx *ctx = NULL;
+    const int why = tg_ctx_create(&ctx) == TG_OK && tg_ctx_set_isa(ctx, test_isa) != TG_OK;
+    printf("[ isa      ] %s: SKIPPED, this CPU or build cannot run it%s%s\n", env,
+           why ? ": " : "", why ? tg_ctx_last_error(ctx) : "");
+    tg_ctx_destroy(ctx);
     fflush(stdout);
     exit(77);
   }
@@ -109,6 +113,11 @@ int tu_isas(tg_isa out[TU_MAX_ISAS]) {
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
     if (tg_isa_available(all[i])) out[n++] = all[i];
   return n;
+}
+
+int tu_short(void) {
+  const char *env = getenv("TG_TEST_SHORT");
+  return env && strcmp(env, "1") == 0;
 }
 
 tg_ctx *tu_ctx(int threads, tg_isa isa) {

@@ -53,6 +53,12 @@ tg_ctx *tu_ctx(int threads, tg_isa isa);
 enum { TU_PLAN_CPUS = 16 };
 void tu_plan_fixed(void);
 
+/* TG_TEST_SHORT=1 (scripts/test_aarch64.sh, where every floating-point
+ * operation is emulated by qemu): suites leave out the cases that add only
+ * size, not paths (each says what it left out), because their f64
+ * references take many minutes there. */
+int tu_short(void);
+
 /* --- comparison ----------------------------------------------------------
  * Passes iff |got[i] - want[i]| <= bound[i] for every i (and got[i] is not
  * NaN). On failure prints the worst element (index, got, want, bound) with

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The aarch64 stage of scripts/test.sh: cross-builds tilegrad for aarch64
+# (Release; Debian's gcc-aarch64-linux-gnu, cmake/toolchain-aarch64-linux-gnu.cmake)
+# and runs every C suite under qemu-aarch64 once per table, each on its CPU
+# model (tests/CMakeLists.txt):
+#   portable, neon   qemu's cortex-a72 (Armv8.0-A, no FEAT_BF16)
+#   neonbf16         qemu's max, pauth=off (FEAT_BF16: BFMMLA)
+# First it checks the run-time choice: on cortex-a72 the library sees no
+# BF16 (auto picks neon, the neonbf16 suites skip with that reason), on max
+# auto picks neonbf16. Emulation says nothing about speed (docs/AARCH64.md).
+# TG_TEST_SHORT=1: the suites leave out the cases that add only size (the
+# attention accuracy target at L = 4096), whose f64 references take many
+# minutes when qemu emulates every floating-point operation.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+jobs=$(nproc)
+b=build-aarch64
+
+echo "== aarch64: cross build (Release)"
+cmake -S . -B "$b" -DCMAKE_BUILD_TYPE=Release \
+      --toolchain cmake/toolchain-aarch64-linux-gnu.cmake >/dev/null
+cmake --build "$b" -j"$jobs" >/dev/null
+
+echo "== aarch64: the table auto picks, with and without FEAT_BF16"
+expect_isa() { # <qemu cpu> <isa>
+  local got
+  got=$(QEMU_CPU=$1 qemu-aarch64 "$b/tilegrad" --version | sed -n 's/^isa: //p')
+  echo "qemu -cpu $1: auto picks $got"
+  [ "$got" = "$2" ] || { echo "want $2" >&2; exit 1; }
+}
+expect_isa cortex-a72 neon
+expect_isa max,pauth=off neonbf16
+rc=0
+out=$(QEMU_CPU=cortex-a72 TG_TEST_ISA=neonbf16 qemu-aarch64 "$b/tests/test_micro") || rc=$?
+echo "$out"
+if [ "$rc" -ne 77 ] || ! grep -q "does not report FEAT_BF16" <<<"$out"; then
+  echo "neonbf16 on cortex-a72: want a skip (exit 77) for the missing FEAT_BF16, got $rc" >&2
+  exit 1
+fi
+
+echo "== aarch64: ctest under qemu (portable, neon: cortex-a72; neonbf16: max)"
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+(cd "$b" && TG_TEST_SHORT=1 ctest -j"$jobs" --output-on-failure) | tee "$log"
+if grep -q "(Skipped)" "$log"; then # every table runs on its CPU model
+  echo "aarch64: suites were skipped" >&2
+  exit 1
+fi
