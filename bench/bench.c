@@ -808,6 +808,8 @@ static int write_json(const char *path, const tg_bench_opts *o, const char *cpu,
   json_num(f, pk->fma_avx512_gflops);
   fprintf(f, ",\n    \"fma_avx2_gflops\": ");
   json_num(f, pk->fma_avx2_gflops);
+  fprintf(f, ",\n    \"fma_neon_gflops\": ");
+  json_num(f, pk->fma_neon_gflops);
   fprintf(f, ",\n    \"fma_portable_gflops\": ");
   json_num(f, pk->fma_portable_gflops);
   fprintf(f, ",\n    \"bf16_dot_gflops\": ");
@@ -987,10 +989,14 @@ int tg_bench_main(const tg_bench_opts *o) {
     pk.fma_gflops = pk.fma_avx2_gflops, pk.fma_variant = "avx2+fma";
   if (tg_ctx_get_isa(ctx) == TG_ISA_PORTABLE && pk.fma_portable_gflops > 0)
     pk.fma_gflops = pk.fma_portable_gflops, pk.fma_variant = "portable";
+  if ((tg_ctx_get_isa(ctx) == TG_ISA_NEON || tg_ctx_get_isa(ctx) == TG_ISA_NEON_BF16) &&
+      pk.fma_neon_gflops > 0)
+    pk.fma_gflops = pk.fma_neon_gflops, pk.fma_variant = "neon";
   const int amx_table = tg_ctx_get_isa(ctx) == TG_ISA_AMX;
   tg_peaks unit = pk; /* bf16_gflops: this table's bf16 unit (0: none) */
-  unit.bf16_gflops = amx_table ? pk.amx_gflops
-                     : tg_ctx_get_isa(ctx) == TG_ISA_AVX512_BF16 ? pk.bf16_gflops : 0.0;
+  const int bf16_dot_table =
+      tg_ctx_get_isa(ctx) == TG_ISA_AVX512_BF16 || tg_ctx_get_isa(ctx) == TG_ISA_NEON_BF16;
+  unit.bf16_gflops = amx_table ? pk.amx_gflops : bf16_dot_table ? pk.bf16_gflops : 0.0;
   const double ceil = tg_peaks_attn_ceiling(&unit, o->precision);
 
   printf("tilegrad bench %d.%d.%d\n", TG_VERSION_MAJOR, TG_VERSION_MINOR, TG_VERSION_PATCH);
@@ -999,14 +1005,19 @@ int tg_bench_main(const tg_bench_opts *o) {
          "1 warm-up)\n",
          threads, isa, tg_attn_precision_name(o->precision), o->deterministic ? "on" : "off", o->reps);
   printf("ceilings at %d thread%s:\n", threads, threads == 1 ? "" : "s");
-  printf("  f32 FMA peak     %8.1f GFLOP/s  (%s; avx512f %.1f, avx2+fma %.1f, portable %.1f)\n",
-         pk.fma_gflops, pk.fma_variant, pk.fma_avx512_gflops, pk.fma_avx2_gflops,
-         pk.fma_portable_gflops);
-  if (pk.bf16_gflops > 0)
-    printf("  bf16 dot peak    %8.1f GFLOP/s  (vdpbf16ps zmm, 64 FLOP/instruction)\n",
-           pk.bf16_gflops);
+  if (pk.fma_avx512_gflops > 0 || pk.fma_avx2_gflops > 0)
+    printf("  f32 FMA peak     %8.1f GFLOP/s  (%s; avx512f %.1f, avx2+fma %.1f, portable %.1f)\n",
+           pk.fma_gflops, pk.fma_variant, pk.fma_avx512_gflops, pk.fma_avx2_gflops,
+           pk.fma_portable_gflops);
+  else if (pk.fma_neon_gflops > 0)
+    printf("  f32 FMA peak     %8.1f GFLOP/s  (%s; neon %.1f, portable %.1f)\n", pk.fma_gflops,
+           pk.fma_variant, pk.fma_neon_gflops, pk.fma_portable_gflops);
   else
-    printf("  bf16 dot peak         n/a         (no AVX512_BF16 on this CPU)\n");
+    printf("  f32 FMA peak     %8.1f GFLOP/s  (%s)\n", pk.fma_gflops, pk.fma_variant);
+  if (pk.bf16_gflops > 0)
+    printf("  bf16 dot peak    %8.1f GFLOP/s  (%s)\n", pk.bf16_gflops, pk.bf16_instr);
+  else
+    printf("  bf16 dot peak         n/a         (no AVX512_BF16 or FEAT_BF16 on this CPU)\n");
   if (pk.amx_gflops > 0)
     printf("  AMX bf16 peak    %8.1f GFLOP/s  (tdpbf16ps, 16384 FLOP/instruction)\n",
            pk.amx_gflops);
@@ -1018,7 +1029,7 @@ int tg_bench_main(const tg_bench_opts *o) {
   printf("  %s-mode ceil %*s%8.1f GFLOP/s  (FA-2 step: %s, %s)\n",
          tg_attn_precision_name(o->precision), 5 - (int)strlen(tg_attn_precision_name(o->precision)),
          "", ceil, unit.bf16_gflops > 0 ? ceil_how[o->precision] : "all F at FMA",
-         unit.bf16_gflops > 0 ? (amx_table ? "AMX" : "vdpbf16ps") : "no bf16 unit in this table");
+         unit.bf16_gflops > 0 ? (amx_table ? "AMX" : pk.bf16_instr) : "no bf16 unit in this table");
   fflush(stdout);
 
   /* --- attention backward -------------------------------------------------- */

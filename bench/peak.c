@@ -21,6 +21,9 @@
 #if defined(__x86_64__) || defined(__i386__)
 #define TG_PEAK_X86 1
 #include <immintrin.h>
+#elif defined(__aarch64__)
+#define TG_PEAK_ARM64 1
+#include <arm_neon.h>
 #endif
 
 /* One sink slot per thread, a cache line apart, so the results stay live. */
@@ -33,6 +36,8 @@ typedef void (*chain_fn)(long iters, int tid);
 /* --- the chain kernels ------------------------------------------------------ */
 
 #define REP12(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+#define REP16(X) REP12(X) X(12) X(13) X(14) X(15)
+#define X_1_TO_15(X) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15)
 
 #if TG_PEAK_X86
 __attribute__((target("avx512f"))) static void fma_avx512_kernel(long iters, int tid) {
@@ -148,6 +153,51 @@ static void fma_portable_kernel(long iters, int tid) {
   g_sink[(tid % SINK_MAX) * SINK_STRIDE] += s[0] + s[1] + s[2] + s[3];
 }
 
+#if TG_PEAK_ARM64
+/* FMLA on 4 lanes, 16 chains: a core with 4 FMA pipes of 4 cycles' latency
+ * (Neoverse V1/V2, Apple's P cores) needs 16 in flight, where 12 would read
+ * at most 3/4 of its peak. Explicit vfmaq_f32: the portable kernel's mul +
+ * add is not contracted. */
+static void fma_neon_kernel(long iters, int tid) {
+  const float32x4_t m = vdupq_n_f32(0.9999999f), c = vdupq_n_f32(1e-7f);
+#define DECL(j) float32x4_t a##j = vdupq_n_f32(0.5f + 0.01f * (j));
+  REP16(DECL)
+#undef DECL
+  for (long i = 0; i < iters; i++) {
+#define STEP(j) a##j = vfmaq_f32(c, a##j, m);
+    REP16(STEP)
+#undef STEP
+  }
+#define SUM(j) a0 = vaddq_f32(a0, a##j);
+  X_1_TO_15(SUM)
+#undef SUM
+  g_sink[(tid % SINK_MAX) * SINK_STRIDE] += vaddvq_f32(a0);
+}
+
+/* BFMMLA: a 2 x 4 bf16 block times a 4 x 2 one into a 2 x 2 f32 block,
+ * 16 multiply-adds = 32 FLOP per instruction; 16 chains, as FMLA's. Built for FEAT_BF16 by the
+ * target attribute; run only where the library's neonbf16 table can run. */
+static volatile uint16_t bf16_one = 0x3f80, bf16_tiny = 0x33d6; /* 1.0, 1e-7 */
+/* The operands' bits are read at run time: from constants gcc 12 builds
+ * them with an FP16 fmov, which armv8.2-a+bf16 does not include. */
+__attribute__((target("arch=armv8.2-a+bf16"))) static void bfmmla_kernel(long iters, int tid) {
+  const bfloat16x8_t a = vreinterpretq_bf16_u16(vdupq_n_u16(bf16_one));
+  const bfloat16x8_t b = vreinterpretq_bf16_u16(vdupq_n_u16(bf16_tiny));
+#define DECL(j) float32x4_t a##j = vdupq_n_f32(0.01f * (j));
+  REP16(DECL)
+#undef DECL
+  for (long i = 0; i < iters; i++) {
+#define STEP(j) a##j = vbfmmlaq_f32(a##j, a, b);
+    REP16(STEP)
+#undef STEP
+  }
+#define SUM(j) a0 = vaddq_f32(a0, a##j);
+  X_1_TO_15(SUM)
+#undef SUM
+  g_sink[(tid % SINK_MAX) * SINK_STRIDE] += vaddvq_f32(a0);
+}
+#endif
+
 /* --- the parallel runner ----------------------------------------------------- */
 
 /* Runs fn(iters) once on every thread of one parallel region; returns the
@@ -209,18 +259,17 @@ static double compute_peak(chain_fn fn, double flop_per_iter, int threads, doubl
   return best;
 }
 
-static int cpu_has(const char *what) {
 #if TG_PEAK_X86
+static int cpu_has(const char *what) {
   __builtin_cpu_init();
   if (!strcmp(what, "avx512f")) return __builtin_cpu_supports("avx512f");
   if (!strcmp(what, "avx2+fma"))
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   if (!strcmp(what, "avx512bf16"))
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
-#endif
-  (void)what;
   return 0;
 }
+#endif
 
 double tg_peak_fma_avx512(int threads, double seconds) {
 #if TG_PEAK_X86
@@ -238,6 +287,15 @@ double tg_peak_fma_avx2(int threads, double seconds) {
   return 0.0;
 }
 
+double tg_peak_fma_neon(int threads, double seconds) {
+#if TG_PEAK_ARM64
+  return compute_peak(fma_neon_kernel, 16.0 * 4 * 2, threads, seconds);
+#else
+  (void)threads, (void)seconds;
+  return 0.0;
+#endif
+}
+
 double tg_peak_fma_portable(int threads, double seconds) {
   return compute_peak(fma_portable_kernel, 12.0 * 4 * 2, threads, seconds);
 }
@@ -247,6 +305,9 @@ double tg_peak_bf16_dot(int threads, double seconds) {
   /* 16 lanes x 2 bf16 pairs x 2 FLOP = 64 FLOP per vdpbf16ps */
   if (cpu_has("avx512bf16"))
     return compute_peak(bf16_dot_kernel, 12.0 * 64, threads, seconds);
+#elif TG_PEAK_ARM64
+  if (tg_isa_available(TG_ISA_NEON_BF16))
+    return compute_peak(bfmmla_kernel, 16.0 * 32, threads, seconds);
 #endif
   return 0.0;
 }
@@ -326,6 +387,8 @@ int tg_peaks_measure(tg_peaks *p, int threads, size_t triad_array_bytes) {
     if (g > p->fma_avx512_gflops) p->fma_avx512_gflops = g;
     g = tg_peak_fma_avx2(threads, 0.1);
     if (g > p->fma_avx2_gflops) p->fma_avx2_gflops = g;
+    g = tg_peak_fma_neon(threads, 0.1);
+    if (g > p->fma_neon_gflops) p->fma_neon_gflops = g;
     g = tg_peak_fma_portable(threads, 0.1);
     if (g > p->fma_portable_gflops) p->fma_portable_gflops = g;
     g = tg_peak_bf16_dot(threads, 0.1);
@@ -335,6 +398,15 @@ int tg_peaks_measure(tg_peaks *p, int threads, size_t triad_array_bytes) {
   }
   p->fma_gflops = p->fma_portable_gflops;
   p->fma_variant = "portable";
+#if TG_PEAK_ARM64
+  p->bf16_instr = "bfmmla, 32 FLOP/instruction";
+#else
+  p->bf16_instr = "vdpbf16ps zmm, 64 FLOP/instruction";
+#endif
+  if (p->fma_neon_gflops > p->fma_gflops) {
+    p->fma_gflops = p->fma_neon_gflops;
+    p->fma_variant = "neon";
+  }
   if (p->fma_avx2_gflops > p->fma_gflops) {
     p->fma_gflops = p->fma_avx2_gflops;
     p->fma_variant = "avx2+fma";

@@ -4,10 +4,12 @@
  * region, aggregate throughput reported.
  *
  *   f32 FMA peak   12 independent FMA chains per thread (zmm, ymm or a portable
- *                  vector fallback); 2 FLOP per lane per FMA.
+ *                  vector fallback; 16 of 4-lane FMLA on aarch64); 2 FLOP per
+ *                  lane per FMA.
  *   bf16 dot peak  12 independent vdpbf16ps zmm chains per thread; 2 FLOP per
  *                  bf16 pair = 64 FLOP per instruction. 0 where the CPU has no
- *                  AVX512_BF16.
+ *                  AVX512_BF16. On aarch64: 12 BFMMLA chains (32 FLOP per
+ *                  instruction), 0 without FEAT_BF16.
  *   AMX peak       4 independent tdpbf16ps tile chains per thread (16384 FLOP
  *                  each); 0 where the amx table cannot run.
  *   triad          a[i] = b[i] + 2*c[i] over three f32 arrays (default 256 MiB
@@ -32,10 +34,11 @@ typedef struct {
   int threads;
   /* f32 FMA: best variant, and each variant measured (0 = not available) */
   double fma_gflops;
-  const char *fma_variant; /* "avx512f", "avx2+fma" or "portable" */
-  double fma_avx512_gflops, fma_avx2_gflops, fma_portable_gflops;
-  /* bf16 dot (vdpbf16ps zmm); 0 = no AVX512_BF16 on this CPU */
+  const char *fma_variant; /* "avx512f", "avx2+fma", "portable" or "neon" */
+  double fma_avx512_gflops, fma_avx2_gflops, fma_neon_gflops, fma_portable_gflops;
+  /* bf16 dot (vdpbf16ps zmm; BFMMLA on aarch64); 0 = no such unit */
   double bf16_gflops;
+  const char *bf16_instr; /* the instruction and its FLOP, for the report */
   /* AMX-BF16 tiles (tdpbf16ps); 0 where the library cannot run its amx table */
   double amx_gflops;
   /* triad, 3-stream bytes */
@@ -47,6 +50,7 @@ typedef struct {
  * lacks the ISA. seconds: rough total time budget (e.g. 0.2). */
 double tg_peak_fma_avx512(int threads, double seconds);
 double tg_peak_fma_avx2(int threads, double seconds);
+double tg_peak_fma_neon(int threads, double seconds);
 double tg_peak_fma_portable(int threads, double seconds);
 double tg_peak_bf16_dot(int threads, double seconds);
 double tg_peak_amx_bf16(int threads, double seconds);

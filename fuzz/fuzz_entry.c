@@ -1061,7 +1061,7 @@ static void fuzz_ctx(rd *r) {
   const tg_isa before = tg_ctx_get_isa(c);
   const int isa = (int32_t)u32(r);
   st = tg_ctx_set_isa(c, (tg_isa)isa);
-  if ((isa < 0 || isa > TG_ISA_AMX) && st != TG_ERR_UNSUPPORTED)
+  if ((isa < 0 || isa > TG_ISA_NEON_BF16) && st != TG_ERR_UNSUPPORTED)
     FINDING("set_isa(%d) = %d", isa, (int)st);
   if ((isa == 0 || isa == 1 || tg_isa_available((tg_isa)isa)) && st != TG_OK) FINDING("set_isa(%d) = %d", isa, (int)st);
   if (st != TG_OK && tg_ctx_get_isa(c) != before) FINDING("set_isa changed the ISA on failure");

@@ -47,3 +47,9 @@ if grep -q "(Skipped)" "$log"; then # every table runs on its CPU model
   echo "aarch64: suites were skipped" >&2
   exit 1
 fi
+
+echo "== aarch64: the bench's ceilings run (NEON FMA, BFMMLA; under qemu their numbers mean nothing)"
+out=$(QEMU_CPU=max,pauth=off qemu-aarch64 "$b/tilegrad" bench --section peaks --threads 1 --triad-mib 8)
+echo "$out"
+grep -q "(neon; neon" <<<"$out" && grep -q "bf16 dot peak .*bfmmla" <<<"$out" ||
+  { echo "aarch64: the bench's NEON / BFMMLA ceilings are missing" >&2; exit 1; }

@@ -40,10 +40,13 @@ TG_ISA_AVX512 = 2
 TG_ISA_AVX2 = 3
 TG_ISA_AVX512_BF16 = 4
 TG_ISA_AMX = 5
+TG_ISA_NEON = 6        # aarch64
+TG_ISA_NEON_BF16 = 7   # aarch64 with FEAT_BF16
 # The names tg_isa_name gives (engine/isa.h), "auto" first; the docstrings
 # below refer to this list.
 ISA_NAMES = {"auto": TG_ISA_AUTO, "portable": TG_ISA_PORTABLE, "avx2": TG_ISA_AVX2,
-             "avx512": TG_ISA_AVX512, "avx512bf16": TG_ISA_AVX512_BF16, "amx": TG_ISA_AMX}
+             "avx512": TG_ISA_AVX512, "avx512bf16": TG_ISA_AVX512_BF16, "amx": TG_ISA_AMX,
+             "neon": TG_ISA_NEON, "neonbf16": TG_ISA_NEON_BF16}
 # tg_attn_schedule (how the FA-2 backward shares out dK/dV work)
 TG_ATTN_SCHEDULE_KV = 0
 TG_ATTN_SCHEDULE_ATOMIC = 1
@@ -401,9 +404,10 @@ class Context:
     threads: ``None`` or 0 = OpenMP's default (``OMP_NUM_THREADS``), n > 0 = n.
     deterministic: bitwise identical results across runs and thread counts.
     isa: ``None``/``"auto"`` (best the CPU has; ``TG_ISA`` env overrides),
-    ``"portable"``, ``"avx2"``, ``"avx512"``, ``"avx512bf16"`` or ``"amx"``
-    (:data:`ISA_NAMES`; ``UnsupportedError`` if unavailable, with the reason
-    in the message for ``"amx"``).
+    ``"portable"``, ``"avx2"``, ``"avx512"``, ``"avx512bf16"``, ``"amx"``
+    (x86-64), ``"neon"`` or ``"neonbf16"`` (aarch64) (:data:`ISA_NAMES`;
+    ``UnsupportedError`` if unavailable, with the reason in the message for
+    ``"amx"`` and ``"neonbf16"``).
     attn_schedule: ``None`` (library default, "kv"), ``"kv"`` or ``"atomic"``.
     attn_precision: ``None`` (library default, "exact"), ``"exact"``,
     ``"split"`` or ``"bf16"``: how the attention's products that take the
@@ -468,7 +472,7 @@ class Context:
     @property
     def isa(self):
         """Name of the microkernel table in use ("portable", "avx2", "avx512",
-        "avx512bf16", "amx")."""
+        "avx512bf16", "amx", "neon", "neonbf16")."""
         return self.lib.isa_name(self.isa_id)
 
     @isa.setter
