@@ -60,7 +60,16 @@ function(tg_add_micro_tables prefix objects_var built_var)
       # not if-converted below AVX-512, leaving the AVX2 and SSE2 builds of
       # the exp scalar (22% of the FA-2 backward's time on the avx2 table).
       # It changes no result: it allows no reassociation.
-      target_compile_options(${prefix}_${name} PRIVATE ${ARG_OPTIONS} -ffp-contract=fast
+      # clang: -ffp-contract=fast would override every pragma, and clang
+      # ignores gcc's optimize pragma of row_ops.h; so clang builds with
+      # "on", and micro.c's `#pragma clang fp contract(fast)` makes it fast
+      # everywhere but the row ops (whose pragma switches it off).
+      if(CMAKE_C_COMPILER_ID MATCHES "Clang")
+        set(contract -ffp-contract=on)
+      else()
+        set(contract -ffp-contract=fast)
+      endif()
+      target_compile_options(${prefix}_${name} PRIVATE ${ARG_OPTIONS} ${contract}
                              -fno-trapping-math ${flags})
       list(APPEND built ${name})
     else()

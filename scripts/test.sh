@@ -2,11 +2,11 @@
 # Builds tilegrad and runs every test: the C suites (ctest, Release), the
 # installed package's consumers (find_package, pkg-config), the C suites
 # cross-built for aarch64 under qemu (scripts/test_aarch64.sh), the same
-# x86-64 suites under AddressSanitizer + UndefinedBehaviorSanitizer, the PyTorch oracle and
-# Python package suite (pytest; on Debian's torch 1.13, then on
+# x86-64 suites under AddressSanitizer + UndefinedBehaviorSanitizer, the
+# PyTorch oracle and Python package suite (pytest; on Debian's torch 1.13, then on
 # torch 2.9.1 in a venv for the custom ops), the pip-install check, a short
-# libFuzzer run and the ThreadSanitizer race check. Installs what it needs
-# first (scripts/setup.sh).
+# libFuzzer run, the ThreadSanitizer race check and the microkernel suite
+# built with clang. Installs what it needs first (scripts/setup.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -54,3 +54,8 @@ bash fuzz/run.sh 60
 
 echo "== race check: ThreadSanitizer + Archer over every accumulating kernel"
 bash scripts/race_check.sh
+
+echo "== clang build: every table's microkernel suite (the row ops' bits under clang's pragmas)"
+CC=clang cmake -S . -B build-clang -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build-clang -j"$jobs" --target test_micro >/dev/null
+(cd build-clang && ctest -R '^test_micro\.' --output-on-failure)

@@ -18,6 +18,9 @@
 #ifndef TG_MICRO_SUFFIX
 #error "compile with -DTG_MICRO_SUFFIX=<isa>"
 #endif
+#if defined(__clang__) /* gcc's -ffp-contract=fast (cmake/isa.cmake says why) */
+#pragma clang fp contract(fast)
+#endif
 #define TG_CAT2(a, b) a##_##b
 #define TG_CAT(a, b) TG_CAT2(a, b)
 #define TG_NAME(fn) TG_CAT(fn, TG_MICRO_SUFFIX)

@@ -13,8 +13,12 @@
  * (`v < c ? 0 : expensive(v)`) and blend them, which is what lets loops with
  * selects vectorize for AVX2 (no masked stores); no result changes, since
  * nothing here reads the floating-point exception flags. */
+#if defined(__clang__) /* clang ignores gcc's optimize pragma (cmake/isa.cmake) */
+#pragma clang fp contract(off)
+#else
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=off", "no-trapping-math")
+#endif
 
 #include "reduce.h" /* TG_SOFTMAX_CHUNK */
 
@@ -390,5 +394,9 @@ static void TG_NAME(rms_bwd_row)(const float *restrict x, const float *restrict 
  * where there are such stores). */
 static void TG_NAME(stream_fence)(void) { stream_fence(); }
 
+#if defined(__clang__) /* back to the build's -ffp-contract=fast */
+#pragma clang fp contract(fast)
+#else
 #pragma GCC pop_options
+#endif
 
