@@ -177,6 +177,16 @@ static inline tg_attn_products tg_attn_products_of(const tg_attn_problem *pr,
   return pr->precision == TG_ATTN_PRECISION_BF16 ? TG_PRODUCTS_F32_ROUNDED : TG_PRODUCTS_F32;
 }
 
+/* The q-tile rows of the forward and backward: the table's attn_bq, or its
+ * attn_bq_bf16 when every product runs on the bf16 unit in bf16 mode
+ * (kernels/micro/blocking.h says why the amx table doubles it). */
+static inline int64_t tg_attn_bq(const tg_attn_problem *pr, const tg_micro_ops *ops) {
+  return tg_attn_products_of(pr, ops) == TG_PRODUCTS_BF16_DOT &&
+                 pr->precision == TG_ATTN_PRECISION_BF16
+             ? ops->attn_bq_bf16
+             : ops->attn_bq;
+}
+
 /* TG_PRODUCTS_F32_ROUNDED: x [rows, cols] (stride ld) rounded to bf16 in place. */
 static inline void tg_attn_round_bf16(float *x, int64_t rows, int64_t cols, int64_t ld) {
   for (int64_t r = 0; r < rows; r++)

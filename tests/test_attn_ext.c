@@ -569,6 +569,7 @@ static const ext_cfg configs[] = {
     {"dropout 0.3 softcap strided",1, 2, 2, 45,  60,  16, 1, 0,   2, 1, 3.0f, 0.3f},
     {"dropout 0.2 key ranges",     1, 2, 1, 70,  600, 16, 1, 0,   1, 0, 1.0f, 0.2f},
     {"dropout 0.9",                1, 2, 2, 64,  64,  32, 0, 0,   0, 0, 1.0f, 0.9f},
+    {"q tiles of 128, gqa mask",   1, 4, 2, 260, 70,  32, 0, 0,   1, 0, 1.0f, 0.1f},
 };
 enum { N_CONFIGS = sizeof configs / sizeof configs[0] };
 

@@ -12,6 +12,8 @@
  *             NR: the packed K^T / V^T are NR-aligned panels of ATTN_BK
  *             columns). The backward's f32 working set is about
  *             (3 BQ + 5 BK) D + 2 BQ BK floats.
+ *   ATTN_BQ_BF16  q-tile rows in bf16 precision mode on a bf16 unit (at
+ *             the end of this file).
  *   LANES     partial sums of the row reductions. Fixed at 16 for every ISA:
  *             the summation order of every row op is then the same on every
  *             ISA, so the memory-bound kernels give the same bits whichever
@@ -62,6 +64,22 @@ enum { MR = 6, NR = 16, ATTN_BQ = 48, ATTN_BK = 48 };
  * broadcast (chosen by register count, not tuned: the portable table is the
  * reference; 59-72% of the SSE2 FMA peak on the FA-2 step, Zen 5). */
 enum { MR = 4, NR = 8, ATTN_BQ = 64, ATTN_BK = 64 };
+#endif
+
+/* ATTN_BQ_BF16: the q-tile rows when all five attention products run on the
+ * bf16 unit (bf16 precision mode with bf16 inputs: tg_attn_bq). The amx
+ * table doubles it: its tile GEMM loads and stores the f32 C tiles of
+ * dK += dS^T.Q and dV += P^T.dO once per q-tile, so 128 rows halve that
+ * traffic per product; the forward's O += P.V streams K/V half as often.
+ * 128 x 64 vs 64 x 64, bf16 mode, lent Xeon, 4 vs_torch shapes, median of
+ * 3 alternating rounds (bench/results/xeon16-issue13/bq-bf16/): step time
+ * 0.65-0.94x at 2 threads, 0.80-0.91x at 16. Split mode was mixed
+ * (0.87-1.14x: its two products per operand double the A side, not C) and
+ * keeps ATTN_BQ, as do the other tables (unmeasured there). */
+#if defined(TG_MICRO_AMX)
+enum { ATTN_BQ_BF16 = 128 };
+#else
+enum { ATTN_BQ_BF16 = ATTN_BQ };
 #endif
 
 #endif /* TG_MICRO_BLOCKING_H */
