@@ -178,11 +178,13 @@ static inline tg_attn_products tg_attn_products_of(const tg_attn_problem *pr,
 }
 
 /* The q-tile rows of the forward and backward: the table's attn_bq, or its
- * attn_bq_bf16 when every product runs on the bf16 unit in bf16 mode
- * (kernels/micro/blocking.h says why the amx table doubles it). */
+ * attn_bq_bf16 when every product runs on the bf16 unit in bf16 mode and
+ * no causal diagonal crosses the tiles (a taller q-tile computes more
+ * masked scores on the diagonal; kernels/micro/blocking.h says why the amx
+ * table doubles it and what was measured). */
 static inline int64_t tg_attn_bq(const tg_attn_problem *pr, const tg_micro_ops *ops) {
   return tg_attn_products_of(pr, ops) == TG_PRODUCTS_BF16_DOT &&
-                 pr->precision == TG_ATTN_PRECISION_BF16
+                 pr->precision == TG_ATTN_PRECISION_BF16 && !pr->causal
              ? ops->attn_bq_bf16
              : ops->attn_bq;
 }

@@ -67,15 +67,20 @@ enum { MR = 4, NR = 8, ATTN_BQ = 64, ATTN_BK = 64 };
 #endif
 
 /* ATTN_BQ_BF16: the q-tile rows when all five attention products run on the
- * bf16 unit (bf16 precision mode with bf16 inputs: tg_attn_bq). The amx
- * table doubles it: its tile GEMM loads and stores the f32 C tiles of
- * dK += dS^T.Q and dV += P^T.dO once per q-tile, so 128 rows halve that
- * traffic per product; the forward's O += P.V streams K/V half as often.
- * 128 x 64 vs 64 x 64, bf16 mode, lent Xeon, 4 vs_torch shapes, median of
- * 3 alternating rounds (bench/results/xeon16-issue13/bq-bf16/): step time
- * 0.65-0.94x at 2 threads, 0.80-0.91x at 16. Split mode was mixed
- * (0.87-1.14x: its two products per operand double the A side, not C) and
- * keeps ATTN_BQ, as do the other tables (unmeasured there). */
+ * bf16 unit (bf16 precision mode, bf16 inputs, not causal: tg_attn_bq).
+ * The amx table doubles it: its tile GEMM loads and stores the f32 C tiles
+ * of dK += dS^T.Q and dV += P^T.dO once per q-tile, so 128 rows halve that
+ * traffic per product, which matters most where the products outweigh the
+ * row work (large D). Causal attention keeps ATTN_BQ: a 128-row q-tile
+ * computes twice the masked scores on the diagonal.
+ * 128 vs 64, bf16 mode, lent Xeon, 4 vs_torch shapes, step time, medians
+ * of the per-round ratios of two paired runs, 8 and 12 rounds, one binary
+ * (bench/results/xeon16-issue13/bq-bf16/): 2,8,4,1024,256 full 0.88 and
+ * 0.89 at 2 threads, 0.98 and 0.94 at 16; 1,8,8,1024,64 full 0.85-1.00
+ * and 0.94-0.97; 1,8,8,2048,128 causal 1.04 at 2 threads, 0.99-1.06 at 16
+ * (hence not causal). Single pairs ranged 0.45-1.50 on that lease. Split
+ * mode was mixed (0.87-1.14x: its second product per operand doubles the
+ * A side, not C) and keeps ATTN_BQ, as do the other tables (unmeasured). */
 #if defined(TG_MICRO_AMX)
 enum { ATTN_BQ_BF16 = 128 };
 #else
