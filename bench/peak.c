@@ -154,6 +154,14 @@ static void fma_portable_kernel(long iters, int tid) {
 }
 
 #if TG_PEAK_ARM64
+/* The 16 chains a0..a15 of a NEON kernel, summed into the thread's sink. */
+#define SUM_INTO_A0(j) a0 = vaddq_f32(a0, a##j);
+#define SINK_NEON16(tid)                                             \
+  do {                                                               \
+    X_1_TO_15(SUM_INTO_A0)                                           \
+    g_sink[((tid) % SINK_MAX) * SINK_STRIDE] += vaddvq_f32(a0);      \
+  } while (0)
+
 /* FMLA on 4 lanes, 16 chains: a core with 4 FMA pipes of 4 cycles' latency
  * (Neoverse V1/V2, Apple's P cores) needs 16 in flight, where 12 would read
  * at most 3/4 of its peak. Explicit vfmaq_f32: the portable kernel's mul +
@@ -168,15 +176,13 @@ static void fma_neon_kernel(long iters, int tid) {
     REP16(STEP)
 #undef STEP
   }
-#define SUM(j) a0 = vaddq_f32(a0, a##j);
-  X_1_TO_15(SUM)
-#undef SUM
-  g_sink[(tid % SINK_MAX) * SINK_STRIDE] += vaddvq_f32(a0);
+  SINK_NEON16(tid);
 }
 
 /* BFMMLA: a 2 x 4 bf16 block times a 4 x 2 one into a 2 x 2 f32 block,
- * 16 multiply-adds = 32 FLOP per instruction; 16 chains, as FMLA's. Built for FEAT_BF16 by the
- * target attribute; run only where the library's neonbf16 table can run. */
+ * 16 multiply-adds = 32 FLOP per instruction; 16 chains, as FMLA's. Built
+ * for FEAT_BF16 by the target attribute; run only where the library's
+ * neonbf16 table can run. */
 static volatile uint16_t bf16_one = 0x3f80, bf16_tiny = 0x33d6; /* 1.0, 1e-7 */
 /* The operands' bits are read at run time: from constants gcc 12 builds
  * them with an FP16 fmov, which armv8.2-a+bf16 does not include. */
@@ -191,10 +197,7 @@ __attribute__((target("arch=armv8.2-a+bf16"))) static void bfmmla_kernel(long it
     REP16(STEP)
 #undef STEP
   }
-#define SUM(j) a0 = vaddq_f32(a0, a##j);
-  X_1_TO_15(SUM)
-#undef SUM
-  g_sink[(tid % SINK_MAX) * SINK_STRIDE] += vaddvq_f32(a0);
+  SINK_NEON16(tid);
 }
 #endif
 
