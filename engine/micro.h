@@ -27,8 +27,8 @@ typedef struct {
   int gemm_mr, gemm_nr; /* register block of mm_nn / mm_tn_acc (rows x cols of C) */
   int attn_bq, attn_bk; /* attention q-tile and key-tile rows (forward, backward,
                          * token-major); attn_bk is a multiple of gemm_nr */
-  int attn_bq_bf16;     /* q-tile rows of the forward and backward when all five
-                         * products run on mm_bf16_pairs (bf16 mode: tg_attn_bq) */
+  int attn_bq_bf16, attn_bk_bf16; /* the tiles when all five products run on
+                                   * mm_bf16_pairs (bf16 mode: tg_attn_bq, _bk) */
 
   /* C[M,N] = A[M,K] . B[K,N]          (accumulate == 0)
    * C[M,N] += A[M,K] . B[K,N]         (accumulate != 0) */

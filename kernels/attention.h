@@ -177,16 +177,19 @@ static inline tg_attn_products tg_attn_products_of(const tg_attn_problem *pr,
   return pr->precision == TG_ATTN_PRECISION_BF16 ? TG_PRODUCTS_F32_ROUNDED : TG_PRODUCTS_F32;
 }
 
-/* The q-tile rows of the forward and backward: the table's attn_bq, or its
- * attn_bq_bf16 when every product runs on the bf16 unit in bf16 mode and
- * no causal diagonal crosses the tiles (a taller q-tile computes more
- * masked scores on the diagonal; kernels/micro/blocking.h says why the amx
- * table doubles it and what was measured). */
-static inline int64_t tg_attn_bq(const tg_attn_problem *pr, const tg_micro_ops *ops) {
+/* The tiles of the forward and backward: the table's attn_bq x attn_bk, or
+ * its bf16-mode tiles when every product runs on the bf16 unit, the q tile
+ * only where no causal diagonal crosses it (kernels/micro/blocking.h says
+ * why the amx table doubles them and what was measured). */
+static inline int tg_attn_bf16_tiles(const tg_attn_problem *pr, const tg_micro_ops *ops) {
   return tg_attn_products_of(pr, ops) == TG_PRODUCTS_BF16_DOT &&
-                 pr->precision == TG_ATTN_PRECISION_BF16 && !pr->causal
-             ? ops->attn_bq_bf16
-             : ops->attn_bq;
+         pr->precision == TG_ATTN_PRECISION_BF16;
+}
+static inline int64_t tg_attn_bq(const tg_attn_problem *pr, const tg_micro_ops *ops) {
+  return tg_attn_bf16_tiles(pr, ops) && !pr->causal ? ops->attn_bq_bf16 : ops->attn_bq;
+}
+static inline int64_t tg_attn_bk(const tg_attn_problem *pr, const tg_micro_ops *ops) {
+  return tg_attn_bf16_tiles(pr, ops) ? ops->attn_bk_bf16 : ops->attn_bk;
 }
 
 /* TG_PRODUCTS_F32_ROUNDED: x [rows, cols] (stride ld) rounded to bf16 in place. */

@@ -82,7 +82,7 @@ typedef struct {
   const float *L, *D_vec;
   float *dQ, *dK, *dV;
   const tg_micro_ops *ops;
-  int64_t BQ, BK; /* the ISA's tiles (tg_attn_bq, ops->attn_bk) */
+  int64_t BQ, BK; /* the ISA's tiles (tg_attn_bq, tg_attn_bk) */
   int bf16_dot;   /* tg_attn_bf16_dot: KT, VT hold bf16 pairs */
   tg_attn_products products; /* of dQ, dK, dV (precision mode) */
   int64_t n_qtiles, n_ktiles;
@@ -413,7 +413,10 @@ static void plan_ranges(bwd_args *a) {
 }
 
 static bwd_args make_args(const tg_attn_problem *pr, const tg_micro_ops *ops) {
-  bwd_args a = {.pr = *pr, .ops = ops, .BQ = tg_attn_bq(pr, ops), .BK = ops->attn_bk,
+  bwd_args a = {.pr = *pr,
+                .ops = ops,
+                .BQ = tg_attn_bq(pr, ops),
+                .BK = tg_attn_bk(pr, ops),
                 .bf16_dot = tg_attn_bf16_dot(pr, ops),
                 .products = tg_attn_products_of(pr, ops)};
   a.n_qtiles = (pr->qL + a.BQ - 1) / a.BQ;

@@ -38,7 +38,7 @@ typedef struct {
   float *L;
   float *delta; /* with dO: rowsum(dO * O) */
   const tg_micro_ops *ops;
-  int64_t BQ, BK; /* the ISA's tiles (tg_attn_bq, ops->attn_bk) */
+  int64_t BQ, BK; /* the ISA's tiles (tg_attn_bq, tg_attn_bk) */
   int bf16_dot;   /* tg_attn_bf16_dot: S = Q.K^T on bf16 pairs, KT holds pairs */
   tg_attn_products products; /* of acc += P.V (precision mode) */
   int64_t n_qtiles;
@@ -204,7 +204,7 @@ tg_status tg_attn_forward(tg_ctx *ctx, const tg_attn_problem *pr, const void *Q,
                           const void *dO, float *delta) {
   fwd_args a = {.pr = *pr, .Q = Q, .K = K, .V = V, .dO = dO, .mask = mask, .O = O, .L = L,
                 .delta = delta, .ops = ctx->ops, .BQ = tg_attn_bq(pr, ctx->ops),
-                .BK = ctx->ops->attn_bk, .bf16_dot = tg_attn_bf16_dot(pr, ctx->ops),
+                .BK = tg_attn_bk(pr, ctx->ops), .bf16_dot = tg_attn_bf16_dot(pr, ctx->ops),
                 .products = tg_attn_products_of(pr, ctx->ops)};
   a.n_qtiles = (pr->qL + a.BQ - 1) / a.BQ;
   return tg_dispatch(ctx, a.n_qtiles, pr->H, pr->B, fwd_scratch_bytes(pr->D, a.BQ, a.BK, a.products),

@@ -41,11 +41,12 @@ static void test_blocking(void **state) {
     const tg_micro_ops *o = tabs[t];
     printf("  %s: GEMM block %d x %d, attention tiles %d x %d (bf16 mode on the bf16 unit: "
            "%d x %d)\n", o->name, o->gemm_mr, o->gemm_nr, o->attn_bq, o->attn_bk,
-           o->attn_bq_bf16, o->attn_bk);
+           o->attn_bq_bf16, o->attn_bk_bf16);
     assert_true(o->gemm_mr >= 1 && o->gemm_mr <= 8 && o->gemm_nr >= 1);
     assert_true(o->attn_bk % o->gemm_nr == 0);
     assert_true(o->attn_bq >= 1 && o->attn_bq <= 128 && o->attn_bk >= 1 && o->attn_bk <= 128);
     assert_true(o->attn_bq_bf16 >= 1 && o->attn_bq_bf16 <= 128);
+    assert_true(o->attn_bk_bf16 % o->gemm_nr == 0 && o->attn_bk_bf16 >= 1 && o->attn_bk_bf16 <= 128);
   }
 }
 

@@ -12,8 +12,8 @@
  *             NR: the packed K^T / V^T are NR-aligned panels of ATTN_BK
  *             columns). The backward's f32 working set is about
  *             (3 BQ + 5 BK) D + 2 BQ BK floats.
- *   ATTN_BQ_BF16  q-tile rows in bf16 precision mode on a bf16 unit (at
- *             the end of this file).
+ *   ATTN_BQ_BF16, ATTN_BK_BF16  the tiles in bf16 precision mode on a
+ *             bf16 unit (at the end of this file).
  *   LANES     partial sums of the row reductions. Fixed at 16 for every ISA:
  *             the summation order of every row op is then the same on every
  *             ISA, so the memory-bound kernels give the same bits whichever
@@ -66,25 +66,28 @@ enum { MR = 6, NR = 16, ATTN_BQ = 48, ATTN_BK = 48 };
 enum { MR = 4, NR = 8, ATTN_BQ = 64, ATTN_BK = 64 };
 #endif
 
-/* ATTN_BQ_BF16: the q-tile rows when all five attention products run on the
- * bf16 unit (bf16 precision mode, bf16 inputs, not causal: tg_attn_bq).
- * The amx table doubles it: its tile GEMM loads and stores the f32 C tiles
- * of dK += dS^T.Q and dV += P^T.dO once per q-tile, so 128 rows halve that
- * traffic per product, which matters most where the products outweigh the
- * row work (large D). Causal attention keeps ATTN_BQ: a 128-row q-tile
- * computes twice the masked scores on the diagonal.
- * 128 vs 64, bf16 mode, lent Xeon, 4 vs_torch shapes, step time, medians
- * of the per-round ratios of two paired runs, 8 and 12 rounds, one binary
- * (bench/results/xeon16-issue13/bq-bf16/): 2,8,4,1024,256 full 0.88 and
- * 0.89 at 2 threads, 0.98 and 0.94 at 16; 1,8,8,1024,64 full 0.85-1.00
- * and 0.94-0.97; 1,8,8,2048,128 causal 1.04 at 2 threads, 0.99-1.06 at 16
- * (hence not causal). Single pairs ranged 0.45-1.50 on that lease. Split
- * mode was mixed (0.87-1.14x: its second product per operand doubles the
- * A side, not C) and keeps ATTN_BQ, as do the other tables (unmeasured). */
+/* ATTN_BQ_BF16 x ATTN_BK_BF16: the tiles when all five attention products
+ * run on the bf16 unit (bf16 precision mode with bf16 inputs: tg_attn_bq,
+ * tg_attn_bk; the q tile only where not causal). The amx table doubles
+ * both. In the KV schedule every key tile is one more pass of
+ * read-modify-write over its heads' dQ rows (out of L2: 2 MiB at gqa 2,
+ * qL 1024, D 256), and one key range in MIN_RANGE_TILES key tiles more dQ
+ * partials; 128 keys halve both. 128 q rows halve the loads and stores of
+ * the tile GEMM's f32 dK, dV tiles per product; under causality they would
+ * compute twice the masked scores on the diagonal, so causal keeps 64.
+ * Lent Xeon, bf16 mode, the 4 vs_torch shapes, step time, medians of the
+ * per-round ratios of paired runs in one binary (bench/results/xeon16-
+ * issue13/bq-bf16/): 128 q rows on top of 64 x 64: 2,8,4,1024,256 full 0.88
+ * and 0.89 at 2 threads, 0.98 and 0.94 at 16; 2048,128 causal 1.04 at 2
+ * threads. Then 128 keys on top of that (9 rounds): 0.82 / 0.82 / 0.87 /
+ * 0.99 at 2 threads, 1.00 / 0.96 / 1.00 / 0.85 at 16 (1024,64 full;
+ * 2048,128 causal; 1024,256 full; 512,64 causal). Single pairs ranged
+ * 0.45-1.50 on that lease. Split mode (0.87-1.14x with 128 q rows) keeps
+ * the tiles above, as do the other tables (unmeasured). */
 #if defined(TG_MICRO_AMX)
-enum { ATTN_BQ_BF16 = 128 };
+enum { ATTN_BQ_BF16 = 128, ATTN_BK_BF16 = 128 };
 #else
-enum { ATTN_BQ_BF16 = ATTN_BQ };
+enum { ATTN_BQ_BF16 = ATTN_BQ, ATTN_BK_BF16 = ATTN_BK };
 #endif
 
 #endif /* TG_MICRO_BLOCKING_H */

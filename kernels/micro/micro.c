@@ -420,6 +420,7 @@ const tg_micro_ops TG_NAME(tg_micro) = {
     .attn_bq = ATTN_BQ,
     .attn_bk = ATTN_BK,
     .attn_bq_bf16 = ATTN_BQ_BF16,
+    .attn_bk_bf16 = ATTN_BK_BF16,
     .mm_nn = TG_NAME(mm_nn),
     .mm_tn_acc = TG_NAME(mm_tn_acc),
     TG_BF16_DOT_OPS
