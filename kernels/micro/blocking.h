@@ -82,8 +82,9 @@ enum { MR = 4, NR = 8, ATTN_BQ = 64, ATTN_BK = 64 };
  * threads. Then 128 keys on top of that (9 rounds): 0.82 / 0.82 / 0.87 /
  * 0.99 at 2 threads, 1.00 / 0.96 / 1.00 / 0.85 at 16 (1024,64 full;
  * 2048,128 causal; 1024,256 full; 512,64 causal). Single pairs ranged
- * 0.45-1.50 on that lease. Split mode (0.87-1.14x with 128 q rows) keeps
- * the tiles above, as do the other tables (unmeasured). */
+ * 0.45-1.50 on that lease. Split and exact mode with 64 x 128 or 128 x 128
+ * (7 rounds): 0.86-1.17x, no consistent sign; they keep the tiles above,
+ * as do the other tables (unmeasured). */
 #if defined(TG_MICRO_AMX)
 enum { ATTN_BQ_BF16 = 128, ATTN_BK_BF16 = 128 };
 #else
