@@ -52,7 +52,10 @@ def main():
         v = times[key]
         cells = []
         for c in configs:
-            ms = statistics.median(t for (r, cc), t in v.items() if cc == c)
+            runs = [t for (r, cc), t in v.items() if cc == c]
+            if not runs:  # a configuration this group did not run
+                continue
+            ms = statistics.median(runs)
             cell = f"{c} {ms:8.2f}"
             if c != base:
                 x = [t / v[(r, base)] for (r, cc), t in v.items() if cc == c and (r, base) in v]
