@@ -83,8 +83,11 @@ enum { MR = 4, NR = 8, ATTN_BQ = 64, ATTN_BK = 64 };
  * 0.99 at 2 threads, 1.00 / 0.96 / 1.00 / 0.85 at 16 (1024,64 full;
  * 2048,128 causal; 1024,256 full; 512,64 causal). Single pairs ranged
  * 0.45-1.50 on that lease. Split and exact mode with 64 x 128 or 128 x 128
- * (7 rounds): 0.86-1.17x, no consistent sign; they keep the tiles above,
- * as do the other tables (unmeasured). */
+ * (7 rounds): 0.86-1.17x, no consistent sign; they keep the tiles above.
+ * So does the avx512bf16 table: on Zen 5 (vdpbf16ps, 1 and 2 threads, 6
+ * rounds, bench/results/zen5/paired-bf16-tiles-avx512bf16.*) 128 keys gave
+ * 0.96-1.03x and 128 x 128 0.96-1.03x, the causal 512 shape slower in both.
+ * neonbf16 is unmeasured (no aarch64 machine); the rest have no bf16 unit. */
 #if defined(TG_MICRO_AMX)
 enum { ATTN_BQ_BF16 = 128, ATTN_BK_BF16 = 128 };
 #else
