@@ -8,7 +8,7 @@
  *                  lane per FMA.
  *   bf16 dot peak  12 independent vdpbf16ps zmm chains per thread; 2 FLOP per
  *                  bf16 pair = 64 FLOP per instruction. 0 where the CPU has no
- *                  AVX512_BF16. On aarch64: 12 BFMMLA chains (32 FLOP per
+ *                  AVX512_BF16. On aarch64: 16 BFMMLA chains (32 FLOP per
  *                  instruction), 0 without FEAT_BF16.
  *   AMX peak       4 independent tdpbf16ps tile chains per thread (16384 FLOP
  *                  each); 0 where the amx table cannot run.

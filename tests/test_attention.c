@@ -197,6 +197,14 @@ static void test_bwd_fully_masked_rows_are_zero(void **state) {
   attn_destroy(&pb);
 }
 
+/* dQ, dK, dV of two runs are the same bits. */
+static void assert_same_grads(const attn_problem *pb, const attn_outputs *a,
+                              const attn_outputs *b) {
+  assert_memory_equal(b->dQ, a->dQ, sizeof(float) * pb->nQ);
+  assert_memory_equal(b->dK, a->dK, sizeof(float) * pb->nKout);
+  assert_memory_equal(b->dV, a->dV, sizeof(float) * pb->nKout);
+}
+
 /* Deterministic mode: bitwise identical across runs and 1/2/3/5 threads
  * (9 key tiles: two key ranges, so the dQ partial sum is covered). */
 static void test_bwd_deterministic_bitwise(void **state) {
@@ -210,11 +218,7 @@ static void test_bwd_deterministic_bitwise(void **state) {
     tg_ctx *ctx = tu_ctx(threads[ti], TG_ISA_AUTO);
     tg_ctx_set_deterministic(ctx, 1);
     TU_EXPECT_STATUS(ctx, run_bwd(ctx, &pb, ti ? &o : &first), TG_OK);
-    if (ti) {
-      assert_memory_equal(o.dQ, first.dQ, sizeof(float) * pb.nQ);
-      assert_memory_equal(o.dK, first.dK, sizeof(float) * pb.nKout);
-      assert_memory_equal(o.dV, first.dV, sizeof(float) * pb.nKout);
-    }
+    if (ti) assert_same_grads(&pb, &first, &o);
     tg_ctx_destroy(ctx);
   }
   attn_free_outputs(&first);
@@ -241,11 +245,7 @@ static void test_bwd_plan_cpus(void **state) {
       TU_EXPECT_STATUS(ctx, run_bwd(ctx, &pb, ti ? &o : &first), TG_OK);
       if (!ti && !attn_check_grads(&pb, &first))
         TU_FAIL("result out of bound, planned for %d CPUs", plans[pi]);
-      if (ti) {
-        assert_memory_equal(o.dQ, first.dQ, sizeof(float) * pb.nQ);
-        assert_memory_equal(o.dK, first.dK, sizeof(float) * pb.nKout);
-        assert_memory_equal(o.dV, first.dV, sizeof(float) * pb.nKout);
-      }
+      if (ti) assert_same_grads(&pb, &first, &o);
       tg_ctx_destroy(ctx);
     }
   }
