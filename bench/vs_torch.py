@@ -4,7 +4,10 @@
 The peer is what a user would run instead of tilegrad: PyTorch's SDPA
 backward in whichever dtype is *faster* on this CPU. So every shape is timed
 in PyTorch float32 and bfloat16 (by default; --torch-dtypes restricts it) and
-tilegrad's speedup is quoted against the faster of the two, shape by shape.
+tilegrad's speedup is quoted against the faster of the two, shape by shape
+(medians; the "best" column is the same ratio from each contender's fastest
+run: where it is far from the median's, the row was disturbed, and one
+run of it decides nothing).
 Which dtype wins depends on the CPU (a bf16 dot unit or not) and on the
 PyTorch build, so it is measured rather than assumed.
 
@@ -298,6 +301,9 @@ def run_shape(shape, threads, reps, ctx, seed, dtypes):
               "torch_gflops": r[f"torch_{peer}_gflops"],
               "torch_backend": r[f"torch_{peer}_backend"],
               "speedup": ms[peer] / ms_tg,
+              # the same ratio from each contender's fastest run: far from the
+              # median's, the row was disturbed (a busy or shared machine)
+              "speedup_best": min(min(t) for t in t_torch.values()) / min(t_tg),
               "max_rel_diff_vs_torch": diffs[peer]})
     return r
 
@@ -305,11 +311,13 @@ def run_shape(shape, threads, reps, ctx, seed, dtypes):
 def summarize(rows, dtypes):
     """Speedups vs the faster peer over one thread count's shapes."""
     sp = [r["speedup"] for r in rows]
+    best = [r["speedup_best"] for r in rows]
     s = {"threads": rows[0]["threads"], "shapes": len(sp),
          "speedup_min": min(sp), "speedup_median": statistics.median(sp),
          "speedup_max": max(sp),
          "speedup_geomean": math.exp(sum(math.log(x) for x in sp) / len(sp)),
          "shapes_ge_1x": sum(x >= 1.0 for x in sp),
+         "speedup_best_min": min(best), "speedup_best_max": max(best),
          "torch_wins": {name: sum(r["torch_faster"] == name for r in rows) for name in dtypes}}
     for name in dtypes:
         s[f"max_rel_diff_vs_torch_{name}"] = max(r[f"max_rel_diff_vs_torch_{name}"] for r in rows)
@@ -322,7 +330,7 @@ def summarize(rows, dtypes):
 # (header, width, alignment) of the table's columns; "faster" names the
 # torch dtype that is the peer, "speedup" is that dtype's time / tilegrad's.
 COLS = (("B,H,Hkv,L,D,causal", 20, "<"), ("tilegrad ms", 12, ">"), ("torch f32", 11, ">"),
-        ("torch bf16", 11, ">"), ("faster", 7, ">"), ("speedup", 9, ">"),
+        ("torch bf16", 11, ">"), ("faster", 7, ">"), ("speedup", 9, ">"), ("best", 7, ">"),
         ("GFLOP/s", 9, ">"), ("%FMA", 6, ">"), ("%ceil", 6, ">"),
         ("diff bf16", 10, ">"), ("diff f32", 10, ">"), ("  torch backend", 0, "<"))
 
@@ -344,7 +352,7 @@ def fmt_result(r):
         " ".join(f"{n}:{r[f'torch_{n}_backend']}" for n in r["torch_dtypes"])
     name = ",".join(str(r[k]) for k in ("B", "H", "Hkv", "L", "D")) + f",{int(r['causal'])}"
     return fmt_row((name, f"{r['ms_tilegrad']:.1f}", ms("f32"), ms("bf16"), r["torch_faster"],
-                    f"{r['speedup']:.2f}x", f"{r['tilegrad_gflops']:.1f}",
+                    f"{r['speedup']:.2f}x", f"{r['speedup_best']:.2f}x", f"{r['tilegrad_gflops']:.1f}",
                     f"{r['pct_fma_peak']:.1f}", f"{r['pct_ceiling']:.1f}",
                     diff("bf16"), diff("f32"), "  " + backend))
 
@@ -360,6 +368,8 @@ def fmt_summary(s, dtypes):
             f"median {s['speedup_median']:.2f}x, max {s['speedup_max']:.2f}x, "
             f"geomean {s['speedup_geomean']:.2f}x; {s['shapes_ge_1x']}/{s['shapes']} shapes "
             f">= 1.0x; faster torch dtype: {wins}\n"
+            f"best-of-runs speedup: min {s['speedup_best_min']:.2f}x, "
+            f"max {s['speedup_best_max']:.2f}x\n"
             f"largest max rel diff of the gradients: {diffs}")
 
 
@@ -400,7 +410,7 @@ def main():
         ctx.threads = threads
         fma, ceil = measure_peaks(threads, ctx.isa, args.precision)
         print(f"\n{threads} thread(s): f32 FMA peak {fma:.1f} GFLOP/s, {args.precision}-mode ceiling "
-              f"{ceil:.1f} GFLOP/s; times in ms, speedup = faster torch / tilegrad, "
+              f"{ceil:.1f} GFLOP/s; times in ms, speedup = faster torch / tilegrad (medians; best: fastest runs), "
               f"diff = tilegrad's max rel gradient diff vs each torch dtype")
         print(fmt_row([c[0] for c in COLS]))
         rows = []
