@@ -352,7 +352,8 @@ def fmt_result(r):
         " ".join(f"{n}:{r[f'torch_{n}_backend']}" for n in r["torch_dtypes"])
     name = ",".join(str(r[k]) for k in ("B", "H", "Hkv", "L", "D")) + f",{int(r['causal'])}"
     return fmt_row((name, f"{r['ms_tilegrad']:.1f}", ms("f32"), ms("bf16"), r["torch_faster"],
-                    f"{r['speedup']:.2f}x", f"{r['speedup_best']:.2f}x", f"{r['tilegrad_gflops']:.1f}",
+                    f"{r['speedup']:.2f}x", f"{r['speedup_best']:.2f}x",
+                    f"{r['tilegrad_gflops']:.1f}",
                     f"{r['pct_fma_peak']:.1f}", f"{r['pct_ceiling']:.1f}",
                     diff("bf16"), diff("f32"), "  " + backend))
 
@@ -410,7 +411,8 @@ def main():
         ctx.threads = threads
         fma, ceil = measure_peaks(threads, ctx.isa, args.precision)
         print(f"\n{threads} thread(s): f32 FMA peak {fma:.1f} GFLOP/s, {args.precision}-mode ceiling "
-              f"{ceil:.1f} GFLOP/s; times in ms, speedup = faster torch / tilegrad (medians; best: fastest runs), "
+              f"{ceil:.1f} GFLOP/s; times in ms, speedup = faster torch / tilegrad "
+              f"(medians; best: fastest runs), "
               f"diff = tilegrad's max rel gradient diff vs each torch dtype")
         print(fmt_row([c[0] for c in COLS]))
         rows = []
