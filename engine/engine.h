@@ -82,6 +82,13 @@ int tg_threads(const tg_ctx *ctx);
  * cpu.cfs_period_us. 0 when no quota is set or nothing can be read. */
 int tg_cgroup_cpu_limit(const char *cgroup_root, const char *proc_self_cgroup);
 
+/* The L2 cache per CPU of this machine in bytes (engine/plan.c: cpu0's L2
+ * from Linux sysfs over the CPUs sharing it, else sysconf, else
+ * TG_PLAN_L2_DEFAULT), for plans that size what they keep in cache. Like
+ * tg_plan_cpus, never the thread count; tg_testing_plan_l2_bytes forces it. */
+#define TG_PLAN_L2_DEFAULT (512LL * 1024)
+long long tg_plan_l2_bytes(void);
+
 /* --- checked arithmetic ----------------------------------------------------
  * Product of n non-negative int64 factors into *out; 0 on overflow. */
 int tg_mul_ok(int64_t *out, int n, ...);

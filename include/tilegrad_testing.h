@@ -35,6 +35,12 @@ long long tg_testing_alloc_disarm(int *failed);
  * has. Set it between calls, not while one runs. */
 void tg_testing_plan_cpus(int n);
 
+/* Work plans as if this machine's L2 per CPU were `bytes` (>= 0; 0: as
+ * small as can be); bytes < 0 restores the machine's. The suites use it to
+ * run the FA-2 backward's key-tile chunks (kernels/attention_bwd.c) at one
+ * tile and at several. Set it between calls, not while one runs. */
+void tg_testing_plan_l2_bytes(long long bytes);
+
 #ifdef __cplusplus
 }
 #endif

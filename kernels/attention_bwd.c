@@ -19,9 +19,11 @@
  *
  * KV (default): one work item per (key range, kv head, batch) -- the
  * FlashAttention-2 loop order. Each key tile is loaded (and K^T, V^T packed)
- * once, then every q-tile of the kv head's query heads streams past it; dK/dV
- * of the tile stay in scratch and are added to the output once, and no other
- * item touches those rows: no atomics. dQ rows are summed over key tiles in
+ * once, then every q-tile of the kv head's query heads streams past it (past
+ * a chunk of the range's key tiles at once, as many as the L2 holds: each
+ * q-tile is loaded once per chunk); dK/dV of the tile stay in scratch and are
+ * added to the output once, and no other item touches those rows: no
+ * atomics. dQ rows are summed over key tiles in
  * place; with several key ranges each range sums into its own dQ partial and
  * the partials are added in range order afterwards. The number of ranges
  * depends on the shape and the machine's CPU count (tg_plan_cpus: about 4
@@ -74,6 +76,12 @@
  * that gets one range). None of this depends on the thread count
  * (determinism). */
 enum { ITEMS_PER_CPU = 4, MIN_RANGE_TILES = 4, MAX_RANGES = 16 };
+
+/* KV schedule: the q-tiles stream past a chunk of up to MAX_CHUNK_TILES key
+ * tiles of a range at once (plan_chunk), so each q-tile's Q, dO rows are
+ * loaded, and its dQ rows fetched from L3 or memory, once per chunk rather
+ * than once per key tile. */
+enum { MAX_CHUNK_TILES = 8 };
 #define PARTIALS_BUDGET ((int64_t)1 << 30)
 
 typedef struct {
@@ -87,38 +95,50 @@ typedef struct {
   tg_attn_products products; /* of dQ, dK, dV (precision mode) */
   int64_t n_qtiles, n_ktiles;
   int64_t n_ranges, range_tiles; /* KV schedule: key ranges per kv head */
+  int64_t chunk_tiles;           /* KV schedule: key tiles resident at once */
   float *dQ_partial;             /* KV schedule: [n_ranges - 1][B, H, qL, D] */
   int64_t dq_elems;              /* B * H * qL * D: one partial */
 } bwd_args;
 
-/* Per-thread scratch, carved from tg_dispatch's buffer. */
+/* Per-thread scratch, carved from tg_dispatch's buffer: one key-tile side
+ * per key tile of a chunk (KV schedule; the ATOMIC schedule uses one), and
+ * one q-tile side. */
 typedef struct {
-  float *Q, *dO, *dQ;  /* [BQ, D] */
   float *K, *KT, *VT;  /* [BK, D], [D, BK], [D, BK] (bf16_dot: [D/2, BK] pairs) */
-  float *S, *dS;       /* [BQ, BK]: scores -> P, dP -> dS */
   float *dK, *dV;      /* [BK, D] */
-  uint8_t *keep;       /* [BQ, BK] dropout keep flags */
   /* compensated sums only: the running dK, dV sums and their corrections,
    * [BK, D] each (dK, dV above then hold one q-tile's part, zeroed again as
    * it is added) */
   float *dK_sum, *dK_comp, *dV_sum, *dV_comp;
+} ktile_scratch;
+
+typedef struct {
+  float *Q, *dO, *dQ;  /* [BQ, D] */
+  float *S, *dS;       /* [BQ, BK]: scores -> P, dP -> dS */
+  uint8_t *keep;       /* [BQ, BK] dropout keep flags */
   /* TG_PRODUCTS_BF16_DOT only: the bf16 parts (hi, lo) of dS [BQ, BK] and
    * of dS^T, P^T [BK, BQ]; Q, dO and K then hold their bf16 rows in pairs
    * (pack_bf16_row_pairs: [BQ/2, D], [BK/2, D] pairs) instead of f32 rows */
   uint16_t *dS_hi, *dS_lo, *dSt_hi, *dSt_lo, *Pt_hi, *Pt_lo;
+  ktile_scratch kt[MAX_CHUNK_TILES];
 } bwd_scratch;
 
-static size_t bwd_scratch_bytes(int64_t D, int64_t BQ, int64_t BK, int compensated,
-                                 tg_attn_products products) {
-  const size_t q = tg_align64(sizeof(float) * BQ * (size_t)D);
-  const size_t k = tg_align64(sizeof(float) * BK * (size_t)D);
-  const size_t s = tg_align64(sizeof(float) * BQ * BK);
-  const size_t parts = products == TG_PRODUCTS_BF16_DOT ? 6 * tg_align64(2 * BQ * BK) : 0;
-  return 3 * q + (compensated ? 9 : 5) * k + 2 * s + tg_align64((size_t)(BQ * BK)) + parts;
+/* Bytes of one key tile's side of the scratch. */
+static size_t ktile_bytes(int64_t D, int64_t BK, int compensated) {
+  return (compensated ? 9 : 5) * tg_align64(sizeof(float) * BK * (size_t)D);
 }
 
-static bwd_scratch carve(void *base, int64_t D, int64_t BQ, int64_t BK, int compensated,
-                         tg_attn_products products) {
+static size_t bwd_scratch_bytes(int64_t D, int64_t BQ, int64_t BK, int64_t chunk,
+                                 int compensated, tg_attn_products products) {
+  const size_t q = tg_align64(sizeof(float) * BQ * (size_t)D);
+  const size_t s = tg_align64(sizeof(float) * BQ * BK);
+  const size_t parts = products == TG_PRODUCTS_BF16_DOT ? 6 * tg_align64(2 * BQ * BK) : 0;
+  return 3 * q + 2 * s + tg_align64((size_t)(BQ * BK)) + parts +
+         (size_t)chunk * ktile_bytes(D, BK, compensated);
+}
+
+static bwd_scratch carve(void *base, int64_t D, int64_t BQ, int64_t BK, int64_t chunk,
+                         int compensated, tg_attn_products products) {
   char *p = base;
   const size_t q = tg_align64(sizeof(float) * BQ * (size_t)D);
   const size_t k = tg_align64(sizeof(float) * BK * (size_t)D);
@@ -127,25 +147,20 @@ static bwd_scratch carve(void *base, int64_t D, int64_t BQ, int64_t BK, int comp
   w.Q = (float *)p, p += q;
   w.dO = (float *)p, p += q;
   w.dQ = (float *)p, p += q;
-  w.K = (float *)p, p += k;
-  w.KT = (float *)p, p += k;
-  w.VT = (float *)p, p += k;
-  w.dK = (float *)p, p += k;
-  w.dV = (float *)p, p += k;
   w.S = (float *)p, p += s;
   w.dS = (float *)p, p += s;
   w.keep = (uint8_t *)p, p += tg_align64((size_t)(BQ * BK));
-  w.dK_sum = w.dK_comp = w.dV_sum = w.dV_comp = NULL;
-  if (compensated) {
-    w.dK_sum = (float *)p, p += k;
-    w.dK_comp = (float *)p, p += k;
-    w.dV_sum = (float *)p, p += k;
-    w.dV_comp = (float *)p, p += k;
-  }
   w.dS_hi = w.dS_lo = w.dSt_hi = w.dSt_lo = w.Pt_hi = w.Pt_lo = NULL;
   if (products == TG_PRODUCTS_BF16_DOT) {
     uint16_t **parts[] = {&w.dS_hi, &w.dS_lo, &w.dSt_hi, &w.dSt_lo, &w.Pt_hi, &w.Pt_lo};
     for (int i = 0; i < 6; i++) *parts[i] = (uint16_t *)p, p += tg_align64(2 * BQ * BK);
+  }
+  for (int64_t j = 0; j < chunk; j++) {
+    ktile_scratch *t = &w.kt[j];
+    float **bufs[] = {&t->K, &t->KT, &t->VT, &t->dK, &t->dV,
+                      &t->dK_sum, &t->dK_comp, &t->dV_sum, &t->dV_comp};
+    for (int i = 0; i < 9; i++) *bufs[i] = NULL;
+    for (int i = 0; i < (compensated ? 9 : 5); i++) *bufs[i] = (float *)p, p += k;
   }
   return w;
 }
@@ -168,34 +183,35 @@ static void load_qtile(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int6
                     pr->Os[2], q0, nq, pr->D, w->dO, NULL, 0);
 }
 
-/* Keys [k0, k0 + nk) of kv head h_kv -> w->K (f32, or bf16 row pairs for
- * TG_PRODUCTS_BF16_DOT), w->KT, w->VT (f32, or bf16 pairs with bf16_dot). */
+/* Keys [k0, k0 + nk) of kv head h_kv -> t->K (f32, or bf16 row pairs for
+ * TG_PRODUCTS_BF16_DOT), t->KT, t->VT (f32, or bf16 pairs with bf16_dot). */
 static void load_ktile(const bwd_args *a, int64_t b, int64_t h_kv, int64_t k0, int64_t nk,
-                       bwd_scratch *w) {
+                       ktile_scratch *t) {
   const tg_attn_problem *pr = &a->pr;
   const void *Kh = tg_attn_at(pr->in, a->K, tg_attn_offset(pr->Ks, b, h_kv, 0));
   const void *Vh = tg_attn_at(pr->in, a->V, tg_attn_offset(pr->Vs, b, h_kv, 0));
   if (a->bf16_dot) {
     if (a->products == TG_PRODUCTS_BF16_DOT)
       a->ops->pack_bf16_row_pairs(nk, pr->D, (const tg_bf16 *)Kh + k0 * pr->Ks[2], pr->Ks[2],
-                                  (uint32_t *)w->K, pr->D);
+                                  (uint32_t *)t->K, pr->D);
     else
-      tg_attn_load_rows(a->ops, pr->in, Kh, pr->Ks[2], k0, nk, pr->D, w->K, NULL, 0);
-    tg_attn_pack_pairs(a->ops, Kh, pr->Ks[2], k0, nk, pr->D, (uint32_t *)w->KT, a->BK);
-    tg_attn_pack_pairs(a->ops, Vh, pr->Vs[2], k0, nk, pr->D, (uint32_t *)w->VT, a->BK);
+      tg_attn_load_rows(a->ops, pr->in, Kh, pr->Ks[2], k0, nk, pr->D, t->K, NULL, 0);
+    tg_attn_pack_pairs(a->ops, Kh, pr->Ks[2], k0, nk, pr->D, (uint32_t *)t->KT, a->BK);
+    tg_attn_pack_pairs(a->ops, Vh, pr->Vs[2], k0, nk, pr->D, (uint32_t *)t->VT, a->BK);
     return;
   }
-  tg_attn_load_rows(a->ops, pr->in, Kh, pr->Ks[2], k0, nk, pr->D, w->K, w->KT, a->BK);
-  /* V is only used transposed; w->dV is free until the pair body runs. */
-  tg_attn_load_rows(a->ops, pr->in, Vh, pr->Vs[2], k0, nk, pr->D, w->dV, w->VT, a->BK);
+  tg_attn_load_rows(a->ops, pr->in, Kh, pr->Ks[2], k0, nk, pr->D, t->K, t->KT, a->BK);
+  /* V is only used transposed; t->dV is free until the pair body runs. */
+  tg_attn_load_rows(a->ops, pr->in, Vh, pr->Vs[2], k0, nk, pr->D, t->dV, t->VT, a->BK);
 }
 
-/* The pair body for loaded tiles: dQ [nq, D] (leading dim ldq) += dS . K;
- * w->dK, w->dV [nk, D] += dS^T . Q, P^T . dO. With dq_first the dQ rows are
- * written (= dS . K) instead. */
+/* The pair body for loaded tiles (the key tile's side in t, the q-tile's in
+ * w): dQ [nq, D] (leading dim ldq) += dS . K; t->dK, t->dV [nk, D] +=
+ * dS^T . Q, P^T . dO. With dq_first the dQ rows are written (= dS . K)
+ * instead. */
 static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_t nq,
                      int64_t k0, int64_t nk, float *dQ, int64_t ldq, int dq_first,
-                     bwd_scratch *w) {
+                     const ktile_scratch *t, bwd_scratch *w) {
   const tg_attn_problem *pr = &a->pr;
   const tg_micro_ops *ops = a->ops;
   const int64_t D = pr->D, bh = b * pr->H + h, BK = a->BK;
@@ -204,13 +220,13 @@ static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_
   if (a->bf16_dot) { /* the bf16 rows of Q and dO in place, K^T and V^T in pairs */
     const tg_bf16 *Qr = (const tg_bf16 *)a->Q + tg_attn_offset(pr->Qs, b, h, q0);
     const tg_bf16 *dOr = (const tg_bf16 *)a->dO + tg_attn_offset(pr->Os, b, h, q0);
-    ops->mm_bf16_pairs((int)nq, (int)nk, (int)D, Qr, pr->Qs[2], (const uint32_t *)w->KT, BK,
+    ops->mm_bf16_pairs((int)nq, (int)nk, (int)D, Qr, pr->Qs[2], (const uint32_t *)t->KT, BK,
                        w->S, BK, 0);
-    ops->mm_bf16_pairs((int)nq, (int)nk, (int)D, dOr, pr->Os[2], (const uint32_t *)w->VT, BK,
+    ops->mm_bf16_pairs((int)nq, (int)nk, (int)D, dOr, pr->Os[2], (const uint32_t *)t->VT, BK,
                        w->dS, BK, 0);
   } else {
-    ops->mm_nn((int)nq, (int)nk, (int)D, w->Q, D, w->KT, BK, w->S, BK, 0);   /* Q.K^T  */
-    ops->mm_nn((int)nq, (int)nk, (int)D, w->dO, D, w->VT, BK, w->dS, BK, 0); /* dO.V^T */
+    ops->mm_nn((int)nq, (int)nk, (int)D, w->Q, D, t->KT, BK, w->S, BK, 0);   /* Q.K^T  */
+    ops->mm_nn((int)nq, (int)nk, (int)D, w->dO, D, t->VT, BK, w->dS, BK, 0); /* dO.V^T */
   }
   if (pr->drop.threshold) { /* dP -> dP o keep / (1 - p) */
     tg_attn_dropout_tile(ops, &pr->drop, pr, b, h, q0, nq, k0, nk, w->keep, BK);
@@ -255,21 +271,21 @@ static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_
     ops->f32_to_bf16_split(nq, nk, w->dS, BK, 0, w->dS_hi, lo[0], BK);
     ops->f32_to_bf16_split(nq, nk, w->dS, BK, 1, w->dSt_hi, lo[1], BQ);
     ops->f32_to_bf16_split(nq, nk, w->S, BK, 1, w->Pt_hi, lo[2], BQ);
-    tg_attn_mm_parts(pr, ops, nq, D, nkp, w->dS_hi, w->dS_lo, BK, (const uint32_t *)w->K, D, dQ,
+    tg_attn_mm_parts(pr, ops, nq, D, nkp, w->dS_hi, w->dS_lo, BK, (const uint32_t *)t->K, D, dQ,
                      ldq, !dq_first);                                          /* dS.K   */
     tg_attn_mm_parts(pr, ops, nk, D, nqp, w->dSt_hi, w->dSt_lo, BQ, (const uint32_t *)w->Q, D,
-                     w->dK, D, 1);                                             /* dS^T.Q */
+                     t->dK, D, 1);                                             /* dS^T.Q */
     tg_attn_mm_parts(pr, ops, nk, D, nqp, w->Pt_hi, w->Pt_lo, BQ, (const uint32_t *)w->dO, D,
-                     w->dV, D, 1);                                             /* P^T.dO */
+                     t->dV, D, 1);                                             /* P^T.dO */
     return;
   }
   if (a->products == TG_PRODUCTS_F32_ROUNDED) {
     tg_attn_round_bf16(w->dS, nq, nk, BK);
     tg_attn_round_bf16(w->S, nq, nk, BK);
   }
-  ops->mm_nn((int)nq, (int)D, (int)nk, w->dS, BK, w->K, D, dQ, ldq, !dq_first); /* dS.K */
-  ops->mm_tn_acc((int)nk, (int)D, (int)nq, w->dS, BK, w->Q, D, w->dK, D); /* dS^T.Q */
-  ops->mm_tn_acc((int)nk, (int)D, (int)nq, w->S, BK, w->dO, D, w->dV, D);  /* P^T.dO */
+  ops->mm_nn((int)nq, (int)D, (int)nk, w->dS, BK, t->K, D, dQ, ldq, !dq_first); /* dS.K */
+  ops->mm_tn_acc((int)nk, (int)D, (int)nq, w->dS, BK, w->Q, D, t->dK, D); /* dS^T.Q */
+  ops->mm_tn_acc((int)nk, (int)D, (int)nq, w->S, BK, w->dO, D, t->dV, D);  /* P^T.dO */
 }
 
 /* KV schedule: the dQ rows [nq, D] of query head h, q-tile at q0, that key
@@ -307,47 +323,69 @@ static int range_visible(const bwd_args *a, int64_t range, int64_t q0, int64_t n
 /* KV schedule: x = kv head, y = batch, z = key range. The range varies
  * slowest, so every kv head's range 0 is handed out first: under causality
  * the early keys are seen by the most queries, and the heaviest items
- * starting first keeps the last ones short (dynamic order). */
+ * starting first keeps the last ones short (dynamic order).
+ *
+ * The range's key tiles are taken a chunk at a time (plan_chunk): the
+ * chunk's tiles are loaded, then every q-tile of the kv head's query heads
+ * is loaded once and meets each of them in key order. Every sum runs in the
+ * order it would with chunks of one tile: dK, dV of a key tile over (query
+ * head, q-tile) in order, dQ rows of a q-tile over the range's key tiles in
+ * order. So the chunk changes where the operands are, not the bits. */
 static void bwd_group_kv(const void *vargs, int64_t h_kv, int64_t b, int64_t range,
                          void *scratch) {
   const bwd_args *a = vargs;
   const tg_attn_problem *pr = &a->pr;
   const int64_t D = pr->D, gqa = pr->gqa, BQ = a->BQ, BK = a->BK;
-  bwd_scratch w = carve(scratch, D, BQ, BK, pr->compensated, a->products);
+  bwd_scratch w = carve(scratch, D, BQ, BK, a->chunk_tiles, pr->compensated, a->products);
   tg_attn_dot_begin(a->ops, a->bf16_dot);
 
   const int64_t kt_first = range * a->range_tiles;
-  for (int64_t kt = kt_first; kt < kt_first + a->range_tiles && kt < a->n_ktiles; kt++) {
-    const int64_t k0 = kt * BK, nk = pr->kL - k0 < BK ? pr->kL - k0 : BK;
-    const size_t tile_bytes = sizeof(float) * (size_t)(nk * D);
-    load_ktile(a, b, h_kv, k0, nk, &w);
-    memset(w.dK, 0, tile_bytes);
-    memset(w.dV, 0, tile_bytes);
-    if (pr->compensated) {
-      memset(w.dK_sum, 0, tile_bytes), memset(w.dK_comp, 0, tile_bytes);
-      memset(w.dV_sum, 0, tile_bytes), memset(w.dV_comp, 0, tile_bytes);
+  const int64_t kt_end = kt_first + a->range_tiles < a->n_ktiles ? kt_first + a->range_tiles
+                                                                  : a->n_ktiles;
+  for (int64_t c0 = kt_first; c0 < kt_end; c0 += a->chunk_tiles) {
+    const int64_t nc = kt_end - c0 < a->chunk_tiles ? kt_end - c0 : a->chunk_tiles;
+    for (int64_t j = 0; j < nc; j++) {
+      const int64_t k0 = (c0 + j) * BK, nk = pr->kL - k0 < BK ? pr->kL - k0 : BK;
+      const size_t tile_bytes = sizeof(float) * (size_t)(nk * D);
+      ktile_scratch *t = &w.kt[j];
+      load_ktile(a, b, h_kv, k0, nk, t);
+      memset(t->dK, 0, tile_bytes);
+      memset(t->dV, 0, tile_bytes);
+      if (pr->compensated) {
+        memset(t->dK_sum, 0, tile_bytes), memset(t->dK_comp, 0, tile_bytes);
+        memset(t->dV_sum, 0, tile_bytes), memset(t->dV_comp, 0, tile_bytes);
+      }
     }
     for (int64_t h = h_kv * gqa; h < (h_kv + 1) * gqa; h++)
       for (int64_t q0 = 0; q0 < pr->qL; q0 += BQ) {
         const int64_t nq = pr->qL - q0 < BQ ? pr->qL - q0 : BQ;
+        const int64_t key_end = tg_attn_key_end(pr, q0, nq);
         int64_t ld;
         float *dq = dq_rows(a, range, b, h, q0, &ld);
-        if (tg_attn_key_end(pr, q0, nq) <= k0) { /* causal: sees none */
+        if (key_end <= c0 * BK) { /* causal: sees none of the chunk's keys */
           /* Output rows no key reaches are zeros; a partial's rows its range
            * never reaches stay unwritten, and the sum skips them. */
-          if (kt == 0) add_rows(dq, ld, NULL, nq, D, 0);
+          if (c0 == 0) add_rows(dq, ld, NULL, nq, D, 0);
           continue;
         }
         load_qtile(a, b, h, q0, nq, &w);
-        bwd_pair(a, b, h, q0, nq, k0, nk, dq, ld, kt == kt_first, &w);
-        if (pr->compensated) { /* this q-tile's part into the sums; w.dK, w.dV = 0 */
-          a->ops->add_compensated_f32(w.dK_sum, w.dK_comp, w.dK, nk * D);
-          a->ops->add_compensated_f32(w.dV_sum, w.dV_comp, w.dV, nk * D);
+        for (int64_t j = 0; j < nc && (c0 + j) * BK < key_end; j++) {
+          const int64_t k0 = (c0 + j) * BK, nk = pr->kL - k0 < BK ? pr->kL - k0 : BK;
+          ktile_scratch *t = &w.kt[j];
+          bwd_pair(a, b, h, q0, nq, k0, nk, dq, ld, c0 + j == kt_first, t, &w);
+          if (pr->compensated) { /* this q-tile's part into the sums; t->dK, t->dV = 0 */
+            a->ops->add_compensated_f32(t->dK_sum, t->dK_comp, t->dK, nk * D);
+            a->ops->add_compensated_f32(t->dV_sum, t->dV_comp, t->dV, nk * D);
+          }
         }
       }
-    const int64_t kv = tg_attn_offset(pr->dKs, b, h_kv, k0);
-    add_rows(a->dK + kv, pr->dKs[2], pr->compensated ? w.dK_sum : w.dK, nk, D, 0);
-    add_rows(a->dV + kv, pr->dKs[2], pr->compensated ? w.dV_sum : w.dV, nk, D, 0);
+    for (int64_t j = 0; j < nc; j++) {
+      const int64_t k0 = (c0 + j) * BK, nk = pr->kL - k0 < BK ? pr->kL - k0 : BK;
+      const ktile_scratch *t = &w.kt[j];
+      const int64_t kv = tg_attn_offset(pr->dKs, b, h_kv, k0);
+      add_rows(a->dK + kv, pr->dKs[2], pr->compensated ? t->dK_sum : t->dK, nk, D, 0);
+      add_rows(a->dV + kv, pr->dKs[2], pr->compensated ? t->dV_sum : t->dV, nk, D, 0);
+    }
   }
   tg_attn_dot_end(a->ops, a->bf16_dot);
 }
@@ -372,7 +410,8 @@ static void bwd_group_atomic(const void *vargs, int64_t x, int64_t h, int64_t b,
   const bwd_args *a = vargs;
   const tg_attn_problem *pr = &a->pr;
   const int64_t D = pr->D, h_kv = h / pr->gqa, BQ = a->BQ, BK = a->BK;
-  bwd_scratch w = carve(scratch, D, BQ, BK, 0, a->products);
+  bwd_scratch w = carve(scratch, D, BQ, BK, 1, 0, a->products);
+  ktile_scratch *t = &w.kt[0];
   tg_attn_dot_begin(a->ops, a->bf16_dot);
   const int64_t q0 = (a->n_qtiles - 1 - x) * BQ, nq = pr->qL - q0 < BQ ? pr->qL - q0 : BQ;
 
@@ -381,13 +420,13 @@ static void bwd_group_atomic(const void *vargs, int64_t x, int64_t h, int64_t b,
   const int64_t key_end = tg_attn_key_end(pr, q0, nq);
   for (int64_t k0 = 0; k0 < key_end; k0 += BK) {
     const int64_t nk = key_end - k0 < BK ? key_end - k0 : BK;
-    load_ktile(a, b, h_kv, k0, nk, &w);
-    memset(w.dK, 0, sizeof(float) * (size_t)(nk * D));
-    memset(w.dV, 0, sizeof(float) * (size_t)(nk * D));
-    bwd_pair(a, b, h, q0, nq, k0, nk, w.dQ, D, 0, &w);
+    load_ktile(a, b, h_kv, k0, nk, t);
+    memset(t->dK, 0, sizeof(float) * (size_t)(nk * D));
+    memset(t->dV, 0, sizeof(float) * (size_t)(nk * D));
+    bwd_pair(a, b, h, q0, nq, k0, nk, w.dQ, D, 0, t, &w);
     const int64_t kv = tg_attn_offset(pr->dKs, b, h_kv, k0);
-    add_rows(a->dK + kv, pr->dKs[2], w.dK, nk, D, 1);
-    add_rows(a->dV + kv, pr->dKs[2], w.dV, nk, D, 1);
+    add_rows(a->dK + kv, pr->dKs[2], t->dK, nk, D, 1);
+    add_rows(a->dV + kv, pr->dKs[2], t->dV, nk, D, 1);
   }
   float *dq = a->dQ + tg_attn_offset(pr->dQs, b, h, q0);
   for (int64_t i = 0; i < nq; i++)
@@ -412,6 +451,20 @@ static void plan_ranges(bwd_args *a) {
   a->dq_elems = pr->B * pr->H * pr->qL * pr->D;
 }
 
+/* KV schedule: key tiles per chunk (see MAX_CHUNK_TILES): as many key
+ * tiles' scratch (their packed K, K^T, V^T and dK, dV sums) as the L2 per
+ * CPU holds (tg_plan_l2_bytes), at least one, at most the range. Any chunk
+ * gives the same bits (bwd_group_kv); the machine's L2, never the thread
+ * count, decides. On Zen 5 (1 MiB L2, 2 threads, bench/results/zen5/
+ * paired-chunk.*): 0.95-1.00x the step time of one tile at a time on the
+ * four vs_torch shapes in exact and bf16 mode. */
+static void plan_chunk(bwd_args *a) {
+  const int64_t fit = tg_plan_l2_bytes() / (int64_t)ktile_bytes(a->pr.D, a->BK, a->pr.compensated);
+  int64_t chunk = fit < MAX_CHUNK_TILES ? fit : MAX_CHUNK_TILES;
+  if (chunk > a->range_tiles) chunk = a->range_tiles;
+  a->chunk_tiles = chunk < 1 ? 1 : chunk;
+}
+
 static bwd_args make_args(const tg_attn_problem *pr, const tg_micro_ops *ops) {
   bwd_args a = {.pr = *pr,
                 .ops = ops,
@@ -422,6 +475,7 @@ static bwd_args make_args(const tg_attn_problem *pr, const tg_micro_ops *ops) {
   a.n_qtiles = (pr->qL + a.BQ - 1) / a.BQ;
   a.n_ktiles = (pr->kL + a.BK - 1) / a.BK;
   plan_ranges(&a);
+  plan_chunk(&a);
   return a;
 }
 
@@ -439,7 +493,8 @@ tg_status tg_attn_backward_kv(tg_ctx *ctx, const tg_attn_problem *pr, const void
   a.Q = Q, a.K = K, a.V = V, a.dO = dO, a.mask = mask, a.L = L, a.D_vec = D_vec;
   a.dQ = dQ, a.dK = dK, a.dV = dV, a.dQ_partial = workspace;
   tg_status st = tg_dispatch(ctx, pr->H_kv, pr->B, a.n_ranges,
-                             bwd_scratch_bytes(pr->D, a.BQ, a.BK, pr->compensated, a.products),
+                             bwd_scratch_bytes(pr->D, a.BQ, a.BK, a.chunk_tiles,
+                                               pr->compensated, a.products),
                              bwd_group_kv, &a);
   /* The second pass needs no scratch: it cannot fail once the first wrote. */
   if (st == TG_OK && a.n_ranges > 1)
@@ -469,7 +524,7 @@ static tg_status train_bwd(tg_ctx *ctx, const char *fn, tg_dtype dtype, const vo
     bwd_args a = make_args(&pr, ctx->ops);
     a.Q = Q, a.K = K, a.V = V, a.dO = dO, a.mask = mask, a.L = L, a.D_vec = D_vec;
     a.dQ = dQ, a.dK = dK, a.dV = dV;
-    return tg_dispatch(ctx, a.n_qtiles, pr.H, pr.B, bwd_scratch_bytes(pr.D, a.BQ, a.BK, 0, a.products),
+    return tg_dispatch(ctx, a.n_qtiles, pr.H, pr.B, bwd_scratch_bytes(pr.D, a.BQ, a.BK, 1, 0, a.products),
                        bwd_group_atomic, &a);
   }
   const size_t ws_bytes = tg_attn_bwd_workspace_bytes(&pr, ctx->ops);

@@ -63,6 +63,7 @@
 #include "micro.h"
 #include "philox.h"
 #include "testutil.h"
+#include "tilegrad_testing.h"
 
 static const double U = 0x1.0p-24; /* f32 unit roundoff */
 static inline double gam(double n) { return (n + 2) * U; }
@@ -718,6 +719,46 @@ static void assert_same_step(const ext_problem *pb, const ext_out *a, const ext_
   assert_true(same_bits(a->dV, b->dV, sizeof(float) * pb->nKout));
 }
 
+/* The KV schedule's key-tile chunks (kernels/attention_bwd.c, plan_chunk:
+ * from the L2 per CPU) change where the operands sit, not the order of any
+ * sum: with the L2 planned at 0 (one key tile at a time), 300 KiB and 1 GiB
+ * (every tile of a range) the f32 step (compensated dK, dV sums, dropout)
+ * and the bf16 step in each precision mode give the same bits. 9 key tiles
+ * of 64 (planned for TU_PLAN_CPUS: two key ranges, the last chunk short),
+ * causal with qL < kL, a mask with -inf rows, gqa 2. */
+static void test_key_chunks_same_bits(void **state) {
+  tu_rng r = tu_rng_make(tu_seed() + 12);
+  const ext_cfg c = {"chunks", 1, 4, 2, 150, 530, 32, 1, 0, 1, 0, 1.0f, 0.2f};
+  ext_problem pb;
+  build(&pb, &c, &r, 0);
+  ext_out first = alloc_out(&pb), o = alloc_out(&pb);
+  const long long l2[] = {0, 300 << 10, 1LL << 30};
+  const tg_attn_precision precisions[] = {TG_ATTN_PRECISION_EXACT, TG_ATTN_PRECISION_SPLIT,
+                                          TG_ATTN_PRECISION_BF16};
+  for (int v = 0; v < 4; v++) { /* 0: f32; 1-3: bf16 in each precision mode */
+    for (int li = 0; li < 3; li++) {
+      tg_testing_plan_l2_bytes(l2[li]);
+      tg_ctx *ctx = tu_ctx(li + 1, TG_ISA_AUTO);
+      tg_ctx_set_deterministic(ctx, 1);
+      if (v) assert_int_equal(tg_ctx_set_attn_precision(ctx, precisions[v - 1]), TG_OK);
+      ext_out *out = li ? &o : &first;
+      if (v)
+        run_step_bf16(ctx, &pb, &pb.opt, out);
+      else
+        run_step(ctx, &pb, &pb.opt, out);
+      if (li) {
+        assert_true(same_bits(first.dQ, o.dQ, sizeof(float) * pb.nQ));
+        assert_true(same_bits(first.dK, o.dK, sizeof(float) * pb.nKout));
+        assert_true(same_bits(first.dV, o.dV, sizeof(float) * pb.nKout));
+      }
+      tg_ctx_destroy(ctx);
+    }
+  }
+  tg_testing_plan_l2_bytes(-1);
+  free_out(&first), free_out(&o);
+  destroy(&pb);
+}
+
 /* p = 0 (any seed and offset) gives the bits of opt == NULL, in f32 and bf16;
  * bf16 with opt NULL gives the bits of the tg_flash_attn_*_bf16 entry points. */
 static void test_p0_bitwise_equals_no_options(void **state) {
@@ -1170,6 +1211,7 @@ int main(void) {
       cmocka_unit_test(test_f32_against_reference),
       cmocka_unit_test(test_f32_random_configs),
       cmocka_unit_test(test_p0_bitwise_equals_no_options),
+      cmocka_unit_test(test_key_chunks_same_bits),
       cmocka_unit_test(test_bf16_f32_same_engine),
       cmocka_unit_test(test_dropout_deterministic),
       cmocka_unit_test(test_bf16_precision_modes),
