@@ -459,7 +459,8 @@ static void plan_ranges(bwd_args *a) {
  * paired-chunk.*): 0.95-1.00x the step time of one tile at a time on the
  * four vs_torch shapes in exact and bf16 mode. */
 static void plan_chunk(bwd_args *a) {
-  const int64_t fit = tg_plan_l2_bytes() / (int64_t)ktile_bytes(a->pr.D, a->BK, a->pr.compensated);
+  const int64_t tile = (int64_t)ktile_bytes(a->pr.D, a->BK, a->pr.compensated);
+  const int64_t fit = tg_plan_l2_bytes() / tile;
   int64_t chunk = fit < MAX_CHUNK_TILES ? fit : MAX_CHUNK_TILES;
   if (chunk > a->range_tiles) chunk = a->range_tiles;
   a->chunk_tiles = chunk < 1 ? 1 : chunk;
@@ -524,7 +525,8 @@ static tg_status train_bwd(tg_ctx *ctx, const char *fn, tg_dtype dtype, const vo
     bwd_args a = make_args(&pr, ctx->ops);
     a.Q = Q, a.K = K, a.V = V, a.dO = dO, a.mask = mask, a.L = L, a.D_vec = D_vec;
     a.dQ = dQ, a.dK = dK, a.dV = dV;
-    return tg_dispatch(ctx, a.n_qtiles, pr.H, pr.B, bwd_scratch_bytes(pr.D, a.BQ, a.BK, 1, 0, a.products),
+    return tg_dispatch(ctx, a.n_qtiles, pr.H, pr.B,
+                       bwd_scratch_bytes(pr.D, a.BQ, a.BK, 1, 0, a.products),
                        bwd_group_atomic, &a);
   }
   const size_t ws_bytes = tg_attn_bwd_workspace_bytes(&pr, ctx->ops);
