@@ -710,13 +710,18 @@ static void test_f32_accuracy_target(void **state) {
 /* --- bitwise relations ------------------------------------------------------ */
 static int same_bits(const void *a, const void *b, size_t bytes) { return !memcmp(a, b, bytes); }
 
+/* dQ, dK, dV of two steps are the same bits. */
+static void assert_same_grads(const ext_problem *pb, const ext_out *a, const ext_out *b) {
+  assert_true(same_bits(a->dQ, b->dQ, sizeof(float) * pb->nQ));
+  assert_true(same_bits(a->dK, b->dK, sizeof(float) * pb->nKout));
+  assert_true(same_bits(a->dV, b->dV, sizeof(float) * pb->nKout));
+}
+
 /* Two run_step results of pb bitwise equal: O, L, dQ, dK, dV. */
 static void assert_same_step(const ext_problem *pb, const ext_out *a, const ext_out *b) {
   assert_true(same_bits(a->O, b->O, sizeof(float) * pb->nQ));
   assert_true(same_bits(a->L, b->L, sizeof(float) * pb->nL));
-  assert_true(same_bits(a->dQ, b->dQ, sizeof(float) * pb->nQ));
-  assert_true(same_bits(a->dK, b->dK, sizeof(float) * pb->nKout));
-  assert_true(same_bits(a->dV, b->dV, sizeof(float) * pb->nKout));
+  assert_same_grads(pb, a, b);
 }
 
 /* The KV schedule's key-tile chunks (kernels/attention_bwd.c, plan_chunk:
@@ -746,11 +751,7 @@ static void test_key_chunks_same_bits(void **state) {
         run_step_bf16(ctx, &pb, &pb.opt, out);
       else
         run_step(ctx, &pb, &pb.opt, out);
-      if (li) {
-        assert_true(same_bits(first.dQ, o.dQ, sizeof(float) * pb.nQ));
-        assert_true(same_bits(first.dK, o.dK, sizeof(float) * pb.nKout));
-        assert_true(same_bits(first.dV, o.dV, sizeof(float) * pb.nKout));
-      }
+      if (li) assert_same_grads(&pb, &first, &o);
       tg_ctx_destroy(ctx);
     }
   }
@@ -779,9 +780,7 @@ static void test_p0_bitwise_equals_no_options(void **state) {
       tg_ctx_destroy(ctx); /* atomic adds in varying order: not bitwise */
       continue;
     }
-    assert_true(same_bits(a.dQ, b.dQ, sizeof(float) * pb.nQ));
-    assert_true(same_bits(a.dK, b.dK, sizeof(float) * pb.nKout));
-    assert_true(same_bits(a.dV, b.dV, sizeof(float) * pb.nKout));
+    assert_same_grads(&pb, &a, &b);
     tg_ctx_destroy(ctx);
   }
 
