@@ -60,6 +60,7 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "engine.h"
 #include "micro.h"
 #include "philox.h"
 #include "testutil.h"
@@ -755,7 +756,10 @@ static void test_key_chunks_same_bits(void **state) {
       tg_ctx_destroy(ctx);
     }
   }
-  tg_testing_plan_l2_bytes(-1);
+  tg_testing_plan_l2_bytes(12345);
+  assert_true(tg_plan_l2_bytes() == 12345);
+  tg_testing_plan_l2_bytes(-1); /* the machine's: sysfs, sysconf or the default */
+  assert_true(tg_plan_l2_bytes() > 0 && tg_plan_l2_bytes() == tg_plan_l2_bytes());
   free_out(&first), free_out(&o);
   destroy(&pb);
 }
