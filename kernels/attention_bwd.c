@@ -100,6 +100,12 @@ typedef struct {
   int64_t dq_elems;              /* B * H * qL * D: one partial */
 } bwd_args;
 
+/* Rows of the tile that starts at row `start` of `len`: `tile`, or fewer at
+ * the end. */
+static inline int64_t tile_rows(int64_t len, int64_t start, int64_t tile) {
+  return len - start < tile ? len - start : tile;
+}
+
 /* Per-thread scratch, carved from tg_dispatch's buffer: one key-tile side
  * per key tile of a chunk (KV schedule; the ATOMIC schedule uses one), and
  * one q-tile side. */
@@ -340,12 +346,11 @@ static void bwd_group_kv(const void *vargs, int64_t h_kv, int64_t b, int64_t ran
   tg_attn_dot_begin(a->ops, a->bf16_dot);
 
   const int64_t kt_first = range * a->range_tiles;
-  const int64_t kt_end = kt_first + a->range_tiles < a->n_ktiles ? kt_first + a->range_tiles
-                                                                  : a->n_ktiles;
+  const int64_t kt_end = kt_first + tile_rows(a->n_ktiles, kt_first, a->range_tiles);
   for (int64_t c0 = kt_first; c0 < kt_end; c0 += a->chunk_tiles) {
-    const int64_t nc = kt_end - c0 < a->chunk_tiles ? kt_end - c0 : a->chunk_tiles;
+    const int64_t nc = tile_rows(kt_end, c0, a->chunk_tiles);
     for (int64_t j = 0; j < nc; j++) {
-      const int64_t k0 = (c0 + j) * BK, nk = pr->kL - k0 < BK ? pr->kL - k0 : BK;
+      const int64_t k0 = (c0 + j) * BK, nk = tile_rows(pr->kL, k0, BK);
       const size_t tile_bytes = sizeof(float) * (size_t)(nk * D);
       ktile_scratch *t = &w.kt[j];
       load_ktile(a, b, h_kv, k0, nk, t);
@@ -358,7 +363,7 @@ static void bwd_group_kv(const void *vargs, int64_t h_kv, int64_t b, int64_t ran
     }
     for (int64_t h = h_kv * gqa; h < (h_kv + 1) * gqa; h++)
       for (int64_t q0 = 0; q0 < pr->qL; q0 += BQ) {
-        const int64_t nq = pr->qL - q0 < BQ ? pr->qL - q0 : BQ;
+        const int64_t nq = tile_rows(pr->qL, q0, BQ);
         const int64_t key_end = tg_attn_key_end(pr, q0, nq);
         int64_t ld;
         float *dq = dq_rows(a, range, b, h, q0, &ld);
@@ -370,7 +375,7 @@ static void bwd_group_kv(const void *vargs, int64_t h_kv, int64_t b, int64_t ran
         }
         load_qtile(a, b, h, q0, nq, &w);
         for (int64_t j = 0; j < nc && (c0 + j) * BK < key_end; j++) {
-          const int64_t k0 = (c0 + j) * BK, nk = pr->kL - k0 < BK ? pr->kL - k0 : BK;
+          const int64_t k0 = (c0 + j) * BK, nk = tile_rows(pr->kL, k0, BK);
           ktile_scratch *t = &w.kt[j];
           bwd_pair(a, b, h, q0, nq, k0, nk, dq, ld, c0 + j == kt_first, t, &w);
           if (pr->compensated) { /* this q-tile's part into the sums; t->dK, t->dV = 0 */
@@ -380,7 +385,7 @@ static void bwd_group_kv(const void *vargs, int64_t h_kv, int64_t b, int64_t ran
         }
       }
     for (int64_t j = 0; j < nc; j++) {
-      const int64_t k0 = (c0 + j) * BK, nk = pr->kL - k0 < BK ? pr->kL - k0 : BK;
+      const int64_t k0 = (c0 + j) * BK, nk = tile_rows(pr->kL, k0, BK);
       const ktile_scratch *t = &w.kt[j];
       const int64_t kv = tg_attn_offset(pr->dKs, b, h_kv, k0);
       add_rows(a->dK + kv, pr->dKs[2], pr->compensated ? t->dK_sum : t->dK, nk, D, 0);
@@ -396,7 +401,7 @@ static void bwd_group_kv(const void *vargs, int64_t h_kv, int64_t b, int64_t ran
 static void bwd_group_sum_dq(const void *vargs, int64_t qt, int64_t h, int64_t b,
                              void *scratch) {
   const bwd_args *a = vargs;
-  const int64_t BQ = a->BQ, q0 = qt * BQ, nq = a->pr.qL - q0 < BQ ? a->pr.qL - q0 : BQ;
+  const int64_t BQ = a->BQ, q0 = qt * BQ, nq = tile_rows(a->pr.qL, q0, BQ);
   int64_t ld, ld_r;
   float *dq = dq_rows(a, 0, b, h, q0, &ld);
   for (int64_t r = 1; r < a->n_ranges && range_visible(a, r, q0, nq); r++)
@@ -413,13 +418,13 @@ static void bwd_group_atomic(const void *vargs, int64_t x, int64_t h, int64_t b,
   bwd_scratch w = carve(scratch, D, BQ, BK, 1, 0, a->products);
   ktile_scratch *t = &w.kt[0];
   tg_attn_dot_begin(a->ops, a->bf16_dot);
-  const int64_t q0 = (a->n_qtiles - 1 - x) * BQ, nq = pr->qL - q0 < BQ ? pr->qL - q0 : BQ;
+  const int64_t q0 = (a->n_qtiles - 1 - x) * BQ, nq = tile_rows(pr->qL, q0, BQ);
 
   load_qtile(a, b, h, q0, nq, &w);
   memset(w.dQ, 0, sizeof(float) * (size_t)(nq * D));
   const int64_t key_end = tg_attn_key_end(pr, q0, nq);
   for (int64_t k0 = 0; k0 < key_end; k0 += BK) {
-    const int64_t nk = key_end - k0 < BK ? key_end - k0 : BK;
+    const int64_t nk = tile_rows(key_end, k0, BK);
     load_ktile(a, b, h_kv, k0, nk, t);
     memset(t->dK, 0, sizeof(float) * (size_t)(nk * D));
     memset(t->dV, 0, sizeof(float) * (size_t)(nk * D));
