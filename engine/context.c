@@ -244,6 +244,10 @@ const tg_micro_ops *tg_micro_table(tg_isa isa) {
 
 int tg_isa_available(tg_isa isa) { return tg_micro_table(isa) != NULL; }
 
+int tg_isa_count(void) { return N_ISAS; }
+
+tg_isa tg_isa_at(int i) { return i >= 0 && i < N_ISAS ? isa_registry[i].id : TG_ISA_AUTO; }
+
 static tg_isa isa_of(const tg_micro_ops *ops) {
   for (int i = 0; i < N_ISAS; i++)
     if (isa_registry[i].ops == ops) return isa_registry[i].id;

@@ -138,6 +138,13 @@ const char *tg_isa_name(tg_isa isa);
 tg_status tg_isa_from_name(const char *name, tg_isa *out);
 /* 1 if this CPU and this build can run `isa` (TG_ISA_AUTO: always), else 0. */
 int tg_isa_available(tg_isa isa);
+/* The ISA tables of this architecture, from least to most preferred (the
+ * order TG_ISA_AUTO chooses in), for listing them by name: tg_isa_at(i) for
+ * 0 <= i < tg_isa_count(), TG_ISA_AUTO for any other i. The list includes
+ * the tables this CPU or build cannot run (tg_isa_available says which) and
+ * not TG_ISA_AUTO itself. */
+int tg_isa_count(void);
+tg_isa tg_isa_at(int i);
 
 /* How tg_flash_attn_train_bwd_bf16 shares out dK/dV work.
  * TG_ATTN_SCHEDULE_KV (default): one work item per (key range, kv head,
