@@ -6,14 +6,14 @@
 # PyTorch oracle and Python package suite (pytest; on Debian's torch 1.13, then on
 # torch 2.9.1 in a venv for the custom ops), the pip-install check, a short
 # libFuzzer run, the ThreadSanitizer race check and the microkernel suite
-# built with clang. Installs what it needs first (scripts/setup.sh).
+# built with clang. Installs what it needs first (scripts/setup.sh test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh test
 jobs=$(nproc)
 
 echo "== build (Release) and ctest"
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DTG_BUILD_TESTS=ON >/dev/null
 cmake --build build -j"$jobs" >/dev/null
 (cd build && ctest --output-on-failure)
 
