@@ -240,15 +240,32 @@ tg_status tg_attn_forward(tg_ctx *ctx, const tg_attn_problem *pr, const void *Q,
                           const void *K, const void *V, const void *mask, void *O, float *L,
                           const void *dO, float *delta);
 
+/* The backward's plan (attention_bwd.c): the ISA table's tiles and the KV
+ * schedule's key ranges and chunk, from the problem, the table and the
+ * machine (tg_plan_cpus, tg_plan_l2_bytes; never the thread count). Built
+ * once per call; the workspace size and the run read the same plan. */
+typedef struct {
+  int64_t BQ, BK;                /* tiles (tg_attn_bq, tg_attn_bk) */
+  int bf16_dot;                  /* tg_attn_bf16_dot: K^T, V^T packed as bf16 pairs */
+  tg_attn_products products;     /* of dQ, dK, dV (precision mode) */
+  int64_t n_qtiles, n_ktiles;
+  int64_t n_ranges, range_tiles; /* KV schedule: key ranges per kv head */
+  int64_t chunk_tiles;           /* KV schedule: key tiles resident at once */
+  int64_t dq_elems;              /* B * H * qL * D: one dQ partial */
+} tg_attn_bwd_plan;
+tg_attn_bwd_plan tg_attn_bwd_plan_make(const tg_attn_problem *pr, const tg_micro_ops *ops);
+
 /* Backward, KV schedule (attention_bwd.c): dQ writes through pr->dQs, dK
  * and dV accumulate through pr->dKs; L, D_vec [B, H, qL]. `workspace` holds
- * tg_attn_bwd_workspace_bytes(pr, ops) bytes (the dQ partials; may be NULL
- * when that is 0). Bitwise the same for every thread count. */
-size_t tg_attn_bwd_workspace_bytes(const tg_attn_problem *pr, const tg_micro_ops *ops);
-tg_status tg_attn_backward_kv(tg_ctx *ctx, const tg_attn_problem *pr, const void *Q,
-                              const void *K, const void *V, const void *dO,
-                              const void *mask, const float *L, const float *D_vec,
-                              float *dQ, float *dK, float *dV, void *workspace);
+ * tg_attn_bwd_workspace_bytes(plan) bytes (the dQ partials; may be NULL
+ * when that is 0), plan = tg_attn_bwd_plan_make(pr, ctx->ops). Bitwise the
+ * same for every thread count. */
+size_t tg_attn_bwd_workspace_bytes(const tg_attn_bwd_plan *plan);
+tg_status tg_attn_backward_kv(tg_ctx *ctx, const tg_attn_problem *pr,
+                              const tg_attn_bwd_plan *plan, const void *Q, const void *K,
+                              const void *V, const void *dO, const void *mask, const float *L,
+                              const float *D_vec, float *dQ, float *dK, float *dV,
+                              void *workspace);
 
 /* The score S[i,k] from the raw product qk = Q[i].K[k] (f32), per contract:
  * s = scale * qk; with softcapping c: s = c * tanh(s / c) (*tanh_out gets the

@@ -90,14 +90,8 @@ typedef struct {
   const float *L, *D_vec;
   float *dQ, *dK, *dV;
   const tg_micro_ops *ops;
-  int64_t BQ, BK; /* the ISA's tiles (tg_attn_bq, tg_attn_bk) */
-  int bf16_dot;   /* tg_attn_bf16_dot: KT, VT hold bf16 pairs */
-  tg_attn_products products; /* of dQ, dK, dV (precision mode) */
-  int64_t n_qtiles, n_ktiles;
-  int64_t n_ranges, range_tiles; /* KV schedule: key ranges per kv head */
-  int64_t chunk_tiles;           /* KV schedule: key tiles resident at once */
-  float *dQ_partial;             /* KV schedule: [n_ranges - 1][B, H, qL, D] */
-  int64_t dq_elems;              /* B * H * qL * D: one partial */
+  tg_attn_bwd_plan plan;
+  float *dQ_partial; /* KV schedule: [plan.n_ranges - 1][B, H, qL, D] */
 } bwd_args;
 
 /* Rows of the tile that starts at row `start` of `len`: `tile`, or fewer at
@@ -176,7 +170,7 @@ static bwd_scratch carve(void *base, int64_t D, int64_t BQ, int64_t BK, int64_t 
 static void load_qtile(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_t nq,
                        bwd_scratch *w) {
   const tg_attn_problem *pr = &a->pr;
-  if (a->products == TG_PRODUCTS_BF16_DOT) {
+  if (a->plan.products == TG_PRODUCTS_BF16_DOT) {
     a->ops->pack_bf16_row_pairs(nq, pr->D, (const tg_bf16 *)a->Q + tg_attn_offset(pr->Qs, b, h, q0),
                                 pr->Qs[2], (uint32_t *)w->Q, pr->D);
     a->ops->pack_bf16_row_pairs(nq, pr->D, (const tg_bf16 *)a->dO + tg_attn_offset(pr->Os, b, h, q0),
@@ -196,19 +190,19 @@ static void load_ktile(const bwd_args *a, int64_t b, int64_t h_kv, int64_t k0, i
   const tg_attn_problem *pr = &a->pr;
   const void *Kh = tg_attn_at(pr->in, a->K, tg_attn_offset(pr->Ks, b, h_kv, 0));
   const void *Vh = tg_attn_at(pr->in, a->V, tg_attn_offset(pr->Vs, b, h_kv, 0));
-  if (a->bf16_dot) {
-    if (a->products == TG_PRODUCTS_BF16_DOT)
+  if (a->plan.bf16_dot) {
+    if (a->plan.products == TG_PRODUCTS_BF16_DOT)
       a->ops->pack_bf16_row_pairs(nk, pr->D, (const tg_bf16 *)Kh + k0 * pr->Ks[2], pr->Ks[2],
                                   (uint32_t *)t->K, pr->D);
     else
       tg_attn_load_rows(a->ops, pr->in, Kh, pr->Ks[2], k0, nk, pr->D, t->K, NULL, 0);
-    tg_attn_pack_pairs(a->ops, Kh, pr->Ks[2], k0, nk, pr->D, (uint32_t *)t->KT, a->BK);
-    tg_attn_pack_pairs(a->ops, Vh, pr->Vs[2], k0, nk, pr->D, (uint32_t *)t->VT, a->BK);
+    tg_attn_pack_pairs(a->ops, Kh, pr->Ks[2], k0, nk, pr->D, (uint32_t *)t->KT, a->plan.BK);
+    tg_attn_pack_pairs(a->ops, Vh, pr->Vs[2], k0, nk, pr->D, (uint32_t *)t->VT, a->plan.BK);
     return;
   }
-  tg_attn_load_rows(a->ops, pr->in, Kh, pr->Ks[2], k0, nk, pr->D, t->K, t->KT, a->BK);
+  tg_attn_load_rows(a->ops, pr->in, Kh, pr->Ks[2], k0, nk, pr->D, t->K, t->KT, a->plan.BK);
   /* V is only used transposed; t->dV is free until the pair body runs. */
-  tg_attn_load_rows(a->ops, pr->in, Vh, pr->Vs[2], k0, nk, pr->D, t->dV, t->VT, a->BK);
+  tg_attn_load_rows(a->ops, pr->in, Vh, pr->Vs[2], k0, nk, pr->D, t->dV, t->VT, a->plan.BK);
 }
 
 /* The pair body for loaded tiles (the key tile's side in t, the q-tile's in
@@ -220,10 +214,10 @@ static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_
                      const ktile_scratch *t, bwd_scratch *w) {
   const tg_attn_problem *pr = &a->pr;
   const tg_micro_ops *ops = a->ops;
-  const int64_t D = pr->D, bh = b * pr->H + h, BK = a->BK;
+  const int64_t D = pr->D, bh = b * pr->H + h, BK = a->plan.BK;
   const float *L = a->L + bh * pr->qL + q0, *Dv = a->D_vec + bh * pr->qL + q0;
 
-  if (a->bf16_dot) { /* the bf16 rows of Q and dO in place, K^T and V^T in pairs */
+  if (a->plan.bf16_dot) { /* the bf16 rows of Q and dO in place, K^T and V^T in pairs */
     const tg_bf16 *Qr = (const tg_bf16 *)a->Q + tg_attn_offset(pr->Qs, b, h, q0);
     const tg_bf16 *dOr = (const tg_bf16 *)a->dO + tg_attn_offset(pr->Os, b, h, q0);
     ops->mm_bf16_pairs((int)nq, (int)nk, (int)D, Qr, pr->Qs[2], (const uint32_t *)t->KT, BK,
@@ -268,12 +262,12 @@ static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_
   if (pr->drop.threshold) /* P -> P o keep / (1 - p), for dV */
     tg_attn_dropout_apply(w->keep, BK, w->S, BK, nq, nk, pr->drop.scale);
 
-  if (a->products == TG_PRODUCTS_BF16_DOT) { /* dS, dS^T, P^T as bf16 parts (odd counts
-                                              * padded with a 0: nkp, nqp even) */
+  if (a->plan.products == TG_PRODUCTS_BF16_DOT) { /* dS, dS^T, P^T as bf16 parts (odd
+                                                   * counts padded with a 0: nkp, nqp even) */
     uint16_t *lo[3] = {NULL, NULL, NULL};
     if (pr->precision == TG_ATTN_PRECISION_SPLIT)
       lo[0] = w->dS_lo, lo[1] = w->dSt_lo, lo[2] = w->Pt_lo;
-    const int64_t nkp = nk + nk % 2, nqp = nq + nq % 2, BQ = a->BQ;
+    const int64_t nkp = nk + nk % 2, nqp = nq + nq % 2, BQ = a->plan.BQ;
     ops->f32_to_bf16_split(nq, nk, w->dS, BK, 0, w->dS_hi, lo[0], BK);
     ops->f32_to_bf16_split(nq, nk, w->dS, BK, 1, w->dSt_hi, lo[1], BQ);
     ops->f32_to_bf16_split(nq, nk, w->S, BK, 1, w->Pt_hi, lo[2], BQ);
@@ -285,7 +279,7 @@ static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_
                      t->dV, D, 1);                                             /* P^T.dO */
     return;
   }
-  if (a->products == TG_PRODUCTS_F32_ROUNDED) {
+  if (a->plan.products == TG_PRODUCTS_F32_ROUNDED) {
     tg_attn_round_bf16(w->dS, nq, nk, BK);
     tg_attn_round_bf16(w->S, nq, nk, BK);
   }
@@ -305,7 +299,7 @@ static float *dq_rows(const bwd_args *a, int64_t range, int64_t b, int64_t h, in
     return a->dQ + tg_attn_offset(pr->dQs, b, h, q0);
   }
   *ld = pr->D;
-  return a->dQ_partial + (range - 1) * a->dq_elems + ((b * pr->H + h) * pr->qL + q0) * pr->D;
+  return a->dQ_partial + (range - 1) * a->plan.dq_elems + ((b * pr->H + h) * pr->qL + q0) * pr->D;
 }
 
 /* dst rows [n, D] (row stride ld) += src [n, D] (contiguous), or = 0 when
@@ -323,7 +317,7 @@ static void add_rows(float *dst, int64_t ld, const float *src, int64_t n, int64_
 /* KV schedule: does the q-tile at q0 see any key of range `range`? (Only
  * causal attention skips; the key tiles it sees are a prefix of the range.) */
 static int range_visible(const bwd_args *a, int64_t range, int64_t q0, int64_t nq) {
-  return tg_attn_key_end(&a->pr, q0, nq) > range * a->range_tiles * a->BK;
+  return tg_attn_key_end(&a->pr, q0, nq) > range * a->plan.range_tiles * a->plan.BK;
 }
 
 /* KV schedule: x = kv head, y = batch, z = key range. The range varies
@@ -341,14 +335,14 @@ static void bwd_group_kv(const void *vargs, int64_t h_kv, int64_t b, int64_t ran
                          void *scratch) {
   const bwd_args *a = vargs;
   const tg_attn_problem *pr = &a->pr;
-  const int64_t D = pr->D, gqa = pr->gqa, BQ = a->BQ, BK = a->BK;
-  bwd_scratch w = carve(scratch, D, BQ, BK, a->chunk_tiles, pr->compensated, a->products);
-  tg_attn_dot_begin(a->ops, a->bf16_dot);
+  const int64_t D = pr->D, gqa = pr->gqa, BQ = a->plan.BQ, BK = a->plan.BK;
+  bwd_scratch w = carve(scratch, D, BQ, BK, a->plan.chunk_tiles, pr->compensated, a->plan.products);
+  tg_attn_dot_begin(a->ops, a->plan.bf16_dot);
 
-  const int64_t kt_first = range * a->range_tiles;
-  const int64_t kt_end = kt_first + tile_rows(a->n_ktiles, kt_first, a->range_tiles);
-  for (int64_t c0 = kt_first; c0 < kt_end; c0 += a->chunk_tiles) {
-    const int64_t nc = tile_rows(kt_end, c0, a->chunk_tiles);
+  const int64_t kt_first = range * a->plan.range_tiles;
+  const int64_t kt_end = kt_first + tile_rows(a->plan.n_ktiles, kt_first, a->plan.range_tiles);
+  for (int64_t c0 = kt_first; c0 < kt_end; c0 += a->plan.chunk_tiles) {
+    const int64_t nc = tile_rows(kt_end, c0, a->plan.chunk_tiles);
     for (int64_t j = 0; j < nc; j++) {
       const int64_t k0 = (c0 + j) * BK, nk = tile_rows(pr->kL, k0, BK);
       const size_t tile_bytes = sizeof(float) * (size_t)(nk * D);
@@ -392,7 +386,7 @@ static void bwd_group_kv(const void *vargs, int64_t h_kv, int64_t b, int64_t ran
       add_rows(a->dV + kv, pr->dKs[2], pr->compensated ? t->dV_sum : t->dV, nk, D, 0);
     }
   }
-  tg_attn_dot_end(a->ops, a->bf16_dot);
+  tg_attn_dot_end(a->ops, a->plan.bf16_dot);
 }
 
 /* KV schedule, second pass: dQ += the partials of ranges 1.. in range order,
@@ -401,10 +395,10 @@ static void bwd_group_kv(const void *vargs, int64_t h_kv, int64_t b, int64_t ran
 static void bwd_group_sum_dq(const void *vargs, int64_t qt, int64_t h, int64_t b,
                              void *scratch) {
   const bwd_args *a = vargs;
-  const int64_t BQ = a->BQ, q0 = qt * BQ, nq = tile_rows(a->pr.qL, q0, BQ);
+  const int64_t BQ = a->plan.BQ, q0 = qt * BQ, nq = tile_rows(a->pr.qL, q0, BQ);
   int64_t ld, ld_r;
   float *dq = dq_rows(a, 0, b, h, q0, &ld);
-  for (int64_t r = 1; r < a->n_ranges && range_visible(a, r, q0, nq); r++)
+  for (int64_t r = 1; r < a->plan.n_ranges && range_visible(a, r, q0, nq); r++)
     add_rows(dq, ld, dq_rows(a, r, b, h, q0, &ld_r), nq, a->pr.D, 0);
 }
 
@@ -414,11 +408,11 @@ static void bwd_group_atomic(const void *vargs, int64_t x, int64_t h, int64_t b,
                              void *scratch) {
   const bwd_args *a = vargs;
   const tg_attn_problem *pr = &a->pr;
-  const int64_t D = pr->D, h_kv = h / pr->gqa, BQ = a->BQ, BK = a->BK;
-  bwd_scratch w = carve(scratch, D, BQ, BK, 1, 0, a->products);
+  const int64_t D = pr->D, h_kv = h / pr->gqa, BQ = a->plan.BQ, BK = a->plan.BK;
+  bwd_scratch w = carve(scratch, D, BQ, BK, 1, 0, a->plan.products);
   ktile_scratch *t = &w.kt[0];
-  tg_attn_dot_begin(a->ops, a->bf16_dot);
-  const int64_t q0 = (a->n_qtiles - 1 - x) * BQ, nq = tile_rows(pr->qL, q0, BQ);
+  tg_attn_dot_begin(a->ops, a->plan.bf16_dot);
+  const int64_t q0 = (a->plan.n_qtiles - 1 - x) * BQ, nq = tile_rows(pr->qL, q0, BQ);
 
   load_qtile(a, b, h, q0, nq, &w);
   memset(w.dQ, 0, sizeof(float) * (size_t)(nq * D));
@@ -436,24 +430,23 @@ static void bwd_group_atomic(const void *vargs, int64_t x, int64_t h, int64_t b,
   float *dq = a->dQ + tg_attn_offset(pr->dQs, b, h, q0);
   for (int64_t i = 0; i < nq; i++)
     memcpy(dq + i * pr->dQs[2], w.dQ + i * D, sizeof(float) * (size_t)D);
-  tg_attn_dot_end(a->ops, a->bf16_dot);
+  tg_attn_dot_end(a->ops, a->plan.bf16_dot);
 }
 
 /* KV schedule: key ranges per kv head (see ITEMS_PER_CPU), from the shape
- * and the machine; sets a->range_tiles, n_ranges, dq_elems. */
-static void plan_ranges(bwd_args *a) {
-  const tg_attn_problem *pr = &a->pr;
+ * and the machine; sets pl->range_tiles, n_ranges, dq_elems. */
+static void plan_ranges(tg_attn_bwd_plan *pl, const tg_attn_problem *pr) {
   const int64_t heads = pr->B * pr->H_kv;
   const int64_t dq_bytes = pr->B * pr->H * pr->qL * pr->D * (int64_t)sizeof(float);
   const int64_t items = (int64_t)ITEMS_PER_CPU * tg_plan_cpus();
   int64_t ranges = (items + heads - 1) / heads;
-  if (ranges > a->n_ktiles / MIN_RANGE_TILES) ranges = a->n_ktiles / MIN_RANGE_TILES;
+  if (ranges > pl->n_ktiles / MIN_RANGE_TILES) ranges = pl->n_ktiles / MIN_RANGE_TILES;
   if (ranges > MAX_RANGES) ranges = MAX_RANGES;
   if (ranges > 1 + PARTIALS_BUDGET / dq_bytes) ranges = 1 + PARTIALS_BUDGET / dq_bytes;
   if (ranges < 1) ranges = 1;
-  a->range_tiles = (a->n_ktiles + ranges - 1) / ranges;
-  a->n_ranges = (a->n_ktiles + a->range_tiles - 1) / a->range_tiles;
-  a->dq_elems = pr->B * pr->H * pr->qL * pr->D;
+  pl->range_tiles = (pl->n_ktiles + ranges - 1) / ranges;
+  pl->n_ranges = (pl->n_ktiles + pl->range_tiles - 1) / pl->range_tiles;
+  pl->dq_elems = pr->B * pr->H * pr->qL * pr->D;
 }
 
 /* KV schedule: key tiles per chunk (see MAX_CHUNK_TILES): as many key
@@ -463,48 +456,51 @@ static void plan_ranges(bwd_args *a) {
  * count, decides. On Zen 5 (1 MiB L2, 2 threads, bench/results/zen5/
  * paired-chunk.*): 0.95-1.00x the step time of one tile at a time on the
  * four vs_torch shapes in exact and bf16 mode. */
-static void plan_chunk(bwd_args *a) {
-  const int64_t tile = (int64_t)ktile_bytes(a->pr.D, a->BK, a->pr.compensated);
+static void plan_chunk(tg_attn_bwd_plan *pl, const tg_attn_problem *pr) {
+  const int64_t tile = (int64_t)ktile_bytes(pr->D, pl->BK, pr->compensated);
   const int64_t fit = tg_plan_l2_bytes() / tile;
   int64_t chunk = fit < MAX_CHUNK_TILES ? fit : MAX_CHUNK_TILES;
-  if (chunk > a->range_tiles) chunk = a->range_tiles;
-  a->chunk_tiles = chunk < 1 ? 1 : chunk;
+  if (chunk > pl->range_tiles) chunk = pl->range_tiles;
+  pl->chunk_tiles = chunk < 1 ? 1 : chunk;
 }
 
-static bwd_args make_args(const tg_attn_problem *pr, const tg_micro_ops *ops) {
-  bwd_args a = {.pr = *pr,
-                .ops = ops,
-                .BQ = tg_attn_bq(pr, ops),
-                .BK = tg_attn_bk(pr, ops),
-                .bf16_dot = tg_attn_bf16_dot(pr, ops),
-                .products = tg_attn_products_of(pr, ops)};
-  a.n_qtiles = (pr->qL + a.BQ - 1) / a.BQ;
-  a.n_ktiles = (pr->kL + a.BK - 1) / a.BK;
-  plan_ranges(&a);
-  plan_chunk(&a);
-  return a;
+tg_attn_bwd_plan tg_attn_bwd_plan_make(const tg_attn_problem *pr, const tg_micro_ops *ops) {
+  tg_attn_bwd_plan pl = {.BQ = tg_attn_bq(pr, ops),
+                         .BK = tg_attn_bk(pr, ops),
+                         .bf16_dot = tg_attn_bf16_dot(pr, ops),
+                         .products = tg_attn_products_of(pr, ops)};
+  pl.n_qtiles = (pr->qL + pl.BQ - 1) / pl.BQ;
+  pl.n_ktiles = (pr->kL + pl.BK - 1) / pl.BK;
+  plan_ranges(&pl, pr);
+  plan_chunk(&pl, pr);
+  return pl;
 }
 
-size_t tg_attn_bwd_workspace_bytes(const tg_attn_problem *pr, const tg_micro_ops *ops) {
-  const bwd_args a = make_args(pr, ops);
+size_t tg_attn_bwd_workspace_bytes(const tg_attn_bwd_plan *plan) {
   /* (n_ranges - 1) partials <= PARTIALS_BUDGET bytes by plan_ranges' caps */
-  return (size_t)((a.n_ranges - 1) * a.dq_elems) * sizeof(float);
+  return (size_t)((plan->n_ranges - 1) * plan->dq_elems) * sizeof(float);
 }
 
-tg_status tg_attn_backward_kv(tg_ctx *ctx, const tg_attn_problem *pr, const void *Q,
-                              const void *K, const void *V, const void *dO,
-                              const void *mask, const float *L, const float *D_vec,
-                              float *dQ, float *dK, float *dV, void *workspace) {
-  bwd_args a = make_args(pr, ctx->ops);
+static bwd_args make_args(const tg_attn_problem *pr, const tg_micro_ops *ops,
+                          const tg_attn_bwd_plan *plan) {
+  return (bwd_args){.pr = *pr, .ops = ops, .plan = *plan};
+}
+
+tg_status tg_attn_backward_kv(tg_ctx *ctx, const tg_attn_problem *pr,
+                              const tg_attn_bwd_plan *plan, const void *Q, const void *K,
+                              const void *V, const void *dO, const void *mask, const float *L,
+                              const float *D_vec, float *dQ, float *dK, float *dV,
+                              void *workspace) {
+  bwd_args a = make_args(pr, ctx->ops, plan);
   a.Q = Q, a.K = K, a.V = V, a.dO = dO, a.mask = mask, a.L = L, a.D_vec = D_vec;
   a.dQ = dQ, a.dK = dK, a.dV = dV, a.dQ_partial = workspace;
-  tg_status st = tg_dispatch(ctx, pr->H_kv, pr->B, a.n_ranges,
-                             bwd_scratch_bytes(pr->D, a.BQ, a.BK, a.chunk_tiles,
-                                               pr->compensated, a.products),
+  tg_status st = tg_dispatch(ctx, pr->H_kv, pr->B, a.plan.n_ranges,
+                             bwd_scratch_bytes(pr->D, a.plan.BQ, a.plan.BK, a.plan.chunk_tiles,
+                                               pr->compensated, a.plan.products),
                              bwd_group_kv, &a);
   /* The second pass needs no scratch: it cannot fail once the first wrote. */
-  if (st == TG_OK && a.n_ranges > 1)
-    st = tg_dispatch(ctx, a.n_qtiles, pr->H, pr->B, 0, bwd_group_sum_dq, &a);
+  if (st == TG_OK && a.plan.n_ranges > 1)
+    st = tg_dispatch(ctx, a.plan.n_qtiles, pr->H, pr->B, 0, bwd_group_sum_dq, &a);
   return st;
 }
 
@@ -527,17 +523,19 @@ static tg_status train_bwd(tg_ctx *ctx, const char *fn, tg_dtype dtype, const vo
   st = tg_attn_check_alias_bwd(ctx, fn, &pr, Q, K, V, L, dO, D_vec, mask, dQ, dK, dV);
   if (st != TG_OK) return st;
   if (ctx->attn_schedule == TG_ATTN_SCHEDULE_ATOMIC && !ctx->deterministic) {
-    bwd_args a = make_args(&pr, ctx->ops);
+    const tg_attn_bwd_plan plan = tg_attn_bwd_plan_make(&pr, ctx->ops);
+    bwd_args a = make_args(&pr, ctx->ops, &plan);
     a.Q = Q, a.K = K, a.V = V, a.dO = dO, a.mask = mask, a.L = L, a.D_vec = D_vec;
     a.dQ = dQ, a.dK = dK, a.dV = dV;
-    return tg_dispatch(ctx, a.n_qtiles, pr.H, pr.B,
-                       bwd_scratch_bytes(pr.D, a.BQ, a.BK, 1, 0, a.products),
+    return tg_dispatch(ctx, a.plan.n_qtiles, pr.H, pr.B,
+                       bwd_scratch_bytes(pr.D, a.plan.BQ, a.plan.BK, 1, 0, a.plan.products),
                        bwd_group_atomic, &a);
   }
-  const size_t ws_bytes = tg_attn_bwd_workspace_bytes(&pr, ctx->ops);
+  const tg_attn_bwd_plan plan = tg_attn_bwd_plan_make(&pr, ctx->ops);
+  const size_t ws_bytes = tg_attn_bwd_workspace_bytes(&plan);
   void *ws = NULL;
   if (ws_bytes > 0 && (st = tg_workspace(ctx, ws_bytes, &ws)) != TG_OK) return st;
-  return tg_attn_backward_kv(ctx, &pr, Q, K, V, dO, mask, L, D_vec, dQ, dK, dV, ws);
+  return tg_attn_backward_kv(ctx, &pr, &plan, Q, K, V, dO, mask, L, D_vec, dQ, dK, dV, ws);
 }
 
 tg_status tg_attn_train_bwd(tg_ctx *ctx, tg_dtype dtype, const void *Q, const void *K,

@@ -95,7 +95,8 @@ tg_status tg_causal_attention_backward(tg_ctx *ctx, const float *grad_out, const
   /* Workspace: L, delta, then the backward's dQ partials. Both terms are
    * below 2^63 bytes (the checks above, and the partials' 1 GiB cap). */
   const size_t stats_bytes = tg_align64((size_t)n_stats * sizeof(float));
-  const size_t part_bytes = tg_attn_bwd_workspace_bytes(&pr, ctx->ops);
+  const tg_attn_bwd_plan plan = tg_attn_bwd_plan_make(&pr, ctx->ops);
+  const size_t part_bytes = tg_attn_bwd_workspace_bytes(&plan);
   void *ws;
   if ((st = tg_workspace(ctx, stats_bytes + part_bytes, &ws))) return st;
   float *L = ws, *delta = L + H * S;
@@ -104,7 +105,7 @@ tg_status tg_causal_attention_backward(tg_ctx *ctx, const float *grad_out, const
   /* Pass 1 writes only the workspace; pass 2 writes the outputs. */
   st = tg_attn_forward(ctx, &pr, Q, K, V, NULL, NULL, L, grad_out, delta);
   if (st == TG_OK)
-    st = tg_attn_backward_kv(ctx, &pr, Q, K, V, grad_out, NULL, L, delta, grad_Q, grad_K,
-                             grad_V, partials);
+    st = tg_attn_backward_kv(ctx, &pr, &plan, Q, K, V, grad_out, NULL, L, delta, grad_Q,
+                             grad_K, grad_V, partials);
   return st;
 }
