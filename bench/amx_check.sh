@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The amx table on a machine with AMX-BF16 (issue 13 part 2): a Release
+# The amx table on a machine with AMX-BF16: a Release
 # build, every suite's amx run (ctest's <suite>.amx), the tile GEMM against
 # f64 through ctypes (bench/amx_kernel_check.py, numpy), the PyTorch
 # attention oracle on amx (tests/python, where torch, pytest and hypothesis

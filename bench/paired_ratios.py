@@ -4,7 +4,7 @@
 A paired experiment runs one binary under several configurations (an
 environment override each), all of them in every round, in an order that
 rotates between rounds, so that a slow stretch of the machine hits every
-configuration alike (bench/results/xeon16-issue13/bq-bf16/README.md). The
+configuration alike (bench/results/xeon16-amx/README.md). The
 log is a sequence of blocks, one per run:
 
     == r<round> <group words...> <config>
