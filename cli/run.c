@@ -43,7 +43,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#include "isa.h" /* TG_ISA_NAMES_*: the --isa names */
+#include "isa_names.h"
 #include "npy.h"
 #include "num.h"
 #include "outfile.h"
@@ -703,10 +703,11 @@ void tg_cli_run_list(FILE *out) {
 }
 
 static void run_usage(FILE *out) {
+  char isa_names[TG_CLI_ISA_NAMES_LEN];
   fprintf(out,
           "usage: tilegrad run <kernel> --in NAME=file.npy ... --out NAME=file.npy ...\n"
           "                    [--param k=v ...] [--threads N] [--deterministic]\n"
-          "                    [--isa " TG_ISA_NAMES_BAR "]\n"
+          "                    [--isa %s]\n"
           "                    [--quiet]\n"
           "       tilegrad run --help            all kernels and their buffers\n"
           "       tilegrad run <kernel> --help   one kernel\n"
@@ -728,7 +729,8 @@ static void run_usage(FILE *out) {
           "device or FIFO there is refused.\n"
           "Numbers (--param, --threads) are decimal: no octal leading zeros, no hex,\n"
           "no inf/nan; a float must fit float32 and not underflow to 0 or a subnormal.\n"
-          "Exit status: 0 ok, 1 the kernel returned an error, 2 bad arguments or files.\n");
+          "Exit status: 0 ok, 1 the kernel returned an error, 2 bad arguments or files.\n",
+          tg_cli_isa_names(isa_names, sizeof isa_names, "|"));
 }
 
 int tg_cli_run_help(FILE *out, const char *name) {
@@ -1002,8 +1004,10 @@ static int parse_command_line(run_call *c, int argc, char **argv, run_opts *o) {
     }
     if (!strcmp(opt, "--isa")) {
       if (tg_isa_from_name(val, &o->isa) != TG_OK) {
+        char names[TG_CLI_ISA_NAMES_LEN];
         tg_num_label(label, sizeof label, "--isa", ' ', val);
-        return usage_errorf(c, "%s: expected one of " TG_ISA_NAMES_COMMA, label);
+        return usage_errorf(c, "%s: expected one of %s", label,
+                            tg_cli_isa_names(names, sizeof names, ", "));
       }
       o->have_isa = 1;
       continue;
