@@ -20,8 +20,10 @@ import numpy as np
 
 lib = C.CDLL(sys.argv[1])
 isa = sys.argv[2] if len(sys.argv) > 2 else "amx"
-ids = {"avx512bf16": 4, "amx": 5}
-if not lib.tg_isa_available(ids[isa]):  # (for amx: also the Linux permission request)
+isa_id = C.c_int()
+if lib.tg_isa_from_name(isa.encode(), C.byref(isa_id)) != 0:  # TG_OK is 0
+    sys.exit(f"{isa}: not an ISA this library knows")
+if not lib.tg_isa_available(isa_id):  # (for amx: also the Linux permission request)
     print(f"{isa}: not available on this CPU/OS/build")
     sys.exit(77)
 table = C.addressof(C.c_char.in_dll(lib, "tg_micro_" + isa))

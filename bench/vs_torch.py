@@ -380,8 +380,8 @@ def main():
     ap.add_argument("--reps", type=int, default=5, help="timed runs per contender (median)")
     ap.add_argument("--quick", action="store_true", help="3 small shapes")
     ap.add_argument("--shapes", help="'B,H,Hkv,L,D,causal;...' instead of the grid")
-    ap.add_argument("--isa", help="tilegrad's microkernel set (portable, avx2, avx512, auto; "
-                    "sets TG_ISA); default: the library's choice")
+    ap.add_argument("--isa", help="tilegrad's microkernel set: auto or one of the names "
+                    "`tilegrad bench --help` lists (sets TG_ISA); default: the library's choice")
     ap.add_argument("--torch-dtypes", type=parse_dtypes, default=list(TORCH_DTYPES),
                     help="PyTorch dtypes to time, the faster is the peer (default f32,bf16)")
     ap.add_argument("--precision", default="exact", choices=("exact", "split", "bf16"),

@@ -7,13 +7,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "isa.h" /* TG_ISA_NAMES_*: the --isa names */
+#include "isa_names.h"
 #include "num.h"
 #include "outfile.h"
 
 enum { DEFAULT_REPS = 5, DEFAULT_TRIAD_MIB = 256 };
 
 void tg_cli_bench_usage(FILE *f) {
+  char isa_names[TG_CLI_ISA_NAMES_LEN];
   fprintf(f,
           "usage: tilegrad bench [options]\n"
           "\n"
@@ -33,7 +34,7 @@ void tg_cli_bench_usage(FILE *f) {
           "                     at most 100000; one untimed warm-up run comes first)\n"
           "  --json FILE        also write all results as JSON to FILE (its location is\n"
           "                     checked before the bench starts)\n"
-          "  --isa I            " TG_ISA_NAMES_BAR " (default:\n"
+          "  --isa I            %s (default:\n"
           "                     auto, or $TG_ISA)\n"
           "  --deterministic    run the kernels in deterministic mode\n"
           "  --precision P      exact | split | bf16: the attention's products that take\n"
@@ -45,7 +46,8 @@ void tg_cli_bench_usage(FILE *f) {
           "\n"
           "Numbers are decimal integers (no leading zeros, no hex); a bad one is refused\n"
           "with exit 2 before anything is measured.\n",
-          DEFAULT_REPS, DEFAULT_TRIAD_MIB);
+          DEFAULT_REPS, tg_cli_isa_names(isa_names, sizeof isa_names, "|"),
+          DEFAULT_TRIAD_MIB);
 }
 
 static int refuse(char *msg, size_t msglen, const char *fmt, ...)
@@ -237,12 +239,14 @@ static int parse_each(int argc, char **argv, tg_bench_opts *o, char *msg, size_t
       case OPT_JSON:
         o->json = val;
         break;
-      case OPT_ISA:
+      case OPT_ISA: {
+        char isa_names[TG_CLI_ISA_NAMES_LEN];
         if (tg_isa_from_name(val, &o->isa) != TG_OK)
-          return refuse(msg, msglen, "--isa %s: want one of " TG_ISA_NAMES_COMMA,
-                        quoted(q, val, strlen(val)));
+          return refuse(msg, msglen, "--isa %s: want one of %s", quoted(q, val, strlen(val)),
+                        tg_cli_isa_names(isa_names, sizeof isa_names, ", "));
         o->isa_set = 1;
         break;
+      }
       case OPT_SECTION: {
         size_t s = 0;
         while (s < sizeof k_sections / sizeof k_sections[0] && strcmp(val, k_sections[s].name))

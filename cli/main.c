@@ -11,6 +11,7 @@
 
 #include "bench.h"
 #include "bench_args.h"
+#include "isa_names.h"
 #include "npy.h"
 #include "outfile.h"
 #include "run.h"
@@ -19,12 +20,13 @@
 int tg_cli_train_main(int argc, char **argv); /* cli/train.c */
 
 static void usage(FILE *out) {
+  char isa_names[TG_CLI_ISA_NAMES_LEN];
   fprintf(out,
           "usage: tilegrad <command> [args]\n"
           "\n"
           "commands:\n"
           "  run <kernel> --in NAME=file.npy ... --out NAME=file.npy ... [--param k=v ...]\n"
-          "               [--threads N] [--deterministic] [--isa auto|portable|avx2|avx512]\n"
+          "               [--threads N] [--deterministic] [--isa %s]\n"
           "        run one kernel on .npy buffers (e.g. dumped from the Metal kernels)\n"
           "        and write its outputs; `tilegrad run --help` lists the kernels,\n"
           "        `tilegrad run <kernel> --help` its buffers and params\n"
@@ -37,7 +39,8 @@ static void usage(FILE *out) {
           "  --version      print the version and the ISA this CPU gets\n"
           "  --help         this text\n"
           "\n"
-          "kernels:\n");
+          "kernels:\n",
+          tg_cli_isa_names(isa_names, sizeof isa_names, "|"));
   tg_cli_run_list(out);
 }
 

@@ -1,0 +1,17 @@
+/* The names --isa takes, from the library's ISA registry (tg_isa_count,
+ * tg_isa_at, tg_isa_name), for the usage texts and messages of `tilegrad
+ * run` and `tilegrad bench`. */
+#ifndef TG_CLI_ISA_NAMES_H
+#define TG_CLI_ISA_NAMES_H
+
+#include <stddef.h>
+
+/* Room for every name with its separator. */
+#define TG_CLI_ISA_NAMES_LEN 256
+
+/* "auto" and then this architecture's ISAs from least to most preferred,
+ * joined by sep, into buf: "auto|portable|avx2|..." for sep "|",
+ * "auto, portable, avx2, ..." for sep ", ". Returns buf. */
+const char *tg_cli_isa_names(char *buf, size_t buflen, const char *sep);
+
+#endif /* TG_CLI_ISA_NAMES_H */
