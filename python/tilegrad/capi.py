@@ -15,6 +15,9 @@ numpy arrays) or :mod:`tilegrad.torch`. This module is the layer below them:
   extension: float32 attention, ``TG_DTYPE_*``) and ``tg_attn_dropout_keep``;
 * :class:`Library` -- the CDLL with argtypes declared from the header;
   ``has(name)`` says whether an entry point is exported;
+* :data:`ISA_NAMES` -- ``{name: tg_isa value}`` of the ISAs the library
+  lists (``Library.isa_names()`` of the default library, read on first
+  access);
 * :class:`Context` -- a ``tg_ctx`` (threads, deterministic mode, ISA, the
   FA-2 backward's schedule and the attention precision mode).
   ``Context.call(name, *args)`` calls ``tg_<kernel>(ctx, *args)`` with raw
@@ -33,7 +36,9 @@ from .errors import (TG_ERR_ALIAS, TG_ERR_BAD_INDEX, TG_ERR_BAD_PARAMS,  # noqa:
                      TG_ERR_BAD_SHAPE, TG_ERR_BUSY, TG_ERR_NO_MEMORY, TG_ERR_NULL_ARG,
                      TG_ERR_OVERFLOW, TG_ERR_UNSUPPORTED, TG_OK, error_for_status)
 
-# tg_isa
+# tg_isa values (include/tilegrad.h; ABI: an ISA keeps its number). Which
+# ISAs a library has, and their names, come from the library itself:
+# Library.isa_names(), ISA_NAMES.
 TG_ISA_AUTO = 0
 TG_ISA_PORTABLE = 1
 TG_ISA_AVX512 = 2
@@ -42,11 +47,6 @@ TG_ISA_AVX512_BF16 = 4
 TG_ISA_AMX = 5
 TG_ISA_NEON = 6        # aarch64
 TG_ISA_NEON_BF16 = 7   # aarch64 with FEAT_BF16
-# The names tg_isa_name gives (engine/isa.h), "auto" first; the docstrings
-# below refer to this list.
-ISA_NAMES = {"auto": TG_ISA_AUTO, "portable": TG_ISA_PORTABLE, "avx2": TG_ISA_AVX2,
-             "avx512": TG_ISA_AVX512, "avx512bf16": TG_ISA_AVX512_BF16, "amx": TG_ISA_AMX,
-             "neon": TG_ISA_NEON, "neonbf16": TG_ISA_NEON_BF16}
 # tg_attn_schedule (how the FA-2 backward shares out dK/dV work)
 TG_ATTN_SCHEDULE_KV = 0
 TG_ATTN_SCHEDULE_ATOMIC = 1
@@ -259,6 +259,9 @@ _OTHER_SIGNATURES = {
     "tg_ctx_set_isa": (_I, [_P, _I]),
     "tg_ctx_get_isa": (_I, [_P]),
     "tg_isa_name": (ctypes.c_char_p, [_I]),
+    "tg_isa_from_name": (_I, [ctypes.c_char_p, ctypes.POINTER(_I)]),
+    "tg_isa_count": (_I, []),
+    "tg_isa_at": (_I, [_I]),
     "tg_isa_available": (_I, [_I]),
     "tg_ctx_set_attn_schedule": (_I, [_P, _I]),
     "tg_ctx_get_attn_schedule": (_I, [_P]),
@@ -309,8 +312,25 @@ class Library:
         return r.decode() if r is not None else "<NULL>"
 
     def isa_name(self, isa):
+        """``tg_isa_name(isa)``: "unknown" for a value the library does not list."""
         r = self.func("tg_isa_name")(int(isa))
         return r.decode() if r is not None else "<NULL>"
+
+    def isa_from_name(self, name):
+        """``tg_isa_from_name``: the tg_isa value named ``name``, None for a
+        name the library does not list."""
+        out = _I()
+        s = self.func("tg_isa_from_name")(name.encode(), ctypes.byref(out))
+        return int(out.value) if s == TG_OK else None
+
+    def isa_names(self):
+        """``{name: tg_isa value}`` of the ISAs the library lists: "auto",
+        then ``tg_isa_at(i)`` for ``i < tg_isa_count()`` (its architecture's
+        tables from least to most preferred, including those this CPU cannot
+        run)."""
+        at = self.func("tg_isa_at")
+        isas = [TG_ISA_AUTO] + [at(i) for i in range(self.func("tg_isa_count")())]
+        return {self.isa_name(v): int(v) for v in isas}
 
     def attn_precision_name(self, p):
         """``tg_attn_precision_name(p)``: "exact", "split", "bf16" ("unknown"
@@ -385,15 +405,27 @@ def parse_attn_precision(p):
     return int(p)
 
 
-def parse_isa(isa):
+def parse_isa(isa, lib=None):
+    """An ISA by name (one the library ``lib`` lists, any case) or tg_isa
+    value -> the value (None stays None); ValueError naming the library's
+    ISAs for another name."""
     if isa is None:
         return None
     if isinstance(isa, str):
-        try:
-            return ISA_NAMES[isa.lower()]
-        except KeyError:
-            raise ValueError(f"unknown isa {isa!r}; one of {sorted(ISA_NAMES)}") from None
+        lib = lib or library()
+        value = lib.isa_from_name(isa.lower())
+        if value is None:
+            raise ValueError(f"unknown isa {isa!r}; one of {sorted(lib.isa_names())}")
+        return value
     return int(isa)
+
+
+def __getattr__(name):
+    # ISA_NAMES from the default library, which loads on first use (not at
+    # `import tilegrad`)
+    if name == "ISA_NAMES":
+        return library().isa_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class Context:
@@ -403,11 +435,11 @@ class Context:
 
     threads: ``None`` or 0 = OpenMP's default (``OMP_NUM_THREADS``), n > 0 = n.
     deterministic: bitwise identical results across runs and thread counts.
-    isa: ``None``/``"auto"`` (best the CPU has; ``TG_ISA`` env overrides),
-    ``"portable"``, ``"avx2"``, ``"avx512"``, ``"avx512bf16"``, ``"amx"``
-    (x86-64), ``"neon"`` or ``"neonbf16"`` (aarch64) (:data:`ISA_NAMES`;
-    ``UnsupportedError`` if unavailable, with the reason in the message for
-    ``"amx"`` and ``"neonbf16"``).
+    isa: ``None``/``"auto"`` (best the CPU has; ``TG_ISA`` env overrides) or
+    one of the names the library lists (:data:`ISA_NAMES`: ``"portable"``
+    and its architecture's tables); ``UnsupportedError`` if this CPU or
+    build cannot run it (with the library's reason in the message),
+    ``ValueError`` for a name the library does not list.
     attn_schedule: ``None`` (library default, "kv"), ``"kv"`` or ``"atomic"``.
     attn_precision: ``None`` (library default, "exact"), ``"exact"``,
     ``"split"`` or ``"bf16"``: how the attention's products that take the
@@ -471,14 +503,14 @@ class Context:
 
     @property
     def isa(self):
-        """Name of the microkernel table in use ("portable", "avx2", "avx512",
-        "avx512bf16", "amx", "neon", "neonbf16")."""
+        """Name of the microkernel table in use (one of the names the library
+        lists, :data:`ISA_NAMES`; never "auto")."""
         return self.lib.isa_name(self.isa_id)
 
     @isa.setter
     def isa(self, isa):
         self._check("tg_ctx_set_isa",
-                    self.lib.func("tg_ctx_set_isa")(self.handle, parse_isa(isa)))
+                    self.lib.func("tg_ctx_set_isa")(self.handle, parse_isa(isa, self.lib)))
 
     @property
     def isa_id(self):

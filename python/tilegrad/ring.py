@@ -45,7 +45,8 @@ import torch
 import torch.distributed as dist
 
 from . import capi as _capi
-from . import torch as _tt
+from ._torch_common import (_ATTN_DTYPES, _attn_params, _attn_precision_arg, _bhl_strides,
+                            _context, _inner_unit, _ptr, _threads_arg)
 
 __all__ = ["ring_attention", "ring_shard", "ring_unshard", "ring_positions", "LAYOUTS",
            "bytes_sent"]
@@ -150,7 +151,7 @@ class _Plan:
                  deterministic, attn_precision):
         self.group, self.rank, self.N, self.segs = group, rank, N, segs
         self.causal, self.scale, self.softcap = causal, scale, softcap
-        self.dt = _tt._ATTN_DTYPES[dtype]
+        self.dt = _ATTN_DTYPES[dtype]
         self.threads, self.deterministic, self.ap = threads, deterministic, attn_precision
         world = group is None or group is dist.group.WORLD
         glob = (lambda r: r) if world else (lambda r: dist.get_global_rank(group, r))
@@ -189,7 +190,7 @@ def _local_problem(q, k, v, dropout_p) -> Optional[str]:
     if q.dim() != 4 or k.dim() != 4 or tuple(k.shape) != tuple(v.shape):
         return (f"q [B, H, L, D], k and v [B, H_kv, L, D] expected; got {tuple(q.shape)}, "
                 f"{tuple(k.shape)}, {tuple(v.shape)}")
-    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in _tt._ATTN_DTYPES:
+    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in _ATTN_DTYPES:
         return (f"q, k and v must all be torch.bfloat16 or all torch.float32; got "
                 f"{q.dtype}, {k.dtype}, {v.dtype}")
     B, H, L, D = q.shape
@@ -232,8 +233,8 @@ def _plan(q, k, v, causal, scale, softcap, group, layout, dropout_p, threads, de
     meta = [1] + [0] * (len(_META) + 1)      # [refused, _META..., chunk length]
     try:    # a bad argument on one rank must not leave the others waiting: gathered below
         layout = _layout_arg(layout)
-        ap = _tt._attn_precision_arg(attn_precision)
-        threads = _tt._threads_arg(threads)
+        ap = _attn_precision_arg(attn_precision)
+        threads = _threads_arg(threads)
         err = _local_problem(q, k, v, dropout_p)
         if err is None:
             D = q.shape[3]
@@ -243,7 +244,7 @@ def _plan(q, k, v, causal, scale, softcap, group, layout, dropout_p, threads, de
                 raise ValueError(f"scale = {scale} must be finite, softcap = {softcap} "
                                  "finite and > 0")
             vals = dict(B=q.shape[0], H=q.shape[1], H_kv=k.shape[1], D=D,
-                        dtype=_tt._ATTN_DTYPES[q.dtype], causal=int(bool(causal)),
+                        dtype=_ATTN_DTYPES[q.dtype], causal=int(bool(causal)),
                         layout=LAYOUTS.index(layout), scale=_f32_bits(scale),
                         softcap=_f32_bits(softcap), attn_precision=ap)
             meta = [0] + [vals[n] for n in _META] + [q.shape[2]]
@@ -281,10 +282,10 @@ def _fwd_pair(ctx, plan, q, k, v, causal, q_offset) -> Tuple[Tensor, Tensor]:
     [B,H,ql,D], L f32 [B,H,ql]."""
     o = torch.empty(q.shape, dtype=torch.float32)
     lse = torch.empty(q.shape[:3], dtype=torch.float32)
-    p = _tt._attn_params(q, k, v, _tt._bhl_strides(o), plan.scale, plan.softcap, q_offset)
+    p = _attn_params(q, k, v, _bhl_strides(o), plan.scale, plan.softcap, q_offset)
     opt = _capi.AttnOptions(flags=_capi.TG_ATTN_OPT_O_F32)
-    ctx.call("tg_attn_train_fwd", plan.dt, _tt._ptr(q), _tt._ptr(k), _tt._ptr(v), _tt._ptr(o),
-             _tt._ptr(lse), p, None, None, int(causal), opt)
+    ctx.call("tg_attn_train_fwd", plan.dt, _ptr(q), _ptr(k), _ptr(v), _ptr(o), _ptr(lse), p,
+             None, None, int(causal), opt)
     return o, lse
 
 
@@ -302,10 +303,9 @@ def _merge(o_acc: Tensor, l_acc: Tensor, o: Tensor, lse: Tensor) -> None:
 def _bwd_pair(ctx, plan, q, k, v, lse, do, delta, dq, dk, dv, causal, q_offset) -> None:
     """dq [B,H,ql,D] f32 written; dk, dv [B,Hkv,kl,D] f32 accumulate (all
     contiguous); lse, delta [B,H,ql] contiguous (the global L and D_vec)."""
-    p = _tt._attn_params(q, k, v, _tt._bhl_strides(do), plan.scale, plan.softcap, q_offset)
-    ctx.call("tg_attn_train_bwd", plan.dt, _tt._ptr(q), _tt._ptr(k), _tt._ptr(v),
-             _tt._ptr(lse), _tt._ptr(do), _tt._ptr(delta), _tt._ptr(dq), _tt._ptr(dk),
-             _tt._ptr(dv), p, None, None, int(causal), None)
+    p = _attn_params(q, k, v, _bhl_strides(do), plan.scale, plan.softcap, q_offset)
+    ctx.call("tg_attn_train_bwd", plan.dt, _ptr(q), _ptr(k), _ptr(v), _ptr(lse), _ptr(do),
+             _ptr(delta), _ptr(dq), _ptr(dk), _ptr(dv), p, None, None, int(causal), None)
 
 
 def _rows(t: Tensor, seg) -> Tensor:
@@ -328,11 +328,11 @@ def _irecv(plan, t: Tensor, tag: int):
 def _ring_forward(q: Tensor, k: Tensor, v: Tensor, plan: _Plan) -> Tuple[Tensor, Tensor]:
     """-> O [B,H,L,D] in q's dtype, L f32 [B,H,L] (the global logsumexp)."""
     B, H, L, D = q.shape
-    q = _tt._inner_unit(q)
+    q = _inner_unit(q)
     o_acc = torch.zeros((B, H, L, D), dtype=torch.float32)
     l_acc = torch.full((B, H, L), -math.inf, dtype=torch.float32)
     kv = torch.stack((k, v))                      # [2, B, Hkv, L_src, D]: one message
-    ctx = _tt._context(plan.threads, plan.deterministic, plan.ap)
+    ctx = _context(plan.threads, plan.deterministic, plan.ap)
     for s in range(plan.N):
         src = (plan.rank - s) % plan.N
         works = []
@@ -367,11 +367,11 @@ def _ring_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: 
     """-> dq, dk, dv of q's dtype (f32 sums rounded once)."""
     B, H, L, D = q.shape
     Hkv, N, rank = k.shape[1], plan.N, plan.rank
-    q, do, o = _tt._inner_unit(q), do.contiguous(), o.contiguous()
-    ctx = _tt._context(plan.threads, plan.deterministic, plan.ap)
+    q, do, o = _inner_unit(q), do.contiguous(), o.contiguous()
+    ctx = _context(plan.threads, plan.deterministic, plan.ap)
     delta = torch.empty((B, H, L), dtype=torch.float32)
-    ctx.call("tg_attn_train_bwd_compute_d", plan.dt, _tt._ptr(o), _tt._ptr(do),
-             _tt._ptr(delta), B, H, L, D)
+    ctx.call("tg_attn_train_bwd_compute_d", plan.dt, _ptr(o), _ptr(do), _ptr(delta),
+             B, H, L, D)
     mine = plan.segs[rank]
     lse_of = {s: _rows(lse, s).contiguous() for s in mine}      # the kernel takes them
     delta_of = {s: _rows(delta, s).contiguous() for s in mine}  # contiguous

@@ -38,19 +38,20 @@ attention functions set that context's precision mode (``attn_precision=``)
 the same way, per call.
 """
 import math
-import threading
 from typing import Optional, Sequence, Tuple, Union
 
-import ctypes
 import torch
 
 from . import capi as _capi
-
-#: context-parallel attention, defined in tilegrad.ring (imported on first use)
-_RING_NAMES = ("ring_attention", "ring_shard", "ring_unshard", "ring_positions")
+from ._torch_common import (_ATTN_DTYPES, ATTN_PRECISIONS, _attn_params,  # noqa: F401
+                            _attn_precision_arg, _bhl_strides, _context, _inner_unit, _ptr,
+                            _threads_arg)
+# context-parallel attention over torch.distributed, re-exported
+from .ring import ring_attention, ring_positions, ring_shard, ring_unshard
 
 __all__ = ["attention", "scaled_dot_product_attention", "rms_norm", "RMSNorm", "Attention",
-           "MultiHeadAttention", "HAVE_CUSTOM_OPS"] + list(_RING_NAMES)
+           "MultiHeadAttention", "HAVE_CUSTOM_OPS", "ring_attention", "ring_shard",
+           "ring_unshard", "ring_positions"]
 
 Tensor = torch.Tensor
 
@@ -60,52 +61,6 @@ HAVE_CUSTOM_OPS = hasattr(torch, "library") and hasattr(torch.library, "custom_o
     and hasattr(torch.library, "register_autograd")
 
 _I32_MAX = 2 ** 31 - 1
-
-
-# ---------------------------------------------------------------------------
-# contexts: one per (calling thread, deterministic flag), created lazily, so
-# nothing that holds a ctypes handle is ever stored in a module or a graph
-
-_tls = threading.local()
-
-
-def _context(threads: int, deterministic: bool,
-             attn_precision: Optional[int] = None) -> "_capi.Context":
-    """This thread's Context for ``deterministic``, set to ``threads`` threads
-    (0: follow ``torch.get_num_threads()``, read at each call) and, unless
-    None, to the ``tg_attn_precision`` value ``attn_precision`` (the
-    attention ops pass theirs on every call; the others leave it as is)."""
-    cache = getattr(_tls, "ctxs", None)
-    if cache is None:
-        cache = _tls.ctxs = {}
-    entry = cache.get(bool(deterministic))
-    if entry is None:       # [context, its precision mode: library default exact]
-        entry = cache[bool(deterministic)] = [
-            _capi.Context(deterministic=bool(deterministic)), _capi.TG_ATTN_PRECISION_EXACT]
-    c = entry[0]
-    n = threads if threads > 0 else torch.get_num_threads()
-    if c.threads != n:
-        c.threads = n                       # one cheap ctypes call, only on change
-    if attn_precision is not None and entry[1] != attn_precision:
-        c.attn_precision = attn_precision   # likewise
-        entry[1] = attn_precision
-    return c
-
-
-def _ptr(t: Tensor) -> ctypes.c_void_p:
-    return ctypes.c_void_p(t.data_ptr())
-
-
-def _bhl_strides(t: Tensor) -> Tuple[int, int, int]:
-    """(batch, head, row) element strides of a 4-D tensor the kernels take
-    in place (innermost stride 1)."""
-    return tuple(int(s) for s in t.stride()[:3])
-
-
-def _inner_unit(t: Tensor) -> Tensor:
-    """``t`` itself when its innermost stride is 1 (or that dim has size <= 1),
-    else a contiguous copy: the kernels need unit stride along D / keys."""
-    return t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
 
 
 def _mask_view(mask: Tensor, B: int, H: int, qL: int, kL: int) -> Tuple[Tensor, Tuple[int, int, int]]:
@@ -119,19 +74,6 @@ def _mask_view(mask: Tensor, B: int, H: int, qL: int, kL: int) -> Tuple[Tensor, 
     m = _inner_unit(mask).expand(B, H, qL, kL)
     st = tuple(0 if n == 1 else int(s) for n, s in zip(m.shape[:3], m.stride()[:3]))
     return m, st
-
-
-def _attn_params(q: Tensor, k: Tensor, v: Tensor, o_strides, scale: float, softcap: float,
-                 q_offset: int) -> "_capi.AttnParams":
-    """The 160-byte params struct for these views (O_strides: the output's
-    in the forward, dO's in the backward); the C kernel validates it."""
-    B, H, qL, D = q.shape
-    Hkv, kL = k.shape[1], k.shape[2]
-    p = _capi.attn_params(B, H, Hkv, qL, kL, D, float(scale), float(softcap),
-                          Q_strides=_bhl_strides(q), K_strides=_bhl_strides(k),
-                          V_strides=_bhl_strides(v), O_strides=o_strides)
-    p.qL_off = int(q_offset)
-    return p
 
 
 def _mask_args(mask: Optional[Tensor], B: int, H: int, qL: int, kL: int):
@@ -177,10 +119,6 @@ def _need_dtype(op: str, dtype: torch.dtype, **ts: Optional[Tensor]) -> None:
 # ---------------------------------------------------------------------------
 # operator implementations (tensors in, tensors out; the only place that
 # calls the C library)
-
-#: the dtypes the attention ops take (the C library's tg_dtype)
-_ATTN_DTYPES = {torch.bfloat16: _capi.TG_DTYPE_BF16, torch.float32: _capi.TG_DTYPE_F32}
-
 
 def _need_attn_dtype(op: str, q: Tensor, **ts: Optional[Tensor]) -> int:
     """q is bfloat16 or float32 and every other tensor has its dtype; -> tg_dtype."""
@@ -518,26 +456,13 @@ else:  # PyTorch < 2.4: the same implementations behind autograd Functions
 #: precision= values: "f32" computes in float32 (inputs of other float
 #: dtypes converted), "bf16" in bfloat16 (inputs rounded to bf16).
 PRECISIONS = ("f32", "bf16")
-
-#: attn_precision= values (the C library's tg_attn_precision, by name): how
-#: the products taking the attention weights P or the score gradient dS run
-#: when the compute dtype is bf16 (ignored for float32).
-ATTN_PRECISIONS = ("exact", "split", "bf16")
+# ATTN_PRECISIONS, the attn_precision= values: from _torch_common (ring takes them too)
 
 
 def _check_cpu(*ts):
     for t in ts:
         if t is not None and t.device.type != "cpu":
             raise ValueError(f"tilegrad runs on the CPU; got a tensor on {t.device}")
-
-
-def _threads_arg(threads: Optional[int]) -> int:
-    if threads is None:
-        return 0
-    if int(threads) < 0:
-        raise ValueError(f"threads must be None (follow torch.get_num_threads()) or >= 1, "
-                         f"got {threads}")
-    return int(threads)
 
 
 def _compute_dtype(dtype: torch.dtype, precision: Optional[str]) -> torch.dtype:
@@ -554,14 +479,6 @@ def _compute_dtype(dtype: torch.dtype, precision: Optional[str]) -> torch.dtype:
         raise TypeError("tilegrad attention has no float64 kernels: pass precision=\"f32\" "
                         "(inputs rounded to float32, max abs error ~1e-6) or precision=\"bf16\"")
     return torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
-
-
-def _attn_precision_arg(attn_precision: str) -> int:
-    """attn_precision= name -> the ops' tg_attn_precision value."""
-    if attn_precision not in ATTN_PRECISIONS:
-        raise ValueError(f"attn_precision must be one of {ATTN_PRECISIONS}, "
-                         f"got {attn_precision!r}")
-    return _capi.ATTN_PRECISION_NAMES[attn_precision]
 
 
 def _dropout_p_arg(dropout_p: float) -> float:
@@ -885,11 +802,3 @@ class MultiHeadAttention(torch.nn.Module):
                 mask = mask.masked_fill(~keep, -math.inf)
         o = self.attn(q, k, v, mask=mask)
         return self.out_proj(o.transpose(1, 2).reshape(B, L, self.num_heads * D))
-
-
-def __getattr__(name):
-    # tilegrad.ring imports this module: its names resolve here on first use
-    if name in _RING_NAMES:
-        from . import ring
-        return getattr(ring, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -66,14 +66,25 @@ def test_library_and_context(lib):
     assert c.isa == "portable" and c.isa_id == capi.TG_ISA_PORTABLE
     c.isa = "auto"
     assert c.isa in capi.ISA_NAMES and c.isa != "auto"
-    # the Python name map is the library's registry, value for value; each
-    # architecture's library knows its own tables ("unknown": the other's)
-    for name, value in capi.ISA_NAMES.items():
-        assert lib.isa_name(value) in (name, "unknown")
-    assert lib.isa_name(capi.TG_ISA_PORTABLE) == "portable"
-    assert lib.isa_name(capi.TG_ISA_AVX2 if platform.machine() in ("x86_64", "AMD64")
-                        else capi.TG_ISA_NEON) in ("avx2", "neon")
-    assert lib.isa_name(max(capi.ISA_NAMES.values()) + 1) not in capi.ISA_NAMES
+    # ISA_NAMES is the library's list: "auto", portable and this
+    # architecture's tables, each name and value round-tripping through
+    # tg_isa_from_name / tg_isa_name
+    names = capi.ISA_NAMES
+    assert names == lib.isa_names() and list(names)[:2] == ["auto", "portable"]
+    assert len(names) == 1 + lib.func("tg_isa_count")() == len(set(names.values()))
+    for name, value in names.items():
+        assert lib.isa_from_name(name) == value and lib.isa_name(value) == name
+    assert ("avx2" if platform.machine() in ("x86_64", "AMD64") else "neon") in names
+    assert lib.isa_from_name("sse9") is None
+    assert lib.isa_name(max(names.values()) + 1) == "unknown"
+    # the tg_isa constants capi.py still spells out agree with the library
+    # (TG_ISA_AVX512_BF16 is "avx512bf16"); another architecture's tables
+    # are "unknown" to it
+    consts = {n: v for n, v in vars(capi).items() if n.startswith("TG_ISA_")}
+    assert len(consts) >= 2
+    for const, value in consts.items():
+        assert lib.isa_name(value) in (const[len("TG_ISA_"):].lower().replace("_", ""),
+                                       "unknown"), const
     assert "Context(" in repr(c)
     with pytest.raises(tg.BadParamsError) as ei:
         c.threads = -1
