@@ -149,8 +149,8 @@ def make_context(isa):
     (None: the library's choice). Exits with the library's word when it
     refuses the name."""
     if isa:
-        # tg_ctx_create reads TG_ISA itself; set it so a name that the C
-        # library knows but this Python binding does not yet still applies.
+        # tg_ctx_create reads TG_ISA itself: set it so that every context
+        # this process makes (the torch front's too) takes the same table.
         os.environ["TG_ISA"] = isa
     try:
         ctx = capi.Context()
