@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Bad input and faults against the `tilegrad` CLI (python3 stdlib + numpy).
 
-Issue 18's CLI cases: outputs all-or-nothing (a failed or interrupted write
+The CLI's cases: outputs all-or-nothing (a failed or interrupted write
 changes no target and leaves no temporary; two outputs on one file, or an
 output over another buffer's input, are refused; output locations are checked
 before anything is computed), decimal-only numbers, clear messages.
@@ -30,8 +30,8 @@ ENV = dict(os.environ, OMP_WAIT_POLICY="passive")
 
 
 def case(klass, outcome, before="failed"):
-    """Registers a case; `before`: what it gave on the CLI before issue 18's
-    fixes ("failed", or "passed" for a guard of behaviour kept)."""
+    """Registers a case; `before`: what it gave on the CLI before the
+    CLI's hardening ("failed", or "passed" for a guard of behaviour kept)."""
     def reg(fn):
         CASES.append((fn, klass, outcome, before))
         return fn

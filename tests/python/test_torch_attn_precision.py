@@ -1,5 +1,5 @@
 """tilegrad.torch attention's precision modes, attn_precision= "exact" |
-"split" | "bf16" (issue 13 part 3; the C library's tg_ctx_set_attn_precision),
+"split" | "bf16" (the C library's tg_ctx_set_attn_precision),
 against float64 PyTorch autograd (1.13 and 2.x).
 
 The mode decides how the products that take the attention weights P or the

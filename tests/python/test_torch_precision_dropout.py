@@ -1,5 +1,5 @@
 """tilegrad.torch attention: the dtypes it computes in and its dropout
-(issue 18 part 6), against float64 PyTorch autograd (1.13 and 2.x).
+against float64 PyTorch autograd (1.13 and 2.x).
 
 * float32 inputs compute in float32: O and the gradients within 1e-5 (max
   abs) of float64 on unit-variance inputs up to L = 4096 (PyTorch's float32

@@ -1,5 +1,5 @@
 """tilegrad.torch keeps torch.nn.functional.scaled_dot_product_attention's
-contract (issue 18 part 6), case by case, against a float64 reference on the
+contract, case by case, against a float64 reference on the
 same bf16 inputs (PyTorch 1.13 and 2.x):
 
 * every mask shape that broadcasts to (B, H, qL, kL), (qL, 1) included, bool
