@@ -1,4 +1,4 @@
-"""tilegrad.torch attention: the dtypes it computes in and its dropout
+"""tilegrad.torch attention: the dtypes it computes in and its dropout,
 against float64 PyTorch autograd (1.13 and 2.x).
 
 * float32 inputs compute in float32: O and the gradients within 1e-5 (max
