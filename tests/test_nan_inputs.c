@@ -153,13 +153,14 @@ static void test_compute_d(void **state) {
 
 /* --- 2. FA-2 backward: Q, K, V, L, dO, D_vec, mask ------------------------------------ */
 static const attn_cfg fa2_configs[] = {
-    /* name                   B  H Hkv qL  kL  D  causal off mask layout        softcap */
-    {"gqa causal mask",       1, 2, 1, 70, 100, 16, 1, 0, 1, ATTN_HEAD_MAJOR, 1.0f},
-    {"softcap token-major",   1, 2, 2, 40, 50,  8,  0, 0, 2, ATTN_TOKEN_MAJOR, 5.0f},
+    /* name                   B  H Hkv qL  kL  D  causal off mask layout        softcap p */
+    {"gqa causal mask",       1, 2, 1, 70, 100, 16, 1, 0, 1, ATTN_HEAD_MAJOR, 1.0f, 0},
+    {"softcap token-major",   1, 2, 2, 40, 50,  8,  0, 0, 2, ATTN_TOKEN_MAJOR, 5.0f, 0},
 };
 /* 20 % of the mask -inf; rows 5, 45, ... of the mask entirely -inf (L = -inf) */
-static const attn_suite fa2_suite = {.mask_ninf = 0.2, .mask_lo = -3, .mask_row0 = 5,
-                                     .mask_step = 40, .ref_inputs = 1, .row = attn_bwd_row};
+static const attn_suite fa2_suite = {.bf16 = 1, .mask_ninf = 0.2, .mask_lo = -3,
+                                     .mask_row0 = 5, .mask_step = 40, .acc = ATTN_ACC_RANDOM,
+                                     .row = attn_bwd_row};
 
 static void test_attention_backward(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 1102);
@@ -171,10 +172,10 @@ static void test_attention_backward(void **state) {
     attn_build(&pb, &fa2_configs[ci], &fa2_suite, &r);
     attn_outputs o = attn_alloc_outputs(&pb);
     double *mayQ = dalloc(pb.nQ), *mayK = dalloc(pb.nKout), *mayV = dalloc(pb.nKout);
-    const input ins[] = {{"Q", pb.Q, pb.nQ, 1},   {"K", pb.K, pb.nK, 1},
-                         {"V", pb.V, pb.nK, 1},   {"L", pb.L, pb.nL, 0},
-                         {"dO", pb.dO, pb.nQ, 1}, {"D_vec", pb.Dv, pb.nL, 0},
-                         {"mask", pb.mask, pb.nM, 1}};
+    const input ins[] = {{"Q", pb.Qb, pb.nQ, 1},   {"K", pb.Kb, pb.nK, 1},
+                         {"V", pb.Vb, pb.nK, 1},   {"L", pb.L, pb.nL, 0},
+                         {"dO", pb.dOb, pb.nQ, 1}, {"D_vec", pb.Dv, pb.nL, 0},
+                         {"mask", pb.maskb, pb.nM, 1}};
     for (size_t b = 0; b < sizeof ins / sizeof ins[0]; b++)
       for (int sv = 0; sv < N_SPECIAL; sv++) {
         const int64_t at = random_at(&r, ins[b].n);
@@ -198,8 +199,8 @@ static void test_attention_backward(void **state) {
               memcpy(o.dV, pb.dV0, sizeof(float) * pb.nKout);
               TU_EXPECT_STATUS(ctx,
                                tg_flash_attn_train_bwd_bf16(
-                                   ctx, pb.Q, pb.K, pb.V, pb.L, pb.dO, pb.Dv, o.dQ, o.dK, o.dV,
-                                   &pb.p, pb.mask ? &pb.mp : NULL, pb.mask, pb.c.causal),
+                                   ctx, pb.Qb, pb.Kb, pb.Vb, pb.L, pb.dOb, pb.Dv, o.dQ, o.dK, o.dV,
+                                   &pb.p, pb.maskb ? &pb.mp : NULL, pb.maskb, pb.c.causal),
                                TG_OK);
               expect(&w, "dQ", o.dQ, pb.dQr, pb.dQe, mayQ, pb.nQ);
               expect(&w, "dK", o.dK, pb.dKr, pb.dKe, mayK, pb.nKout);

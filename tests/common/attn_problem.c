@@ -1,13 +1,14 @@
 #include "attn_problem.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-double attn_dot(const tg_bf16 *a, const tg_bf16 *b, int64_t D, double *abs_sum) {
+double attn_dot(const float *a, const float *b, int64_t D, double *abs_sum) {
   double s = 0, as = 0;
   for (int64_t d = 0; d < D; d++) {
-    const double x = attn_bf(a[d]) * attn_bf(b[d]);
+    const double x = (double)a[d] * b[d];
     s += x;
     as += fabs(x);
   }
@@ -15,13 +16,55 @@ double attn_dot(const tg_bf16 *a, const tg_bf16 *b, int64_t D, double *abs_sum) 
   return s;
 }
 
+/* --- configs --------------------------------------------------------------- */
+attn_cfg attn_random_cfg(tu_rng *r, const attn_cfg_limits *lim) {
+  attn_cfg c = {.name = "random"};
+  c.B = tu_int(r, 1, 2);
+  c.H_kv = tu_int(r, 1, 3);
+  c.H = c.H_kv * tu_int(r, 1, 3);
+  c.qL = tu_int(r, 0, 3) == 0 ? tu_int(r, lim->long_lo, lim->long_hi) : tu_int(r, 1, 130);
+  c.kL = tu_int(r, 0, 3) == 0 ? tu_int(r, lim->long_lo, lim->long_hi) : tu_int(r, 1, 130);
+  c.D = 8 * tu_int(r, 1, 20);
+  c.causal = tu_int(r, 0, 1);
+  c.qL_off_delta = tu_int(r, 0, 3) == 0 ? tu_int(r, -20, 20) : 0;
+  c.mask = tu_int(r, 0, 2);
+  c.layout = tu_int(r, 0, 1) ? ATTN_STRIDED : ATTN_HEAD_MAJOR;
+  c.softcap = tu_int(r, 0, 3) == 0 ? (float)tu_uniform(r, 0.5, 10) : 1.0f;
+  if (lim->dropout) c.dropout_p = tu_int(r, 0, 1) ? (float)tu_uniform(r, 0, 0.95) : 0.0f;
+  return c;
+}
+
+void attn_cfg_str(const attn_cfg *c, char *buf, size_t size) {
+  snprintf(buf, size,
+           "B=%d H=%d H_kv=%d qL=%d kL=%d D=%d causal=%d off+%d mask=%d layout=%d softcap=%g "
+           "p=%g",
+           c->B, c->H, c->H_kv, c->qL, c->kL, c->D, c->causal, c->qL_off_delta, c->mask,
+           c->layout, (double)c->softcap, (double)c->dropout_p);
+}
+
+const attn_run_mode attn_modes[ATTN_N_MODES] = {
+    {"kv", TG_ATTN_SCHEDULE_KV, 0},
+    {"atomic", TG_ATTN_SCHEDULE_ATOMIC, 0},
+    {"deterministic", TG_ATTN_SCHEDULE_ATOMIC, 1},
+};
+
+tg_ctx *attn_mode_ctx(int threads, tg_isa isa, const attn_run_mode *m) {
+  tg_ctx *ctx = tu_ctx(threads, isa);
+  assert_int_equal(tg_ctx_set_deterministic(ctx, m->det), TG_OK);
+  assert_int_equal(tg_ctx_set_attn_schedule(ctx, m->schedule), TG_OK);
+  return ctx;
+}
+
+/* --- the reference ------------------------------------------------------------ */
+
 /* Score of (b, h, i, k) in f64 with its f32 error bound:
- * e_s = |scale| gamma(D) sum_d |q k| + 4u(|s| + |scale q.k|) + u|s + m|, and
- * with softcap the error of t = tanh(scale q.k / softcap). */
+ * e_s = |scale| gamma(D) sum_d |q k| + 4u(|s| + |scale q.k|) + u|s + m|
+ * (scale q.k, the softcap's division, tanhf and product: 4u; the f32 mask
+ * add: u), and with softcap the error of t = tanh(scale q.k / softcap). */
 static attn_key score(const attn_problem *pb, int64_t b, int64_t h, int64_t i, int64_t k) {
   const tg_attn_params *p = &pb->p;
-  const tg_bf16 *q = pb->Q + attn_off3(p->Q_strides, b, h, i);
-  const tg_bf16 *kk = pb->K + attn_off3(p->K_strides, b, h / p->gqa_factor, k);
+  const float *q = pb->Q + attn_off3(p->Q_strides, b, h, i);
+  const float *kk = pb->K + attn_off3(p->K_strides, b, h / p->gqa_factor, k);
   double aqk;
   const double qk = attn_dot(q, kk, p->D, &aqk);
   double s = p->scale * qk;
@@ -37,7 +80,7 @@ static attn_key score(const attn_problem *pb, int64_t b, int64_t h, int64_t i, i
   double m = 0;
   key.vis = !(pb->c.causal && k > i + p->qL_off);
   if (key.vis && pb->mask) {
-    m = attn_bf(pb->mask[attn_off3(pb->mp.M_strides, b, h, i) + k]);
+    m = pb->mask[attn_off3(pb->mp.M_strides, b, h, i) + k];
     if (m == -INFINITY) key.vis = 0;
   }
   if (!key.vis) m = 0;
@@ -47,16 +90,23 @@ static attn_key score(const attn_problem *pb, int64_t b, int64_t h, int64_t i, i
 }
 
 /*
- * Forward reference for a row with score maximum mx: O = sum_k exp(s_k - mx)
- * V_k / l, L = mx + log l. Bound of an f32 online softmax over key tiles of at
- * least 16 keys (T tile steps): each final weight exp(s_k - mx) carries a
- * relative error of at most eps = se_k + E + (T + 2) 2u + 2u R (E = max score
- * bound, R = max |s - mx|; every rescale exp(m_old - m_new) adds u|dm| + 2u and
- * the dm add up to <= R).
- * O: (eps + gamma(kL)) (sum P|V| / l + |O|) + u|O|, doubled for second-order
- * terms, plus the bf16 rounding of the output, 2^-8 (|O| + e).
- * L: 2 (E + eps + gamma(kL) + u|L| + 2u|log l|).
- * A row that sees no key has O = 0 exactly and L = -inf.
+ * Forward reference for a row with score maximum mx: O = sum_k z_k exp(s_k -
+ * mx) V_k / l, L = mx + log l, D_vec = O.dO. Bound of an f32 online softmax
+ * over key tiles of at least 16 keys (T <= ceil(kL/16) tile steps): each
+ * final weight exp(s_k - mx) carries a relative error of at most
+ *   eps = 2E + 2u(T + 2) + 2uR + gamma(kL) + u_P
+ * (E = max score bound, R = max |s - mx|; every rescale exp(m_old - m_new)
+ * adds u|dm| + 2u and the dm add up to <= R; u_P the precision mode's).
+ *   O: e_O = 2((eps + e_r)(sum_k w z|V| + |O|) + u|O|), e_r = 3u with
+ *      dropout (1/(1-p) rounded in f32: 2u; O * it: u). Stored in bf16,
+ *      plus its rounding, 2^-8 min(|O| + e_O, 2|O|): the rounding of a value
+ *      within e_O of O (tests/test_attention.c, the round trip), or, where
+ *      that is smaller, 2^-8 |O| doubled for the second order
+ *      (tests/test_attn_ext.c's precision modes); both are bounds, the
+ *      smaller is kept.
+ *   L: e_L = 2(E + eps + u|L| + 2u|log l|).
+ *   D_vec: e_D = sum_d e_O|dO| + gamma(D) sum_d (|O| + e_O)|dO|.
+ * A row that sees no key has O = 0 and D_vec = 0 exactly and L = -inf.
  */
 static void forward_row(attn_problem *pb, const attn_row *r, double mx) {
   const tg_attn_params *p = &pb->p;
@@ -75,79 +125,104 @@ static void forward_row(attn_problem *pb, const attn_row *r, double mx) {
       R = fmax(R, mx - key[k].s);
     }
   const double T = (double)((kL + 15) / 16);
-  const double eps = 2 * E + (T + 2) * 2 * U + 2 * U * R + gam(kL);
+  const double eps = 2 * E + (T + 2) * 2 * U + 2 * U * R + gam(kL) + pb->u_P;
+  const double e_r = pb->keep ? 3 * U : 0;
   double *O = pb->Or + r->row * D, *Oe = pb->Oe + r->row * D;
   for (int64_t k = 0; k < kL; k++) {
-    if (!key[k].vis) continue;
-    const double w = exp(key[k].s - mx) / l;
-    const tg_bf16 *Vk = pb->V + attn_off3(p->V_strides, r->b, r->hk, k);
+    if (!key[k].vis || r->z[k] == 0) continue;
+    const double wz = exp(key[k].s - mx) / l * r->z[k];
+    const float *Vk = pb->V + attn_off3(p->V_strides, r->b, r->hk, k);
     for (int64_t d = 0; d < D; d++) {
-      O[d] += w * attn_bf(Vk[d]);
-      Oe[d] += w * fabs(attn_bf(Vk[d]));
+      O[d] += wz * Vk[d];
+      Oe[d] += wz * fabs(Vk[d]); /* sum w z |V|, turned into the bound below */
     }
   }
+  double Dv = 0, eD = 0;
   for (int64_t d = 0; d < D; d++) {
-    const double e = 2 * (eps * (Oe[d] + fabs(O[d])) + U * fabs(O[d]));
-    Oe[d] = e + 0x1p-8 * (fabs(O[d]) + e); /* bf16: p = 8, u = 2^-8 */
+    const double e = 2 * ((eps + e_r) * (Oe[d] + fabs(O[d])) + U * fabs(O[d]));
+    Oe[d] = pb->bf16 ? e + BF16_U * fmin(fabs(O[d]) + e, 2 * fabs(O[d])) : e;
+    Dv += O[d] * r->dO[d];
+    eD += Oe[d] * fabs(r->dO[d]) + gam(D) * (fabs(O[d]) + Oe[d]) * fabs(r->dO[d]);
   }
+  pb->Dr[r->row] = Dv;
+  pb->De[r->row] = eD;
   pb->Lr[r->row] = mx + log(l);
   pb->Le[r->row] = 2 * (E + eps + U * fabs(pb->Lr[r->row]) + 2 * U * fabs(log(l)));
 }
 
-/* dQ_i += sum_k dS_k K_k, dK_k += dS_k Q_i, dV_k += P_k dO_i, with the error
- * terms sum e_dS|K| + gamma(kL) sum|dS K| (dQ), sum e_dS|Q| and sum e_P|dO|
- * (dK, dV); the gamma terms of dK and dV need the whole column, so their
- * sums of |terms| go to sK, sV. */
+/* dQ_i += sum_k dS_k K_k, dK_k += dS_k Q_i, dV_k += P_k z_k dO_i, with the
+ * error terms sum e_dS|K| + gamma(kL) sum|dS K| (dQ), sum e_dS|Q| and sum
+ * e_Pz|dO| (dK, dV); the gamma terms of dK and dV need the whole column, so
+ * their sums of |terms| go to sK, sV. With dropout e_Pz = z e_P + 3u P z
+ * (else e_P). In a precision mode P z and dS enter the products with u_P of
+ * relative error more, and the bf16 dot units flush parts below 2^-126 to
+ * zero: an absolute error of up to 2^-126 per P or dS operand, which a
+ * relative bound does not cover (the forward's is left out: there P <= 1
+ * and such weights are far below the bound's u|O| on these inputs). */
 static void accumulate_row(attn_problem *pb, const attn_row *r, double *sK, double *sV) {
   const tg_attn_params *p = &pb->p;
   const int64_t D = p->D, kL = p->kL, Hk = p->H / p->gqa_factor;
-  const tg_bf16 *Qi = pb->Q + attn_off3(p->Q_strides, r->b, r->h, r->i);
+  const double tiny = pb->u_P > 0 ? 0x1.0p-126 : 0.0;
+  const float *Qi = pb->Q + attn_off3(p->Q_strides, r->b, r->h, r->i);
   for (int64_t k = 0; k < kL; k++) {
     if (!r->dense && r->P[k] == 0) continue; /* no term */
-    const tg_bf16 *Kk = pb->K + attn_off3(p->K_strides, r->b, r->hk, k);
+    const float *Kk = pb->K + attn_off3(p->K_strides, r->b, r->hk, k);
     const int64_t ko = ((r->b * Hk + r->hk) * kL + k) * D;
-    const double dS = r->dS[k], dSe = r->dSe[k], P = r->P[k], Pe = r->Pe[k];
+    const double dS = r->dS[k], Pz = r->P[k] * r->z[k];
+    double dSe = r->dSe[k], Pze = r->z[k] * r->Pe[k] + (pb->keep ? 3 * U * Pz : 0);
+    if (pb->u_P > 0) {
+      Pze = Pze + pb->u_P * Pz + tiny;
+      dSe = dSe + pb->u_P * fabs(dS) + tiny; /* dS as a product operand */
+    }
     for (int64_t d = 0; d < D; d++) {
-      const double kd = attn_bf(Kk[d]), qd = attn_bf(Qi[d]), od = attn_bf(r->dO[d]);
+      const double kd = Kk[d], qd = Qi[d], od = r->dO[d];
       pb->dQr[r->row * D + d] += dS * kd;
       pb->dQe[r->row * D + d] += dSe * fabs(kd) + gam(kL) * fabs(dS * kd);
       pb->dKr[ko + d] += dS * qd;
       pb->dKe[ko + d] += dSe * fabs(qd);
       sK[ko + d] += fabs(dS * qd);
-      pb->dVr[ko + d] += P * od;
-      pb->dVe[ko + d] += Pe * fabs(od);
-      sV[ko + d] += fabs(P * od);
+      pb->dVr[ko + d] += Pz * od;
+      pb->dVe[ko + d] += Pze * fabs(od);
+      sV[ko + d] += fabs(Pz * od);
     }
   }
 }
 
 static void free_reference(attn_problem *pb) {
-  free(pb->Lr), free(pb->Le), free(pb->Or), free(pb->Oe);
+  free(pb->Lr), free(pb->Le), free(pb->Or), free(pb->Oe), free(pb->Dr), free(pb->De);
   free(pb->dQr), free(pb->dKr), free(pb->dVr), free(pb->dQe), free(pb->dKe), free(pb->dVe);
+}
+
+static double *zeros(int64_t n) {
+  double *x = calloc((size_t)(n ? n : 1), sizeof(double));
+  if (!x) fail_msg("out of memory");
+  return x;
+}
+
+static void widen(float *dst, const tg_bf16 *src, int64_t n) {
+  for (int64_t e = 0; e < n; e++) dst[e] = tg_bf16_to_f32(src[e]);
 }
 
 void attn_reference(attn_problem *pb, attn_row_fn *row_fn, int dense) {
   const tg_attn_params *p = &pb->p;
   const int64_t B = p->B, H = p->H, qL = p->qL, kL = p->kL;
+  if (pb->bf16) {
+    widen(pb->Q, pb->Qb, pb->nQ), widen(pb->dO, pb->dOb, pb->nQ);
+    widen(pb->K, pb->Kb, pb->nK), widen(pb->V, pb->Vb, pb->nK);
+    if (pb->mask) widen(pb->mask, pb->maskb, pb->nM);
+  }
   free_reference(pb);
-  pb->Lr = calloc(pb->nL, sizeof(double));
-  pb->Le = calloc(pb->nL, sizeof(double));
-  pb->Or = calloc(pb->nQ, sizeof(double));
-  pb->Oe = calloc(pb->nQ, sizeof(double));
-  pb->dQr = calloc(pb->nQ, sizeof(double));
-  pb->dQe = calloc(pb->nQ, sizeof(double));
-  pb->dKr = calloc(pb->nKout, sizeof(double));
-  pb->dKe = calloc(pb->nKout, sizeof(double));
-  pb->dVr = calloc(pb->nKout, sizeof(double));
-  pb->dVe = calloc(pb->nKout, sizeof(double));
-  double *sK = calloc(pb->nKout, sizeof(double)), *sV = calloc(pb->nKout, sizeof(double));
-  attn_key *key = malloc(sizeof(attn_key) * kL);
-  attn_row r = {.key = key,
-                .P = malloc(sizeof(double) * kL),
-                .Pe = malloc(sizeof(double) * kL),
-                .dS = malloc(sizeof(double) * kL),
-                .dSe = malloc(sizeof(double) * kL),
-                .dense = dense};
+  pb->Lr = zeros(pb->nL), pb->Le = zeros(pb->nL), pb->Dr = zeros(pb->nL);
+  pb->De = zeros(pb->nL);
+  pb->Or = zeros(pb->nQ), pb->Oe = zeros(pb->nQ), pb->dQr = zeros(pb->nQ);
+  pb->dQe = zeros(pb->nQ);
+  pb->dKr = zeros(pb->nKout), pb->dKe = zeros(pb->nKout), pb->dVr = zeros(pb->nKout);
+  pb->dVe = zeros(pb->nKout);
+  double *sK = zeros(pb->nKout), *sV = zeros(pb->nKout), *z = zeros(kL);
+  attn_key *key = tu_alloc(sizeof(attn_key) * kL);
+  attn_row r = {.key = key, .z = z, .P = zeros(kL), .Pe = zeros(kL), .dS = zeros(kL),
+                .dSe = zeros(kL), .dense = dense};
+  const double kept = 1.0 / (1.0 - (double)pb->c.dropout_p);
   for (r.b = 0; r.b < B; r.b++)
     for (r.h = 0; r.h < H; r.h++)
       for (r.i = 0; r.i < qL; r.i++) {
@@ -158,6 +233,7 @@ void attn_reference(attn_problem *pb, attn_row_fn *row_fn, int dense) {
         for (int64_t k = 0; k < kL; k++) {
           key[k] = score(pb, r.b, r.h, r.i, k);
           if (key[k].vis && key[k].s > mx) mx = key[k].s;
+          z[k] = !pb->keep ? 1.0 : pb->keep[r.row * kL + k] ? kept : 0.0;
         }
         forward_row(pb, &r, mx);
         row_fn(pb, &r);
@@ -174,12 +250,34 @@ void attn_reference(attn_problem *pb, attn_row_fn *row_fn, int dense) {
     pb->dVe[e] = 2 * (pb->dVe[e] + gam(n) * (fabs(v0) + sV[e]));
   }
   for (int64_t e = 0; e < pb->nQ; e++) pb->dQe[e] *= 2;
-  free(sK), free(sV), free(key), free(r.P), free(r.Pe), free(r.dS), free(r.dSe);
+  free(sK), free(sV), free(z), free(key), free(r.P), free(r.Pe), free(r.dS), free(r.dSe);
+}
+
+/* --- problems ------------------------------------------------------------------ */
+
+/* Standard normal draws (Box-Muller): unit-variance inputs. */
+static void fill_normal(tu_rng *r, float *x, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    const double u1 = tu_uniform(r, 0x1p-53, 1), u2 = tu_uniform(r, 0, 1);
+    x[i] = (float)(sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2));
+  }
+}
+
+/* x rounded to bf16 in place; the bf16 values in a new array. */
+static tg_bf16 *round_to_bf16(float *x, int64_t n) {
+  tg_bf16 *y = tu_alloc(sizeof(tg_bf16) * (size_t)n);
+  for (int64_t e = 0; e < n; e++) {
+    y[e] = tg_f32_to_bf16(x[e]);
+    x[e] = tg_bf16_to_f32(y[e]);
+  }
+  return y;
 }
 
 void attn_build(attn_problem *pb, const attn_cfg *c, const attn_suite *s, tu_rng *r) {
   memset(pb, 0, sizeof *pb);
   pb->c = *c;
+  pb->bf16 = s->bf16;
+  pb->u_P = s->u_P;
   tg_attn_params *p = &pb->p;
   assert_int_equal(tg_attn_params_init(p, c->B, c->H, c->H_kv, c->qL, c->kL, c->D,
                                        (float)(1.0 / sqrt(c->D))),
@@ -201,43 +299,75 @@ void attn_build(attn_problem *pb, const attn_cfg *c, const attn_suite *s, tu_rng
   pb->nK = B * Hk * kL * Dk;
   pb->nKout = B * Hk * kL * D;
   pb->nL = B * H * qL;
-  pb->Q = tu_alloc(2 * pb->nQ);
-  pb->dO = tu_alloc(2 * pb->nQ);
-  pb->K = tu_alloc(2 * pb->nK);
-  pb->V = tu_alloc(2 * pb->nK);
-  tu_fill_bf16(r, pb->Q, pb->nQ, -2, 2);
-  tu_fill_bf16(r, pb->dO, pb->nQ, -1, 1);
-  tu_fill_bf16(r, pb->K, pb->nK, -2, 2);
-  tu_fill_bf16(r, pb->V, pb->nK, -1, 1);
+  pb->Q = tu_alloc(sizeof(float) * pb->nQ);
+  pb->dO = tu_alloc(sizeof(float) * pb->nQ);
+  pb->K = tu_alloc(sizeof(float) * pb->nK);
+  pb->V = tu_alloc(sizeof(float) * pb->nK);
+  if (s->normal) {
+    fill_normal(r, pb->Q, pb->nQ);
+    fill_normal(r, pb->dO, pb->nQ);
+    fill_normal(r, pb->K, pb->nK);
+    fill_normal(r, pb->V, pb->nK);
+  } else {
+    tu_fill_f32(r, pb->Q, pb->nQ, -2, 2);
+    tu_fill_f32(r, pb->dO, pb->nQ, -1, 1);
+    tu_fill_f32(r, pb->K, pb->nK, -2, 2);
+    tu_fill_f32(r, pb->V, pb->nK, -1, 1);
+  }
   if (c->mask) {
     pb->mp.M_strides[2] = kL;
     pb->mp.M_strides[1] = c->mask == 2 ? 0 : qL * kL;
     pb->mp.M_strides[0] = c->mask == 2 ? 0 : H * qL * kL;
     pb->nM = c->mask == 2 ? qL * kL : B * H * qL * kL;
-    pb->mask = tu_alloc(2 * pb->nM);
+    pb->mask = tu_alloc(sizeof(float) * pb->nM);
     for (int64_t e = 0; e < pb->nM; e++)
-      pb->mask[e] = tg_f32_to_bf16(tu_uniform(r, 0, 1) < s->mask_ninf
-                                       ? -INFINITY
-                                       : (float)tu_uniform(r, s->mask_lo, 1));
+      pb->mask[e] = tu_uniform(r, 0, 1) < s->mask_ninf ? -INFINITY
+                                                        : (float)tu_uniform(r, s->mask_lo, 1);
     for (int64_t row = s->mask_row0; row < pb->nM / kL; row += s->mask_step)
-      for (int64_t k = 0; k < kL; k++) pb->mask[row * kL + k] = 0xFF80; /* -inf */
+      for (int64_t k = 0; k < kL; k++) pb->mask[row * kL + k] = -INFINITY;
   }
-  if (s->ref_inputs) {
-    pb->L = tu_alloc(sizeof(float) * pb->nL);
-    pb->Dv = tu_alloc(sizeof(float) * pb->nL);
+  if (s->acc != ATTN_ACC_NONE) {
     pb->dK0 = tu_alloc(sizeof(float) * pb->nKout);
     pb->dV0 = tu_alloc(sizeof(float) * pb->nKout);
-    tu_fill_f32(r, pb->dK0, pb->nKout, -1, 1);
-    tu_fill_f32(r, pb->dV0, pb->nKout, -1, 1);
+    if (s->acc == ATTN_ACC_RANDOM) {
+      tu_fill_f32(r, pb->dK0, pb->nKout, -1, 1);
+      tu_fill_f32(r, pb->dV0, pb->nKout, -1, 1);
+    } else {
+      memset(pb->dK0, 0, sizeof(float) * pb->nKout);
+      memset(pb->dV0, 0, sizeof(float) * pb->nKout);
+    }
   }
+  if (s->options) {
+    pb->opt = (tg_attn_options){.dropout_p = c->dropout_p,
+                                .dropout_seed = tu_next(r),
+                                .dropout_offset = tu_int(r, 0, 1)
+                                                      ? tu_next(r)
+                                                      : UINT64_MAX - (uint64_t)tu_int(r, 0, 1000)};
+    if (c->dropout_p > 0) {
+      pb->keep = tu_alloc((size_t)(pb->nL * kL));
+      tg_ctx *ctx = tu_ctx(2, TG_ISA_AUTO);
+      TU_EXPECT_STATUS(ctx, tg_attn_dropout_keep(ctx, &pb->opt, B, H, qL, kL, pb->keep), TG_OK);
+      tg_ctx_destroy(ctx);
+    }
+  }
+  if (s->bf16) {
+    pb->Qb = round_to_bf16(pb->Q, pb->nQ), pb->dOb = round_to_bf16(pb->dO, pb->nQ);
+    pb->Kb = round_to_bf16(pb->K, pb->nK), pb->Vb = round_to_bf16(pb->V, pb->nK);
+    if (pb->mask) pb->maskb = round_to_bf16(pb->mask, pb->nM);
+  }
+  pb->L = tu_alloc(sizeof(float) * pb->nL);
+  pb->Dv = tu_alloc(sizeof(float) * pb->nL);
   attn_reference(pb, s->row, 0);
 }
 
 void attn_destroy(attn_problem *pb) {
   free(pb->Q), free(pb->K), free(pb->V), free(pb->dO), free(pb->mask);
-  free(pb->L), free(pb->Dv), free(pb->dK0), free(pb->dV0);
+  free(pb->Qb), free(pb->Kb), free(pb->Vb), free(pb->dOb), free(pb->maskb);
+  free(pb->dK0), free(pb->dV0), free(pb->keep), free(pb->L), free(pb->Dv);
   free_reference(pb);
 }
+
+/* --- row functions ----------------------------------------------------------------- */
 
 /* P and its bound from pb->L (see attn_bwd_row_given). Bound: e_P = P (e_s
  * + u|s - L| + 2u) (expf is < 2 ulp). */
@@ -261,7 +391,7 @@ static void bwd_ds(attn_problem *pb, const attn_row *r) {
   const int64_t D = p->D, kL = p->kL;
   for (int64_t k = 0; k < kL; k++) {
     if (!r->dense && r->P[k] == 0) continue; /* no term */
-    const tg_bf16 *Vk = pb->V + attn_off3(p->V_strides, r->b, r->hk, k);
+    const float *Vk = pb->V + attn_off3(p->V_strides, r->b, r->hk, k);
     double adP;
     const double diff = attn_dot(r->dO, Vk, D, &adP) - pb->Dv[r->row];
     const double sc = p->softcapping != 1.0f ? 1 - r->key[k].t * r->key[k].t : 1;
@@ -286,13 +416,50 @@ void attn_bwd_row(attn_problem *pb, const attn_row *r) {
   for (int64_t d = 0; d < D; d++) {
     double O = 0;
     for (int64_t k = 0; k < kL; k++)
-      O += r->P[k] * attn_bf(pb->V[attn_off3(p->V_strides, r->b, r->hk, k) + d]);
-    Dv += attn_bf(tg_f32_to_bf16((float)O)) * attn_bf(r->dO[d]);
+      O += r->P[k] * pb->V[attn_off3(p->V_strides, r->b, r->hk, k) + d];
+    Dv += (double)tg_bf16_to_f32(tg_f32_to_bf16((float)O)) * r->dO[d];
   }
   pb->Dv[r->row] = (float)Dv;
   bwd_ds(pb, r);
 }
 
+/*
+ * P and dS of a training step, the backward fed the forward's L (bound e_L)
+ * and D_vec (bound e_D, forward_row):
+ *   P     e_P  = P (e_s + e_L + u|s - L| + 2u)           (exp within 2 ulp)
+ *   dP    e_dP = gamma(D) sum_d|dO V|, and with dropout z dP: + 3u z|dP|
+ *   dS = scale P (z dP - D) c'   (c' = 1 - t^2 with softcap t, error e_c =
+ *                                 2|t| e_t + u)
+ *         e_dS = |scale| c' (e_P|z dP - D| + P(z e_dP + e_D + u|z dP - D|))
+ *                + |scale| P |z dP - D| e_c + 8u|dS|
+ */
+void attn_step_row(attn_problem *pb, const attn_row *r) {
+  const tg_attn_params *p = &pb->p;
+  const int64_t D = p->D, kL = p->kL;
+  const double L = pb->Lr[r->row], Le = pb->Le[r->row], Dv = pb->Dr[r->row];
+  const double eD = pb->De[r->row];
+  const int soft = p->softcapping != 1.0f;
+  for (int64_t k = 0; k < kL; k++) {
+    const attn_key *key = &r->key[k];
+    const double P = key->vis && L != -INFINITY ? exp(key->s - L) : 0;
+    r->P[k] = P;
+    if (P == 0) continue; /* no term */
+    r->Pe[k] = P * (key->err + Le + U * fabs(key->s - L) + 2 * U);
+    const float *Vk = pb->V + attn_off3(p->V_strides, r->b, r->hk, k);
+    double adP;
+    const double dP = attn_dot(r->dO, Vk, D, &adP), z = r->z[k];
+    const double diff = z * dP - Dv;
+    const double e_z = pb->keep ? 3 * U * z * fabs(dP) : 0;
+    const double sc = soft ? 1 - key->t * key->t : 1;
+    const double esc = soft ? 2 * fabs(key->t) * key->terr + U : 0;
+    r->dS[k] = p->scale * P * diff * sc;
+    r->dSe[k] = fabs(p->scale) * sc *
+                    (r->Pe[k] * fabs(diff) + P * (z * gam(D) * adP + eD + U * fabs(diff) + e_z)) +
+                fabs(p->scale) * P * fabs(diff) * esc + 8 * U * fabs(r->dS[k]);
+  }
+}
+
+/* --- outputs and checks ------------------------------------------------------------- */
 attn_outputs attn_alloc_outputs(const attn_problem *pb) {
   attn_outputs o = {tu_alloc(2 * pb->nQ),
                     tu_alloc(sizeof(float) * pb->nL),
@@ -308,9 +475,28 @@ void attn_free_outputs(attn_outputs *o) {
   free(o->O), free(o->L), free(o->Dtok), free(o->Dv), free(o->dQ), free(o->dK), free(o->dV);
 }
 
-int attn_check_grads(const attn_problem *pb, const attn_outputs *o) {
-  const int q = tu_check_bound("dQ", o->dQ, pb->dQr, pb->dQe, pb->nQ);
-  const int k = tu_check_bound("dK", o->dK, pb->dKr, pb->dKe, pb->nKout);
-  const int v = tu_check_bound("dV", o->dV, pb->dVr, pb->dVe, pb->nKout);
+int attn_check_L(const attn_problem *pb, const float *L) {
+  int ok = 1;
+  double *Lr = tu_alloc(sizeof(double) * pb->nL), *Le = tu_alloc(sizeof(double) * pb->nL);
+  float *Lf = tu_alloc(sizeof(float) * pb->nL);
+  for (int64_t r = 0; r < pb->nL; r++) { /* the finite ones against the bound */
+    const int none = pb->Lr[r] == -INFINITY;
+    if (none != (L[r] == -INFINITY)) {
+      printf("  L[%lld] = %g, want %g\n", (long long)r, (double)L[r], pb->Lr[r]);
+      ok = 0;
+    }
+    Lr[r] = none ? 0 : pb->Lr[r];
+    Le[r] = none ? 0 : pb->Le[r];
+    Lf[r] = none ? 0.0f : L[r];
+  }
+  ok &= tu_check_bound("L", Lf, Lr, Le, pb->nL);
+  free(Lr), free(Le), free(Lf);
+  return ok;
+}
+
+int attn_check_grads(const attn_problem *pb, const float *dQ, const float *dK, const float *dV) {
+  const int q = tu_check_bound("dQ", dQ, pb->dQr, pb->dQe, pb->nQ);
+  const int k = tu_check_bound("dK", dK, pb->dKr, pb->dKe, pb->nKout);
+  const int v = tu_check_bound("dV", dV, pb->dVr, pb->dVe, pb->nKout);
   return q && k && v;
 }

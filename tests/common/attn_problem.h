@@ -1,16 +1,25 @@
 /*
- * Attention test problems shared by tests/test_attention.c (backward fed a
- * reference L and D_vec, and the forward) and tests/train/test_attn_roundtrip.c
- * (forward -> backward round trip): random bf16 Q, K, V, dO and an optional
- * additive mask, in one of three layouts, with GQA, causal (qL_off) and
- * softcapping; and the f64 reference with per-element first-order error
- * bounds (u = 2^-24, gamma(n) = (n + 2) u; derivations in those two files).
+ * The f64 attention reference of every FA-2 suite: tests/test_attention.c
+ * (backward fed a reference L and D_vec, and the forward),
+ * tests/train/test_attn_roundtrip.c (forward -> backward round trip),
+ * tests/test_attn_ext.c (the f32 and bf16 entry points with dropout and the
+ * precision modes) and tests/test_nan_inputs.c.
  *
- * What the suites share is computed here: scores, the forward reference (L
- * and O with bounds) and the sums that turn P and dS into dQ, dK, dV with
+ * A problem: random Q, K, V, dO and an optional additive mask in one of
+ * three layouts, with GQA, causal (qL_off), softcapping and dropout (keep
+ * flags from tg_attn_dropout_keep); the reference reads them as f32 arrays
+ * (bf16 inputs widened, exactly), products of two f32 are exact in f64. With
+ * it, per element, a first-order forward error bound of the f32 algorithm,
+ * doubled for the neglected second-order terms (u = 2^-24, gamma(n) =
+ * (n + 2) u bounds a sum of n terms in any order relative to the sum of the
+ * terms' magnitudes; the derivations are below, at the functions that
+ * compute them, and in the suites' header comments).
+ *
+ * What the suites share is computed here: scores, the forward reference (L,
+ * O, D_vec with bounds) and the sums that turn P and dS into dQ, dK, dV with
  * bounds. What differs (where the backward's L and D_vec come from, and so
- * the bounds of P and dS) is each suite's row function; the backward's P and
- * dS from given L and D_vec are here too (attn_bwd_row, attn_bwd_row_given).
+ * the bounds of P and dS) is the row function: attn_bwd_row and
+ * attn_bwd_row_given (a given L and D_vec), attn_step_row (the forward's).
  *
  * Inputs may hold NaN or +-inf (tests/test_nan_inputs.c): the reference then
  * follows IEEE arithmetic. A pair (query row, key) enters the backward's sums
@@ -29,10 +38,10 @@
 #include "bf16.h"
 #include "testutil.h"
 
-static const double U = 0x1.0p-24; /* f32 unit roundoff */
+static const double U = 0x1.0p-24;     /* f32 unit roundoff */
+static const double BF16_U = 0x1.0p-8; /* bf16 unit roundoff */
 static inline double gam(double n) { return (n + 2) * U; } /* sum of n terms */
 
-static inline double attn_bf(tg_bf16 x) { return tg_bf16_to_f32(x); }
 static inline int64_t attn_off3(const int64_t s[3], int64_t b, int64_t h, int64_t r) {
   return b * s[0] + h * s[1] + r * s[2];
 }
@@ -54,22 +63,42 @@ typedef struct {
   int mask;         /* 0 none, 1 full [B,H,qL,kL], 2 broadcast over batch and head */
   int layout;       /* ATTN_* */
   float softcap;    /* 1 = off */
+  float dropout_p;  /* 0 = off */
 } attn_cfg;
 
+/* Ranges attn_random_cfg draws from beyond the shared ones. */
 typedef struct {
-  attn_cfg c;
-  tg_attn_params p;
-  tg_attn_mask_params mp;
-  int64_t nQ, nK, nKout, nL, nM; /* Q/dO/O/dQ, K/V (padded), dK/dV, rows, mask */
-  tg_bf16 *Q, *K, *V, *dO, *mask;
-  /* With attn_suite.ref_inputs: the backward's L and D_vec [B,H,qL] (set by
-   * the suite's row function) and the dK, dV it accumulates onto; else NULL. */
-  float *L, *Dv, *dK0, *dV0;
-  /* f64 reference and its error bound: forward L [B,H,qL] (-inf where the row
-   * sees no key), O [B,H,qL,D] (bound of the bf16 store), gradients. */
-  double *Lr, *Le, *Or, *Oe;
-  double *dQr, *dKr, *dVr, *dQe, *dKe, *dVe;
-} attn_problem;
+  int long_lo, long_hi; /* a quarter of the qL and kL drawn from here, the rest 1..130 */
+  int dropout;          /* half the configs with dropout p in [0, 0.95) */
+} attn_cfg_limits;
+
+/* A fresh shape and features: B 1-2, H_kv 1-3, gqa 1-3, D = 8 * (1..20),
+ * causal half the time (a quarter of those with qL_off moved by -20..20),
+ * mask none, full or broadcast, head-major or strided, softcap in [0.5, 10)
+ * a quarter of the time. */
+attn_cfg attn_random_cfg(tu_rng *r, const attn_cfg_limits *lim);
+/* "B=.. H=.. ..": the config for a failure message. */
+void attn_cfg_str(const attn_cfg *c, char *buf, size_t size);
+
+/* The ways the backward can run: both schedules, and deterministic mode. */
+typedef struct {
+  const char *name;
+  tg_attn_schedule schedule;
+  int det; /* overrides the schedule */
+} attn_run_mode;
+enum { ATTN_N_MODES = 3 };
+extern const attn_run_mode attn_modes[ATTN_N_MODES];
+/* A context at `threads` on `isa` (tu_ctx) in run mode m. */
+tg_ctx *attn_mode_ctx(int threads, tg_isa isa, const attn_run_mode *m);
+
+/* How dK, dV start (attn_suite.acc). */
+enum {
+  ATTN_ACC_NONE,   /* from 0: dK0, dV0 NULL, no term of their own */
+  ATTN_ACC_ZERO,   /* from dK0 = dV0 = 0, one more term of the sums */
+  ATTN_ACC_RANDOM, /* from dK0, dV0 uniform in [-1, 1) */
+};
+
+typedef struct attn_problem attn_problem;
 
 /* Key k of a query row. */
 typedef struct {
@@ -82,53 +111,88 @@ typedef struct {
 /* One query row (b, h, i), head hk = h / gqa, index row = (b H + h) qL + i in
  * the reference arrays. The row function sets P, Pe, dS, dSe for every key;
  * a key with P = 0 adds nothing and its Pe, dS, dSe are not read (dense: P
- * and dS of every key are read). */
+ * and dS of every key are read). z is dropout's keep / (1 - p) (1 without). */
 typedef struct {
   int64_t b, h, i, hk, row;
-  const tg_bf16 *dO;        /* [D] */
-  const attn_key *key;      /* [kL] */
+  const float *dO;           /* [D] */
+  const attn_key *key;       /* [kL] */
+  const double *z;           /* [kL] */
   double *P, *Pe, *dS, *dSe; /* [kL] */
-  int dense;                /* every key enters (see the top) */
+  int dense;                 /* every key enters (see the top) */
 } attn_row;
 
 typedef void attn_row_fn(attn_problem *pb, const attn_row *r);
 
 /* What differs between the suites beyond the config. */
 typedef struct {
+  /* Q, K, V, dO standard normal (unit variance); else Q, K uniform in
+   * [-2, 2), V, dO in [-1, 1) */
+  int normal;
+  /* inputs (and the mask) rounded to bf16 and held as bf16 too (Qb ..), O
+   * stored in bf16 */
+  int bf16;
   /* mask entries -inf with probability mask_ninf, else uniform in [mask_lo, 1);
    * then rows mask_row0, mask_row0 + mask_step, ... entirely -inf */
   double mask_ninf, mask_lo;
   int mask_row0, mask_step;
-  /* 1: the reference hands the backward L and D_vec (pb->L, pb->Dv) and random
-   * dK0, dV0 in [-1, 1) to accumulate onto; 0: the kernels make L and D_vec
-   * and dK, dV start from 0 */
-  int ref_inputs;
+  int acc; /* ATTN_ACC_* */
+  /* draw tg_attn_options: dropout_p from the config, a seed and an offset
+   * (near 2^64 half the time: the counter's carry); keep flags when p > 0 */
+  int options;
+  /* the precision mode's relative error per term of the products that take
+   * P or dS (tests/test_attn_ext.c) */
+  double u_P;
   attn_row_fn *row;
 } attn_suite;
 
-/* sum_d a[d] b[d] in f64 (exact products of bf16), and sum_d |a[d] b[d]|. */
-double attn_dot(const tg_bf16 *a, const tg_bf16 *b, int64_t D, double *abs_sum);
+struct attn_problem {
+  attn_cfg c;
+  tg_attn_params p;
+  tg_attn_mask_params mp;
+  tg_attn_options opt;
+  int64_t nQ, nK, nKout, nL, nM; /* Q/dO/O/dQ, K/V (padded), dK/dV, rows, mask */
+  float *Q, *K, *V, *dO, *mask;  /* the reference's inputs (mask NULL without) */
+  tg_bf16 *Qb, *Kb, *Vb, *dOb, *maskb; /* with attn_suite.bf16: the same values; else NULL */
+  float *dK0, *dV0;              /* what dK, dV accumulate onto (ATTN_ACC_NONE: NULL) */
+  uint8_t *keep;                 /* [B,H,qL,kL] with dropout; else NULL */
+  int bf16;                      /* attn_suite.bf16 */
+  double u_P;                    /* attn_suite.u_P */
+  /* the backward's L and D_vec [B,H,qL] when attn_bwd_row sets them */
+  float *L, *Dv;
+  /* f64 reference and its error bound: forward L [B,H,qL] (-inf where the row
+   * sees no key), O [B,H,qL,D], D_vec = O.dO, gradients. */
+  double *Lr, *Le, *Or, *Oe, *Dr, *De;
+  double *dQr, *dKr, *dVr, *dQe, *dKe, *dVe;
+};
 
-/* Draws Q, dO, K, V (then the mask, then dK0, dV0) from r and computes the
- * reference. Fails the test if the params are refused. */
+/* sum_d a[d] b[d] in f64 (exact products of f32), and sum_d |a[d] b[d]|. */
+double attn_dot(const float *a, const float *b, int64_t D, double *abs_sum);
+
+/* Draws Q, dO, K, V (then the mask, dK0, dV0, the options) from r and
+ * computes the reference. Fails the test if the params are refused. */
 void attn_build(attn_problem *pb, const attn_cfg *c, const attn_suite *s, tu_rng *r);
 void attn_destroy(attn_problem *pb);
-/* (Re)computes the reference (Lr .. dVe) from the current inputs with `row`;
- * dense as at the top. */
+/* (Re)computes the reference (Lr .. dVe) from the current inputs with `row`
+ * (a bf16 problem widens Qb .. again first: a test may have planted values
+ * there); dense as at the top. */
 void attn_reference(attn_problem *pb, attn_row_fn *row, int dense);
 
-/* Row functions of the backward (ref_inputs suites). attn_bwd_row hands the
- * kernel the reference's L, rounded to f32, and D_vec = O.dO with O = P V
- * rounded to bf16 as the forward stores it (pb->L, pb->Dv), so neither
+/* Row functions of the backward fed a given L and D_vec. attn_bwd_row hands
+ * the kernel the reference's L, rounded to f32, and D_vec = O.dO with O =
+ * P V rounded to bf16 as the forward stores it (pb->L, pb->Dv), so neither
  * carries an error of its own; then attn_bwd_row_given. attn_bwd_row_given
  * takes pb->L and pb->Dv as they are: P = exp(s - L) (0 for an invisible key
  * and for a row with L = -inf, the contract's fully masked row), dS =
- * scale P (dO.V - D_vec) (times 1 - t^2 with softcap), with the bounds of
- * tests/test_attention.c. */
+ * scale P (dP - D_vec) (times 1 - t^2 with softcap), with the bounds of
+ * tests/test_attention.c. No dropout. */
 attn_row_fn attn_bwd_row, attn_bwd_row_given;
+/* Row function of a training step: the backward fed the forward's L (bound
+ * e_L) and D_vec from the forward's O (bound e_D), with dropout; the bounds
+ * of tests/test_attn_ext.c and tests/train/test_attn_roundtrip.c. */
+attn_row_fn attn_step_row;
 
-/* Kernel outputs: O through O_strides [nQ]; L, D_vec [nL] and D_vec over
- * token-major rows [B,qL,H] (Dtok); dQ [nQ], dK, dV [nKout]. */
+/* Kernel outputs of the bf16 suites: O through O_strides [nQ]; L, D_vec [nL]
+ * and D_vec over token-major rows [B,qL,H] (Dtok); dQ [nQ], dK, dV [nKout]. */
 typedef struct {
   tg_bf16 *O;
   float *L, *Dtok, *Dv, *dQ, *dK, *dV;
@@ -137,7 +201,9 @@ typedef struct {
 attn_outputs attn_alloc_outputs(const attn_problem *pb);
 void attn_free_outputs(attn_outputs *o);
 
+/* L: -inf exactly where the reference's is, the others within the bound. */
+int attn_check_L(const attn_problem *pb, const float *L);
 /* dQ, dK, dV against the reference bounds (all three, reporting each). */
-int attn_check_grads(const attn_problem *pb, const attn_outputs *o);
+int attn_check_grads(const attn_problem *pb, const float *dQ, const float *dK, const float *dV);
 
 #endif

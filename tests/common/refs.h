@@ -1,7 +1,7 @@
 /*
  * f64 references shared by the kernel suites (tests/test_*.c) and the NaN /
  * infinity suite (tests/test_nan_inputs.c): kernels 1, 3-11 and the RMSNorm
- * forward. (The FA-2 attention references are tests/common/attn_problem.h.)
+ * forward. (The FA-2 attention reference is tests/common/attn_problem.h.)
  *
  * Each reference evaluates the kernel's formula on the kernel's inputs in f64
  * IEEE arithmetic, so an input NaN or +-inf gives the NaN or +-inf the kernel
