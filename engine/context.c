@@ -1,10 +1,8 @@
-/* The context, status messages, ISA selection and checked arithmetic. */
+/* The context and its setters, and (for now) the ISA registry's probes and choice. */
 #define _DEFAULT_SOURCE /* syscall() (tg_cpu_amx's permission request) under -std=c11 */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include <omp.h>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>
@@ -20,53 +18,6 @@
 #endif
 
 #include "engine.h"
-
-const char *tg_version(void) { return TG_VERSION; }
-
-const char *tg_status_str(tg_status s) {
-  switch (s) {
-    case TG_OK: return "success";
-    case TG_ERR_NULL_ARG: return "a required pointer argument is NULL";
-    case TG_ERR_BAD_SHAPE: return "a size is zero or sizes disagree";
-    case TG_ERR_UNSUPPORTED: return "valid input that this build does not support";
-    case TG_ERR_BAD_INDEX: return "an index or id is out of range";
-    case TG_ERR_BAD_PARAMS: return "parameter fields are inconsistent";
-    case TG_ERR_OVERFLOW: return "a size overflows 64-bit arithmetic";
-    case TG_ERR_NO_MEMORY: return "out of memory";
-    case TG_ERR_BUSY: return "the context is in use by a call on another thread";
-    case TG_ERR_ALIAS:
-      return "an output shares memory with an input or another output that it may not";
-  }
-  return "unknown status code";
-}
-
-tg_status tg_fail(tg_ctx *ctx, tg_status s, const char *fmt, ...) {
-  if (ctx) {
-    va_list ap;
-    va_start(ap, fmt);
-    const int n = vsnprintf(ctx->err, sizeof ctx->err, fmt, ap);
-    va_end(ap);
-    if (n >= (int)sizeof ctx->err) /* cut: say so */
-      memcpy(ctx->err + sizeof ctx->err - 4, "...", 4);
-  }
-  return s;
-}
-
-void tg_begin(tg_ctx *ctx) { ctx->err[0] = '\0'; }
-
-tg_call tg_enter(tg_ctx *ctx) {
-  if (atomic_exchange_explicit(&ctx->busy, 1, memory_order_acquire)) return (tg_call){NULL};
-  tg_begin(ctx);
-  return (tg_call){ctx};
-}
-
-void tg_leave(tg_call *call) {
-  if (call->ctx) atomic_store_explicit(&call->ctx->busy, 0, memory_order_release);
-}
-
-const char *tg_ctx_last_error(const tg_ctx *ctx) {
-  return ctx ? ctx->err : "tg_ctx_last_error: ctx is NULL";
-}
 
 /* --- ISA: the registry of engine/isa.h --------------------------------------
  * CPUID predicates (libgcc's __builtin_cpu_supports also checks that the OS
@@ -366,137 +317,4 @@ const char *tg_attn_precision_name(tg_attn_precision p) {
     case TG_ATTN_PRECISION_BF16: return "bf16";
   }
   return "unknown";
-}
-
-/* --- threads ------------------------------------------------------------------ */
-
-/* The CPU quota in the cgroup file `dir`/cpu.max (v2: "max 100000" or
- * "<quota> <period>") or `dir`/cpu.cfs_quota_us + cpu.cfs_period_us (v1;
- * quota -1 = none), as whole CPUs rounded up; 0 when there is none. */
-static int quota_in(const char *dir) {
-  char path[4096 + 32];
-  long long quota = -1, period = 0;
-  snprintf(path, sizeof path, "%s/cpu.max", dir);
-  FILE *f = fopen(path, "r");
-  if (f) {
-    char q[32] = "";
-    if (fscanf(f, "%31s %lld", q, &period) != 2 || strcmp(q, "max") == 0 ||
-        sscanf(q, "%lld", &quota) != 1)
-      quota = -1;
-    fclose(f);
-  } else {
-    snprintf(path, sizeof path, "%s/cpu.cfs_quota_us", dir);
-    if ((f = fopen(path, "r"))) {
-      if (fscanf(f, "%lld", &quota) != 1) quota = -1;
-      fclose(f);
-      snprintf(path, sizeof path, "%s/cpu.cfs_period_us", dir);
-      if ((f = fopen(path, "r"))) {
-        if (fscanf(f, "%lld", &period) != 1) period = 0;
-        fclose(f);
-      }
-    }
-  }
-  if (quota <= 0 || period <= 0) return 0;
-  const long long cpus = (quota + period - 1) / period;
-  return cpus > 1 << 20 ? 1 << 20 : (int)cpus;
-}
-
-/* Does the comma-separated controller list name "cpu"? */
-static int lists_cpu(const char *list) {
-  for (const char *p = list; *p;) {
-    const size_t n = strcspn(p, ",");
-    if (n == 3 && strncmp(p, "cpu", 3) == 0) return 1;
-    p += n + (p[n] == ',');
-  }
-  return 0;
-}
-
-int tg_cgroup_cpu_limit(const char *cgroup_root, const char *proc_self_cgroup) {
-  FILE *f = fopen(proc_self_cgroup, "r");
-  if (!f) return 0;
-  int limit = 0;
-  char line[4096];
-  while (fgets(line, sizeof line, f)) {
-    /* "<id>:<controllers>:<path>": v2 is "0::<path>"; v1 lists "cpu" */
-    char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
-    if (!c2) continue;
-    *c2 = '\0';
-    const char *controllers = c1 + 1;
-    char *path = c2 + 1;
-    path[strcspn(path, "\n")] = '\0';
-    char dir[4096];
-    if (controllers[0] == '\0')
-      snprintf(dir, sizeof dir, "%s%s", cgroup_root, path);
-    else if (lists_cpu(controllers))
-      snprintf(dir, sizeof dir, "%s/cpu%s", cgroup_root, path);
-    else
-      continue;
-    /* the tightest quota from this cgroup up to the root applies */
-    for (;;) {
-      const int q = quota_in(dir);
-      if (q > 0 && (limit == 0 || q < limit)) limit = q;
-      char *slash = strrchr(dir, '/');
-      if (!slash || (size_t)(slash - dir) < strlen(cgroup_root)) break;
-      *slash = '\0';
-    }
-  }
-  fclose(f);
-  return limit;
-}
-
-/* OpenMP's default (libgomp: the CPUs of the affinity mask, or
- * OMP_NUM_THREADS), capped by the cgroup CPU quota unless OMP_NUM_THREADS
- * asks for a number: a 2-CPU container on a 64-core host gets 2 threads,
- * not 64 time-sliced ones. The quota is read once per process. */
-static int default_threads(void) {
-  static int quota = -1; /* -1: not read yet; benign race: every reader computes the same */
-  const int omp = omp_get_max_threads();
-  if (getenv("OMP_NUM_THREADS")) return omp;
-  if (quota < 0) quota = tg_cgroup_cpu_limit("/sys/fs/cgroup", "/proc/self/cgroup");
-  return quota > 0 && quota < omp ? quota : omp;
-}
-
-int tg_threads(const tg_ctx *ctx) {
-  return ctx->threads > 0 ? ctx->threads : default_threads();
-}
-
-/* --- checked arithmetic -------------------------------------------------------- */
-int tg_mul_ok(int64_t *out, int n, ...) {
-  va_list ap;
-  va_start(ap, n);
-  int64_t acc = 1;
-  int ok = 1;
-  for (int i = 0; i < n; i++) {
-    int64_t f = va_arg(ap, int64_t);
-    if (f < 0 || __builtin_mul_overflow(acc, f, &acc)) ok = 0;
-  }
-  va_end(ap);
-  *out = ok ? acc : 0;
-  return ok;
-}
-
-tg_status tg_shape_count(tg_ctx *ctx, const char *name, size_t elem_bytes,
-                         int64_t *count, int ndims, ...) {
-  /* Zero dims first: a shape with a zero dim is BAD_SHAPE even where the
-   * product of the others would overflow. */
-  int64_t dims[8];
-  va_list ap;
-  va_start(ap, ndims);
-  for (int i = 0; i < ndims && i < 8; i++) dims[i] = va_arg(ap, int64_t);
-  va_end(ap);
-  tg_status st = TG_OK;
-  for (int i = 0; i < ndims && st == TG_OK; i++)
-    if (dims[i] <= 0)
-      st = tg_fail(ctx, TG_ERR_BAD_SHAPE, "%s: dimension %d is %lld; it must be >= 1",
-                   name, i, (long long)dims[i]);
-  int64_t acc = 1;
-  for (int i = 0; i < ndims && st == TG_OK; i++)
-    if (__builtin_mul_overflow(acc, dims[i], &acc))
-      st = tg_fail(ctx, TG_ERR_OVERFLOW, "%s: element count overflows int64", name);
-  int64_t bytes;
-  if (st == TG_OK && __builtin_mul_overflow(acc, (int64_t)elem_bytes, &bytes))
-    st = tg_fail(ctx, TG_ERR_OVERFLOW, "%s: %lld elements of %zu bytes overflow int64",
-                 name, (long long)acc, elem_bytes);
-  if (count) *count = st == TG_OK ? acc : 0;
-  return st;
 }
