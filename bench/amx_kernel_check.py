@@ -7,7 +7,7 @@ full check). Needs numpy.
     python3 bench/amx_kernel_check.py build/libtilegrad.so [amx]
 
 Reads the table's function pointers from the exported tg_micro_<isa>
-(engine/micro.h: name, four ints, mm_nn, mm_tn_acc, mm_bf16_pairs,
+(isa/ops.h: name, four ints, mm_nn, mm_tn_acc, mm_bf16_pairs,
 pack_bf16_pairs). Ragged sizes (16 x 16 tiles, 32 x 32 blocks, K % 32),
 A at an odd element offset with NaN row padding, Bp with NaN column
 padding, C outside [M, N] NaN and then a finite value that must come back

@@ -18,7 +18,7 @@
 #include <stdint.h>
 
 #include "tilegrad.h"
-#include "micro.h"
+#include "ops.h"
 
 /* Longest message tg_ctx_last_error keeps; a longer one ends in "..." */
 #define TG_ERRMSG_LEN 2048
@@ -29,7 +29,7 @@ struct tg_ctx {
   tg_isa isa;         /* resolved: never TG_ISA_AUTO */
   tg_attn_schedule attn_schedule;
   tg_attn_precision attn_precision;
-  const tg_micro_ops *ops;
+  const tg_isa_ops *ops;
   void *scratch;      /* per-thread scratch, reused across calls */
   size_t scratch_bytes;
   void *workspace;    /* one shared buffer (attention dQ partials), reused */

@@ -21,4 +21,4 @@ profdata=$(command -v llvm-profdata-14 || command -v llvm-profdata)
 llvmcov=$(command -v llvm-cov-14 || command -v llvm-cov)
 "$profdata" merge -sparse "$build"/*.profraw -o "$build/cov.profdata"
 "$llvmcov" report "$build/fuzz_entry" -instr-profile="$build/cov.profdata" \
-  $(ls engine/*.c kernels/*.c kernels/micro/micro.c)
+  $(ls engine/*.c kernels/*.c isa/common/table.c)

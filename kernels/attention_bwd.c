@@ -89,7 +89,7 @@ typedef struct {
   const void *Q, *K, *V, *dO, *mask; /* type pr.in */
   const float *L, *D_vec;
   float *dQ, *dK, *dV;
-  const tg_micro_ops *ops;
+  const tg_isa_ops *ops;
   int64_t BQ, BK; /* the ISA's tiles (tg_attn_bq, tg_attn_bk) */
   int bf16_dot;   /* tg_attn_bf16_dot: KT, VT hold bf16 pairs */
   tg_attn_products products; /* of dQ, dK, dV (precision mode) */
@@ -219,7 +219,7 @@ static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_
                      int64_t k0, int64_t nk, float *dQ, int64_t ldq, int dq_first,
                      const ktile_scratch *t, bwd_scratch *w) {
   const tg_attn_problem *pr = &a->pr;
-  const tg_micro_ops *ops = a->ops;
+  const tg_isa_ops *ops = a->ops;
   const int64_t D = pr->D, bh = b * pr->H + h, BK = a->BK;
   const float *L = a->L + bh * pr->qL + q0, *Dv = a->D_vec + bh * pr->qL + q0;
 
@@ -471,7 +471,7 @@ static void plan_chunk(bwd_args *a) {
   a->chunk_tiles = chunk < 1 ? 1 : chunk;
 }
 
-static bwd_args make_args(const tg_attn_problem *pr, const tg_micro_ops *ops) {
+static bwd_args make_args(const tg_attn_problem *pr, const tg_isa_ops *ops) {
   bwd_args a = {.pr = *pr,
                 .ops = ops,
                 .BQ = tg_attn_bq(pr, ops),
@@ -485,7 +485,7 @@ static bwd_args make_args(const tg_attn_problem *pr, const tg_micro_ops *ops) {
   return a;
 }
 
-size_t tg_attn_bwd_workspace_bytes(const tg_attn_problem *pr, const tg_micro_ops *ops) {
+size_t tg_attn_bwd_workspace_bytes(const tg_attn_problem *pr, const tg_isa_ops *ops) {
   const bwd_args a = make_args(pr, ops);
   /* (n_ranges - 1) partials <= PARTIALS_BUDGET bytes by plan_ranges' caps */
   return (size_t)((a.n_ranges - 1) * a.dq_elems) * sizeof(float);
@@ -569,7 +569,7 @@ typedef struct {
   tg_dtype t;
   float *D_out;
   int64_t rows, D;
-  const tg_micro_ops *ops;
+  const tg_isa_ops *ops;
 } compute_d_args;
 
 static void compute_d_group(const void *vargs, int64_t blk, int64_t y, int64_t z,

@@ -23,7 +23,7 @@ typedef struct {
   const float *src;
   tg_bf16 *dst;
   int64_t begin, end; /* the elements of this dispatch */
-  const tg_micro_ops *ops;
+  const tg_isa_ops *ops;
 } cast_args;
 
 static void cast_group(const void *vargs, int64_t chunk, int64_t y, int64_t z,

@@ -44,7 +44,7 @@ typedef struct {
   float *grad_weight;
   int64_t seq_len, dim, vocab;
   int64_t cols_per_block, rows_per_block;
-  const tg_micro_ops *ops;
+  const tg_isa_ops *ops;
 } emb_args;
 
 /* Entries ahead whose rows are prefetched: the rows are scattered (random ids,

@@ -54,12 +54,12 @@ enum {
 /* r = 1 / sqrt(sum_j x[j]^2 / dim + eps) for one row. Every kernel here
  * (forward included) takes the sum from the same ISA-layer op, so r agrees
  * bitwise between them for one ISA. */
-static float row_rms_inv(const tg_micro_ops *ops, const float *x, int64_t dim, float eps) {
+static float row_rms_inv(const tg_isa_ops *ops, const float *x, int64_t dim, float eps) {
   return 1.0f / sqrtf(ops->dot_f32(x, x, dim) / (float)dim + eps);
 }
 
 /* One row of dx: s = sum dy*x*w; dx[k] = r * (dy[k]*w[k] - x[k] * s*r^2/dim). */
-static void row_dx(const tg_micro_ops *ops, const float *x, const float *w, const float *dy,
+static void row_dx(const tg_isa_ops *ops, const float *x, const float *w, const float *dy,
                    float r, float *dx, int64_t dim) {
   const float s = ops->dot3_f32(dy, x, w, dim);
   const float coeff = s * r * r / (float)dim;
@@ -96,7 +96,7 @@ typedef struct {
   float *r;
   int64_t rows, dim, rpg;
   float eps;
-  const tg_micro_ops *ops;
+  const tg_isa_ops *ops;
 } rms_inv_args;
 
 static void rms_inv_group(const void *vargs, int64_t g, int64_t y, int64_t z,
@@ -130,7 +130,7 @@ typedef struct {
   float *y, *r; /* r may be NULL */
   int64_t rows, dim, rpg;
   float eps;
-  const tg_micro_ops *ops;
+  const tg_isa_ops *ops;
 } fwd_args;
 
 static void fwd_group(const void *vargs, int64_t g, int64_t y_, int64_t z, void *scratch) {
@@ -171,7 +171,7 @@ typedef struct {
   const float *x, *w, *dy, *r;
   float *dx;
   int64_t rows, dim, rpg;
-  const tg_micro_ops *ops;
+  const tg_isa_ops *ops;
 } dx_args;
 
 static void dx_group(const void *vargs, int64_t g, int64_t y, int64_t z, void *scratch) {
@@ -209,7 +209,7 @@ typedef struct {
   float *dw;
   float *partials; /* [nblocks, dim] */
   int64_t rows, dim, rows_per_block, nblocks;
-  const tg_micro_ops *ops;
+  const tg_isa_ops *ops;
 } dw_args;
 
 /* Pass 1, group g = row block g: partial[g, :] = sum over its rows, in row
@@ -275,7 +275,7 @@ typedef struct {
   int64_t rows, dim, rows_per_block, nblocks;
   float eps;
   int stream; /* grad_input with non-temporal stores */
-  const tg_micro_ops *ops;
+  const tg_isa_ops *ops;
 } fused_args;
 
 /* Row block g: for each of its rows, r and dx as in 4a/4b, and

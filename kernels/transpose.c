@@ -23,7 +23,7 @@ enum {
   TR_STRIPE = 4  /* tiles per group along a tile row */
 };
 
-/* Outputs of TG_STREAM_BYTES or more (engine/reduce.h) are written with
+/* Outputs of TG_STREAM_BYTES or more (isa/reduce.h) are written with
  * non-temporal stores where the ISA has them: far past the L2s, a cached
  * store first reads each output line from memory (read-for-ownership), one
  * stream more than the copy needs, and the column-order writes of a
@@ -34,7 +34,7 @@ typedef struct {
   float *out;
   int64_t rows, cols;
   int stream;
-  const tg_micro_ops *ops;
+  const tg_isa_ops *ops;
 } tr_args;
 
 static void transpose_group(const void *vargs, int64_t stripe, int64_t tile_row, int64_t z,

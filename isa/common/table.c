@@ -1,7 +1,7 @@
 /*
  * Vector inner loops, written once in plain C and compiled once per ISA:
- * CMake builds this file with -DTG_MICRO_SUFFIX=<name> and that ISA's flags
- * for every entry of engine/isa.h (portable: the target's baseline flags).
+ * CMake builds this file with -DTG_ISA_SUFFIX=<name> and that ISA's flags
+ * for every entry of isa/registry.h (portable: the target's baseline flags).
  * The loops are shaped so the compiler vectorizes the innermost one
  * (contiguous j) and keeps several rows in flight; explicit lane-parallel
  * partial sums stand in for the simd_sum of a Metal simdgroup. What plain C
@@ -11,30 +11,30 @@
 #include <string.h>
 
 #include "blocking.h"
-#include "micro.h"
+#include "ops.h"
 #include "philox.h"
 #include "reduce.h"
 
-#ifndef TG_MICRO_SUFFIX
-#error "compile with -DTG_MICRO_SUFFIX=<isa>"
+#ifndef TG_ISA_SUFFIX
+#error "compile with -DTG_ISA_SUFFIX=<isa>"
 #endif
-#if defined(__clang__) /* gcc's -ffp-contract=fast (cmake/isa.cmake says why) */
+#if defined(__clang__) /* gcc's -ffp-contract=fast (isa/isa.cmake says why) */
 #pragma clang fp contract(fast)
 #endif
 #define TG_CAT2(a, b) a##_##b
 #define TG_CAT(a, b) TG_CAT2(a, b)
-#define TG_NAME(fn) TG_CAT(fn, TG_MICRO_SUFFIX)
+#define TG_NAME(fn) TG_CAT(fn, TG_ISA_SUFFIX)
 #define TG_STR2(x) #x
 #define TG_STR(x) TG_STR2(x)
 
 #if defined(__AVX512F__)
-#include "simd_avx512.h"
+#include "x86/simd_avx512.h"
 #elif defined(__AVX2__) && defined(__FMA__)
-#include "simd_avx2.h"
-#elif defined(__aarch64__) && defined(TG_MICRO_NEON)
-#include "simd_neon.h"
+#include "x86/simd_avx2.h"
+#elif defined(__aarch64__) && defined(TG_ISA_WITH_NEON)
+#include "arm/simd_neon.h"
 #else
-#include "simd_portable.h"
+#include "portable/simd_portable.h"
 #endif
 
 /*
@@ -125,7 +125,7 @@ static void TG_NAME(mm_tn_acc)(int M, int N, int K, const float *restrict A, int
   gemm(M, N, K, A, 1, lda, B, ldb, C, ldc, 1);
 }
 
-_Static_assert(LANES == 16, "the row reductions end in tg_lane_tree16 (engine/reduce.h)");
+_Static_assert(LANES == 16, "the row reductions end in tg_lane_tree16 (isa/reduce.h)");
 
 /* One element each way, branch-free (engine/bf16.h's bits: RNE, any NaN ->
  * 0x7FC0), for the loops below and bf16_pack.h; the simd_<isa>.h blocks
@@ -191,7 +191,7 @@ static float TG_NAME(dot_bf16)(const uint16_t *restrict a, const uint16_t *restr
  * coefficients), 2^n applied as two exponent-field scalings so results down
  * to the subnormal range stay right; measured within 1 ulp. The range
  * handling is selects, which gcc turns into vector blends on every ISA (the
- * tables are built with -fno-trapping-math, cmake/isa.cmake): every loop that
+ * tables are built with -fno-trapping-math, isa/isa.cmake): every loop that
  * calls it vectorizes. The one exp of the attention rows and exp_f32.
  */
 static inline float exp_lane(float v) {
@@ -364,7 +364,7 @@ static float TG_NAME(attn_score_max_row)(float *restrict s, int64_t n, int64_t n
   return nan ? __builtin_nanf("") : mx;
 }
 /*
- * Dropout keep flags: Philox4x32-10 (engine/philox.h) on PHILOX_LANES
+ * Dropout keep flags: Philox4x32-10 (isa/philox.h) on PHILOX_LANES
  * consecutive counters at once, one counter per vector lane, so each round
  * is a few vector instructions (the widening 32 x 32 -> 64-bit multiply is
  * one on every x86 vector ISA) where the scalar generator spends ~20
@@ -406,15 +406,15 @@ static void TG_NAME(dropout_keep)(uint8_t *restrict keep, int64_t n, uint64_t n0
 }
 
 #include "row_ops.h"
-#include "bf16_dot.h" /* AVX512_BF16 (vdpbf16ps), FEAT_BF16 (BFMMLA): pack_bf16_pairs, mm_bf16_pairs */
-#include "amx_dot.h"  /* AMX-BF16: mm_bf16_pairs on tiles in place of bf16_dot.h's */
+#include "x86/bf16_dot.h" /* AVX512_BF16 (vdpbf16ps), FEAT_BF16 (BFMMLA): pack_bf16_pairs, mm_bf16_pairs */
+#include "x86/amx_dot.h" /* AMX-BF16: mm_bf16_pairs on tiles in place of bf16_dot.h's */
 #include "bf16_pack.h" /* the precision modes' operand packing */
 #ifndef TG_BF16_BRACKET_OPS /* only the amx table brackets its calls */
 #define TG_BF16_BRACKET_OPS
 #endif
 
-const tg_micro_ops TG_NAME(tg_micro) = {
-    .name = TG_STR(TG_MICRO_SUFFIX),
+const tg_isa_ops TG_NAME(tg_isa_ops) = {
+    .name = TG_STR(TG_ISA_SUFFIX),
     .gemm_mr = MR,
     .gemm_nr = NR,
     .attn_bq = ATTN_BQ,

@@ -120,7 +120,7 @@ static void TG_NAME(pack_bf16_pairs)(int64_t nr, int64_t K, const uint16_t *rest
 #define TG_BF16_MM TG_NAME(mm_bf16_pairs)
 #define TG_BF16_DOT_OPS .mm_bf16_pairs = TG_BF16_MM, .pack_bf16_pairs = TG_NAME(pack_bf16_pairs),
 
-#elif defined(__aarch64__) && defined(TG_MICRO_BF16)
+#elif defined(__aarch64__) && defined(TG_ISA_WITH_BFMMLA)
 /*
  * The neonbf16 table (FEAT_BF16): the same contract on BFMMLA.
  * BFMMLA acc, a, b adds to the 2 x 2 f32 block acc (row-major: c00 c01 c10
@@ -151,7 +151,7 @@ static void TG_NAME(pack_bf16_pairs)(int64_t nr, int64_t K, const uint16_t *rest
  * parts below 2^-126 are flushed to zero.
  */
 #if !defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
-#error "TG_MICRO_BF16: the neonbf16 table needs BFMMLA (-march=armv8.2-a+bf16)"
+#error "TG_ISA_WITH_BFMMLA: the neonbf16 table needs BFMMLA (-march=armv8.2-a+bf16)"
 #endif
 
 enum { BF16_MR = 8, BF16_NR = 8 };

@@ -1,5 +1,5 @@
 /*
- * Portable versions of the blocks kernels/micro/micro.c takes from a
+ * Portable versions of the blocks isa/common/table.c takes from a
  * simd_<isa>.h: the readable statement of what each computes.
  */
 

@@ -1,6 +1,6 @@
 /*
  * Blocking of the row kernels (the row reductions themselves, with 16 lane
- * partial sums and a fixed tree, live in the ISA layer: engine/micro.h).
+ * partial sums and a fixed tree, live in the ISA layer: isa/ops.h).
  */
 #ifndef TG_REDUCE_H
 #define TG_REDUCE_H

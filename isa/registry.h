@@ -5,7 +5,7 @@
  *   X(name, id, cpu_predicate, auto_predicate)
  *
  * name:  the table's suffix (tg_micro_<name>, kernels/micro/ compiled with
- *        -DTG_MICRO_SUFFIX=<name>), the string tg_isa_name gives and TG_ISA /
+ *        -DTG_ISA_SUFFIX=<name>), the string tg_isa_name gives and TG_ISA /
  *        --isa accept;
  * id:    the public tg_isa value (include/tilegrad.h);
  * cpu_predicate: a function in engine/context.c, nonzero when this CPU and
@@ -20,13 +20,13 @@
  *
  * Listed from least to most preferred: TG_ISA_AUTO picks the last entry
  * the CPU runs, its auto predicate allows and this build has. The compile
- * flags of each entry are in cmake/isa.cmake, the only other place that
+ * flags of each entry are in isa/isa.cmake, the only other place that
  * names ISAs. Adding an ISA: one line here, one line there, a section
- * in kernels/micro/blocking.h (and a simd_<name>.h where plain C does not
+ * in isa/common/blocking.h (and a simd_<name>.h where plain C does not
  * reach the target).
  */
-#ifndef TG_ISA_H
-#define TG_ISA_H
+#ifndef TG_ISA_REGISTRY_H
+#define TG_ISA_REGISTRY_H
 
 /* Each architecture lists its own tables; the others' compile out (their
  * names are "unknown" there). */
@@ -57,4 +57,4 @@
 #define TG_ISA_NAMES_COMMA "auto" TG_ISA_LIST(TG_ISA_COMMA_NAME_)
 #define TG_ISA_NAMES_BAR "auto" TG_ISA_LIST(TG_ISA_BAR_NAME_)
 
-#endif /* TG_ISA_H */
+#endif /* TG_ISA_REGISTRY_H */

@@ -1,6 +1,6 @@
 /*
- * NEON (AArch64 Advanced SIMD) blocks of kernels/micro/micro.c, for the
- * neon and neonbf16 tables (built with -DTG_MICRO_NEON): the 16-float
+ * NEON (AArch64 Advanced SIMD) blocks of isa/common/table.c, for the
+ * neon and neonbf16 tables (built with -DTG_ISA_WITH_NEON): the 16-float
  * Walsh-Hadamard block, the bf16 <-> f32 conversion blocks and the 4 x 4
  * transpose. The rest is micro.c's plain C, which gcc and clang vectorize
  * for the 32 128-bit registers (the portable table of an aarch64 build is

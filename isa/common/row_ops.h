@@ -13,7 +13,7 @@
  * (`v < c ? 0 : expensive(v)`) and blend them, which is what lets loops with
  * selects vectorize for AVX2 (no masked stores); no result changes, since
  * nothing here reads the floating-point exception flags. */
-#if defined(__clang__) /* clang ignores gcc's optimize pragma (cmake/isa.cmake) */
+#if defined(__clang__) /* clang ignores gcc's optimize pragma (isa/isa.cmake) */
 #pragma clang fp contract(off)
 #else
 #pragma GCC push_options

@@ -1,8 +1,8 @@
 /*
- * AVX-512 blocks of kernels/micro/micro.c, where plain C does not reach the
+ * AVX-512 blocks of isa/common/table.c, where plain C does not reach the
  * target: the 16-float Walsh-Hadamard block, the 16 x 16 transpose and,
  * where the compiler targets AVX512_BF16, the vdpbf16ps GEMM
- * (kernels/micro/bf16_dot.h).
+ * (isa/x86/bf16_dot.h).
  * (Intrinsics rather than vector extensions: they build with gcc and clang
  * alike, and the fuzzer builds with clang.)
  */

@@ -235,8 +235,8 @@ static void TG_NAME(mm_bf16_pairs_amx)(int M, int N, int K, const uint16_t *A, i
   .bf16_dot_begin = TG_NAME(bf16_dot_begin_amx), .bf16_dot_end = TG_NAME(bf16_dot_end_amx),
 #undef AMX_LOAD
 #undef AMX_SYNC
-#elif defined(TG_MICRO_AMX)
-/* The amx table's flags (cmake/isa.cmake) without the tile intrinsics: no
+#elif defined(TG_ISA_WITH_AMX)
+/* The amx table's flags (isa/isa.cmake) without the tile intrinsics: no
  * table rather than a copy of avx512bf16's under amx's name (the build
  * then uses absent.c). */
 #error "the amx table needs a compiler that defines the AMX-BF16 and AMX-TILE macros"

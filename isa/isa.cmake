@@ -1,7 +1,10 @@
-# The CMake side of the ISA registry (engine/isa.h is the C side, with the
-# same names in the same order for each architecture): each ISA's compile
-# flags for kernels/micro/micro.c. The portable table takes the target's
-# baseline flags only and is always built.
+# The CMake side of the ISA registry (isa/registry.h is the C side, with the
+# same names in the same order for each architecture). Per ISA: its compile
+# flags (TG_ISA_FLAGS_<name>) and the sources it adds to the common ones
+# (TG_ISA_SOURCES_<name>, files under isa/<arch>/). Every table is built
+# from isa/common/*.c plus its own sources, with its flags and
+# -DTG_ISA_SUFFIX=<name>. The portable table takes the target's baseline
+# flags only and is always built.
 if(CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64")
   set(TG_ISA_NAMES portable avx2 avx512 avx512bf16 amx)
 elseif(CMAKE_SYSTEM_PROCESSOR MATCHES "aarch64|arm64|ARM64")
@@ -9,52 +12,60 @@ elseif(CMAKE_SYSTEM_PROCESSOR MATCHES "aarch64|arm64|ARM64")
 else()
   set(TG_ISA_NAMES portable)
 endif()
+# What every table compiles (isa/common/, with the simd_<isa>.h its flags select).
+set(TG_ISA_SOURCES_COMMON common/table.c)
 set(TG_ISA_FLAGS_portable "")
 set(TG_ISA_FLAGS_avx2 -mavx2 -mfma -mf16c)
 set(TG_ISA_FLAGS_avx512 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mavx2 -mf16c)
-# avx512 plus vdpbf16ps (kernels/micro/bf16_dot.h): the same code and
+# avx512 plus vdpbf16ps (isa/x86/bf16_dot.h): the same code and
 # blocking, with the attention's bf16 x bf16 products on the bf16 unit
 set(TG_ISA_FLAGS_avx512bf16 ${TG_ISA_FLAGS_avx512} -mavx512bf16)
-# avx512bf16 plus AMX-BF16 tiles (kernels/micro/amx_dot.h): the bf16 x bf16
+# avx512bf16 plus AMX-BF16 tiles (isa/x86/amx_dot.h): the bf16 x bf16
 # products on TDPBF16PS, everything else as avx512bf16 (gcc >= 11, clang >= 12).
-# TG_MICRO_AMX: amx_dot.h refuses to build without the tile intrinsics.
-set(TG_ISA_FLAGS_amx ${TG_ISA_FLAGS_avx512bf16} -mamx-tile -mamx-bf16 -DTG_MICRO_AMX)
+# TG_ISA_WITH_AMX: amx_dot.h refuses to build without the tile intrinsics.
+set(TG_ISA_FLAGS_amx ${TG_ISA_FLAGS_avx512bf16} -mamx-tile -mamx-bf16 -DTG_ISA_WITH_AMX)
 # aarch64 (Advanced SIMD is in the baseline, so the portable table is
-# auto-vectorized NEON too): TG_MICRO_NEON selects the neon sections of
-# kernels/micro/ (blocking for 32 q registers, simd_neon.h). neonbf16 adds
-# FEAT_BF16 for BFMMLA (kernels/micro/bf16_dot.h): optional from Armv8.2,
-# so armv8.2-a+bf16 asks for nothing else a BF16 CPU might lack.
-# TG_MICRO_BF16: bf16_dot.h refuses to build without the BF16 intrinsics.
-set(TG_ISA_FLAGS_neon -DTG_MICRO_NEON)
-set(TG_ISA_FLAGS_neonbf16 -march=armv8.2-a+bf16 -DTG_MICRO_NEON -DTG_MICRO_BF16)
+# auto-vectorized NEON too): TG_ISA_WITH_NEON selects isa/arm/simd_neon.h and
+# the NEON blocking (32 q registers). neonbf16 adds FEAT_BF16 for BFMMLA
+# (isa/x86/bf16_dot.h): optional from Armv8.2, so armv8.2-a+bf16 asks for
+# nothing else a BF16 CPU might lack.
+# TG_ISA_WITH_BFMMLA: the BFMMLA products refuse to build without the BF16
+# intrinsics.
+set(TG_ISA_FLAGS_neon -DTG_ISA_WITH_NEON)
+set(TG_ISA_FLAGS_neonbf16 -march=armv8.2-a+bf16 -DTG_ISA_WITH_NEON -DTG_ISA_WITH_BFMMLA)
 
-# tg_add_micro_tables(<prefix> <objects_var> <built_var>
+# tg_add_isa_tables(<prefix> <objects_var> <built_var>
 #                     [OPTIONS <compile options>...] [LINK <libraries>...])
-# Adds one object library <prefix>_<isa> per ISA: kernels/micro/micro.c with
-# that ISA's flags where this compiler builds it for this target (checked by
-# compiling micro.c itself), else kernels/micro/absent.c (a table with no
+# Adds one object library <prefix>_<isa> per ISA: isa/common/*.c and the
+# ISA's own sources with its flags where this compiler builds them for this
+# target (checked by compiling them), else isa/portable/absent.c (a table with no
 # functions, which the run-time choice skips). Sets <objects_var> to their
 # objects and <built_var> to the names of the ISAs really built.
-function(tg_add_micro_tables prefix objects_var built_var)
+function(tg_add_isa_tables prefix objects_var built_var)
   cmake_parse_arguments(ARG "" "" "OPTIONS;LINK" ${ARGN})
   get_filename_component(root ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/.. ABSOLUTE)
+  set(isa ${root}/isa)
   set(objects "")
   set(built "")
   foreach(name ${TG_ISA_NAMES})
     set(flags ${TG_ISA_FLAGS_${name}})
+    set(sources "")
+    foreach(src ${TG_ISA_SOURCES_COMMON} ${TG_ISA_SOURCES_${name}})
+      list(APPEND sources ${isa}/${src})
+    endforeach()
     set(ok ON)
     if(flags)
       set(CMAKE_TRY_COMPILE_TARGET_TYPE STATIC_LIBRARY)
       try_compile(ok ${CMAKE_CURRENT_BINARY_DIR}/try_isa_${prefix}_${name}
-                  SOURCES ${root}/kernels/micro/micro.c
-                  COMPILE_DEFINITIONS -DTG_MICRO_SUFFIX=${name} -I${root}/include
-                                      -I${root}/engine ${ARG_OPTIONS} -fno-trapping-math
+                  SOURCES ${sources}
+                  COMPILE_DEFINITIONS -DTG_ISA_SUFFIX=${name} -I${root}/include
+                                      -I${isa} ${ARG_OPTIONS} -fno-trapping-math
                                       ${flags})
     endif()
     if(ok)
-      add_library(${prefix}_${name} OBJECT ${root}/kernels/micro/micro.c)
+      add_library(${prefix}_${name} OBJECT ${sources})
       # f32 FMA contraction is allowed in the GEMM and attention row loops
-      # (kernels/micro/row_ops.h switches it off for the row ops, and says why).
+      # (isa/common/row_ops.h switches it off for the row ops, and says why).
       # -fno-trapping-math: no code here reads the FP exception flags, and
       # with gcc's default (-ftrapping-math) the float selects of exp_f32 are
       # not if-converted below AVX-512, leaving the AVX2 and SSE2 builds of
@@ -77,11 +88,11 @@ function(tg_add_micro_tables prefix objects_var built_var)
     else()
       message(STATUS "tilegrad: no ${name} table in this build (${CMAKE_C_COMPILER_ID} "
                      "on ${CMAKE_SYSTEM_PROCESSOR} cannot build it with: ${flags})")
-      add_library(${prefix}_${name} OBJECT ${root}/kernels/micro/absent.c)
+      add_library(${prefix}_${name} OBJECT ${isa}/portable/absent.c)
       target_compile_options(${prefix}_${name} PRIVATE ${ARG_OPTIONS})
     endif()
-    target_include_directories(${prefix}_${name} PRIVATE ${root}/include ${root}/engine)
-    target_compile_definitions(${prefix}_${name} PRIVATE TG_MICRO_SUFFIX=${name})
+    target_include_directories(${prefix}_${name} PRIVATE ${root}/include ${isa})
+    target_compile_definitions(${prefix}_${name} PRIVATE TG_ISA_SUFFIX=${name})
     if(ARG_LINK)
       target_link_libraries(${prefix}_${name} PRIVATE ${ARG_LINK})
     endif()

@@ -1,5 +1,5 @@
 /*
- * Blocking of each ISA build of kernels/micro/micro.c: the tuning knobs of the
+ * Blocking of each ISA build of isa/common/table.c: the tuning knobs of the
  * ISA layer in one place, each with the measurement that chose it. The build
  * is told which ISA it is by the compiler's own target macros (the flags
  * CMakeLists.txt gives each variant), so a section cannot be paired with the
@@ -19,15 +19,15 @@
  *             ISA, so the memory-bound kernels give the same bits whichever
  *             table runs (their tests check it).
  */
-#ifndef TG_MICRO_BLOCKING_H
-#define TG_MICRO_BLOCKING_H
+#ifndef TG_ISA_BLOCKING_H
+#define TG_ISA_BLOCKING_H
 
 enum { LANES = 16 };
 
 #if defined(__AVX512F__)
 /* (Also the avx512bf16 and amx builds: their f32 GEMMs and rows are
  * avx512's, so is their blocking for now; the amx table's tile GEMM blocks
- * C by 32 x 32 itself, kernels/micro/amx_dot.h.)
+ * C by 32 x 32 itself, isa/x86/amx_dot.h.)
  * 32 zmm: an 8 x 32 block is 16 accumulators + 2 B vectors + broadcasts.
  * 8 x 32 vs 8 x 16 / 4 x 32 at 1 thread, L = 1024 (Xeon, issue 5): D = 64
  * 123 -> 157, D = 256 85 -> 164 GFLOP/s. */
@@ -44,7 +44,7 @@ enum { MR = 8, NR = 32, ATTN_BQ = 64, ATTN_BK = 64 };
  * 0-5% on every shape. */
 enum { MR = 6, NR = 16, ATTN_BQ = 48, ATTN_BK = 48 };
 
-#elif defined(__aarch64__) && defined(TG_MICRO_NEON)
+#elif defined(__aarch64__) && defined(TG_ISA_WITH_NEON)
 /* NEON (the neon and neonbf16 tables): 32 q registers of 4 floats. A 6 x 16
  * block is 24 accumulators + 4 B vectors + the A values (by-element FMLA
  * takes them from lanes of 2 registers): 30 of 32. 8 x 12 (24 + 3 + 2) is
@@ -88,10 +88,10 @@ enum { MR = 4, NR = 8, ATTN_BQ = 64, ATTN_BK = 64 };
  * rounds, bench/results/zen5/paired-bf16-tiles-avx512bf16.*) 128 keys gave
  * 0.96-1.03x and 128 x 128 0.96-1.03x, the causal 512 shape slower in both.
  * neonbf16 is unmeasured (no aarch64 machine); the rest have no bf16 unit. */
-#if defined(TG_MICRO_AMX)
+#if defined(TG_ISA_WITH_AMX)
 enum { ATTN_BQ_BF16 = 128, ATTN_BK_BF16 = 128 };
 #else
 enum { ATTN_BQ_BF16 = ATTN_BQ, ATTN_BK_BF16 = ATTN_BK };
 #endif
 
-#endif /* TG_MICRO_BLOCKING_H */
+#endif /* TG_ISA_BLOCKING_H */
