@@ -6,7 +6,7 @@ full check). Needs numpy.
 
     python3 bench/amx_kernel_check.py build/libtilegrad.so [amx]
 
-Reads the table's function pointers from the exported tg_micro_<isa>
+Reads the table's function pointers from the exported tg_isa_ops_<isa>
 (isa/ops.h: name, four ints, mm_nn, mm_tn_acc, mm_bf16_pairs,
 pack_bf16_pairs). Ragged sizes (16 x 16 tiles, 32 x 32 blocks, K % 32),
 A at an odd element offset with NaN row padding, Bp with NaN column
@@ -24,7 +24,7 @@ ids = {"avx512bf16": 4, "amx": 5}
 if not lib.tg_isa_available(ids[isa]):  # (for amx: also the Linux permission request)
     print(f"{isa}: not available on this CPU/OS/build")
     sys.exit(77)
-table = C.addressof(C.c_char.in_dll(lib, "tg_micro_" + isa))
+table = C.addressof(C.c_char.in_dll(lib, "tg_isa_ops_" + isa))
 fn = lambda off: C.c_void_p.from_address(table + off).value  # noqa: E731
 I64, P = C.c_int64, C.c_void_p
 mm = C.CFUNCTYPE(None, C.c_int, C.c_int, C.c_int, P, I64, P, I64, P, I64, C.c_int)(fn(40))

@@ -12,27 +12,33 @@ elseif(CMAKE_SYSTEM_PROCESSOR MATCHES "aarch64|arm64|ARM64")
 else()
   set(TG_ISA_NAMES portable)
 endif()
-# What every table compiles (isa/common/, with the simd_<isa>.h its flags select).
-set(TG_ISA_SOURCES_COMMON common/table.c)
+# What every table compiles (the simd_<isa>.h blocks its flags select are
+# included by common/build.h).
+set(TG_ISA_SOURCES_COMMON common/table.c common/gemm.c common/rows.c common/bf16_pack.c
+                          common/row_ops.c)
 set(TG_ISA_FLAGS_portable "")
 set(TG_ISA_FLAGS_avx2 -mavx2 -mfma -mf16c)
 set(TG_ISA_FLAGS_avx512 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mavx2 -mf16c)
-# avx512 plus vdpbf16ps (isa/x86/bf16_dot.h): the same code and
-# blocking, with the attention's bf16 x bf16 products on the bf16 unit
-set(TG_ISA_FLAGS_avx512bf16 ${TG_ISA_FLAGS_avx512} -mavx512bf16)
-# avx512bf16 plus AMX-BF16 tiles (isa/x86/amx_dot.h): the bf16 x bf16
-# products on TDPBF16PS, everything else as avx512bf16 (gcc >= 11, clang >= 12).
-# TG_ISA_WITH_AMX: amx_dot.h refuses to build without the tile intrinsics.
+# avx512 plus vdpbf16ps (x86/bf16_dot.c): the same code and blocking, with
+# the attention's bf16 x bf16 products on the bf16 unit. TG_ISA_WITH_BF16_DOT:
+# the table has mm_bf16_pairs and pack_bf16_pairs (common/table.c).
+set(TG_ISA_FLAGS_avx512bf16 ${TG_ISA_FLAGS_avx512} -mavx512bf16 -DTG_ISA_WITH_BF16_DOT)
+set(TG_ISA_SOURCES_avx512bf16 x86/bf16_dot.c x86/bf16_pairs.c)
+# avx512bf16 plus AMX-BF16 tiles (x86/amx.c): the bf16 x bf16 products on
+# TDPBF16PS, everything else as avx512bf16 (gcc >= 11, clang >= 12).
+# TG_ISA_WITH_AMX: the table takes amx.c's product and its tile blocking;
+# amx.c refuses to build without the tile intrinsics.
 set(TG_ISA_FLAGS_amx ${TG_ISA_FLAGS_avx512bf16} -mamx-tile -mamx-bf16 -DTG_ISA_WITH_AMX)
+set(TG_ISA_SOURCES_amx x86/bf16_pairs.c x86/amx.c)
 # aarch64 (Advanced SIMD is in the baseline, so the portable table is
-# auto-vectorized NEON too): TG_ISA_WITH_NEON selects isa/arm/simd_neon.h and
-# the NEON blocking (32 q registers). neonbf16 adds FEAT_BF16 for BFMMLA
-# (isa/x86/bf16_dot.h): optional from Armv8.2, so armv8.2-a+bf16 asks for
-# nothing else a BF16 CPU might lack.
-# TG_ISA_WITH_BFMMLA: the BFMMLA products refuse to build without the BF16
-# intrinsics.
+# auto-vectorized NEON too): TG_ISA_WITH_NEON selects arm/simd_neon.h and the
+# NEON blocking (32 q registers). neonbf16 adds FEAT_BF16 for BFMMLA
+# (arm/bf16_mmla.c, which refuses to build without the BF16 intrinsics):
+# optional from Armv8.2, so armv8.2-a+bf16 asks for nothing else a BF16 CPU
+# might lack.
 set(TG_ISA_FLAGS_neon -DTG_ISA_WITH_NEON)
-set(TG_ISA_FLAGS_neonbf16 -march=armv8.2-a+bf16 -DTG_ISA_WITH_NEON -DTG_ISA_WITH_BFMMLA)
+set(TG_ISA_FLAGS_neonbf16 -march=armv8.2-a+bf16 -DTG_ISA_WITH_NEON -DTG_ISA_WITH_BF16_DOT)
+set(TG_ISA_SOURCES_neonbf16 arm/bf16_mmla.c)
 
 # tg_add_isa_tables(<prefix> <objects_var> <built_var>
 #                     [OPTIONS <compile options>...] [LINK <libraries>...])
@@ -65,16 +71,16 @@ function(tg_add_isa_tables prefix objects_var built_var)
     if(ok)
       add_library(${prefix}_${name} OBJECT ${sources})
       # f32 FMA contraction is allowed in the GEMM and attention row loops
-      # (isa/common/row_ops.h switches it off for the row ops, and says why).
+      # (isa/common/row_ops.c switches it off for the row ops, and says why).
       # -fno-trapping-math: no code here reads the FP exception flags, and
       # with gcc's default (-ftrapping-math) the float selects of exp_f32 are
       # not if-converted below AVX-512, leaving the AVX2 and SSE2 builds of
       # the exp scalar (22% of the FA-2 backward's time on the avx2 table).
       # It changes no result: it allows no reassociation.
       # clang: -ffp-contract=fast would override every pragma, and clang
-      # ignores gcc's optimize pragma of row_ops.h; so clang builds with
-      # "on", and micro.c's `#pragma clang fp contract(fast)` makes it fast
-      # everywhere but the row ops (whose pragma switches it off).
+      # ignores gcc's optimize pragma of row_ops.c; so clang builds with
+      # "on", and isa/common/build.h's `#pragma clang fp contract(fast)` makes
+      # it fast everywhere but the row ops (whose pragma switches it off).
       # -Wno-pass-failed: clang reports the `omp simd` loops it leaves scalar
       # (score_max_masked's mask read by dtype), which gcc vectorizes.
       if(CMAKE_C_COMPILER_ID MATCHES "Clang")

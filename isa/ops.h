@@ -1,12 +1,13 @@
 /*
  * The ISA layer: the few vector inner loops the kernels spend their time in,
  * and the blocking the drivers use around them, behind one table per ISA
- * (isa/registry.h lists them). isa/common/table.c is written in plain C and
- * compiled once per ISA, each build taking its register and tile blocking
- * from isa/common/blocking.h and its few intrinsic blocks from
- * isa/<arch>/simd_<isa>.h; the portable table is always built and tested.
- * tg_ctx_create picks a table from CPUID (overridable with TG_ISA /
- * tg_ctx_set_isa).
+ * (isa/registry.h lists them). isa/common/ is written in plain C and
+ * compiled once per ISA together with that ISA's own files (isa/x86/,
+ * isa/arm/: the bf16 and AMX products), each build taking its register and
+ * tile blocking from isa/common/blocking.h and its few intrinsic blocks
+ * from isa/<arch>/simd_<isa>.h; the portable table is always built and
+ * tested. tg_ctx_create picks a table from CPUID (isa/select.c;
+ * overridable with TG_ISA / tg_ctx_set_isa).
  *
  * Matrices are f32, row-major, with explicit leading dimensions (elements).
  */
@@ -59,7 +60,7 @@ typedef struct {
    * for p < K/2, i.e. B = X^T in the layout mm_bf16_pairs reads (K even). */
   void (*pack_bf16_pairs)(int64_t nr, int64_t K, const uint16_t *X, int64_t lds,
                           uint32_t *Bp, int64_t ldb);
-  /* --- operands of the attention's precision modes (bf16_pack.h) ---------
+  /* --- operands of the attention's precision modes (common/bf16_pack.c) ---------
    * The bf16 parts of an f32 block [rows, cols] (stride lds): hi = bf16(x)
    * rounded to nearest even, lo = bf16(x - hi) (0 where hi is not finite);
    * lo NULL: hi only. transpose == 0: hi[r * ldd + c], each row padded to an

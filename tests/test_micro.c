@@ -617,7 +617,7 @@ static void test_wsum4(void **state) {
  *              that may be subnormal), bit-equal with
  *              and without streaming.
  * Bit-equal between the tables with FMA (AVX2, AVX-512): the row ops' exp uses
- * fused multiply-adds where the ISA has them (isa/common/row_ops.h says
+ * fused multiply-adds where the ISA has them (isa/common/row_ops.c says
  * why), so the portable table rounds differently, within the same bounds. */
 static void test_softmax_rows(void **state) {
   const tg_isa_ops *tabs[TU_MAX_ISAS];

@@ -1,5 +1,5 @@
 /*
- * Blocking of each ISA build of isa/common/table.c: the tuning knobs of the
+ * Blocking of each ISA build of isa/common/: the tuning knobs of the
  * ISA layer in one place, each with the measurement that chose it. The build
  * is told which ISA it is by the compiler's own target macros (the flags
  * CMakeLists.txt gives each variant), so a section cannot be paired with the
@@ -27,7 +27,7 @@ enum { LANES = 16 };
 #if defined(__AVX512F__)
 /* (Also the avx512bf16 and amx builds: their f32 GEMMs and rows are
  * avx512's, so is their blocking for now; the amx table's tile GEMM blocks
- * C by 32 x 32 itself, isa/x86/amx_dot.h.)
+ * C by 32 x 32 itself, isa/x86/amx.c.)
  * 32 zmm: an 8 x 32 block is 16 accumulators + 2 B vectors + broadcasts.
  * 8 x 32 vs 8 x 16 / 4 x 32 at 1 thread, L = 1024 (Xeon, issue 5): D = 64
  * 123 -> 157, D = 256 85 -> 164 GFLOP/s. */
