@@ -17,8 +17,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "tilegrad.h"
 #include "ops.h"
+#include "tilegrad.h"
+#include "tuning.h"
 
 /* Longest message tg_ctx_last_error keeps; a longer one ends in "..." */
 #define TG_ERRMSG_LEN 2048
@@ -84,9 +85,9 @@ int tg_cgroup_cpu_limit(const char *cgroup_root, const char *proc_self_cgroup);
 
 /* The L2 cache per CPU of this machine in bytes (engine/plan.c: cpu0's L2
  * from Linux sysfs over the CPUs sharing it, else sysconf, else
- * TG_PLAN_L2_DEFAULT), for plans that size what they keep in cache. Like
- * tg_plan_cpus, never the thread count; tg_testing_plan_l2_bytes forces it. */
-#define TG_PLAN_L2_DEFAULT (512LL * 1024)
+ * TG_PLAN_L2_DEFAULT, isa/tuning.h), for plans that size what they keep in
+ * cache. Like tg_plan_cpus, never the thread count; tg_testing_plan_l2_bytes
+ * forces it. */
 long long tg_plan_l2_bytes(void);
 
 /* --- checked arithmetic ----------------------------------------------------

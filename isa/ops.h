@@ -4,7 +4,7 @@
  * (isa/registry.h lists them). isa/common/ is written in plain C and
  * compiled once per ISA together with that ISA's own files (isa/x86/,
  * isa/arm/: the bf16 and AMX products), each build taking its register and
- * tile blocking from isa/common/blocking.h and its few intrinsic blocks
+ * tile blocking from isa/tuning.h and its few intrinsic blocks
  * from isa/<arch>/simd_<isa>.h; the portable table is always built and
  * tested. tg_ctx_create picks a table from CPUID (isa/select.c;
  * overridable with TG_ISA / tg_ctx_set_isa).

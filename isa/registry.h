@@ -29,7 +29,7 @@
  *   3. its files in one folder, isa/<arch>/: a simd_<name>.h where plain C
  *      does not reach the target (chosen in isa/common/build.h), its own
  *      products as .c files (pointed at by isa/common/table.c), and its
- *      blocking section in isa/common/blocking.h.
+ *      blocking section in isa/tuning.h.
  * tests/test_isa_registry.c holds the public enum and the CMake list to
  * this one.
  */

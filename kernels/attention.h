@@ -20,9 +20,8 @@ enum { TG_METAL_BQ = 32, TG_METAL_BK = 16 };
 enum { TG_ATTN_MAX_D = 512 };
 
 /* The CPU tiles of the forward and backward (q-tile rows BQ, key-tile rows
- * BK) belong to the ISA: ops->attn_bq, ops->attn_bk (kernels/micro/
- * blocking.h), at most TG_ATTN_MAX_TILE each. */
-enum { TG_ATTN_MAX_TILE = 128 };
+ * BK) belong to the ISA: ops->attn_bq, ops->attn_bk (isa/tuning.h), at most
+ * TG_ATTN_MAX_TILE each. */
 
 /* Dropout of the attention weights (tg_attn_options; docs/KERNELS.md,
  * "Dropout"). Weight n = ((b H + h) qL + i) kL + k is kept iff its draw,
@@ -179,7 +178,7 @@ static inline tg_attn_products tg_attn_products_of(const tg_attn_problem *pr,
 
 /* The tiles of the forward and backward: the table's attn_bq x attn_bk, or
  * its bf16-mode tiles when every product runs on the bf16 unit, the q tile
- * only where no causal diagonal crosses it (isa/common/blocking.h says
+ * only where no causal diagonal crosses it (isa/tuning.h says
  * why the amx table doubles them and what was measured). */
 static inline int tg_attn_bf16_tiles(const tg_attn_problem *pr, const tg_isa_ops *ops) {
   return tg_attn_products_of(pr, ops) == TG_PRODUCTS_BF16_DOT &&

@@ -35,7 +35,7 @@
 #error "arm/bf16_mmla.c: the neonbf16 table needs BFMMLA (-march=armv8.2-a+bf16)"
 #endif
 
-enum { BF16_MR = 8, BF16_NR = 8 };
+_Static_assert(BF16_MR == 8 && BF16_NR == 8, "bf16_block holds 4 x 4 tiles of 2 x 2");
 
 /* acc + (a . b from zero): one group of 4 k, rounded as above. */
 static inline float32x4_t mmla_group(float32x4_t acc, uint16x8_t a, uint16x8_t b) {

@@ -17,9 +17,9 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "blocking.h"
 #include "ops.h"
 #include "reduce.h"
+#include "tuning.h"
 
 #ifndef TG_ISA_SUFFIX
 #error "compile with -DTG_ISA_SUFFIX=<isa>"
@@ -46,8 +46,8 @@
 _Static_assert(LANES == 16, "the row reductions end in tg_lane_tree16 (isa/reduce.h)");
 
 /* One element each way, branch-free (engine/bf16.h's bits: RNE, any NaN ->
- * 0x7FC0), for the conversion loops of common/rows.c and common/bf16_pack.c; the simd_<isa>.h blocks
- * take whole vectors. */
+ * 0x7FC0), for the conversion loops of common/rows.c and common/bf16_pack.c;
+ * the simd_<isa>.h blocks take whole vectors. */
 static inline __attribute__((always_inline)) float bf16_widen(uint16_t h) {
   const uint32_t u = (uint32_t)h << 16;
   float f;

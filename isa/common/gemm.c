@@ -3,7 +3,7 @@
 
 /*
  * Register-blocked GEMM core shared by both shapes: an MR x NR block of C
- * (blocking.h) is held in registers while k runs; A is addressed as
+ * (isa/tuning.h) is held in registers while k runs; A is addressed as
  * A[r * a_rs + k * a_ks], so the same core serves A (row-major, nn) and A^T
  * (tn). `rows` (<= MR) is a literal at every call site, so each row count
  * gets its own fully unrolled copy: a tile whose height is not a multiple

@@ -23,12 +23,7 @@
 #endif
 
 
-/* Streaming row ops prefetch PF_AHEAD floats (2 KiB) ahead, one line per 16
- * floats: one thread walking one row at a time otherwise leans on the L2
- * streamer alone, which stops at every 4 KiB page and keeps too few misses
- * in flight to reach the bandwidth a multi-stream triad gets. A prefetch
- * never faults, so running past the end of a row is harmless. */
-enum { PF_AHEAD = 512 };
+/* PF_AHEAD floats ahead (isa/tuning.h) */
 #define TG_PF(p) __builtin_prefetch((p) + PF_AHEAD, 0, 3)
 
 float TG_NAME(dot_f32)(const float *restrict a, const float *restrict b, int64_t n) {

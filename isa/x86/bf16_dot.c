@@ -22,10 +22,6 @@
 #error "x86/bf16_dot.c is for tables built with -mavx512bf16 (isa/isa.cmake)"
 #endif
 
-/* GEMM rows per register block; 32 columns (two zmm) per block:
- * 16 accumulators, 2 B vectors and one broadcast of 32 zmm. */
-enum { BF16_MR = 8 };
-
 static inline __m512 dp_pairs(__m512 acc, __m512i a, __m512i b) {
   return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
 }
