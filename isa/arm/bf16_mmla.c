@@ -136,8 +136,8 @@ static inline __attribute__((always_inline)) void bf16_block(
 }
 
 void TG_NAME(mm_bf16_pairs)(int M, int N, int K, const uint16_t *restrict A,
-                                   int64_t lda, const uint32_t *restrict Bp, int64_t ldb,
-                                   float *restrict C, int64_t ldc, int accumulate) {
+                            int64_t lda, const uint32_t *restrict Bp, int64_t ldb,
+                            float *restrict C, int64_t ldc, int accumulate) {
   const int64_t P = K / 2;
   for (int i = 0; i < M; i += BF16_MR) {
     const int rows = M - i < BF16_MR ? M - i : BF16_MR;
@@ -156,7 +156,7 @@ void TG_NAME(mm_bf16_pairs)(int M, int N, int K, const uint16_t *restrict A,
 /* 4 rows x 4 pairs per block through the 4 x 4 register transpose of
  * simd_neon.h; the edges pair by pair. Bits are moved, never computed on. */
 void TG_NAME(pack_bf16_pairs)(int64_t nr, int64_t K, const uint16_t *restrict X,
-                                     int64_t lds, uint32_t *restrict Bp, int64_t ldb) {
+                              int64_t lds, uint32_t *restrict Bp, int64_t ldb) {
   const int64_t P = K / 2, rb = nr - nr % 4, pb = P - P % 4;
   for (int64_t r = 0; r < rb; r += 4)
     for (int64_t p = 0; p < pb; p += 4) {

@@ -9,10 +9,29 @@
  */
 #include "build.h"
 
-
 /* hi = bf16(x); lo = bf16(x - hi), and 0 where hi is not finite (x - hi
  * would be NaN for x = inf, and inf - inf for an x that rounds up to inf).
- * lo NULL: hi only. (Two loops: a test of lo inside one keeps it scalar.) */
+ * lo NULL: hi only. */
+#if defined(__AVX512F__)
+/* On 16 lanes (those of `m`) of a register, with the rounding of
+ * simd_avx512.h's bf16_rne_lanes. */
+static inline void split_lanes(__m512 v, __mmask16 m, uint16_t *restrict hi,
+                               uint16_t *restrict lo) {
+  const __m512i h = bf16_rne_lanes(v);
+  _mm256_mask_storeu_epi16(hi, m, _mm512_cvtepi32_epi16(h));
+  if (!lo) return;
+  const __m512 hf = _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
+  const __mmask16 finite = _mm512_cmpneq_epi32_mask(
+      _mm512_and_si512(h, _mm512_set1_epi32(0x7F80)), _mm512_set1_epi32(0x7F80));
+  const __m512i l = bf16_rne_lanes(_mm512_maskz_sub_ps(finite, v, hf)); /* v - hf is exact */
+  _mm256_mask_storeu_epi16(lo, m, _mm512_cvtepi32_epi16(l));
+}
+
+static inline __mmask16 first_lanes(int64_t n) {
+  return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+}
+#else
+/* On a row of n. (Two loops: a test of lo inside one keeps it scalar.) */
 static inline __attribute__((always_inline)) void split_row(const float *restrict x, int64_t n,
                                                             uint16_t *restrict hi,
                                                             uint16_t *restrict lo) {
@@ -29,30 +48,11 @@ static inline __attribute__((always_inline)) void split_row(const float *restric
     lo[i] = (uint16_t)((h & 0x7F80u) == 0x7F80u ? 0u : l);
   }
 }
-
-#if defined(__AVX512F__)
-/* split_row on 16 lanes (those of `m`) of a register: the same bits, with
- * the rounding of simd_avx512.h's bf16_rne_lanes. */
-static inline void split_lanes(__m512 v, __mmask16 m, uint16_t *restrict hi,
-                               uint16_t *restrict lo) {
-  const __m512i h = bf16_rne_lanes(v);
-  _mm256_mask_storeu_epi16(hi, m, _mm512_cvtepi32_epi16(h));
-  if (!lo) return;
-  const __m512 hf = _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
-  const __mmask16 finite = _mm512_cmpneq_epi32_mask(
-      _mm512_and_si512(h, _mm512_set1_epi32(0x7F80)), _mm512_set1_epi32(0x7F80));
-  const __m512i l = bf16_rne_lanes(_mm512_maskz_sub_ps(finite, v, hf)); /* v - hf is exact */
-  _mm256_mask_storeu_epi16(lo, m, _mm512_cvtepi32_epi16(l));
-}
-
-static inline __mmask16 first_lanes(int64_t n) {
-  return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
-}
 #endif
 
 void TG_NAME(f32_to_bf16_split)(int64_t rows, int64_t cols, const float *restrict src,
-                                       int64_t lds, int transpose, uint16_t *restrict hi,
-                                       uint16_t *restrict lo, int64_t ldd) {
+                                int64_t lds, int transpose, uint16_t *restrict hi,
+                                uint16_t *restrict lo, int64_t ldd) {
   if (!transpose) {
     for (int64_t r = 0; r < rows; r++) {
 #if defined(__AVX512F__)
@@ -101,7 +101,7 @@ void TG_NAME(f32_to_bf16_split)(int64_t rows, int64_t cols, const float *restric
 }
 
 void TG_NAME(pack_bf16_row_pairs)(int64_t nr, int64_t ncols, const uint16_t *restrict X,
-                                         int64_t lds, uint32_t *restrict Bp, int64_t ldb) {
+                                  int64_t lds, uint32_t *restrict Bp, int64_t ldb) {
   for (int64_t p = 0; 2 * p < nr; p++) {
     const uint16_t *restrict a = X + 2 * p * lds, *restrict b = a + lds;
     uint32_t *restrict dst = Bp + p * ldb;

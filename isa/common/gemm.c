@@ -77,14 +77,14 @@ static void gemm(int M, int N, int K, const float *A, int64_t a_rs, int64_t a_ks
 
 /* C[M,N] (+)= A[M,K] . B[K,N] */
 void TG_NAME(mm_nn)(int M, int N, int K, const float *restrict A, int64_t lda,
-                           const float *restrict B, int64_t ldb, float *restrict C,
-                           int64_t ldc, int accumulate) {
+                    const float *restrict B, int64_t ldb, float *restrict C,
+                    int64_t ldc, int accumulate) {
   gemm(M, N, K, A, lda, 1, B, ldb, C, ldc, accumulate);
 }
 
 /* C[M,N] += A[K,M]^T . B[K,N] */
 void TG_NAME(mm_tn_acc)(int M, int N, int K, const float *restrict A, int64_t lda,
-                               const float *restrict B, int64_t ldb, float *restrict C,
-                               int64_t ldc) {
+                        const float *restrict B, int64_t ldb, float *restrict C,
+                        int64_t ldc) {
   gemm(M, N, K, A, 1, lda, B, ldb, C, ldc, 1);
 }

@@ -39,7 +39,7 @@ float TG_NAME(dot_f32)(const float *restrict a, const float *restrict b, int64_t
 }
 
 float TG_NAME(dot3_f32)(const float *restrict a, const float *restrict b,
-                               const float *restrict c, int64_t n) {
+                        const float *restrict c, int64_t n) {
   float acc[LANES] = {0};
   int64_t i = 0;
   for (; i + LANES <= n; i += LANES) {
@@ -86,7 +86,7 @@ void TG_NAME(add_f32)(float *restrict dst, const float *restrict src, int64_t n)
 /* Kahan: y = x - c; t = s + y; c = (t - s) - y; s = t. The contraction-free
  * build keeps every rounding, which the correction relies on. */
 void TG_NAME(add_compensated_f32)(float *restrict sum, float *restrict comp,
-                                         float *restrict x, int64_t n) {
+                                  float *restrict x, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; i++) {
     const float y = x[i] - comp[i], t = sum[i] + y;
@@ -97,7 +97,7 @@ void TG_NAME(add_compensated_f32)(float *restrict sum, float *restrict comp,
 }
 
 void TG_NAME(acc_mul2_f32)(float *restrict acc, const float *restrict a,
-                                  const float *restrict b, float s, int64_t n) {
+                           const float *restrict b, float s, int64_t n) {
   for (int64_t i = 0; i < n; i += LANES) {
     const int64_t m = n - i < LANES ? n - i : LANES;
     TG_PF(a + i), TG_PF(b + i);
@@ -107,8 +107,8 @@ void TG_NAME(acc_mul2_f32)(float *restrict acc, const float *restrict a,
 }
 
 void TG_NAME(rms_dx_row)(const float *restrict x, const float *restrict w,
-                                const float *restrict dy, float r, float c,
-                                float *restrict dx, int64_t n) {
+                         const float *restrict dy, float r, float c,
+                         float *restrict dx, int64_t n) {
 #pragma omp simd
   for (int64_t k = 0; k < n; k++) dx[k] = r * (dy[k] * w[k] - x[k] * c);
 }
@@ -168,7 +168,7 @@ static void transpose_small(int64_t rows, int64_t cols, const float *restrict sr
 }
 
 void TG_NAME(transpose_f32)(int64_t rows, int64_t cols, const float *restrict src,
-                                   int64_t lds, float *restrict dst, int64_t ldd, int stream) {
+                            int64_t lds, float *restrict dst, int64_t ldd, int stream) {
   if (TB == 0) {
     transpose_small(rows, cols, src, lds, dst, ldd);
     return;
@@ -186,8 +186,8 @@ void TG_NAME(transpose_f32)(int64_t rows, int64_t cols, const float *restrict sr
 /* Four c at a time (16 independent accumulators: four xmm-wide chains), each
  * summing its workgroups in list order. */
 void TG_NAME(wsum4_f32)(const float *restrict part, int64_t ld, const int32_t *restrict w,
-                               const float *restrict a, int64_t nw, int64_t n4, float div,
-                               float *restrict dst) {
+                        const float *restrict a, int64_t nw, int64_t n4, float div,
+                        float *restrict dst) {
   int64_t c = 0;
   for (; c + 4 <= n4; c += 4) {
     float acc[4][4] = {{0}};
@@ -282,7 +282,7 @@ static inline float exp_rowop(float v) {
  * runs while the next 4 KiB are prefetched, so the read overlaps the
  * arithmetic. */
 float TG_NAME(softmax_exp_chunk)(const float *restrict x, int64_t len, float *restrict e,
-                                        float *restrict state) {
+                                 float *restrict state) {
   float *acc = state;
   const float m_old = state[LANES], mc = TG_NAME(max_f32)(x, len);
   const float m = mc > m_old ? mc : m_old;
@@ -314,7 +314,7 @@ float TG_NAME(softmax_exp_chunk)(const float *restrict x, int64_t len, float *re
  * unfenced for the caller's stream_fence: cross-entropy writes a row in 32
  * pieces, and a fence after each cost 15% of the kernel on AVX-512 (Zen 5). */
 void TG_NAME(scale_chunks_f32)(const float *restrict e, const float *restrict a, float b,
-                                      float *restrict y, int64_t n, int stream) {
+                               float *restrict y, int64_t n, int stream) {
   stream = stream && STREAM_STORES;
   for (int64_t c0 = 0; c0 < n; c0 += TG_SOFTMAX_CHUNK) {
     const int64_t c1 = n - c0 < TG_SOFTMAX_CHUNK ? n : c0 + TG_SOFTMAX_CHUNK;
@@ -337,7 +337,7 @@ void TG_NAME(scale_chunks_f32)(const float *restrict e, const float *restrict a,
 /* RMSNorm backward row, pass 1: both sums in one read of x and dy, each in
  * the order of its own op: *xx = dot_f32(x, x), *dyxw = dot3_f32(dy, x, w). */
 void TG_NAME(rms_sums_f32)(const float *restrict x, const float *restrict dy,
-                                  const float *restrict w, int64_t n, float *xx, float *dyxw) {
+                           const float *restrict w, int64_t n, float *xx, float *dyxw) {
   float a2[LANES] = {0}, a3[LANES] = {0};
   int64_t i = 0;
   for (; i + LANES <= n; i += LANES) {
@@ -359,9 +359,9 @@ void TG_NAME(rms_sums_f32)(const float *restrict x, const float *restrict dy,
  * stream: whole aligned 64-byte lines of dx with non-temporal stores, left
  * unfenced for the caller's stream_fence (one per block of rows). */
 void TG_NAME(rms_bwd_row)(const float *restrict x, const float *restrict w,
-                                 const float *restrict dy, float r, float c,
-                                 float *restrict part, float *restrict dx, int64_t n,
-                                 int stream) {
+                          const float *restrict dy, float r, float c,
+                          float *restrict part, float *restrict dx, int64_t n,
+                          int stream) {
   stream = stream && STREAM_STORES;
   int64_t k = 0;
   if (stream) {

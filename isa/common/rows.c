@@ -11,7 +11,7 @@
 #include "philox.h"
 
 void TG_NAME(bf16_to_f32)(const uint16_t *restrict src, float *restrict dst,
-                                 int64_t n) {
+                          int64_t n) {
   int64_t i = 0;
   if (CVT_W)
     for (; i + CVT_W <= n; i += CVT_W) bf16_widen_block(src + i, dst + i);
@@ -20,7 +20,7 @@ void TG_NAME(bf16_to_f32)(const uint16_t *restrict src, float *restrict dst,
 }
 
 void TG_NAME(f32_to_bf16)(const float *restrict src, uint16_t *restrict dst,
-                                 int64_t n) {
+                          int64_t n) {
   int64_t i = 0;
   if (CVT_W)
     for (; i + CVT_W <= n; i += CVT_W) bf16_narrow_block(src + i, dst + i);
@@ -29,7 +29,7 @@ void TG_NAME(f32_to_bf16)(const float *restrict src, uint16_t *restrict dst,
 }
 
 float TG_NAME(dot_bf16)(const uint16_t *restrict a, const uint16_t *restrict b,
-                               int64_t n) {
+                        int64_t n) {
   float acc[LANES] = {0};
   int64_t i = 0;
   for (; i + LANES <= n; i += LANES) {
@@ -116,8 +116,8 @@ static inline __attribute__((always_inline)) void score_row_masked(
 }
 
 void TG_NAME(attn_score_row)(float *restrict s, int64_t n, int64_t n_vis, float scale,
-                                    const void *restrict mask, tg_dtype mask_type,
-                                    float shift) {
+                             const void *restrict mask, tg_dtype mask_type,
+                             float shift) {
   if (n_vis > n) n_vis = n;
   if (mask && mask_type == TG_DTYPE_F32) {
     score_row_masked(s, n_vis, scale, mask, TG_DTYPE_F32, shift);
@@ -131,7 +131,7 @@ void TG_NAME(attn_score_row)(float *restrict s, int64_t n, int64_t n_vis, float 
 }
 
 void TG_NAME(attn_ds_row)(float *restrict dp, const float *restrict p, int64_t n,
-                                 float d, float scale) {
+                          float d, float scale) {
 #pragma omp simd
   for (int64_t k = 0; k < n; k++) dp[k] = scale * (p[k] * (dp[k] - d));
 }
@@ -148,8 +148,8 @@ static inline __attribute__((always_inline)) void prob_row_masked(
 }
 
 void TG_NAME(attn_prob_row)(float *restrict s, int64_t n, int64_t n_vis, float scale,
-                                   const void *restrict mask, tg_dtype mask_type,
-                                   float shift) {
+                            const void *restrict mask, tg_dtype mask_type,
+                            float shift) {
   if (n_vis > n) n_vis = n;
   if (mask && mask_type == TG_DTYPE_F32) {
     prob_row_masked(s, n_vis, scale, mask, TG_DTYPE_F32, shift);
@@ -210,8 +210,8 @@ static inline __attribute__((always_inline)) float score_max_masked(
 }
 
 float TG_NAME(attn_score_max_row)(float *restrict s, int64_t n, int64_t n_vis,
-                                         float scale, const void *restrict mask,
-                                         tg_dtype mask_type) {
+                                  float scale, const void *restrict mask,
+                                  tg_dtype mask_type) {
   if (n_vis > n) n_vis = n;
   float mx = -__builtin_inff();
   int nan = 0; /* a NaN score makes the row's max NaN (the compare alone skips it) */
@@ -240,7 +240,7 @@ float TG_NAME(attn_score_max_row)(float *restrict s, int64_t n, int64_t n_vis,
 enum { PHILOX_LANES = 16 };
 
 void TG_NAME(dropout_keep)(uint8_t *restrict keep, int64_t n, uint64_t n0, uint64_t seed,
-                                  uint64_t offset, uint32_t threshold) {
+                           uint64_t offset, uint32_t threshold) {
   uint64_t blk = n0 / 4;            /* counter of the draw n0, less offset */
   int64_t skip = (int64_t)(n0 % 4); /* words of the first block before n0 */
   for (int64_t done = 0; done < n; blk += PHILOX_LANES, skip = 0) {

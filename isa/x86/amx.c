@@ -213,8 +213,8 @@ void TG_NAME(bf16_dot_end_amx)(void) {
 }
 
 void TG_NAME(mm_bf16_pairs_amx)(int M, int N, int K, const uint16_t *A, int64_t lda,
-                                       const uint32_t *Bp, int64_t ldb, float *C, int64_t ldc,
-                                       int accumulate) {
+                                const uint32_t *Bp, int64_t ldb, float *C, int64_t ldc,
+                                int accumulate) {
   if (M <= 0 || N <= 0) return;
   if (!amx_bracket) amx_configure();
   for (int i = 0; i < M; i += 32)

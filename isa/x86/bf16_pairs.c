@@ -11,7 +11,7 @@
 /* 16 rows x 16 pairs per block through the in-register transpose; the
  * edges pair by pair. Bits are moved, never computed on. */
 void TG_NAME(pack_bf16_pairs)(int64_t nr, int64_t K, const uint16_t *restrict X,
-                                     int64_t lds, uint32_t *restrict Bp, int64_t ldb) {
+                              int64_t lds, uint32_t *restrict Bp, int64_t ldb) {
   const int64_t P = K / 2, rb = nr - nr % 16, pb = P - P % 16;
   for (int64_t r = 0; r < rb; r += 16)
     for (int64_t p = 0; p < pb; p += 16) {
