@@ -33,6 +33,36 @@ enum { TG_ROW_BLOCK_ELEMS = 65536 };
  * 4 KiB, so a chunk stays in L1 between its max and its exp. */
 enum { TG_SOFTMAX_CHUNK = 1024 };
 
+/* --- the memory-bound kernels' own blocks ------------------------------------
+ * f32 -> bf16 cast (kernels/cast.c): elements per work item, and the size
+ * from which the in-place cast's doubling rounds run in parallel. */
+enum { TG_CAST_CHUNK = 1 << 16 };
+
+/* Embedding backward (kernels/embedding.c): column blocks of 4 KiB (whole
+ * rows up to dim 1024) to 16 KiB of each row, aiming for
+ * TG_EMB_GROUPS_PER_THREAD groups per thread; and the entries ahead whose
+ * rows are prefetched: the rows are scattered (random ids, and the tokens of
+ * one id scattered over the sequence), so no hardware prefetcher sees them
+ * coming. */
+enum { TG_EMB_COLS_MIN = 1024, TG_EMB_COLS_MAX = 4096, TG_EMB_GROUPS_PER_THREAD = 8 };
+enum { TG_EMB_PF_AHEAD = 2 };
+
+/* RMSNorm backward dw (kernels/rmsnorm.c): fused and deterministic, at most
+ * TG_RMS_DW_MAX_BLOCKS row blocks; fused and split, about one row block per
+ * TG_RMS_DW_MIN_ROWS rows; split, at most TG_RMS_DW_SPLIT_MAX_BLOCKS; and
+ * TG_RMS_COL_BLOCK columns per group of the column passes. The blocks are
+ * fixed by the shape alone, never the thread count (determinism). */
+enum {
+  TG_RMS_DW_MAX_BLOCKS = 256,
+  TG_RMS_DW_MIN_ROWS = 16,
+  TG_RMS_DW_SPLIT_MAX_BLOCKS = 64,
+  TG_RMS_COL_BLOCK = 256
+};
+
+/* Transpose (kernels/transpose.c): 64 x 64 float tiles (16 KiB), and
+ * TG_TR_STRIPE tiles per group along a tile row. */
+enum { TG_TR_TILE = 64, TG_TR_STRIPE = 4 };
+
 /* --- work plans ---------------------------------------------------------------
  * The L2 per CPU a plan assumes where the machine does not say
  * (tg_plan_l2_bytes, engine/plan.c: Linux sysfs, else sysconf, else this). */
