@@ -37,7 +37,7 @@ if ! { cmake -S . -B build-amx -DCMAKE_BUILD_TYPE=Release -DTG_BUILD_TESTS=$test
   step "build FAILED (tail of $out/build.log)"; tail -30 "$out/build.log"; exit 1
 fi
 step "build: $(grep -o 'ISA tables built: .*' "$out/build.log")"
-obj=$(find build-amx -path '*micro_amx.dir*' -name 'micro.c.o' | head -1)
+obj=$(find build-amx -path '*isa_amx.dir*' -name 'amx.c.o' | head -1)
 step "amx object: $(objdump -d "$obj" | grep -c -E 'tdpbf16ps') tdpbf16ps, $(objdump -d "$obj" | grep -c tileloadd) tileloadd"
 TG_ISA=amx build-amx/tilegrad --version >"$out/version.txt" 2>&1
 step "TG_ISA=amx tilegrad --version: $(grep -i isa "$out/version.txt" | head -1)"

@@ -6,10 +6,10 @@ full check). Needs numpy.
 
     python3 bench/amx_kernel_check.py build/libtilegrad.so [amx]
 
-Reads the table's function pointers from the exported tg_micro_<isa>
-(engine/micro.h: name, four ints, mm_nn, mm_tn_acc, mm_bf16_pairs,
-pack_bf16_pairs). Ragged sizes (16 x 16 tiles, 32 x 32 blocks, K % 32),
-A at an odd element offset with NaN row padding, Bp with NaN column
+Reads the table's function pointers from the exported tg_isa_ops_<isa>
+(isa/ops.h: name, six ints, mm_nn, mm_tn_acc, mm_bf16_pairs,
+bf16_dot_begin, bf16_dot_end, pack_bf16_pairs). Ragged sizes (16 x 16
+tiles, 32 x 32 blocks, K % 32), A at an odd element offset with NaN row padding, Bp with NaN column
 padding, C outside [M, N] NaN and then a finite value that must come back
 bit for bit; |err| <= (K + 3) 2^-24 sum |a b| (+ |C|). Exit 1 on a failure.
 """
@@ -26,11 +26,11 @@ if lib.tg_isa_from_name(isa.encode(), C.byref(isa_id)) != 0:  # TG_OK is 0
 if not lib.tg_isa_available(isa_id):  # (for amx: also the Linux permission request)
     print(f"{isa}: not available on this CPU/OS/build")
     sys.exit(77)
-table = C.addressof(C.c_char.in_dll(lib, "tg_micro_" + isa))
+table = C.addressof(C.c_char.in_dll(lib, "tg_isa_ops_" + isa))
 fn = lambda off: C.c_void_p.from_address(table + off).value  # noqa: E731
 I64, P = C.c_int64, C.c_void_p
-mm = C.CFUNCTYPE(None, C.c_int, C.c_int, C.c_int, P, I64, P, I64, P, I64, C.c_int)(fn(40))
-pack = C.CFUNCTYPE(None, I64, I64, P, I64, P, I64)(fn(48))
+mm = C.CFUNCTYPE(None, C.c_int, C.c_int, C.c_int, P, I64, P, I64, P, I64, C.c_int)(fn(48))
+pack = C.CFUNCTYPE(None, I64, I64, P, I64, P, I64)(fn(72))
 
 
 def to_bf16(x):  # truncation: any bf16 values will do

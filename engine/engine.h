@@ -17,8 +17,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ops.h"
 #include "tilegrad.h"
-#include "micro.h"
+#include "tuning.h"
 
 /* Longest message tg_ctx_last_error keeps; a longer one ends in "..." */
 #define TG_ERRMSG_LEN 2048
@@ -29,7 +30,7 @@ struct tg_ctx {
   tg_isa isa;         /* resolved: never TG_ISA_AUTO */
   tg_attn_schedule attn_schedule;
   tg_attn_precision attn_precision;
-  const tg_micro_ops *ops;
+  const tg_isa_ops *ops;
   void *scratch;      /* per-thread scratch, reused across calls */
   size_t scratch_bytes;
   void *workspace;    /* one shared buffer (attention dQ partials), reused */
@@ -84,9 +85,9 @@ int tg_cgroup_cpu_limit(const char *cgroup_root, const char *proc_self_cgroup);
 
 /* The L2 cache per CPU of this machine in bytes (engine/plan.c: cpu0's L2
  * from Linux sysfs over the CPUs sharing it, else sysconf, else
- * TG_PLAN_L2_DEFAULT), for plans that size what they keep in cache. Like
- * tg_plan_cpus, never the thread count; tg_testing_plan_l2_bytes forces it. */
-#define TG_PLAN_L2_DEFAULT (512LL * 1024)
+ * TG_PLAN_L2_DEFAULT, isa/tuning.h), for plans that size what they keep in
+ * cache. Like tg_plan_cpus, never the thread count; tg_testing_plan_l2_bytes
+ * forces it. */
 long long tg_plan_l2_bytes(void);
 
 /* --- checked arithmetic ----------------------------------------------------

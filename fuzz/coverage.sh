@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Line/region coverage of engine/ and kernels/ reached by replaying fuzz
+# Line/region coverage of isa/, engine/ and kernels/ reached by replaying fuzz
 # inputs (the seed corpus, plus any directories given, e.g. the TG_FUZZ_WORK
 # directory of a long run):
 #
@@ -21,4 +21,4 @@ profdata=$(command -v llvm-profdata-14 || command -v llvm-profdata)
 llvmcov=$(command -v llvm-cov-14 || command -v llvm-cov)
 "$profdata" merge -sparse "$build"/*.profraw -o "$build/cov.profdata"
 "$llvmcov" report "$build/fuzz_entry" -instr-profile="$build/cov.profdata" \
-  $(ls engine/*.c kernels/*.c kernels/micro/micro.c)
+  $(ls isa/*.c isa/*/*.c engine/*.c kernels/*.c)

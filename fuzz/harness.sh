@@ -12,7 +12,7 @@ tg_build_harness() {
   CC=clang cmake -S fuzz -B "$build" -DTG_HARNESS="$kind" >/dev/null 2>"$build/configure.log" ||
     { cat "$build/configure.log" >&2; return 2; }
   if grep -q "does not build with clang" "$build/configure.log"; then
-    echo "note: kernels/micro/micro.c does not build with clang at AVX-512; portable microkernels only"
+    echo "note: isa/common/ does not build with clang at AVX-512; portable microkernels only"
   fi
   cmake --build "$build" -j"$(nproc)" >/dev/null
 }

@@ -20,9 +20,8 @@ enum { TG_METAL_BQ = 32, TG_METAL_BK = 16 };
 enum { TG_ATTN_MAX_D = 512 };
 
 /* The CPU tiles of the forward and backward (q-tile rows BQ, key-tile rows
- * BK) belong to the ISA: ops->attn_bq, ops->attn_bk (kernels/micro/
- * blocking.h), at most TG_ATTN_MAX_TILE each. */
-enum { TG_ATTN_MAX_TILE = 128 };
+ * BK) belong to the ISA: ops->attn_bq, ops->attn_bk (isa/tuning.h), at most
+ * TG_ATTN_MAX_TILE each. */
 
 /* Dropout of the attention weights (tg_attn_options; docs/KERNELS.md,
  * "Dropout"). Weight n = ((b H + h) qL + i) kL + k is kept iff its draw,
@@ -111,7 +110,7 @@ tg_status tg_attn_prepare(tg_ctx *ctx, const char *fn, tg_dtype dtype,
 
 /* The keep flags of a tile: keep[i * ldk + k] = 1 if weight (b, h, q0 + i,
  * k0 + k) survives dropout d, else 0 (i < nq, k < nk). */
-void tg_attn_dropout_tile(const tg_micro_ops *ops, const tg_attn_dropout *d,
+void tg_attn_dropout_tile(const tg_isa_ops *ops, const tg_attn_dropout *d,
                           const tg_attn_problem *pr, int64_t b, int64_t h, int64_t q0, int64_t nq,
                           int64_t k0, int64_t nk, uint8_t *keep, int64_t ldk);
 
@@ -137,7 +136,7 @@ static inline const void *tg_attn_at(tg_dtype t, const void *base, int64_t off) 
  * -> f32 dst [n, D]; when trans is not NULL also transposed into trans
  * [D, ldt] (the packed K^T / V^T the score GEMMs take, ldt = the key-tile
  * rows). */
-static inline void tg_attn_load_rows(const tg_micro_ops *ops, tg_dtype t,
+static inline void tg_attn_load_rows(const tg_isa_ops *ops, tg_dtype t,
                                      const void *head, int64_t row_stride, int64_t r0,
                                      int64_t n, int64_t D, float *dst, float *trans,
                                      int64_t ldt) {
@@ -154,7 +153,7 @@ static inline void tg_attn_load_rows(const tg_micro_ops *ops, tg_dtype t,
 /* Whether S = Q.K^T and dP = dO.V^T run on the table's bf16 dot GEMM
  * (avx512bf16): bf16 inputs on both sides, read in place (Q, dO rows) or
  * packed in pairs per key tile (K, V), instead of widened to f32. */
-static inline int tg_attn_bf16_dot(const tg_attn_problem *pr, const tg_micro_ops *ops) {
+static inline int tg_attn_bf16_dot(const tg_attn_problem *pr, const tg_isa_ops *ops) {
   return pr->in == TG_DTYPE_BF16 && ops->mm_bf16_pairs != NULL;
 }
 
@@ -170,7 +169,7 @@ static inline int tg_attn_bf16_dot(const tg_attn_problem *pr, const tg_micro_ops
 typedef enum { TG_PRODUCTS_F32, TG_PRODUCTS_F32_ROUNDED, TG_PRODUCTS_BF16_DOT } tg_attn_products;
 
 static inline tg_attn_products tg_attn_products_of(const tg_attn_problem *pr,
-                                                   const tg_micro_ops *ops) {
+                                                   const tg_isa_ops *ops) {
   if (pr->precision == TG_ATTN_PRECISION_EXACT || pr->in != TG_DTYPE_BF16)
     return TG_PRODUCTS_F32;
   if (tg_attn_bf16_dot(pr, ops)) return TG_PRODUCTS_BF16_DOT;
@@ -179,16 +178,16 @@ static inline tg_attn_products tg_attn_products_of(const tg_attn_problem *pr,
 
 /* The tiles of the forward and backward: the table's attn_bq x attn_bk, or
  * its bf16-mode tiles when every product runs on the bf16 unit, the q tile
- * only where no causal diagonal crosses it (kernels/micro/blocking.h says
+ * only where no causal diagonal crosses it (isa/tuning.h says
  * why the amx table doubles them and what was measured). */
-static inline int tg_attn_bf16_tiles(const tg_attn_problem *pr, const tg_micro_ops *ops) {
+static inline int tg_attn_bf16_tiles(const tg_attn_problem *pr, const tg_isa_ops *ops) {
   return tg_attn_products_of(pr, ops) == TG_PRODUCTS_BF16_DOT &&
          pr->precision == TG_ATTN_PRECISION_BF16;
 }
-static inline int64_t tg_attn_bq(const tg_attn_problem *pr, const tg_micro_ops *ops) {
+static inline int64_t tg_attn_bq(const tg_attn_problem *pr, const tg_isa_ops *ops) {
   return tg_attn_bf16_tiles(pr, ops) && !pr->causal ? ops->attn_bq_bf16 : ops->attn_bq;
 }
-static inline int64_t tg_attn_bk(const tg_attn_problem *pr, const tg_micro_ops *ops) {
+static inline int64_t tg_attn_bk(const tg_attn_problem *pr, const tg_isa_ops *ops) {
   return tg_attn_bf16_tiles(pr, ops) ? ops->attn_bk_bf16 : ops->attn_bk;
 }
 
@@ -201,7 +200,7 @@ static inline void tg_attn_round_bf16(float *x, int64_t rows, int64_t cols, int6
 /* TG_PRODUCTS_BF16_DOT: C [M, N] (ldc) (+)= X . Bp, X given as its bf16 hi
  * rows (and lo rows for SPLIT: C += lo . Bp after) of Kp (even) columns,
  * stride ldx; Bp [Kp/2, N] pairs (pack_bf16_row_pairs), stride ldb. */
-static inline void tg_attn_mm_parts(const tg_attn_problem *pr, const tg_micro_ops *ops, int64_t M,
+static inline void tg_attn_mm_parts(const tg_attn_problem *pr, const tg_isa_ops *ops, int64_t M,
                                     int64_t N, int64_t Kp, const uint16_t *hi, const uint16_t *lo,
                                     int64_t ldx, const uint32_t *Bp, int64_t ldb, float *C,
                                     int64_t ldc, int accumulate) {
@@ -212,16 +211,16 @@ static inline void tg_attn_mm_parts(const tg_attn_problem *pr, const tg_micro_op
 
 /* A work item's mm_bf16_pairs calls in one bracket of the table's (the amx
  * table: one tile configuration per item, not per product). */
-static inline void tg_attn_dot_begin(const tg_micro_ops *ops, int bf16_dot) {
+static inline void tg_attn_dot_begin(const tg_isa_ops *ops, int bf16_dot) {
   if (bf16_dot && ops->bf16_dot_begin) ops->bf16_dot_begin();
 }
-static inline void tg_attn_dot_end(const tg_micro_ops *ops, int bf16_dot) {
+static inline void tg_attn_dot_end(const tg_isa_ops *ops, int bf16_dot) {
   if (bf16_dot && ops->bf16_dot_end) ops->bf16_dot_end();
 }
 
 /* Rows [r0, r0 + n) of a strided bf16 head -> Bp [D/2, ldb] in the pair
  * layout of mm_bf16_pairs: the transposed tile K^T / V^T of the products. */
-static inline void tg_attn_pack_pairs(const tg_micro_ops *ops, const void *head,
+static inline void tg_attn_pack_pairs(const tg_isa_ops *ops, const void *head,
                                       int64_t row_stride, int64_t r0, int64_t n, int64_t D,
                                       uint32_t *Bp, int64_t ldb) {
   ops->pack_bf16_pairs(n, D, (const tg_bf16 *)head + r0 * row_stride, row_stride, Bp, ldb);
@@ -253,7 +252,7 @@ typedef struct {
   int64_t chunk_tiles;           /* KV schedule: key tiles resident at once */
   int64_t dq_elems;              /* B * H * qL * D: one dQ partial */
 } tg_attn_bwd_plan;
-tg_attn_bwd_plan tg_attn_bwd_plan_make(const tg_attn_problem *pr, const tg_micro_ops *ops);
+tg_attn_bwd_plan tg_attn_bwd_plan_make(const tg_attn_problem *pr, const tg_isa_ops *ops);
 
 /* Backward, KV schedule (attention_bwd.c): dQ writes through pr->dQs, dK
  * and dV accumulate through pr->dKs; L, D_vec [B, H, qL]. `workspace` holds

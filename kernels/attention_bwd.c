@@ -67,29 +67,16 @@
 
 #include "attention.h"
 
-/* KV schedule: aim for ITEMS_PER_CPU work items per CPU of the machine
- * (tg_plan_cpus: several per thread, for dynamic load balance under
- * causality; fewer items mean fewer dQ partials to write and sum), but never
- * split a kv head's keys into ranges shorter than MIN_RANGE_TILES key tiles,
- * nor into more than MAX_RANGES, nor so many that the dQ partials
- * ((ranges - 1) copies of dQ) pass PARTIALS_BUDGET bytes (a dQ larger than
- * that gets one range). None of this depends on the thread count
- * (determinism). */
-enum { ITEMS_PER_CPU = 4, MIN_RANGE_TILES = 4, MAX_RANGES = 16 };
-
-/* KV schedule: the q-tiles stream past a chunk of up to MAX_CHUNK_TILES key
- * tiles of a range at once (plan_chunk), so each q-tile's Q, dO rows are
- * loaded, and its dQ rows fetched from L3 or memory, once per chunk rather
- * than once per key tile. */
-enum { MAX_CHUNK_TILES = 8 };
-#define PARTIALS_BUDGET ((int64_t)1 << 30)
+/* The KV schedule's plan (TG_ATTN_ITEMS_PER_CPU, _MIN_RANGE_TILES,
+ * _MAX_RANGES, _PARTIALS_BUDGET, _MAX_CHUNK_TILES) and the pre-pass's
+ * TG_ATTN_D_ROWS_PER_GROUP are in isa/tuning.h. */
 
 typedef struct {
   tg_attn_problem pr;
   const void *Q, *K, *V, *dO, *mask; /* type pr.in */
   const float *L, *D_vec;
   float *dQ, *dK, *dV;
-  const tg_micro_ops *ops;
+  const tg_isa_ops *ops;
   tg_attn_bwd_plan plan;
   float *dQ_partial; /* KV schedule: [plan.n_ranges - 1][B, H, qL, D] */
 } bwd_args;
@@ -120,7 +107,7 @@ typedef struct {
    * of dS^T, P^T [BK, BQ]; Q, dO and K then hold their bf16 rows in pairs
    * (pack_bf16_row_pairs: [BQ/2, D], [BK/2, D] pairs) instead of f32 rows */
   uint16_t *dS_hi, *dS_lo, *dSt_hi, *dSt_lo, *Pt_hi, *Pt_lo;
-  ktile_scratch kt[MAX_CHUNK_TILES];
+  ktile_scratch kt[TG_ATTN_MAX_CHUNK_TILES];
 } bwd_scratch;
 
 /* Bytes of one key tile's side of the scratch. */
@@ -213,7 +200,7 @@ static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_
                      int64_t k0, int64_t nk, float *dQ, int64_t ldq, int dq_first,
                      const ktile_scratch *t, bwd_scratch *w) {
   const tg_attn_problem *pr = &a->pr;
-  const tg_micro_ops *ops = a->ops;
+  const tg_isa_ops *ops = a->ops;
   const int64_t D = pr->D, bh = b * pr->H + h, BK = a->plan.BK;
   const float *L = a->L + bh * pr->qL + q0, *Dv = a->D_vec + bh * pr->qL + q0;
 
@@ -433,23 +420,25 @@ static void bwd_group_atomic(const void *vargs, int64_t x, int64_t h, int64_t b,
   tg_attn_dot_end(a->ops, a->plan.bf16_dot);
 }
 
-/* KV schedule: key ranges per kv head (see ITEMS_PER_CPU), from the shape
- * and the machine; sets pl->range_tiles, n_ranges, dq_elems. */
+/* KV schedule: key ranges per kv head (see TG_ATTN_ITEMS_PER_CPU), from the
+ * shape and the machine; sets pl->range_tiles, n_ranges, dq_elems. */
 static void plan_ranges(tg_attn_bwd_plan *pl, const tg_attn_problem *pr) {
   const int64_t heads = pr->B * pr->H_kv;
   const int64_t dq_bytes = pr->B * pr->H * pr->qL * pr->D * (int64_t)sizeof(float);
-  const int64_t items = (int64_t)ITEMS_PER_CPU * tg_plan_cpus();
+  const int64_t items = (int64_t)TG_ATTN_ITEMS_PER_CPU * tg_plan_cpus();
   int64_t ranges = (items + heads - 1) / heads;
-  if (ranges > pl->n_ktiles / MIN_RANGE_TILES) ranges = pl->n_ktiles / MIN_RANGE_TILES;
-  if (ranges > MAX_RANGES) ranges = MAX_RANGES;
-  if (ranges > 1 + PARTIALS_BUDGET / dq_bytes) ranges = 1 + PARTIALS_BUDGET / dq_bytes;
+  if (ranges > pl->n_ktiles / TG_ATTN_MIN_RANGE_TILES)
+    ranges = pl->n_ktiles / TG_ATTN_MIN_RANGE_TILES;
+  if (ranges > TG_ATTN_MAX_RANGES) ranges = TG_ATTN_MAX_RANGES;
+  if (ranges > 1 + TG_ATTN_PARTIALS_BUDGET / dq_bytes)
+    ranges = 1 + TG_ATTN_PARTIALS_BUDGET / dq_bytes;
   if (ranges < 1) ranges = 1;
   pl->range_tiles = (pl->n_ktiles + ranges - 1) / ranges;
   pl->n_ranges = (pl->n_ktiles + pl->range_tiles - 1) / pl->range_tiles;
   pl->dq_elems = pr->B * pr->H * pr->qL * pr->D;
 }
 
-/* KV schedule: key tiles per chunk (see MAX_CHUNK_TILES): as many key
+/* KV schedule: key tiles per chunk (see TG_ATTN_MAX_CHUNK_TILES): as many key
  * tiles' scratch (their packed K, K^T, V^T and dK, dV sums) as the L2 per
  * CPU holds (tg_plan_l2_bytes), at least one, at most the range. Any chunk
  * gives the same bits (bwd_group_kv); the machine's L2, never the thread
@@ -459,12 +448,12 @@ static void plan_ranges(tg_attn_bwd_plan *pl, const tg_attn_problem *pr) {
 static void plan_chunk(tg_attn_bwd_plan *pl, const tg_attn_problem *pr) {
   const int64_t tile = (int64_t)ktile_bytes(pr->D, pl->BK, pr->compensated);
   const int64_t fit = tg_plan_l2_bytes() / tile;
-  int64_t chunk = fit < MAX_CHUNK_TILES ? fit : MAX_CHUNK_TILES;
+  int64_t chunk = fit < TG_ATTN_MAX_CHUNK_TILES ? fit : TG_ATTN_MAX_CHUNK_TILES;
   if (chunk > pl->range_tiles) chunk = pl->range_tiles;
   pl->chunk_tiles = chunk < 1 ? 1 : chunk;
 }
 
-tg_attn_bwd_plan tg_attn_bwd_plan_make(const tg_attn_problem *pr, const tg_micro_ops *ops) {
+tg_attn_bwd_plan tg_attn_bwd_plan_make(const tg_attn_problem *pr, const tg_isa_ops *ops) {
   tg_attn_bwd_plan pl = {.BQ = tg_attn_bq(pr, ops),
                          .BK = tg_attn_bk(pr, ops),
                          .bf16_dot = tg_attn_bf16_dot(pr, ops),
@@ -477,11 +466,11 @@ tg_attn_bwd_plan tg_attn_bwd_plan_make(const tg_attn_problem *pr, const tg_micro
 }
 
 size_t tg_attn_bwd_workspace_bytes(const tg_attn_bwd_plan *plan) {
-  /* (n_ranges - 1) partials <= PARTIALS_BUDGET bytes by plan_ranges' caps */
+  /* (n_ranges - 1) partials <= TG_ATTN_PARTIALS_BUDGET bytes by plan_ranges' caps */
   return (size_t)((plan->n_ranges - 1) * plan->dq_elems) * sizeof(float);
 }
 
-static bwd_args make_args(const tg_attn_problem *pr, const tg_micro_ops *ops,
+static bwd_args make_args(const tg_attn_problem *pr, const tg_isa_ops *ops,
                           const tg_attn_bwd_plan *plan) {
   return (bwd_args){.pr = *pr, .ops = ops, .plan = *plan};
 }
@@ -559,22 +548,23 @@ tg_status tg_flash_attn_train_bwd_bf16(tg_ctx *ctx, const tg_bf16 *Q, const tg_b
 
 /* --- 1. pre-pass: D[b,h,i] = sum_d O[b,h,i,d] * dO[b,h,i,d] ----------------
  * Metal: one threadgroup per row (simd tree over d). Here one work item per
- * block of rows; the per-row dot is the ISA layer's lane-parallel sum. */
-enum { D_ROWS_PER_GROUP = 256 };
+ * block of TG_ATTN_D_ROWS_PER_GROUP rows; the per-row dot is the ISA layer's
+ * lane-parallel sum. */
 
 typedef struct {
   const void *O, *dO; /* type t */
   tg_dtype t;
   float *D_out;
   int64_t rows, D;
-  const tg_micro_ops *ops;
+  const tg_isa_ops *ops;
 } compute_d_args;
 
 static void compute_d_group(const void *vargs, int64_t blk, int64_t y, int64_t z,
                             void *scratch) {
   const compute_d_args *a = vargs;
-  const int64_t r0 = blk * D_ROWS_PER_GROUP;
-  const int64_t r1 = r0 + D_ROWS_PER_GROUP < a->rows ? r0 + D_ROWS_PER_GROUP : a->rows;
+  const int64_t r0 = blk * TG_ATTN_D_ROWS_PER_GROUP;
+  const int64_t r1 =
+      r0 + TG_ATTN_D_ROWS_PER_GROUP < a->rows ? r0 + TG_ATTN_D_ROWS_PER_GROUP : a->rows;
   if (a->t == TG_DTYPE_F32) {
     const float *O = a->O, *dO = a->dO;
     for (int64_t r = r0; r < r1; r++)
@@ -611,7 +601,7 @@ static tg_status compute_d(tg_ctx *ctx, const char *fn, tg_dtype dtype, const vo
                          tg_out("D_out", D_out, (uint64_t)rows * sizeof(float))};
   if ((st = tg_check_alias(ctx, fn, bufs, TG_LEN(bufs)))) return st;
   const compute_d_args a = {O, dO, dtype, D_out, rows, head_dim, ctx->ops};
-  return tg_dispatch(ctx, (rows + D_ROWS_PER_GROUP - 1) / D_ROWS_PER_GROUP, 1, 1, 0,
+  return tg_dispatch(ctx, (rows + TG_ATTN_D_ROWS_PER_GROUP - 1) / TG_ATTN_D_ROWS_PER_GROUP, 1, 1, 0,
                      compute_d_group, &a);
 }
 

@@ -37,7 +37,7 @@ typedef struct {
   void *O;      /* type pr.in; NULL: O is not written */
   float *L;
   float *delta; /* with dO: rowsum(dO * O) */
-  const tg_micro_ops *ops;
+  const tg_isa_ops *ops;
   int64_t BQ, BK; /* the ISA's tiles (tg_attn_bq, tg_attn_bk) */
   int bf16_dot;   /* tg_attn_bf16_dot: S = Q.K^T on bf16 pairs, KT holds pairs */
   tg_attn_products products; /* of acc += P.V (precision mode) */
@@ -90,7 +90,7 @@ static fwd_scratch fwd_carve(void *base, int64_t D, int64_t BQ, int64_t BK,
 static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *scratch) {
   const fwd_args *a = vargs;
   const tg_attn_problem *pr = &a->pr;
-  const tg_micro_ops *ops = a->ops;
+  const tg_isa_ops *ops = a->ops;
   const int64_t BQ = a->BQ, BK = a->BK;
   fwd_scratch w = fwd_carve(scratch, pr->D, BQ, BK, a->products);
   tg_attn_dot_begin(ops, a->bf16_dot);

@@ -1,7 +1,7 @@
 /*
  * What the dtype / options entry points add to the attention kernels (a CPU
  * extension beyond the Metal contract): their extra checks, and dropout's
- * keep flags drawn from Philox4x32-10 (engine/philox.h; the vector
+ * keep flags drawn from Philox4x32-10 (isa/philox.h; the vector
  * generator is the ISA layer's dropout_keep).
  *
  * The draw of weight n = ((b H + h) qL + i) kL + k is word n % 4 of
@@ -66,7 +66,7 @@ tg_status tg_attn_prepare(tg_ctx *ctx, const char *fn, tg_dtype dtype,
   return TG_OK;
 }
 
-void tg_attn_dropout_tile(const tg_micro_ops *ops, const tg_attn_dropout *d,
+void tg_attn_dropout_tile(const tg_isa_ops *ops, const tg_attn_dropout *d,
                           const tg_attn_problem *pr, int64_t b, int64_t h, int64_t q0, int64_t nq,
                           int64_t k0, int64_t nk, uint8_t *keep, int64_t ldk) {
   for (int64_t i = 0; i < nq; i++) {
@@ -99,7 +99,7 @@ typedef struct {
   tg_attn_dropout drop;
   int64_t rows, kL, rows_per_item;
   uint8_t *keep;
-  const tg_micro_ops *ops;
+  const tg_isa_ops *ops;
 } keep_args;
 
 static void keep_group(const void *vargs, int64_t item, int64_t y, int64_t z, void *scratch) {

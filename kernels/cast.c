@@ -17,29 +17,27 @@
  */
 #include "engine.h"
 
-enum { CAST_CHUNK = 1 << 16 };
-
 typedef struct {
   const float *src;
   tg_bf16 *dst;
   int64_t begin, end; /* the elements of this dispatch */
-  const tg_micro_ops *ops;
+  const tg_isa_ops *ops;
 } cast_args;
 
 static void cast_group(const void *vargs, int64_t chunk, int64_t y, int64_t z,
                        void *scratch) {
   const cast_args *a = vargs;
-  const int64_t begin = a->begin + chunk * CAST_CHUNK;
-  const int64_t len = a->end - begin < CAST_CHUNK ? a->end - begin : CAST_CHUNK;
+  const int64_t begin = a->begin + chunk * TG_CAST_CHUNK;
+  const int64_t len = a->end - begin < TG_CAST_CHUNK ? a->end - begin : TG_CAST_CHUNK;
   a->ops->f32_to_bf16(a->src + begin, a->dst + begin, len);
 }
 
-/* Elements [begin, end), CAST_CHUNK per work item. Needs no scratch, so it
+/* Elements [begin, end), TG_CAST_CHUNK per work item. Needs no scratch, so it
  * cannot fail once validation passed. */
 static tg_status cast_range(tg_ctx *ctx, const float *src, tg_bf16 *dst, int64_t begin,
                             int64_t end) {
   const cast_args a = {src, dst, begin, end, ctx->ops};
-  return tg_dispatch(ctx, (end - begin + CAST_CHUNK - 1) / CAST_CHUNK, 1, 1, 0, cast_group,
+  return tg_dispatch(ctx, (end - begin + TG_CAST_CHUNK - 1) / TG_CAST_CHUNK, 1, 1, 0, cast_group,
                      &a);
 }
 
@@ -52,7 +50,7 @@ static tg_status cast_in_place(tg_ctx *ctx, void *buf, int64_t n) {
   ctx->ops->f32_to_bf16(&first, dst, 1);
   for (int64_t begin = 1; begin < n; begin *= 2) {
     const int64_t end = 2 * begin < n ? 2 * begin : n;
-    if (end - begin <= CAST_CHUNK) {
+    if (end - begin <= TG_CAST_CHUNK) {
       ctx->ops->f32_to_bf16(src + begin, dst + begin, end - begin); /* serially, no fork */
     } else {
       const tg_status st = cast_range(ctx, src, dst, begin, end);

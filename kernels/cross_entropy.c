@@ -49,7 +49,7 @@ typedef struct {
   uint32_t pad_id;
   float inv_count;
   int stream;
-  const tg_micro_ops *ops;
+  const tg_isa_ops *ops;
 } ce_args;
 
 /* Rows per work item: a row's write overlaps the next row's read only within

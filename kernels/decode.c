@@ -54,7 +54,7 @@ typedef struct {
   const float *htmp;
   float *out;
   int64_t nrows, DV, nwg, rpg; /* rpg: rows per group */
-  const tg_micro_ops *ops;
+  const tg_isa_ops *ops;
   float mul[512]; /* FWHT: sign(j) / sqrt(D), the undo's per-element factor */
 } dec_args;
 

@@ -32,25 +32,14 @@
  */
 #include "engine.h"
 
-enum {
-  EMB_COLS_MIN = 1024,       /* columns per block: 4 KiB (whole rows up to dim 1024) .. */
-  EMB_COLS_MAX = 4096,       /* .. 16 KiB of each row */
-  EMB_GROUPS_PER_THREAD = 8  /* aim for this many groups per thread */
-};
-
 typedef struct {
   const float *grad_out;
   const uint32_t *ids;
   float *grad_weight;
   int64_t seq_len, dim, vocab;
   int64_t cols_per_block, rows_per_block;
-  const tg_micro_ops *ops;
+  const tg_isa_ops *ops;
 } emb_args;
-
-/* Entries ahead whose rows are prefetched: the rows are scattered (random ids,
- * and the tokens of one id scattered over the sequence), so no hardware
- * prefetcher sees them coming. */
-enum { EMB_PF_AHEAD = 2 };
 
 static void prefetch_piece(const float *p, int64_t n, int write) {
   for (int64_t i = 0; i < n; i += 16) {
@@ -87,10 +76,10 @@ static void embedding_backward_group(const void *vargs, int64_t cb, int64_t vb, 
     if (v >= v0 && v < v1) order[start[v - v0]++] = (uint32_t)t;
   }
   for (int64_t i = 0; i < n; i++) {
-    if (i + EMB_PF_AHEAD < n) {
-      const int64_t tp = order[i + EMB_PF_AHEAD], vp = a->ids[tp];
+    if (i + TG_EMB_PF_AHEAD < n) {
+      const int64_t tp = order[i + TG_EMB_PF_AHEAD], vp = a->ids[tp];
       prefetch_piece(a->grad_out + tp * a->dim + c0, c1 - c0, 0);
-      if (vp != a->ids[order[i + EMB_PF_AHEAD - 1]])
+      if (vp != a->ids[order[i + TG_EMB_PF_AHEAD - 1]])
         prefetch_piece(a->grad_weight + vp * a->dim + c0, c1 - c0, 1);
     }
     const int64_t t = order[i];
@@ -135,9 +124,9 @@ tg_status tg_embedding_backward(tg_ctx *ctx, const float *grad_out, const uint32
                      (long long)t, ids[t], vocab_size);
 
   /* Blocking changes speed only, never bits (see the header comment). */
-  const int64_t threads = tg_threads(ctx), target = threads * EMB_GROUPS_PER_THREAD;
+  const int64_t threads = tg_threads(ctx), target = threads * TG_EMB_GROUPS_PER_THREAD;
   int64_t cols = (((int64_t)dim + threads - 1) / threads + 15) & ~(int64_t)15;
-  cols = cols < EMB_COLS_MIN ? EMB_COLS_MIN : cols > EMB_COLS_MAX ? EMB_COLS_MAX : cols;
+  cols = cols < TG_EMB_COLS_MIN ? TG_EMB_COLS_MIN : cols > TG_EMB_COLS_MAX ? TG_EMB_COLS_MAX : cols;
   const int64_t ncb = ((int64_t)dim + cols - 1) / cols;
   int64_t nvb = 1;
   if (ncb < target) {

@@ -44,22 +44,15 @@
 #include "engine.h"
 #include "reduce.h"
 
-enum {
-  DW_MAX_BLOCKS = 256, /* fused, deterministic: at most this many row blocks */
-  DW_MIN_ROWS = 16,    /* fused and split dw: about one row block per this many rows */
-  DW_SPLIT_MAX_BLOCKS = 64, /* split dw: at most this many row blocks */
-  COL_BLOCK = 256      /* columns per group of the column passes */
-};
-
 /* r = 1 / sqrt(sum_j x[j]^2 / dim + eps) for one row. Every kernel here
  * (forward included) takes the sum from the same ISA-layer op, so r agrees
  * bitwise between them for one ISA. */
-static float row_rms_inv(const tg_micro_ops *ops, const float *x, int64_t dim, float eps) {
+static float row_rms_inv(const tg_isa_ops *ops, const float *x, int64_t dim, float eps) {
   return 1.0f / sqrtf(ops->dot_f32(x, x, dim) / (float)dim + eps);
 }
 
 /* One row of dx: s = sum dy*x*w; dx[k] = r * (dy[k]*w[k] - x[k] * s*r^2/dim). */
-static void row_dx(const tg_micro_ops *ops, const float *x, const float *w, const float *dy,
+static void row_dx(const tg_isa_ops *ops, const float *x, const float *w, const float *dy,
                    float r, float *dx, int64_t dim) {
   const float s = ops->dot3_f32(dy, x, w, dim);
   const float coeff = s * r * r / (float)dim;
@@ -96,7 +89,7 @@ typedef struct {
   float *r;
   int64_t rows, dim, rpg;
   float eps;
-  const tg_micro_ops *ops;
+  const tg_isa_ops *ops;
 } rms_inv_args;
 
 static void rms_inv_group(const void *vargs, int64_t g, int64_t y, int64_t z,
@@ -130,7 +123,7 @@ typedef struct {
   float *y, *r; /* r may be NULL */
   int64_t rows, dim, rpg;
   float eps;
-  const tg_micro_ops *ops;
+  const tg_isa_ops *ops;
 } fwd_args;
 
 static void fwd_group(const void *vargs, int64_t g, int64_t y_, int64_t z, void *scratch) {
@@ -171,7 +164,7 @@ typedef struct {
   const float *x, *w, *dy, *r;
   float *dx;
   int64_t rows, dim, rpg;
-  const tg_micro_ops *ops;
+  const tg_isa_ops *ops;
 } dx_args;
 
 static void dx_group(const void *vargs, int64_t g, int64_t y, int64_t z, void *scratch) {
@@ -209,7 +202,7 @@ typedef struct {
   float *dw;
   float *partials; /* [nblocks, dim] */
   int64_t rows, dim, rows_per_block, nblocks;
-  const tg_micro_ops *ops;
+  const tg_isa_ops *ops;
 } dw_args;
 
 /* Pass 1, group g = row block g: partial[g, :] = sum over its rows, in row
@@ -224,12 +217,12 @@ static void dw_rows_group(const void *vargs, int64_t g, int64_t y, int64_t z, vo
     a->ops->acc_mul2_f32(part, a->dy + b * a->dim, a->x + b * a->dim, a->r[b], a->dim);
 }
 
-/* Pass 2, group c owns dw[c*COL_BLOCK ..): dw[i] = sum_g partial[g, i], blocks
+/* Pass 2, group c owns dw[c*TG_RMS_COL_BLOCK ..): dw[i] = sum_g partial[g, i], blocks
  * in order 0..nblocks-1. */
 static void dw_cols_group(const void *vargs, int64_t c, int64_t y, int64_t z, void *scratch) {
   const dw_args *a = vargs;
-  const int64_t c0 = c * COL_BLOCK, n = min64(COL_BLOCK, a->dim - c0);
-  float acc[COL_BLOCK] = {0};
+  const int64_t c0 = c * TG_RMS_COL_BLOCK, n = min64(TG_RMS_COL_BLOCK, a->dim - c0);
+  float acc[TG_RMS_COL_BLOCK] = {0};
   for (int64_t g = 0; g < a->nblocks; g++) a->ops->add_f32(acc, a->partials + g * a->dim + c0, n);
   for (int64_t j = 0; j < n; j++) a->dw[c0 + j] = acc[j];
 }
@@ -249,9 +242,10 @@ tg_status tg_rms_norm_backward_dw_f32(tg_ctx *ctx, const float *x, const float *
   if ((st = tg_check_alias(ctx, fn, bufs, TG_LEN(bufs)))) return st;
   /* Row blocks fixed by `rows` alone (never by the thread count), so dw is
    * bitwise identical for any thread count, in both modes: about one block
-   * per DW_MIN_ROWS rows, at most DW_SPLIT_MAX_BLOCKS (the partials, at most
+   * per TG_RMS_DW_MIN_ROWS rows, at most TG_RMS_DW_SPLIT_MAX_BLOCKS (the partials, at most
    * 64 * dim floats, are small next to x and dy). */
-  int64_t nblocks = min64(((int64_t)rows + DW_MIN_ROWS - 1) / DW_MIN_ROWS, DW_SPLIT_MAX_BLOCKS);
+  int64_t nblocks = min64(((int64_t)rows + TG_RMS_DW_MIN_ROWS - 1) / TG_RMS_DW_MIN_ROWS,
+                          TG_RMS_DW_SPLIT_MAX_BLOCKS);
   const int64_t rpb = ((int64_t)rows + nblocks - 1) / nblocks;
   nblocks = ((int64_t)rows + rpb - 1) / rpb;
   dw_args a = {x, dy, r, dw, NULL, rows, dim, rpb, nblocks, ctx->ops};
@@ -261,7 +255,8 @@ tg_status tg_rms_norm_backward_dw_f32(tg_ctx *ctx, const float *x, const float *
                    fn, (long long)nblocks, dim);
   st = tg_dispatch(ctx, nblocks, 1, 1, 0, dw_rows_group, &a);
   if (st == TG_OK)
-    st = tg_dispatch(ctx, (a.dim + COL_BLOCK - 1) / COL_BLOCK, 1, 1, 0, dw_cols_group, &a);
+    st = tg_dispatch(ctx, (a.dim + TG_RMS_COL_BLOCK - 1) / TG_RMS_COL_BLOCK, 1, 1, 0,
+                     dw_cols_group, &a);
   tg_mem_free(a.partials);
   return st;
 }
@@ -275,7 +270,7 @@ typedef struct {
   int64_t rows, dim, rows_per_block, nblocks;
   float eps;
   int stream; /* grad_input with non-temporal stores */
-  const tg_micro_ops *ops;
+  const tg_isa_ops *ops;
 } fused_args;
 
 /* Row block g: for each of its rows, r and dx as in 4a/4b, and
@@ -301,13 +296,13 @@ static void fused_group(const void *vargs, int64_t g, int64_t y, int64_t z,
   if (!a->partials) tg_add_f32(a->dw, part, dim, 1);
 }
 
-/* Deterministic reduce, group c owns columns c*COL_BLOCK..:
+/* Deterministic reduce, group c owns columns c*TG_RMS_COL_BLOCK..:
  * grad_weight[i] += sum_g partial[g, i], blocks in order 0..nblocks-1. */
 static void fused_reduce_group(const void *vargs, int64_t c, int64_t y, int64_t z,
                                void *scratch) {
   const fused_args *a = vargs;
-  const int64_t c0 = c * COL_BLOCK, n = min64(COL_BLOCK, a->dim - c0);
-  float acc[COL_BLOCK] = {0};
+  const int64_t c0 = c * TG_RMS_COL_BLOCK, n = min64(TG_RMS_COL_BLOCK, a->dim - c0);
+  float acc[TG_RMS_COL_BLOCK] = {0};
   for (int64_t g = 0; g < a->nblocks; g++) a->ops->add_f32(acc, a->partials + g * a->dim + c0, n);
   for (int64_t j = 0; j < n; j++) a->dw[c0 + j] += acc[j];
 }
@@ -340,14 +335,14 @@ tg_status tg_rms_norm_backward(tg_ctx *ctx, const float *input, const float *wei
   if ((st = tg_check_alias(ctx, fn, bufs, TG_LEN(bufs)))) return st;
 
   /* Blocks of rpb consecutive rows (the last may be shorter): about one per
-   * DW_MIN_ROWS rows, at most max_blocks. Deterministic: max_blocks =
-   * DW_MAX_BLOCKS, so the partition depends on `rows` alone. Otherwise two
+   * TG_RMS_DW_MIN_ROWS rows, at most max_blocks. Deterministic: max_blocks =
+   * TG_RMS_DW_MAX_BLOCKS, so the partition depends on `rows` alone. Otherwise two
    * per thread, so the atomic adds (dim per block) stay few next to the
    * rows * dim work. */
   const int64_t rows = n_groups;
   const int64_t max_blocks =
-      ctx->deterministic ? DW_MAX_BLOCKS : 2 * (int64_t)tg_threads(ctx);
-  int64_t nblocks = min64((rows + DW_MIN_ROWS - 1) / DW_MIN_ROWS, max_blocks);
+      ctx->deterministic ? TG_RMS_DW_MAX_BLOCKS : 2 * (int64_t)tg_threads(ctx);
+  int64_t nblocks = min64((rows + TG_RMS_DW_MIN_ROWS - 1) / TG_RMS_DW_MIN_ROWS, max_blocks);
   const int64_t rpb = (rows + nblocks - 1) / nblocks;
   nblocks = (rows + rpb - 1) / rpb;
   fused_args a = {input, weight, grad_out, grad_input, grad_weight, NULL, rows, dim, rpb,
@@ -365,7 +360,7 @@ tg_status tg_rms_norm_backward(tg_ctx *ctx, const float *input, const float *wei
                    (long long)nblocks, dim);
   st = tg_dispatch(ctx, nblocks, 1, 1, 0, fused_group, &a);
   if (st == TG_OK)
-    st = tg_dispatch(ctx, (a.dim + COL_BLOCK - 1) / COL_BLOCK, 1, 1, 0,
+    st = tg_dispatch(ctx, (a.dim + TG_RMS_COL_BLOCK - 1) / TG_RMS_COL_BLOCK, 1, 1, 0,
                      fused_reduce_group, &a);
   tg_mem_free(a.partials);
   return st;

@@ -21,7 +21,7 @@ typedef struct {
   const float *sm, *go;
   float *gi;
   int64_t rows, len, rpg;
-  const tg_micro_ops *ops;
+  const tg_isa_ops *ops;
 } softmax_bwd_args;
 
 static void softmax_bwd_group(const void *vargs, int64_t g, int64_t y, int64_t z,

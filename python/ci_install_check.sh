@@ -34,7 +34,7 @@ echo "== sdist and wheel"
 (cd "$repo/python" && "$work/venv/bin/python" setup.py -q sdist -d "$work/dist" 2>/dev/null)
 sdist=$(ls "$work"/dist/tilegrad-*.tar.gz)
 tar tzf "$sdist" >"$work/sdist.txt"
-for f in CMakeLists.txt include/tilegrad.h kernels/attention_bwd.c engine/context.c cmake/isa.cmake; do
+for f in CMakeLists.txt include/tilegrad.h kernels/attention_bwd.c engine/context.c isa/isa.cmake isa/select.c; do
   grep -qx "tilegrad-[0-9.]*/csrc/$f" "$work/sdist.txt" || { echo "sdist lacks csrc/$f"; exit 1; }
 done
 (cd "$repo" && "$work/venv/bin/python" -m pip wheel "${pip_args[@]}" -q --no-deps -w "$work/dist" ./python)

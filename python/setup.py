@@ -7,7 +7,7 @@ library target (tests and CLI off), and copies `libtilegrad.so` and
 `tilegrad.h` into `tilegrad/_lib/`.
 
 The sdist carries the library's C sources under `csrc/` (CMakeLists.txt,
-cmake/, engine/, kernels/, include/), so `pip install tilegrad-X.tar.gz`
+cmake/, isa/, engine/, kernels/, include/), so `pip install tilegrad-X.tar.gz`
 builds the same way from them, with no repository around it.
 
 The package loads the library with ctypes and has no Python extension
@@ -43,7 +43,7 @@ except ImportError:
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 # What the library's CMake build needs (TG_BUILD_CLI=OFF, TG_BUILD_TESTS=OFF).
-C_SOURCES = ("CMakeLists.txt", "cmake", "engine", "kernels", "include")
+C_SOURCES = ("CMakeLists.txt", "cmake", "isa", "engine", "kernels", "include")
 SDIST_CSRC = os.path.join(HERE, "csrc")  # present in an unpacked sdist
 
 

@@ -62,7 +62,7 @@
 
 #include "bf16.h"
 #include "engine.h"
-#include "micro.h"
+#include "ops.h"
 #include "philox.h"
 #include "attn_problem.h"
 #include "tilegrad_testing.h"
@@ -491,7 +491,7 @@ static void test_p0_bitwise_equals_no_options(void **state) {
  * (on the KV schedule f32 sums them with compensation, bf16 does not). */
 static void test_bf16_f32_same_engine(void **state) {
   tg_ctx *probe = tu_ctx(1, TG_ISA_AUTO);
-  const tg_micro_ops *ops = tg_micro_table(tg_ctx_get_isa(probe));
+  const tg_isa_ops *ops = tg_isa_table(tg_ctx_get_isa(probe));
   tg_ctx_destroy(probe);
   if (ops->mm_bf16_pairs) { /* bf16 runs Q.K^T and dO.V^T on the bf16 dot GEMM
                              * (vdpbf16ps, AMX tiles): other sums, other bits */

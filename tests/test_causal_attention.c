@@ -17,7 +17,7 @@
  * algorithm, propagated through the steps and evaluated per element in f64
  * (gamma_n ~ n*u for a sum of n terms, applied to the sum of the terms'
  * magnitudes). With n = i + 1 visible keys, T = ceil(n / 16) key tiles at
- * most (every ISA's attn_bk is >= 16; blocking.h has 48 and 64), R = max_j
+ * most (every ISA's attn_bk is >= 16; isa/tuning.h has 48 and 64), R = max_j
  * (m - s_j), m = max_j s_j, and exp within 2 ulp (4u):
  *   es_j  = (D + 2) u A_j,  A_j = scale sum_d |q_d k_jd|, Es = max_j es_j
  *           (dot of D terms, times the rounded f32 scale)

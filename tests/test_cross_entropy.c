@@ -12,7 +12,7 @@
  *     e) + u*(|v| + e) + 2^-150 (subnormal underflow);
  *   - expf / logf are taken to be within 1 ulp (glibc documents <= 1 ulp for
  *     both), i.e. 2u relative, plus 2^-149 absolute for subnormal results
- *     (the kernel's own vector exp, kernels/micro/row_ops.h, is measured
+ *     (the kernel's own vector exp, isa/common/row_ops.c, is measured
  *     within 1.04 ulp: the excess is far inside the (n - 1) u of the row sum
  *     for any row of 2 or more logits, and exp(0) = 1 is exact);
  *     propagation through exp: exp(v)*expm1(e); through log: -log1p(-e/v);

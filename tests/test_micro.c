@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "bf16.h"
-#include "micro.h"
+#include "ops.h"
 #include "philox.h"
 #include "reduce.h"
 #include "testutil.h"
@@ -22,23 +22,23 @@ static const double U = 0x1.0p-24;
 
 /* The tables under test: the portable one first (the reference of the
  * bitwise checks below), then the other ISAs tu_isas gives. */
-static int n_tables(const tg_micro_ops *out[TU_MAX_ISAS]) {
+static int n_tables(const tg_isa_ops *out[TU_MAX_ISAS]) {
   tg_isa isas[TU_MAX_ISAS];
   const int n = tu_isas(isas);
   int nt = 0;
-  out[nt++] = tg_micro_table(TG_ISA_PORTABLE);
+  out[nt++] = tg_isa_table(TG_ISA_PORTABLE);
   for (int i = 0; i < n; i++)
-    if (isas[i] != TG_ISA_PORTABLE) out[nt++] = tg_micro_table(isas[i]);
+    if (isas[i] != TG_ISA_PORTABLE) out[nt++] = tg_isa_table(isas[i]);
   return nt;
 }
 
 /* Each table's blocking is one the drivers can use: key tiles whole GEMM
  * panels, tiles within the attention scratch limit. */
 static void test_blocking(void **state) {
-  const tg_micro_ops *tabs[TU_MAX_ISAS];
+  const tg_isa_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   for (int t = 0; t < nt; t++) {
-    const tg_micro_ops *o = tabs[t];
+    const tg_isa_ops *o = tabs[t];
     printf("  %s: GEMM block %d x %d, attention tiles %d x %d (bf16 mode on the bf16 unit: "
            "%d x %d)\n", o->name, o->gemm_mr, o->gemm_nr, o->attn_bq, o->attn_bk,
            o->attn_bq_bf16, o->attn_bk_bf16);
@@ -54,7 +54,7 @@ static void test_blocking(void **state) {
  * table's MR x NR block: 8 x 32, 6 x 16, 4 x 8). */
 static void test_gemms(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 11);
-  const tg_micro_ops *tabs[TU_MAX_ISAS];
+  const tg_isa_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   const int sizes[][3] = {{1, 1, 1}, {4, 32, 8}, {5, 33, 7}, {64, 64, 128}, {3, 70, 64},
                           {64, 136, 64}, {13, 8, 300}, {17, 65, 9}, {48, 48, 64},
@@ -117,7 +117,7 @@ static void test_gemms(void **state) {
  * bit for bit, its padding unchanged. */
 static void test_bf16_dot_gemm(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 12);
-  const tg_micro_ops *tabs[TU_MAX_ISAS];
+  const tg_isa_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   int tested = 0;
   const int sizes[][3] = {{1, 1, 2},     {8, 32, 64},   {9, 33, 66},    {64, 64, 128},
@@ -129,7 +129,7 @@ static void test_bf16_dot_gemm(void **state) {
   const uint16_t nan_bf16 = 0x7FC0;
   const uint32_t nan_pair = 0x7FC07FC0u;
   for (int t = 0; t < nt; t++) {
-    const tg_micro_ops *o = tabs[t];
+    const tg_isa_ops *o = tabs[t];
     if (!o->mm_bf16_pairs) continue;
     tested++;
     for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
@@ -191,7 +191,7 @@ static void test_bf16_dot_gemm(void **state) {
 }
 
 static void test_exp(void **state) {
-  const tg_micro_ops *tabs[TU_MAX_ISAS];
+  const tg_isa_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   const int64_t n = 1 << 18;
   float *x = tu_alloc(sizeof(float) * n), *y = tu_alloc(sizeof(float) * n);
@@ -225,7 +225,7 @@ static void test_exp(void **state) {
 }
 
 static void test_conversions_and_dot(void **state) {
-  const tg_micro_ops *tabs[TU_MAX_ISAS];
+  const tg_isa_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 13);
   const int64_t n = 1000;
@@ -257,7 +257,7 @@ static void test_conversions_and_dot(void **state) {
 /* attn_score_row / attn_ds_row on ragged rows: visible prefix, bf16 and f32
  * masks with -inf entries, the causal tail set to -inf. */
 static void test_attention_rows(void **state) {
-  const tg_micro_ops *tabs[TU_MAX_ISAS];
+  const tg_isa_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 17);
   enum { N = 77 };
@@ -307,12 +307,12 @@ static void test_attention_rows(void **state) {
   }
 }
 
-/* dropout_keep against the scalar Philox4x32-10 of engine/philox.h, draw by
+/* dropout_keep against the scalar Philox4x32-10 of isa/philox.h, draw by
  * draw: ragged starts and lengths (every start word of a block, runs across
  * several vector batches), a counter whose low 64 bits wrap (the carry into
  * word 2), thresholds 0, 1, 2^31 and 2^32 - 1. Exact on every table. */
 static void test_dropout_keep(void **state) {
-  const tg_micro_ops *tabs[TU_MAX_ISAS];
+  const tg_isa_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 23);
   const uint32_t thresholds[] = {0, 1, 0x80000000u, 0xFFFFFFFFu, (uint32_t)tu_next(&r)};
@@ -359,7 +359,7 @@ static const int64_t k_lens[] = {0, 1, 5, 15, 16, 17, 31, 33, 100, 1000, 1031, 2
 #define N_LENS ((int)(sizeof k_lens / sizeof k_lens[0]))
 
 static void test_row_reductions(void **state) {
-  const tg_micro_ops *tabs[TU_MAX_ISAS];
+  const tg_isa_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 19);
   enum { NMAX = 2600 };
@@ -398,7 +398,7 @@ static void test_row_reductions(void **state) {
 }
 
 static void test_row_elementwise(void **state) {
-  const tg_micro_ops *tabs[TU_MAX_ISAS];
+  const tg_isa_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 23);
   enum { NMAX = 2600 };
@@ -450,7 +450,7 @@ static void test_row_elementwise(void **state) {
  * (2u + 4 m u^2) sum|x| for m parts (Higham, Accuracy and Stability, 4.3);
  * the parts zeroed; the same bits on every table (no contraction). */
 static void test_add_compensated(void **state) {
-  const tg_micro_ops *tabs[TU_MAX_ISAS];
+  const tg_isa_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 29);
   enum { N = 37, M = 300 };
@@ -486,7 +486,7 @@ static int popcount_u(unsigned v) {
 }
 
 static void test_fwht(void **state) {
-  const tg_micro_ops *tabs[TU_MAX_ISAS];
+  const tg_isa_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 29);
   const int64_t sizes[] = {16, 32, 64, 256, 512};
@@ -523,7 +523,7 @@ static void test_fwht(void **state) {
 }
 
 static void test_transpose(void **state) {
-  const tg_micro_ops *tabs[TU_MAX_ISAS];
+  const tg_isa_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 31);
   const int64_t sizes[][2] = {{1, 1}, {1, 37}, {37, 1}, {15, 17}, {16, 16}, {33, 70},
@@ -554,7 +554,7 @@ static void test_transpose(void **state) {
 }
 
 static void test_wsum4(void **state) {
-  const tg_micro_ops *tabs[TU_MAX_ISAS];
+  const tg_isa_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 37);
   const int64_t lds[] = {1, 3, 16};
@@ -617,10 +617,10 @@ static void test_wsum4(void **state) {
  *              that may be subnormal), bit-equal with
  *              and without streaming.
  * Bit-equal between the tables with FMA (AVX2, AVX-512): the row ops' exp uses
- * fused multiply-adds where the ISA has them (kernels/micro/row_ops.h says
+ * fused multiply-adds where the ISA has them (isa/common/row_ops.c says
  * why), so the portable table rounds differently, within the same bounds. */
 static void test_softmax_rows(void **state) {
-  const tg_micro_ops *tabs[TU_MAX_ISAS];
+  const tg_isa_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 41);
   const int64_t lens[] = {1, 5, 17, 1000, 1024, 1025, 2500, 5000};
@@ -705,7 +705,7 @@ static void test_softmax_rows(void **state) {
  * are checked above): rms_sums_f32 to dot_f32(x, x) and dot3_f32(dy, x, w),
  * rms_bwd_row to acc_mul2_f32 and rms_dx_row. */
 static void test_rms_fused_rows(void **state) {
-  const tg_micro_ops *tabs[TU_MAX_ISAS];
+  const tg_isa_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 43);
   enum { NMAX = 2600 };
@@ -752,13 +752,13 @@ static void test_rms_fused_rows(void **state) {
  * destination's rows and columns is written. */
 static void test_bf16_split_and_row_pairs(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 13);
-  const tg_micro_ops *tabs[TU_MAX_ISAS];
+  const tg_isa_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   const float specials[] = {NAN, INFINITY, -INFINITY, 0x1p-130f, -0x1p-140f, 3.4e38f, -0.0f,
                             1.0f + 0x1p-8f, 1.0f + 0x3p-8f};
   const int sizes[][2] = {{1, 1}, {64, 64}, {63, 65}, {17, 33}, {48, 48}, {5, 100}, {100, 7}};
   for (int t = 0; t < nt; t++) {
-    const tg_micro_ops *o = tabs[t];
+    const tg_isa_ops *o = tabs[t];
     for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
       const int rows = sizes[si][0], cols = sizes[si][1], lds = cols + 3;
       float *x = tu_alloc(sizeof(float) * rows * lds);

@@ -1,6 +1,6 @@
 /*
  * Threads around the library:
- *  - the default thread count: the cgroup CPU quota reader (engine/context.c)
+ *  - the default thread count: the cgroup CPU quota reader (engine/threads.c)
  *    on fake cgroup trees, v2 and v1, nested limits, no limit, unreadable
  *    files; a context with no thread count set never starts more threads
  *    than OpenMP's default;

@@ -14,7 +14,7 @@
 
 #include <cmocka.h>
 
-#include "isa.h"
+#include "registry.h"
 #include "tilegrad.h"
 
 /* --- RNG ---------------------------------------------------------------- */
@@ -40,7 +40,7 @@ int tu_all_finite(const float *x, int64_t n);
 extern const int tu_thread_counts[];
 extern const int tu_n_thread_counts;
 #define TU_COUNT_ISA_(name, id, cpu, pick) +1
-enum { TU_MAX_ISAS = 0 TG_ISA_LIST(TU_COUNT_ISA_) }; /* the registry's (engine/isa.h) */
+enum { TU_MAX_ISAS = 0 TG_ISA_LIST(TU_COUNT_ISA_) }; /* the registry's (isa/registry.h) */
 #undef TU_COUNT_ISA_
 int tu_isas(tg_isa out[TU_MAX_ISAS]); /* returns how many */
 /* Fails the test on error. TG_ISA_AUTO: the ISA under test (TG_TEST_ISA),

@@ -1,8 +1,8 @@
 /*
  * Row ops of the memory-bound kernels (cast, RMSNorm, softmax, embedding,
- * cross-entropy, transpose, decode reduce, FWHT): part of kernels/micro/
- * micro.c, which includes this file once per ISA build (TG_NAME, LANES and
- * the simd_<isa>.h blocks come from there).
+ * cross-entropy, transpose, decode reduce, FWHT), compiled once per ISA
+ * like the rest of isa/common/ (TG_NAME, LANES and the simd_<isa>.h blocks
+ * come from build.h).
  *
  * Compiled without FMA contraction: each op then rounds exactly as its
  * formula reads on every ISA (the portable build has no FMA anyway), so the
@@ -13,24 +13,20 @@
  * (`v < c ? 0 : expensive(v)`) and blend them, which is what lets loops with
  * selects vectorize for AVX2 (no masked stores); no result changes, since
  * nothing here reads the floating-point exception flags. */
-#if defined(__clang__) /* clang ignores gcc's optimize pragma (cmake/isa.cmake) */
+#include "build.h"
+
+#if defined(__clang__) /* clang ignores gcc's optimize pragma (isa/isa.cmake) */
 #pragma clang fp contract(off)
 #else
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=off", "no-trapping-math")
 #endif
 
-#include "reduce.h" /* TG_SOFTMAX_CHUNK */
 
-/* Streaming row ops prefetch PF_AHEAD floats (2 KiB) ahead, one line per 16
- * floats: one thread walking one row at a time otherwise leans on the L2
- * streamer alone, which stops at every 4 KiB page and keeps too few misses
- * in flight to reach the bandwidth a multi-stream triad gets. A prefetch
- * never faults, so running past the end of a row is harmless. */
-enum { PF_AHEAD = 512 };
+/* PF_AHEAD floats ahead (isa/tuning.h) */
 #define TG_PF(p) __builtin_prefetch((p) + PF_AHEAD, 0, 3)
 
-static float TG_NAME(dot_f32)(const float *restrict a, const float *restrict b, int64_t n) {
+float TG_NAME(dot_f32)(const float *restrict a, const float *restrict b, int64_t n) {
   float acc[LANES] = {0};
   int64_t i = 0;
   for (; i + LANES <= n; i += LANES) {
@@ -42,8 +38,8 @@ static float TG_NAME(dot_f32)(const float *restrict a, const float *restrict b, 
   return tg_lane_tree16(acc);
 }
 
-static float TG_NAME(dot3_f32)(const float *restrict a, const float *restrict b,
-                               const float *restrict c, int64_t n) {
+float TG_NAME(dot3_f32)(const float *restrict a, const float *restrict b,
+                        const float *restrict c, int64_t n) {
   float acc[LANES] = {0};
   int64_t i = 0;
   for (; i + LANES <= n; i += LANES) {
@@ -55,7 +51,7 @@ static float TG_NAME(dot3_f32)(const float *restrict a, const float *restrict b,
   return tg_lane_tree16(acc);
 }
 
-static float TG_NAME(max_f32)(const float *restrict x, int64_t n) {
+float TG_NAME(max_f32)(const float *restrict x, int64_t n) {
   float acc[LANES];
   for (int l = 0; l < LANES; l++) acc[l] = -__builtin_inff();
   int64_t i = 0;
@@ -70,12 +66,12 @@ static float TG_NAME(max_f32)(const float *restrict x, int64_t n) {
   return acc[0];
 }
 
-static void TG_NAME(scale2_f32)(float *restrict x, int64_t n, float a, float b) {
+void TG_NAME(scale2_f32)(float *restrict x, int64_t n, float a, float b) {
 #pragma omp simd
   for (int64_t i = 0; i < n; i++) x[i] = (x[i] * a) * b;
 }
 
-static void TG_NAME(add_f32)(float *restrict dst, const float *restrict src, int64_t n) {
+void TG_NAME(add_f32)(float *restrict dst, const float *restrict src, int64_t n) {
   for (int64_t i = 0; i < n; i += LANES) {
     const int64_t m = n - i < LANES ? n - i : LANES;
     /* within the row only: callers (embedding rows, partial sums) jump
@@ -89,8 +85,8 @@ static void TG_NAME(add_f32)(float *restrict dst, const float *restrict src, int
 
 /* Kahan: y = x - c; t = s + y; c = (t - s) - y; s = t. The contraction-free
  * build keeps every rounding, which the correction relies on. */
-static void TG_NAME(add_compensated_f32)(float *restrict sum, float *restrict comp,
-                                         float *restrict x, int64_t n) {
+void TG_NAME(add_compensated_f32)(float *restrict sum, float *restrict comp,
+                                  float *restrict x, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; i++) {
     const float y = x[i] - comp[i], t = sum[i] + y;
@@ -100,8 +96,8 @@ static void TG_NAME(add_compensated_f32)(float *restrict sum, float *restrict co
   }
 }
 
-static void TG_NAME(acc_mul2_f32)(float *restrict acc, const float *restrict a,
-                                  const float *restrict b, float s, int64_t n) {
+void TG_NAME(acc_mul2_f32)(float *restrict acc, const float *restrict a,
+                           const float *restrict b, float s, int64_t n) {
   for (int64_t i = 0; i < n; i += LANES) {
     const int64_t m = n - i < LANES ? n - i : LANES;
     TG_PF(a + i), TG_PF(b + i);
@@ -110,9 +106,9 @@ static void TG_NAME(acc_mul2_f32)(float *restrict acc, const float *restrict a,
   }
 }
 
-static void TG_NAME(rms_dx_row)(const float *restrict x, const float *restrict w,
-                                const float *restrict dy, float r, float c,
-                                float *restrict dx, int64_t n) {
+void TG_NAME(rms_dx_row)(const float *restrict x, const float *restrict w,
+                         const float *restrict dy, float r, float c,
+                         float *restrict dx, int64_t n) {
 #pragma omp simd
   for (int64_t k = 0; k < n; k++) dx[k] = r * (dy[k] * w[k] - x[k] * c);
 }
@@ -126,7 +122,7 @@ static void TG_NAME(rms_dx_row)(const float *restrict x, const float *restrict w
  * len >= 16 are plain butterflies vectorized over j; the factor mul is
  * applied in the last one.
  */
-static void TG_NAME(fwht_mul_f32)(float *restrict x, int64_t n, const float *restrict mul) {
+void TG_NAME(fwht_mul_f32)(float *restrict x, int64_t n, const float *restrict mul) {
   for (int64_t b = 0; b < n; b += 16) {
     __builtin_prefetch(x + b + PF_AHEAD, 1, 3); /* rows are walked in order */
     fwht16_block(x + b);
@@ -171,8 +167,8 @@ static void transpose_small(int64_t rows, int64_t cols, const float *restrict sr
     }
 }
 
-static void TG_NAME(transpose_f32)(int64_t rows, int64_t cols, const float *restrict src,
-                                   int64_t lds, float *restrict dst, int64_t ldd, int stream) {
+void TG_NAME(transpose_f32)(int64_t rows, int64_t cols, const float *restrict src,
+                            int64_t lds, float *restrict dst, int64_t ldd, int stream) {
   if (TB == 0) {
     transpose_small(rows, cols, src, lds, dst, ldd);
     return;
@@ -189,9 +185,9 @@ static void TG_NAME(transpose_f32)(int64_t rows, int64_t cols, const float *rest
 
 /* Four c at a time (16 independent accumulators: four xmm-wide chains), each
  * summing its workgroups in list order. */
-static void TG_NAME(wsum4_f32)(const float *restrict part, int64_t ld, const int32_t *restrict w,
-                               const float *restrict a, int64_t nw, int64_t n4, float div,
-                               float *restrict dst) {
+void TG_NAME(wsum4_f32)(const float *restrict part, int64_t ld, const int32_t *restrict w,
+                        const float *restrict a, int64_t nw, int64_t n4, float div,
+                        float *restrict dst) {
   int64_t c = 0;
   for (; c + 4 <= n4; c += 4) {
     float acc[4][4] = {{0}};
@@ -285,8 +281,8 @@ static inline float exp_rowop(float v) {
  * the order of one 16-lane pass whatever the chunking. The exp of this chunk
  * runs while the next 4 KiB are prefetched, so the read overlaps the
  * arithmetic. */
-static float TG_NAME(softmax_exp_chunk)(const float *restrict x, int64_t len, float *restrict e,
-                                        float *restrict state) {
+float TG_NAME(softmax_exp_chunk)(const float *restrict x, int64_t len, float *restrict e,
+                                 float *restrict state) {
   float *acc = state;
   const float m_old = state[LANES], mc = TG_NAME(max_f32)(x, len);
   const float m = mc > m_old ? mc : m_old;
@@ -317,8 +313,8 @@ static float TG_NAME(softmax_exp_chunk)(const float *restrict x, int64_t len, fl
  * lines of y with non-temporal stores (stream16 of simd_<isa>.h), left
  * unfenced for the caller's stream_fence: cross-entropy writes a row in 32
  * pieces, and a fence after each cost 15% of the kernel on AVX-512 (Zen 5). */
-static void TG_NAME(scale_chunks_f32)(const float *restrict e, const float *restrict a, float b,
-                                      float *restrict y, int64_t n, int stream) {
+void TG_NAME(scale_chunks_f32)(const float *restrict e, const float *restrict a, float b,
+                               float *restrict y, int64_t n, int stream) {
   stream = stream && STREAM_STORES;
   for (int64_t c0 = 0; c0 < n; c0 += TG_SOFTMAX_CHUNK) {
     const int64_t c1 = n - c0 < TG_SOFTMAX_CHUNK ? n : c0 + TG_SOFTMAX_CHUNK;
@@ -340,8 +336,8 @@ static void TG_NAME(scale_chunks_f32)(const float *restrict e, const float *rest
 
 /* RMSNorm backward row, pass 1: both sums in one read of x and dy, each in
  * the order of its own op: *xx = dot_f32(x, x), *dyxw = dot3_f32(dy, x, w). */
-static void TG_NAME(rms_sums_f32)(const float *restrict x, const float *restrict dy,
-                                  const float *restrict w, int64_t n, float *xx, float *dyxw) {
+void TG_NAME(rms_sums_f32)(const float *restrict x, const float *restrict dy,
+                           const float *restrict w, int64_t n, float *xx, float *dyxw) {
   float a2[LANES] = {0}, a3[LANES] = {0};
   int64_t i = 0;
   for (; i + LANES <= n; i += LANES) {
@@ -362,10 +358,10 @@ static void TG_NAME(rms_sums_f32)(const float *restrict x, const float *restrict
  * part[k] += x[k] * r * dy[k];  dx[k] = r * (dy[k] * w[k] - x[k] * c).
  * stream: whole aligned 64-byte lines of dx with non-temporal stores, left
  * unfenced for the caller's stream_fence (one per block of rows). */
-static void TG_NAME(rms_bwd_row)(const float *restrict x, const float *restrict w,
-                                 const float *restrict dy, float r, float c,
-                                 float *restrict part, float *restrict dx, int64_t n,
-                                 int stream) {
+void TG_NAME(rms_bwd_row)(const float *restrict x, const float *restrict w,
+                          const float *restrict dy, float r, float c,
+                          float *restrict part, float *restrict dx, int64_t n,
+                          int stream) {
   stream = stream && STREAM_STORES;
   int64_t k = 0;
   if (stream) {
@@ -392,11 +388,9 @@ static void TG_NAME(rms_bwd_row)(const float *restrict x, const float *restrict 
 
 /* Orders the non-temporal stores made so far before any later store (sfence
  * where there are such stores). */
-static void TG_NAME(stream_fence)(void) { stream_fence(); }
+void TG_NAME(stream_fence)(void) { stream_fence(); }
 
-#if defined(__clang__) /* back to the build's -ffp-contract=fast */
-#pragma clang fp contract(fast)
-#else
+#if !defined(__clang__)
 #pragma GCC pop_options
 #endif
 

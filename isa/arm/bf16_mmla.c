@@ -1,128 +1,7 @@
 /*
- * The bf16 dot-product GEMM of tables built for AVX512_BF16 (included by
- * micro.c after simd_avx512.h) or, below, for FEAT_BF16 on aarch64 (the
- * neonbf16 table, after simd_neon.h); the ops are NULL in every other
- * table.
- *
- * vdpbf16ps takes 16 pairs of bf16 from each source and adds both products
- * of a pair to one f32 lane: acc[j] += a[2j] * b[2j] + a[2j+1] * b[2j+1].
- * The attention products Q.K^T and dO.V^T have bf16 operands on both sides,
- * so they run on it directly: A (Q or dO rows) is read in place, one 32-bit
- * pair broadcast per row, and B (K^T or V^T) is packed once per key tile as
- * 32-bit pairs along k (pack_bf16_pairs), 32 columns per two loads.
- *
- * Numerics: the products of two bf16 are exact in f32 (8-bit significands);
- * the sums are rounded to f32 in pairs of k, as an FMA chain rounds each
- * step, so the error is that of f32 accumulation over K (the contract's
- * "f32 accumulation"). The instruction flushes subnormal inputs and
- * results to zero, below 1.2e-38.
- */
-#if defined(__AVX512BF16__)
-
-/* GEMM rows per register block; 32 columns (two zmm) per block:
- * 16 accumulators, 2 B vectors and one broadcast of 32 zmm. */
-enum { BF16_MR = 8 };
-
-static inline __m512 dp_pairs(__m512 acc, __m512i a, __m512i b) {
-  return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
-}
-
-static inline __m512i pair_at(const uint16_t *p) {
-  uint32_t pair;
-  memcpy(&pair, p, sizeof pair);
-  return _mm512_set1_epi32((int32_t)pair);
-}
-
-/* rows (<= BF16_MR) x 32 columns of C, the columns of each half limited by
- * its lane mask (edge blocks). The 16 accumulators are named variables: an
- * array of them (acc[r][j]) was stored to the stack on every k by gcc 12.
- * A block of fewer rows computes its missing rows on row 0 and stores
- * only its own. */
-static void bf16_block(int rows, int P, const uint16_t *restrict A, int64_t lda,
-                       const uint32_t *restrict Bp, int64_t ldb, float *restrict C, int64_t ldc,
-                       int accumulate, __mmask16 m0, __mmask16 m1) {
-  int64_t off[BF16_MR]; /* element offset of each row's A (row 0 for rows past the edge) */
-  for (int r = 0; r < BF16_MR; r++) off[r] = r < rows ? r * lda : 0;
-#define TG_BF16_INIT(r)                                                                     \
-  __m512 c##r##0 = accumulate && r < rows ? _mm512_maskz_loadu_ps(m0, C + r * ldc)         \
-                                          : _mm512_setzero_ps();                          \
-  __m512 c##r##1 = accumulate && r < rows ? _mm512_maskz_loadu_ps(m1, C + r * ldc + 16)    \
-                                          : _mm512_setzero_ps();
-  TG_BF16_INIT(0) TG_BF16_INIT(1) TG_BF16_INIT(2) TG_BF16_INIT(3)
-  TG_BF16_INIT(4) TG_BF16_INIT(5) TG_BF16_INIT(6) TG_BF16_INIT(7)
-#undef TG_BF16_INIT
-  const uint16_t *a0 = A + off[0], *a1 = A + off[1], *a2 = A + off[2], *a3 = A + off[3];
-  const uint16_t *a4 = A + off[4], *a5 = A + off[5], *a6 = A + off[6], *a7 = A + off[7];
-  for (int p = 0; p < P; p++) {
-    const __m512i b0 = _mm512_maskz_loadu_epi32(m0, Bp + (int64_t)p * ldb);
-    const __m512i b1 = _mm512_maskz_loadu_epi32(m1, Bp + (int64_t)p * ldb + 16);
-#define TG_BF16_STEP(r)                                \
-  {                                                    \
-    const __m512i x = pair_at(a##r + 2 * (int64_t)p);  \
-    c##r##0 = dp_pairs(c##r##0, x, b0);                \
-    c##r##1 = dp_pairs(c##r##1, x, b1);                \
-  }
-    TG_BF16_STEP(0) TG_BF16_STEP(1) TG_BF16_STEP(2) TG_BF16_STEP(3)
-    TG_BF16_STEP(4) TG_BF16_STEP(5) TG_BF16_STEP(6) TG_BF16_STEP(7)
-#undef TG_BF16_STEP
-  }
-#define TG_BF16_STORE(r)                                       \
-  if (r < rows) {                                              \
-    _mm512_mask_storeu_ps(C + r * ldc, m0, c##r##0);           \
-    _mm512_mask_storeu_ps(C + r * ldc + 16, m1, c##r##1);      \
-  }
-  TG_BF16_STORE(0) TG_BF16_STORE(1) TG_BF16_STORE(2) TG_BF16_STORE(3)
-  TG_BF16_STORE(4) TG_BF16_STORE(5) TG_BF16_STORE(6) TG_BF16_STORE(7)
-#undef TG_BF16_STORE
-}
-_Static_assert(BF16_MR == 8, "bf16_block names 8 rows of accumulators");
-
-/* The lanes of a 16-lane half with `cols` (any int) columns left. */
-static inline __mmask16 lanes_mask(int cols) {
-  return cols >= 16 ? (__mmask16)0xFFFF : cols <= 0 ? (__mmask16)0 : (__mmask16)((1u << cols) - 1);
-}
-
-/* (Unused in the amx build, where amx_dot.h's tile GEMM takes its place.) */
-__attribute__((unused)) static void TG_NAME(mm_bf16_pairs)(
-    int M, int N, int K, const uint16_t *restrict A, int64_t lda,
-    const uint32_t *restrict Bp, int64_t ldb, float *restrict C, int64_t ldc, int accumulate) {
-  const int P = K / 2;
-  for (int i = 0; i < M; i += BF16_MR) {
-    const int rows = M - i < BF16_MR ? M - i : BF16_MR;
-    for (int j = 0; j < N; j += 32)
-      bf16_block(rows, P, A + (int64_t)i * lda, lda, Bp + j, ldb, C + (int64_t)i * ldc + j, ldc,
-                 accumulate, lanes_mask(N - j), lanes_mask(N - j - 16));
-  }
-}
-
-/* 16 rows x 16 pairs per block through the in-register transpose; the
- * edges pair by pair. Bits are moved, never computed on. */
-static void TG_NAME(pack_bf16_pairs)(int64_t nr, int64_t K, const uint16_t *restrict X,
-                                     int64_t lds, uint32_t *restrict Bp, int64_t ldb) {
-  const int64_t P = K / 2, rb = nr - nr % 16, pb = P - P % 16;
-  for (int64_t r = 0; r < rb; r += 16)
-    for (int64_t p = 0; p < pb; p += 16) {
-      __m512 m[16];
-      for (int i = 0; i < 16; i++)
-        m[i] = _mm512_castsi512_ps(_mm512_loadu_si512(X + (r + i) * lds + 2 * p));
-      transpose16_regs(m);
-      for (int i = 0; i < 16; i++)
-        _mm512_storeu_si512(Bp + (p + i) * ldb + r, _mm512_castps_si512(m[i]));
-    }
-  for (int64_t r = 0; r < nr; r++)
-    for (int64_t p = r < rb ? pb : 0; p < P; p++)
-      memcpy(Bp + p * ldb + r, X + r * lds + 2 * p, sizeof(uint32_t));
-}
-
-/* The ops of this file for the table's initializer (micro.c). TG_BF16_MM is
- * the GEMM: amx_dot.h, included next, redefines it in AMX builds; the
- * packing is the same for both (the pair layout is the AMX B-tile's). */
-#define TG_BF16_MM TG_NAME(mm_bf16_pairs)
-#define TG_BF16_DOT_OPS .mm_bf16_pairs = TG_BF16_MM, .pack_bf16_pairs = TG_NAME(pack_bf16_pairs),
-
-#elif defined(__aarch64__) && defined(TG_MICRO_BF16)
-/*
- * The neonbf16 table (FEAT_BF16): the same contract on BFMMLA.
+ * The bf16 dot-product GEMM of the neonbf16 table (FEAT_BF16): the contract
+ * of isa/x86/bf16_dot.c's vdpbf16ps GEMM (isa/ops.h: mm_bf16_pairs,
+ * pack_bf16_pairs) on BFMMLA.
  * BFMMLA acc, a, b adds to the 2 x 2 f32 block acc (row-major: c00 c01 c10
  * c11) the product of the 2 x 4 bf16 block a (two rows of 4 k) and the
  * 4 x 2 block whose two columns of 4 k are the two halves of b. A row pair
@@ -150,11 +29,13 @@ static void TG_NAME(pack_bf16_pairs)(int64_t nr, int64_t K, const uint16_t *rest
  * pair sums are fused and round to nearest: smaller still.) As on x86,
  * parts below 2^-126 are flushed to zero.
  */
+#include "common/build.h"
+
 #if !defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
-#error "TG_MICRO_BF16: the neonbf16 table needs BFMMLA (-march=armv8.2-a+bf16)"
+#error "arm/bf16_mmla.c: the neonbf16 table needs BFMMLA (-march=armv8.2-a+bf16)"
 #endif
 
-enum { BF16_MR = 8, BF16_NR = 8 };
+_Static_assert(BF16_MR == 8 && BF16_NR == 8, "bf16_block holds 4 x 4 tiles of 2 x 2");
 
 /* acc + (a . b from zero): one group of 4 k, rounded as above. */
 static inline float32x4_t mmla_group(float32x4_t acc, uint16x8_t a, uint16x8_t b) {
@@ -254,9 +135,9 @@ static inline __attribute__((always_inline)) void bf16_block(
     }
 }
 
-static void TG_NAME(mm_bf16_pairs)(int M, int N, int K, const uint16_t *restrict A,
-                                   int64_t lda, const uint32_t *restrict Bp, int64_t ldb,
-                                   float *restrict C, int64_t ldc, int accumulate) {
+void TG_NAME(mm_bf16_pairs)(int M, int N, int K, const uint16_t *restrict A,
+                            int64_t lda, const uint32_t *restrict Bp, int64_t ldb,
+                            float *restrict C, int64_t ldc, int accumulate) {
   const int64_t P = K / 2;
   for (int i = 0; i < M; i += BF16_MR) {
     const int rows = M - i < BF16_MR ? M - i : BF16_MR;
@@ -274,8 +155,8 @@ static void TG_NAME(mm_bf16_pairs)(int M, int N, int K, const uint16_t *restrict
 
 /* 4 rows x 4 pairs per block through the 4 x 4 register transpose of
  * simd_neon.h; the edges pair by pair. Bits are moved, never computed on. */
-static void TG_NAME(pack_bf16_pairs)(int64_t nr, int64_t K, const uint16_t *restrict X,
-                                     int64_t lds, uint32_t *restrict Bp, int64_t ldb) {
+void TG_NAME(pack_bf16_pairs)(int64_t nr, int64_t K, const uint16_t *restrict X,
+                              int64_t lds, uint32_t *restrict Bp, int64_t ldb) {
   const int64_t P = K / 2, rb = nr - nr % 4, pb = P - P % 4;
   for (int64_t r = 0; r < rb; r += 4)
     for (int64_t p = 0; p < pb; p += 4) {
@@ -289,9 +170,3 @@ static void TG_NAME(pack_bf16_pairs)(int64_t nr, int64_t K, const uint16_t *rest
     for (int64_t p = r < rb ? pb : 0; p < P; p++)
       memcpy(Bp + p * ldb + r, X + r * lds + 2 * p, sizeof(uint32_t));
 }
-
-#define TG_BF16_MM TG_NAME(mm_bf16_pairs)
-#define TG_BF16_DOT_OPS .mm_bf16_pairs = TG_BF16_MM, .pack_bf16_pairs = TG_NAME(pack_bf16_pairs),
-#else
-#define TG_BF16_DOT_OPS
-#endif

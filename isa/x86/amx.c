@@ -1,10 +1,10 @@
 /*
  * The bf16 dot GEMM on AMX tiles, for the amx table (built with -mamx-tile
- * -mamx-bf16 on top of avx512bf16's flags; included by micro.c after
- * bf16_dot.h, whose mm_bf16_pairs it replaces in the table: TG_BF16_MM).
- * Same contract as bf16_dot.h's: C[M,N] (+)= A[M,K] . B[K,N], A bf16 rows
- * at stride lda, B in pairs Bp[p * ldb + j] = (B[2p, j], B[2p+1, j]), K
- * even, any M, N >= 0; pack_bf16_pairs is bf16_dot.h's.
+ * -mamx-bf16 on top of avx512bf16's flags), in place of x86/bf16_dot.c's
+ * vdpbf16ps GEMM (common/table.c). Same contract: C[M,N] (+)= A[M,K] .
+ * B[K,N], A bf16 rows at stride lda, B in pairs Bp[p * ldb + j] =
+ * (B[2p, j], B[2p+1, j]), K even, any M, N >= 0; pack_bf16_pairs is
+ * x86/bf16_pairs.c's.
  *
  * Layout. TDPBF16PS tC, tA, tB adds, for every row m of tA and column n of
  * tB, the products of the bf16 pairs of row m of tA (pair q: k = 2q, 2q+1)
@@ -34,7 +34,7 @@
  * on this thread, e.g. oneDNN under PyTorch, may have loaded its own since
  * the last) and the tiles released before return (TILERELEASE: the OS then
  * saves no tile data at a context switch). The table is chosen only where
- * engine/context.c's tg_cpu_amx holds, i.e. the OS has granted this process
+ * isa/select.c's tg_cpu_amx holds, i.e. the OS has granted this process
  * the tile data (Linux: arch_prctl); any thread of the process may then
  * run it.
  *
@@ -48,8 +48,15 @@
  * "Output denormals are always flushed to zero and input denormals are
  * always treated as zero").
  */
-#if (defined(__AMX_BF16__) || defined(__AMXBF16__)) && \
-    (defined(__AMX_TILE__) || defined(__AMXTILE__)) /* gcc's names || clang's */
+#include "common/build.h"
+
+/* The amx table's flags (isa/isa.cmake) without the tile intrinsics: no
+ * table rather than a copy of avx512bf16's under amx's name (the build
+ * then uses absent.c). */
+#if !(defined(__AMX_BF16__) || defined(__AMXBF16__)) || \
+    !(defined(__AMX_TILE__) || defined(__AMXTILE__)) /* gcc's names || clang's */
+#error "the amx table needs a compiler that defines the AMX-BF16 and AMX-TILE macros"
+#endif
 
 /* LDTILECFG's 64-byte operand, palette 1. */
 typedef struct {
@@ -195,19 +202,19 @@ static void amx_tile1(int rows, int cols, int K, const uint16_t *A, int64_t lda,
  * TILERELEASE per work item instead of per product). */
 static _Thread_local int amx_bracket;
 
-static void TG_NAME(bf16_dot_begin_amx)(void) {
+void TG_NAME(bf16_dot_begin_amx)(void) {
   amx_configure();
   amx_bracket = 1;
 }
 
-static void TG_NAME(bf16_dot_end_amx)(void) {
+void TG_NAME(bf16_dot_end_amx)(void) {
   _tile_release();
   amx_bracket = 0;
 }
 
-static void TG_NAME(mm_bf16_pairs_amx)(int M, int N, int K, const uint16_t *A, int64_t lda,
-                                       const uint32_t *Bp, int64_t ldb, float *C, int64_t ldc,
-                                       int accumulate) {
+void TG_NAME(mm_bf16_pairs_amx)(int M, int N, int K, const uint16_t *A, int64_t lda,
+                                const uint32_t *Bp, int64_t ldb, float *C, int64_t ldc,
+                                int accumulate) {
   if (M <= 0 || N <= 0) return;
   if (!amx_bracket) amx_configure();
   for (int i = 0; i < M; i += 32)
@@ -228,16 +235,3 @@ static void TG_NAME(mm_bf16_pairs_amx)(int M, int N, int K, const uint16_t *A, i
     }
   if (!amx_bracket) _tile_release();
 }
-
-#undef TG_BF16_MM
-#define TG_BF16_MM TG_NAME(mm_bf16_pairs_amx)
-#define TG_BF16_BRACKET_OPS \
-  .bf16_dot_begin = TG_NAME(bf16_dot_begin_amx), .bf16_dot_end = TG_NAME(bf16_dot_end_amx),
-#undef AMX_LOAD
-#undef AMX_SYNC
-#elif defined(TG_MICRO_AMX)
-/* The amx table's flags (cmake/isa.cmake) without the tile intrinsics: no
- * table rather than a copy of avx512bf16's under amx's name (the build
- * then uses absent.c). */
-#error "the amx table needs a compiler that defines the AMX-BF16 and AMX-TILE macros"
-#endif

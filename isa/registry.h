@@ -4,11 +4,11 @@
  *
  *   X(name, id, cpu_predicate, auto_predicate)
  *
- * name:  the table's suffix (tg_micro_<name>, kernels/micro/ compiled with
- *        -DTG_MICRO_SUFFIX=<name>), the string tg_isa_name gives and TG_ISA /
- *        --isa accept;
+ * name:  the table's suffix (tg_isa_ops_<name>, isa/common/ and the ISA's
+ *        own sources compiled with -DTG_ISA_SUFFIX=<name>), the string
+ *        tg_isa_name gives and TG_ISA / --isa accept;
  * id:    the public tg_isa value (include/tilegrad.h);
- * cpu_predicate: a function in engine/context.c, nonzero when this CPU and
+ * cpu_predicate: a function in isa/select.c, nonzero when this CPU and
  *        its OS can run the instructions.
  * auto_predicate: nonzero when TG_ISA_AUTO may pick this table on this CPU
  *        (a table can run but lose: vdpbf16ps runs at about 2x the f32 FMA
@@ -19,14 +19,22 @@
  *        includes the OS's permission (Linux: arch_prctl, once per process).
  *
  * Listed from least to most preferred: TG_ISA_AUTO picks the last entry
- * the CPU runs, its auto predicate allows and this build has. The compile
- * flags of each entry are in cmake/isa.cmake, the only other place that
- * names ISAs. Adding an ISA: one line here, one line there, a section
- * in kernels/micro/blocking.h (and a simd_<name>.h where plain C does not
- * reach the target).
+ * the CPU runs, its auto predicate allows and this build has.
+ *
+ * Adding an ISA:
+ *   1. one row here (and its tg_isa value in include/tilegrad.h; its CPU
+ *      predicate in isa/select.c if no existing one fits);
+ *   2. one flags line in isa/isa.cmake (TG_ISA_FLAGS_<name>, in TG_ISA_NAMES
+ *      at the same position), plus TG_ISA_SOURCES_<name> if it brings code;
+ *   3. its files in one folder, isa/<arch>/: a simd_<name>.h where plain C
+ *      does not reach the target (chosen in isa/common/build.h), its own
+ *      products as .c files (pointed at by isa/common/table.c), and its
+ *      blocking section in isa/tuning.h.
+ * tests/test_isa_registry.c holds the public enum and the CMake list to
+ * this one.
  */
-#ifndef TG_ISA_H
-#define TG_ISA_H
+#ifndef TG_ISA_REGISTRY_H
+#define TG_ISA_REGISTRY_H
 
 /* Each architecture lists its own tables; the others' compile out (their
  * names are "unknown" there). */
@@ -57,4 +65,4 @@
 #define TG_ISA_NAMES_COMMA "auto" TG_ISA_LIST(TG_ISA_COMMA_NAME_)
 #define TG_ISA_NAMES_BAR "auto" TG_ISA_LIST(TG_ISA_BAR_NAME_)
 
-#endif /* TG_ISA_H */
+#endif /* TG_ISA_REGISTRY_H */

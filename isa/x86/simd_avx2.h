@@ -1,5 +1,5 @@
 /*
- * AVX2 blocks of kernels/micro/micro.c, where plain C does not reach the
+ * AVX2 blocks of isa/common/, where plain C does not reach the
  * target: the 16-float Walsh-Hadamard block and the 8 x 8 transpose.
  */
 #include <immintrin.h>

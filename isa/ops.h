@@ -1,27 +1,28 @@
 /*
  * The ISA layer: the few vector inner loops the kernels spend their time in,
  * and the blocking the drivers use around them, behind one table per ISA
- * (engine/isa.h lists them). kernels/micro/micro.c is written in plain C and
- * compiled once per ISA, each build taking its register and tile blocking
- * from kernels/micro/blocking.h and its few intrinsic blocks from
- * kernels/micro/simd_<isa>.h; the portable table is always built and tested.
- * tg_ctx_create picks a table from CPUID (overridable with TG_ISA /
- * tg_ctx_set_isa).
+ * (isa/registry.h lists them). isa/common/ is written in plain C and
+ * compiled once per ISA together with that ISA's own files (isa/x86/,
+ * isa/arm/: the bf16 and AMX products), each build taking its register and
+ * tile blocking from isa/tuning.h and its few intrinsic blocks
+ * from isa/<arch>/simd_<isa>.h; the portable table is always built and
+ * tested. tg_ctx_create picks a table from CPUID (isa/select.c;
+ * overridable with TG_ISA / tg_ctx_set_isa).
  *
  * Matrices are f32, row-major, with explicit leading dimensions (elements).
  */
-#ifndef TG_MICRO_H
-#define TG_MICRO_H
+#ifndef TG_ISA_OPS_H
+#define TG_ISA_OPS_H
 
 #include <stdint.h>
 
-#include "isa.h"
+#include "registry.h"
 #include "tilegrad.h"
 
 typedef struct {
   const char *name;
   /* NULL functions: this ISA is not in this build (its compiler flags were
-   * refused, or the target is not x86-64); tg_micro_table then says so. */
+   * refused, or the target is not x86-64); tg_isa_table then says so. */
 
   /* --- blocking: the drivers read these, never their own constants ------ */
   int gemm_mr, gemm_nr; /* register block of mm_nn / mm_tn_acc (rows x cols of C) */
@@ -59,7 +60,7 @@ typedef struct {
    * for p < K/2, i.e. B = X^T in the layout mm_bf16_pairs reads (K even). */
   void (*pack_bf16_pairs)(int64_t nr, int64_t K, const uint16_t *X, int64_t lds,
                           uint32_t *Bp, int64_t ldb);
-  /* --- operands of the attention's precision modes (bf16_pack.h) ---------
+  /* --- operands of the attention's precision modes (common/bf16_pack.c) ---------
    * The bf16 parts of an f32 block [rows, cols] (stride lds): hi = bf16(x)
    * rounded to nearest even, lo = bf16(x - hi) (0 where hi is not finite);
    * lo NULL: hi only. transpose == 0: hi[r * ldd + c], each row padded to an
@@ -109,7 +110,7 @@ typedef struct {
    * drawn as kernels/attention_options.c says): keep[j] = 1 iff word
    * (n0 + j) % 4 of Philox4x32-10(key = seed, 128-bit counter = offset +
    * (n0 + j) / 4) is >= threshold, else 0. Integer arithmetic: the same
-   * flags on every table (engine/philox.h is the scalar definition). */
+   * flags on every table (isa/philox.h is the scalar definition). */
   void (*dropout_keep)(uint8_t *keep, int64_t n, uint64_t n0, uint64_t seed, uint64_t offset,
                        uint32_t threshold);
 
@@ -154,7 +155,7 @@ typedef struct {
   void (*wsum4_f32)(const float *part, int64_t ld, const int32_t *w, const float *a, int64_t nw,
                     int64_t n4, float div, float *dst);
   /* One chunk of an online softmax over a row (chunks of TG_SOFTMAX_CHUNK
-   * floats, engine/reduce.h; len a multiple of 16 but in the row's last):
+   * floats, isa/reduce.h; len a multiple of 16 but in the row's last):
    * state[0..15] lane sums, state[16] running max (start 0s, -inf). The max
    * m_c grows to cover the chunk, the sums are rescaled by exp(m_old - m_c),
    * e[j] = exp(x[j] - m_c) (x[j] - 0 while m_c = -inf) is written and
@@ -180,14 +181,19 @@ typedef struct {
   /* Orders the unfenced non-temporal stores of the ops above before any
    * later store (before the work item ends). */
   void (*stream_fence)(void);
-} tg_micro_ops;
+} tg_isa_ops;
 
-#define TG_MICRO_DECLARE(name, id, cpu, pick) extern const tg_micro_ops tg_micro_##name;
-TG_ISA_LIST(TG_MICRO_DECLARE)
-#undef TG_MICRO_DECLARE
+#define TG_ISA_DECLARE(name, id, cpu, pick) extern const tg_isa_ops tg_isa_ops_##name;
+TG_ISA_LIST(TG_ISA_DECLARE)
+#undef TG_ISA_DECLARE
 
-/* The table of `isa` if this build has it and this CPU runs it, else NULL
+/* --- the choice (isa/select.c) ------------------------------------------------
+ * The table of `isa` if this build has it and this CPU runs it, else NULL
  * (TG_ISA_AUTO: the best one). */
-const tg_micro_ops *tg_micro_table(tg_isa isa);
+const tg_isa_ops *tg_isa_table(tg_isa isa);
+/* The registry id of a table tg_isa_table gave (never TG_ISA_AUTO). */
+tg_isa tg_isa_of(const tg_isa_ops *ops);
+/* Why tg_isa_table(isa) is NULL, where that is cheap to say ("" if not). */
+const char *tg_isa_why_not(tg_isa isa);
 
-#endif /* TG_MICRO_H */
+#endif /* TG_ISA_OPS_H */

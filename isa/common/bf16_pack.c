@@ -5,32 +5,16 @@
  * pairs, in the A
  * layout mm_bf16_pairs reads, and the bf16 rows of K, V, Q and dO become its
  * B layout (pairs along the reduction). Plain C on every table, with the
- * 16 x 16 register transpose where AVX-512 has one; included by micro.c.
+ * 16 x 16 register transpose where AVX-512 has one.
  */
+#include "build.h"
 
 /* hi = bf16(x); lo = bf16(x - hi), and 0 where hi is not finite (x - hi
  * would be NaN for x = inf, and inf - inf for an x that rounds up to inf).
- * lo NULL: hi only. (Two loops: a test of lo inside one keeps it scalar.) */
-static inline __attribute__((always_inline)) void split_row(const float *restrict x, int64_t n,
-                                                            uint16_t *restrict hi,
-                                                            uint16_t *restrict lo) {
-  if (!lo) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; i++) hi[i] = bf16_rne(x[i]);
-    return;
-  }
-#pragma omp simd
-  for (int64_t i = 0; i < n; i++) {
-    const uint16_t h = bf16_rne(x[i]); /* micro.c's element conversions */
-    const uint16_t l = bf16_rne(x[i] - bf16_widen(h)); /* x - hi is exact */
-    hi[i] = h;
-    lo[i] = (uint16_t)((h & 0x7F80u) == 0x7F80u ? 0u : l);
-  }
-}
-
+ * lo NULL: hi only. */
 #if defined(__AVX512F__)
-/* split_row on 16 lanes (those of `m`) of a register: the same bits, with
- * the rounding of simd_avx512.h's bf16_rne_lanes. */
+/* On 16 lanes (those of `m`) of a register, with the rounding of
+ * simd_avx512.h's bf16_rne_lanes. */
 static inline void split_lanes(__m512 v, __mmask16 m, uint16_t *restrict hi,
                                uint16_t *restrict lo) {
   const __m512i h = bf16_rne_lanes(v);
@@ -46,11 +30,29 @@ static inline void split_lanes(__m512 v, __mmask16 m, uint16_t *restrict hi,
 static inline __mmask16 first_lanes(int64_t n) {
   return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
 }
+#else
+/* On a row of n. (Two loops: a test of lo inside one keeps it scalar.) */
+static inline __attribute__((always_inline)) void split_row(const float *restrict x, int64_t n,
+                                                            uint16_t *restrict hi,
+                                                            uint16_t *restrict lo) {
+  if (!lo) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) hi[i] = bf16_rne(x[i]);
+    return;
+  }
+#pragma omp simd
+  for (int64_t i = 0; i < n; i++) {
+    const uint16_t h = bf16_rne(x[i]); /* build.h's element conversions */
+    const uint16_t l = bf16_rne(x[i] - bf16_widen(h)); /* x - hi is exact */
+    hi[i] = h;
+    lo[i] = (uint16_t)((h & 0x7F80u) == 0x7F80u ? 0u : l);
+  }
+}
 #endif
 
-static void TG_NAME(f32_to_bf16_split)(int64_t rows, int64_t cols, const float *restrict src,
-                                       int64_t lds, int transpose, uint16_t *restrict hi,
-                                       uint16_t *restrict lo, int64_t ldd) {
+void TG_NAME(f32_to_bf16_split)(int64_t rows, int64_t cols, const float *restrict src,
+                                int64_t lds, int transpose, uint16_t *restrict hi,
+                                uint16_t *restrict lo, int64_t ldd) {
   if (!transpose) {
     for (int64_t r = 0; r < rows; r++) {
 #if defined(__AVX512F__)
@@ -98,8 +100,8 @@ static void TG_NAME(f32_to_bf16_split)(int64_t rows, int64_t cols, const float *
     }
 }
 
-static void TG_NAME(pack_bf16_row_pairs)(int64_t nr, int64_t ncols, const uint16_t *restrict X,
-                                         int64_t lds, uint32_t *restrict Bp, int64_t ldb) {
+void TG_NAME(pack_bf16_row_pairs)(int64_t nr, int64_t ncols, const uint16_t *restrict X,
+                                  int64_t lds, uint32_t *restrict Bp, int64_t ldb) {
   for (int64_t p = 0; 2 * p < nr; p++) {
     const uint16_t *restrict a = X + 2 * p * lds, *restrict b = a + lds;
     uint32_t *restrict dst = Bp + p * ldb;
@@ -112,7 +114,3 @@ static void TG_NAME(pack_bf16_row_pairs)(int64_t nr, int64_t ncols, const uint16
     }
   }
 }
-
-#define TG_BF16_PACK_OPS                                   \
-  .f32_to_bf16_split = TG_NAME(f32_to_bf16_split),         \
-  .pack_bf16_row_pairs = TG_NAME(pack_bf16_row_pairs),

@@ -1,8 +1,8 @@
 /*
- * AVX-512 blocks of kernels/micro/micro.c, where plain C does not reach the
+ * AVX-512 blocks of isa/common/, where plain C does not reach the
  * target: the 16-float Walsh-Hadamard block, the 16 x 16 transpose and,
  * where the compiler targets AVX512_BF16, the vdpbf16ps GEMM
- * (kernels/micro/bf16_dot.h).
+ * (isa/x86/bf16_dot.c).
  * (Intrinsics rather than vector extensions: they build with gcc and clang
  * alike, and the fuzzer builds with clang.)
  */
@@ -28,8 +28,8 @@ static inline void fwht16_block(float *restrict x) {
   _mm512_storeu_ps(x, v);
 }
 
-/* bf16 <-> f32 on CVT_W lanes (micro.c's bf16_to_f32 / f32_to_bf16, and
- * bf16_pack.h): written out because gcc 13 leaves the plain loops scalar
+/* bf16 <-> f32 on CVT_W lanes (common/rows.c's bf16_to_f32 / f32_to_bf16, and
+ * common/bf16_pack.c): written out because gcc 13 leaves the plain loops scalar
  * (a 20-30x slower load of every attention tile than gcc 12's vector loop,
  * measured on the lent Xeon). Narrowing rounds to nearest even on the
  * integer lanes, NaN -> 0x7FC0: the bits of engine/bf16.h. */

@@ -1,8 +1,8 @@
 /*
- * NEON (AArch64 Advanced SIMD) blocks of kernels/micro/micro.c, for the
- * neon and neonbf16 tables (built with -DTG_MICRO_NEON): the 16-float
+ * NEON (AArch64 Advanced SIMD) blocks of isa/common/, for the
+ * neon and neonbf16 tables (built with -DTG_ISA_WITH_NEON): the 16-float
  * Walsh-Hadamard block, the bf16 <-> f32 conversion blocks and the 4 x 4
- * transpose. The rest is micro.c's plain C, which gcc and clang vectorize
+ * transpose. The rest is isa/common/'s plain C, which gcc and clang vectorize
  * for the 32 128-bit registers (the portable table of an aarch64 build is
  * that plain C alone, with its own blocking).
  */
@@ -30,8 +30,8 @@ static inline void fwht16_block(float *restrict x) {
   vst1q_f32(x + 12, vsubq_f32(a1, a3));
 }
 
-/* bf16 <-> f32 on CVT_W lanes (micro.c's bf16_to_f32 / f32_to_bf16, and
- * bf16_pack.h): the bits of engine/bf16.h, narrowing to nearest even on the
+/* bf16 <-> f32 on CVT_W lanes (common/rows.c's bf16_to_f32 / f32_to_bf16, and
+ * common/bf16_pack.c): the bits of engine/bf16.h, narrowing to nearest even on the
  * integer lanes, any NaN -> 0x7FC0 (BFCVTN would need FEAT_BF16 and keeps
  * NaN payloads). */
 enum { CVT_W = 8 };
@@ -52,7 +52,7 @@ static inline void bf16_narrow_block(const float *restrict src, uint16_t *restri
 
 /* 4 rows of 4 32-bit lanes, transposed in registers: trn pairs lanes of
  * neighbouring rows, zip on 64-bit halves pairs the rows two apart. Lanes
- * are moved, never computed on: any bits pass (bf16_dot.h's pair packing
+ * are moved, never computed on: any bits pass (the pair packing of x86/bf16_pairs.c and arm/bf16_mmla.c
  * uses it too). */
 static inline void transpose4_regs(float32x4_t m[4]) {
   const float32x4_t t0 = vtrn1q_f32(m[0], m[1]), t1 = vtrn2q_f32(m[0], m[1]); /* a0 b0 a2 b2, a1 b1 a3 b3 */

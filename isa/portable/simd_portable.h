@@ -1,5 +1,5 @@
 /*
- * Portable versions of the blocks kernels/micro/micro.c takes from a
+ * Portable versions of the blocks isa/common/table.c takes from a
  * simd_<isa>.h: the readable statement of what each computes.
  */
 
@@ -15,7 +15,7 @@ static inline void fwht16_block(float *restrict x) {
   for (int l = 0; l < 16; l++) x[l] = t[l];
 }
 
-/* No conversion block: micro.c's scalar loops are the statement. */
+/* No conversion block: common/rows.c's scalar loops are the statement. */
 enum { CVT_W = 0 };
 static inline void bf16_widen_block(const uint16_t *restrict src, float *restrict dst) {
   (void)src, (void)dst;
@@ -25,7 +25,7 @@ static inline void bf16_narrow_block(const float *restrict src, uint16_t *restri
 }
 
 /* No transpose block: plain C has no register transpose and no
- * non-temporal store; micro.c copies element by element. */
+ * non-temporal store; common/row_ops.c copies element by element. */
 enum { TB = 0 };
 static inline int transpose_can_stream(const float *dst, int64_t ldd) {
   (void)dst, (void)ldd;

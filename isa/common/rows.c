@@ -1,0 +1,273 @@
+/*
+ * The element and row ops of the attention: bf16 <-> f32 conversion,
+ * dot_bf16, exp_f32, the score, probability and dS rows, the forward's
+ * exp-sum and score-max rows, and the dropout keep flags. (One file, in
+ * this order, as they were before the ISA layer had its folder: gcc 12
+ * then allocates the registers of attn_prob_row's loops exactly as it did;
+ * with the conversions in another file it spills two constants on the avx2
+ * and portable builds, objdump -d compared.)
+ */
+#include "build.h"
+#include "philox.h"
+
+void TG_NAME(bf16_to_f32)(const uint16_t *restrict src, float *restrict dst,
+                          int64_t n) {
+  int64_t i = 0;
+  if (CVT_W)
+    for (; i + CVT_W <= n; i += CVT_W) bf16_widen_block(src + i, dst + i);
+#pragma omp simd
+  for (int64_t j = i; j < n; j++) dst[j] = bf16_widen(src[j]);
+}
+
+void TG_NAME(f32_to_bf16)(const float *restrict src, uint16_t *restrict dst,
+                          int64_t n) {
+  int64_t i = 0;
+  if (CVT_W)
+    for (; i + CVT_W <= n; i += CVT_W) bf16_narrow_block(src + i, dst + i);
+#pragma omp simd
+  for (int64_t j = i; j < n; j++) dst[j] = bf16_rne(src[j]);
+}
+
+float TG_NAME(dot_bf16)(const uint16_t *restrict a, const uint16_t *restrict b,
+                        int64_t n) {
+  float acc[LANES] = {0};
+  int64_t i = 0;
+  for (; i + LANES <= n; i += LANES) {
+#pragma omp simd
+    for (int l = 0; l < LANES; l++) {
+      const uint32_t ua = (uint32_t)a[i + l] << 16, ub = (uint32_t)b[i + l] << 16;
+      float fa, fb;
+      memcpy(&fa, &ua, sizeof fa);
+      memcpy(&fb, &ub, sizeof fb);
+      acc[l] += fa * fb;
+    }
+  }
+  for (int l = 0; i < n; i++, l++) {
+    const uint32_t ua = (uint32_t)a[i] << 16, ub = (uint32_t)b[i] << 16;
+    float fa, fb;
+    memcpy(&fa, &ua, sizeof fa);
+    memcpy(&fb, &ub, sizeof fb);
+    acc[l] += fa * fb;
+  }
+  return tg_lane_tree16(acc);
+}
+
+/*
+ * exp(x), one lane: x = n ln2 + r with |r| <= ln2/2 (ln2 split in two for an
+ * exact n ln2), e^r by a degree-7 polynomial (the Cephes expf minimax
+ * coefficients), 2^n applied as two exponent-field scalings so results down
+ * to the subnormal range stay right; measured within 1 ulp. The range
+ * handling is selects, which gcc turns into vector blends on every ISA (the
+ * tables are built with -fno-trapping-math, isa/isa.cmake): every loop that
+ * calls it vectorizes. The one exp of the attention rows and exp_f32.
+ */
+static inline float exp_lane(float v) {
+  const float log2e = 1.44269504088896341f, ln2_hi = 0.693359375f,
+              ln2_lo = -2.12194440e-4f, round_magic = 12582912.0f; /* 1.5 * 2^23 */
+  float xc = v > 89.0f ? 89.0f : v;
+  xc = xc >= -104.0f ? xc : -104.0f; /* NaN too (float->int of NaN is UB); restored below */
+  const float k = (xc * log2e + round_magic) - round_magic; /* nearest integer */
+  float r = xc - k * ln2_hi;
+  r = r - k * ln2_lo;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float er = p * (r * r) + r + 1.0f;
+  const int32_t ki = (int32_t)k, k1 = ki / 2, k2 = ki - k1; /* each in [-75, 64] */
+  const uint32_t b1 = (uint32_t)(k1 + 127) << 23, b2 = (uint32_t)(k2 + 127) << 23;
+  float s1, s2;
+  memcpy(&s1, &b1, sizeof s1);
+  memcpy(&s2, &b2, sizeof s2);
+  float out = (er * s1) * s2;
+  out = v > 88.7228394f ? __builtin_inff() : out;
+  out = v < -103.972084f ? 0.0f : out;
+  return v == v ? out : v;
+}
+
+/* y[i] = exp(x[i]); y may alias x */
+void TG_NAME(exp_f32)(const float *x, float *y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; i++) y[i] = exp_lane(x[i]);
+}
+
+/* Element k of a mask row of type t as f32 (bf16 widened exactly). t is a
+ * constant wherever this is inlined: each masked loop below is compiled once
+ * per mask type, each as plain a vector loop as one written for that type. */
+static inline __attribute__((always_inline)) float mask_elem(const void *restrict mask,
+                                                             int64_t k, const tg_dtype t) {
+  if (t == TG_DTYPE_F32) return ((const float *)mask)[k];
+  const uint32_t u = (uint32_t)((const uint16_t *)mask)[k] << 16;
+  float m;
+  memcpy(&m, &u, sizeof m);
+  return m;
+}
+
+static inline __attribute__((always_inline)) void score_row_masked(
+    float *restrict s, int64_t n_vis, float scale, const void *restrict mask, const tg_dtype t,
+    float shift) {
+#pragma omp simd
+  for (int64_t k = 0; k < n_vis; k++) {
+    const float m = mask_elem(mask, k, t);
+    s[k] = m == -__builtin_inff() ? m : (scale * s[k] + m) - shift;
+  }
+}
+
+void TG_NAME(attn_score_row)(float *restrict s, int64_t n, int64_t n_vis, float scale,
+                             const void *restrict mask, tg_dtype mask_type,
+                             float shift) {
+  if (n_vis > n) n_vis = n;
+  if (mask && mask_type == TG_DTYPE_F32) {
+    score_row_masked(s, n_vis, scale, mask, TG_DTYPE_F32, shift);
+  } else if (mask) {
+    score_row_masked(s, n_vis, scale, mask, TG_DTYPE_BF16, shift);
+  } else {
+#pragma omp simd
+    for (int64_t k = 0; k < n_vis; k++) s[k] = scale * s[k] - shift;
+  }
+  for (int64_t k = n_vis < 0 ? 0 : n_vis; k < n; k++) s[k] = -__builtin_inff();
+}
+
+void TG_NAME(attn_ds_row)(float *restrict dp, const float *restrict p, int64_t n,
+                          float d, float scale) {
+#pragma omp simd
+  for (int64_t k = 0; k < n; k++) dp[k] = scale * (p[k] * (dp[k] - d));
+}
+
+
+static inline __attribute__((always_inline)) void prob_row_masked(
+    float *restrict s, int64_t n_vis, float scale, const void *restrict mask, const tg_dtype t,
+    float shift) {
+#pragma omp simd
+  for (int64_t k = 0; k < n_vis; k++) {
+    const float m = mask_elem(mask, k, t);
+    s[k] = m == -__builtin_inff() ? 0.0f : exp_lane((scale * s[k] + m) - shift);
+  }
+}
+
+void TG_NAME(attn_prob_row)(float *restrict s, int64_t n, int64_t n_vis, float scale,
+                            const void *restrict mask, tg_dtype mask_type,
+                            float shift) {
+  if (n_vis > n) n_vis = n;
+  if (mask && mask_type == TG_DTYPE_F32) {
+    prob_row_masked(s, n_vis, scale, mask, TG_DTYPE_F32, shift);
+  } else if (mask) {
+    prob_row_masked(s, n_vis, scale, mask, TG_DTYPE_BF16, shift);
+  } else {
+#pragma omp simd
+    for (int64_t k = 0; k < n_vis; k++) s[k] = exp_lane(scale * s[k] - shift);
+  }
+  for (int64_t k = n_vis < 0 ? 0 : n_vis; k < n; k++) s[k] = 0.0f;
+}
+
+/* LANES partial sums in a generic vector (one zmm, two ymm or four xmm), so
+ * the tree at the end stays in registers (tg_lane_tree16's order): its array
+ * form goes through memory one scalar add at a time, which costs more than
+ * the exp of a 64-key row. */
+typedef float lanes_v __attribute__((vector_size(LANES * sizeof(float))));
+_Static_assert(LANES == 16, "lanes_sum is a tree over 16 lanes");
+static inline float lanes_sum(const lanes_v *px) { /* by pointer: no vector ABI */
+  const lanes_v x = *px;
+  const lanes_v h = x + __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2,
+                                                3, 4, 5, 6, 7); /* l + 8 */
+  const lanes_v q = h + __builtin_shufflevector(h, h, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0,
+                                                1, 2, 3); /* l + 4 */
+  return (q[0] + q[2]) + (q[1] + q[3]);
+}
+
+float TG_NAME(attn_exp_sum_row)(float *restrict s, int64_t n, float shift) {
+#pragma omp simd
+  for (int64_t k = 0; k < n; k++) s[k] = exp_lane(s[k] - shift);
+  lanes_v acc = {0};
+  int64_t i = 0;
+  for (; i + LANES <= n; i += LANES) {
+    lanes_v x;
+    memcpy(&x, s + i, sizeof x);
+    acc += x;
+  }
+  float sum = lanes_sum(&acc);
+  for (; i < n; i++) sum += s[i]; /* the tail (< LANES) in order */
+  return sum;
+}
+
+/* The masked loop of attn_score_max_row; *nan gets whether a score is NaN. */
+static inline __attribute__((always_inline)) float score_max_masked(
+    float *restrict s, int64_t n_vis, float scale, const void *restrict mask, const tg_dtype t,
+    int *nan_out) {
+  float mx = -__builtin_inff();
+  int nan = 0;
+#pragma omp simd reduction(max : mx) reduction(| : nan)
+  for (int64_t k = 0; k < n_vis; k++) {
+    const float m = mask_elem(mask, k, t);
+    s[k] = m == -__builtin_inff() ? m : scale * s[k] + m;
+    mx = s[k] > mx ? s[k] : mx;
+    nan |= s[k] != s[k];
+  }
+  *nan_out = nan;
+  return mx;
+}
+
+float TG_NAME(attn_score_max_row)(float *restrict s, int64_t n, int64_t n_vis,
+                                  float scale, const void *restrict mask,
+                                  tg_dtype mask_type) {
+  if (n_vis > n) n_vis = n;
+  float mx = -__builtin_inff();
+  int nan = 0; /* a NaN score makes the row's max NaN (the compare alone skips it) */
+  if (mask && mask_type == TG_DTYPE_F32) {
+    mx = score_max_masked(s, n_vis, scale, mask, TG_DTYPE_F32, &nan);
+  } else if (mask) {
+    mx = score_max_masked(s, n_vis, scale, mask, TG_DTYPE_BF16, &nan);
+  } else {
+#pragma omp simd reduction(max : mx) reduction(| : nan)
+    for (int64_t k = 0; k < n_vis; k++) {
+      s[k] = scale * s[k];
+      mx = s[k] > mx ? s[k] : mx;
+      nan |= s[k] != s[k];
+    }
+  }
+  for (int64_t k = n_vis < 0 ? 0 : n_vis; k < n; k++) s[k] = -__builtin_inff();
+  return nan ? __builtin_nanf("") : mx;
+}
+/*
+ * Dropout keep flags: Philox4x32-10 (isa/philox.h) on PHILOX_LANES
+ * consecutive counters at once, one counter per vector lane, so each round
+ * is a few vector instructions (the widening 32 x 32 -> 64-bit multiply is
+ * one on every x86 vector ISA) where the scalar generator spends ~20
+ * instructions per draw.
+ */
+enum { PHILOX_LANES = 16 };
+
+void TG_NAME(dropout_keep)(uint8_t *restrict keep, int64_t n, uint64_t n0, uint64_t seed,
+                           uint64_t offset, uint32_t threshold) {
+  uint64_t blk = n0 / 4;            /* counter of the draw n0, less offset */
+  int64_t skip = (int64_t)(n0 % 4); /* words of the first block before n0 */
+  for (int64_t done = 0; done < n; blk += PHILOX_LANES, skip = 0) {
+    uint32_t c0[PHILOX_LANES], c1[PHILOX_LANES], c2[PHILOX_LANES], c3[PHILOX_LANES];
+#pragma omp simd
+    for (int l = 0; l < PHILOX_LANES; l++) {
+      const uint64_t ctr = offset + blk + (uint64_t)l; /* its low 64 bits; a carry -> c2 */
+      c0[l] = (uint32_t)ctr, c1[l] = (uint32_t)(ctr >> 32), c2[l] = ctr < offset, c3[l] = 0;
+    }
+    uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+    for (int r = 0; r < TG_PHILOX_ROUNDS; r++, k0 += TG_PHILOX_W0, k1 += TG_PHILOX_W1) {
+#pragma omp simd
+      for (int l = 0; l < PHILOX_LANES; l++) {
+        const uint64_t p0 = (uint64_t)TG_PHILOX_M0 * c0[l], p1 = (uint64_t)TG_PHILOX_M1 * c2[l];
+        const uint32_t n0w = (uint32_t)(p1 >> 32) ^ c1[l] ^ k0;
+        const uint32_t n2w = (uint32_t)(p0 >> 32) ^ c3[l] ^ k1;
+        c0[l] = n0w, c1[l] = (uint32_t)p1, c2[l] = n2w, c3[l] = (uint32_t)p0;
+      }
+    }
+    uint8_t flags[4 * PHILOX_LANES]; /* draw 4 l + w: word w of counter l */
+#pragma omp simd
+    for (int l = 0; l < PHILOX_LANES; l++) {
+      flags[4 * l + 0] = c0[l] >= threshold, flags[4 * l + 1] = c1[l] >= threshold;
+      flags[4 * l + 2] = c2[l] >= threshold, flags[4 * l + 3] = c3[l] >= threshold;
+    }
+    const int64_t take = 4 * PHILOX_LANES - skip < n - done ? 4 * PHILOX_LANES - skip : n - done;
+    memcpy(keep + done, flags + skip, (size_t)take);
+    done += take;
+  }
+}

@@ -1,0 +1,212 @@
+/*
+ * Every blocking and tuning constant of tilegrad, each with the measurement
+ * (or the register count) that chose it: the work plans of the kernels and
+ * engine first, then each ISA build's blocking. Limits of the contract or
+ * the ABI stay beside what they limit (kernels/attention.h: TG_METAL_BQ,
+ * TG_METAL_BK of the Metal params struct, TG_ATTN_MAX_D; x86/amx.c: the
+ * tile geometry AMX_R, AMX_KC, which palette 1 fixes).
+ *
+ * None of these changes a result: they decide how work is split and what
+ * stays in cache, never a summation order that depends on the thread count
+ * (the row reductions' 16 lanes, LANES below, are fixed for that reason).
+ */
+#ifndef TG_ISA_TUNING_H
+#define TG_ISA_TUNING_H
+
+#include <stdint.h>
+
+/* --- row kernels ------------------------------------------------------------
+ * Row kernels hand each work item a block of whole rows of about this many
+ * elements (at least one row, 256 KiB of f32; tg_rows_per_block, isa/reduce.h):
+ * work items are taken in dynamic order, so the two threads alternate blocks,
+ * and every block starts a new stream whose first lines are demand misses
+ * before the prefetchers catch up; with 32 KiB blocks that was a large part
+ * of each block. */
+enum { TG_ROW_BLOCK_ELEMS = 65536 };
+
+/* Outputs at least this large are written with non-temporal stores where the
+ * row op offers them: far past the caches a cached store first reads its line
+ * from memory (read-for-ownership), a stream more than the kernel needs. */
+#define TG_STREAM_BYTES ((int64_t)16 << 20)
+
+/* Chunk of the online softmax row ops (softmax_exp_f32, scale_chunks_f32):
+ * 4 KiB, so a chunk stays in L1 between its max and its exp. */
+enum { TG_SOFTMAX_CHUNK = 1024 };
+
+/* --- the memory-bound kernels' own blocks ------------------------------------
+ * f32 -> bf16 cast (kernels/cast.c): elements per work item, and the size
+ * from which the in-place cast's doubling rounds run in parallel. */
+enum { TG_CAST_CHUNK = 1 << 16 };
+
+/* Embedding backward (kernels/embedding.c): column blocks of 4 KiB (whole
+ * rows up to dim 1024) to 16 KiB of each row, aiming for
+ * TG_EMB_GROUPS_PER_THREAD groups per thread; and the entries ahead whose
+ * rows are prefetched: the rows are scattered (random ids, and the tokens of
+ * one id scattered over the sequence), so no hardware prefetcher sees them
+ * coming. */
+enum { TG_EMB_COLS_MIN = 1024, TG_EMB_COLS_MAX = 4096, TG_EMB_GROUPS_PER_THREAD = 8 };
+enum { TG_EMB_PF_AHEAD = 2 };
+
+/* RMSNorm backward dw (kernels/rmsnorm.c): fused and deterministic, at most
+ * TG_RMS_DW_MAX_BLOCKS row blocks; fused and split, about one row block per
+ * TG_RMS_DW_MIN_ROWS rows; split, at most TG_RMS_DW_SPLIT_MAX_BLOCKS; and
+ * TG_RMS_COL_BLOCK columns per group of the column passes. The blocks are
+ * fixed by the shape alone, never the thread count (determinism). */
+enum {
+  TG_RMS_DW_MAX_BLOCKS = 256,
+  TG_RMS_DW_MIN_ROWS = 16,
+  TG_RMS_DW_SPLIT_MAX_BLOCKS = 64,
+  TG_RMS_COL_BLOCK = 256
+};
+
+/* Transpose (kernels/transpose.c): 64 x 64 float tiles (16 KiB), and
+ * TG_TR_STRIPE tiles per group along a tile row. */
+enum { TG_TR_TILE = 64, TG_TR_STRIPE = 4 };
+
+/* --- work plans ---------------------------------------------------------------
+ * The L2 per CPU a plan assumes where the machine does not say
+ * (tg_plan_l2_bytes, engine/plan.c: Linux sysfs, else sysconf, else this). */
+#define TG_PLAN_L2_DEFAULT (512LL * 1024)
+
+/* --- attention ----------------------------------------------------------------
+ * The largest q- or key-tile of any table (ATTN_BQ, ATTN_BK and their bf16
+ * tiles below): the kernels' per-tile stack rows are this long. */
+enum { TG_ATTN_MAX_TILE = 128 };
+
+/* Backward, KV schedule: aim for TG_ATTN_ITEMS_PER_CPU work items per CPU of
+ * the machine (tg_plan_cpus: several per thread, for dynamic load balance
+ * under causality; fewer items mean fewer dQ partials to write and sum), but
+ * never split a kv head's keys into ranges shorter than
+ * TG_ATTN_MIN_RANGE_TILES key tiles, nor into more than TG_ATTN_MAX_RANGES,
+ * nor so many that the dQ partials ((ranges - 1) copies of dQ) pass
+ * TG_ATTN_PARTIALS_BUDGET bytes (a dQ larger than that gets one range). None
+ * of this depends on the thread count (determinism). */
+enum { TG_ATTN_ITEMS_PER_CPU = 4, TG_ATTN_MIN_RANGE_TILES = 4, TG_ATTN_MAX_RANGES = 16 };
+#define TG_ATTN_PARTIALS_BUDGET ((int64_t)1 << 30)
+
+/* Backward, KV schedule: the q-tiles stream past a chunk of up to
+ * TG_ATTN_MAX_CHUNK_TILES key tiles of a range at once (plan_chunk, which
+ * sizes it to the L2), so each q-tile's Q, dO rows are loaded, and its dQ
+ * rows fetched from L3 or memory, once per chunk rather than once per key
+ * tile. */
+enum { TG_ATTN_MAX_CHUNK_TILES = 8 };
+
+/* Backward pre-pass D = rowsum(O * dO): rows per work item. */
+enum { TG_ATTN_D_ROWS_PER_GROUP = 256 };
+
+/* --- each ISA build's blocking (isa/common/, isa/<arch>/) -------------------
+ * The build is told which ISA it is by the compiler's own target macros (the
+ * flags isa/isa.cmake gives each table), so a section cannot be paired with
+ * the wrong instructions. Seen only by the ISA builds (TG_ISA_SUFFIX); the
+ * kernels read a table's blocking from it (isa/ops.h: gemm_mr, attn_bq, ...).
+ *
+ *   MR x NR   register block of the GEMM core: MR rows of C, NR columns
+ *             (NR a multiple of the vector width), MR * NR / width
+ *             accumulators kept in registers while k runs.
+ *   ATTN_BQ   attention q-tile rows, ATTN_BK key-tile rows (a multiple of
+ *             NR: the packed K^T / V^T are NR-aligned panels of ATTN_BK
+ *             columns). The backward's f32 working set is about
+ *             (3 BQ + 5 BK) D + 2 BQ BK floats.
+ *   ATTN_BQ_BF16, ATTN_BK_BF16  the tiles in bf16 precision mode on a
+ *             bf16 unit (at the end of this file).
+ *   BF16_MR (x BF16_NR)  register block of the bf16 dot GEMM.
+ *   PF_AHEAD  prefetch distance of the streaming row ops.
+ *   LANES     partial sums of the row reductions. Fixed at 16 for every ISA:
+ *             the summation order of every row op is then the same on every
+ *             ISA, so the memory-bound kernels give the same bits whichever
+ *             table runs (their tests check it).
+ */
+#if defined(TG_ISA_SUFFIX)
+enum { LANES = 16 };
+
+#if defined(__AVX512F__)
+/* (Also the avx512bf16 and amx builds: their f32 GEMMs and rows are
+ * avx512's, so is their blocking for now; the amx table's tile GEMM blocks
+ * C by 32 x 32 itself, isa/x86/amx.c.)
+ * 32 zmm: an 8 x 32 block is 16 accumulators + 2 B vectors + broadcasts.
+ * 8 x 32 vs 8 x 16 / 4 x 32 at 1 thread, L = 1024 (Xeon, issue 5): D = 64
+ * 123 -> 157, D = 256 85 -> 164 GFLOP/s. */
+enum { MR = 8, NR = 32, ATTN_BQ = 64, ATTN_BK = 64 };
+
+#elif defined(__AVX2__) && defined(__FMA__)
+/* 16 ymm: a 6 x 16 block is 12 accumulators + 2 B vectors + 1 broadcast
+ * (the BLIS Haswell shape): per k, 8 loads feed 12 FMAs, so the FMA ports
+ * and not the load ports bound it. The 8 x 32 block of AVX-512 needs 32
+ * ymm accumulators and spills (issue 12: 22-31% of a Zen 3's FMA peak).
+ * Tiles of 48 rows are whole 6-row blocks and 16-column panels; with 64-row
+ * tiles one block in 11 is a 4-row edge. 48 vs 64 on the FA-2 backward step
+ * (Zen 5, avx2 table, 2 threads, 8 bench shapes, alternating): 48 faster by
+ * 0-5% on every shape. */
+enum { MR = 6, NR = 16, ATTN_BQ = 48, ATTN_BK = 48 };
+
+#elif defined(__aarch64__) && defined(TG_ISA_WITH_NEON)
+/* NEON (the neon and neonbf16 tables): 32 q registers of 4 floats. A 6 x 16
+ * block is 24 accumulators + 4 B vectors + the A values (by-element FMLA
+ * takes them from lanes of 2 registers): 30 of 32. 8 x 12 (24 + 3 + 2) is
+ * the other fit, but its 12-column panels do not divide the head dims
+ * (64, 128, 256: D is the N of O = P.V, dQ = dS.K, dK = dS^T.Q and
+ * dV = P^T.dO), and the 4 or 8 columns left over would run block_edge's
+ * row-at-a-time loop. Tiles
+ * of 48 rows are whole 6-row blocks and three 16-column panels (the shape
+ * avx2 measured best with the same block). Chosen by register count, not
+ * measured: nothing here has run on an aarch64 machine, only under qemu
+ * (docs/AARCH64.md says what to measure). */
+enum { MR = 6, NR = 16, ATTN_BQ = 48, ATTN_BK = 48 };
+
+#else
+/* Portable: the target's baseline (SSE2 on x86-64, 16 xmm): 4 x 8 is 8
+ * accumulators of 4 floats, leaving room for the B vectors and the
+ * broadcast (chosen by register count, not tuned: the portable table is the
+ * reference; 59-72% of the SSE2 FMA peak on the FA-2 step, Zen 5). */
+enum { MR = 4, NR = 8, ATTN_BQ = 64, ATTN_BK = 64 };
+#endif
+
+/* ATTN_BQ_BF16 x ATTN_BK_BF16: the tiles when all five attention products
+ * run on the bf16 unit (bf16 precision mode with bf16 inputs: tg_attn_bq,
+ * tg_attn_bk; the q tile only where not causal). The amx table doubles
+ * both. In the KV schedule every key tile is one more pass of
+ * read-modify-write over its heads' dQ rows (out of L2: 2 MiB at gqa 2,
+ * qL 1024, D 256), and one key range in MIN_RANGE_TILES key tiles more dQ
+ * partials; 128 keys halve both. 128 q rows halve the loads and stores of
+ * the tile GEMM's f32 dK, dV tiles per product; under causality they would
+ * compute twice the masked scores on the diagonal, so causal keeps 64.
+ * Lent Xeon, bf16 mode, the 4 vs_torch shapes, step time, medians of the
+ * per-round ratios of paired runs in one binary (bench/results/xeon16-
+ * issue13/bq-bf16/): 128 q rows on top of 64 x 64: 2,8,4,1024,256 full 0.88
+ * and 0.89 at 2 threads, 0.98 and 0.94 at 16; 2048,128 causal 1.04 at 2
+ * threads. Then 128 keys on top of that (9 rounds): 0.82 / 0.82 / 0.87 /
+ * 0.99 at 2 threads, 1.00 / 0.96 / 1.00 / 0.85 at 16 (1024,64 full;
+ * 2048,128 causal; 1024,256 full; 512,64 causal). Single pairs ranged
+ * 0.45-1.50 on that lease. Split and exact mode with 64 x 128 or 128 x 128
+ * (7 rounds): 0.86-1.17x, no consistent sign; they keep the tiles above.
+ * So does the avx512bf16 table: on Zen 5 (vdpbf16ps, 1 and 2 threads, 6
+ * rounds, bench/results/zen5/paired-bf16-tiles-avx512bf16.*) 128 keys gave
+ * 0.96-1.03x and 128 x 128 0.96-1.03x, the causal 512 shape slower in both.
+ * neonbf16 is unmeasured (no aarch64 machine); the rest have no bf16 unit. */
+#if defined(TG_ISA_WITH_AMX)
+enum { ATTN_BQ_BF16 = 128, ATTN_BK_BF16 = 128 };
+#else
+enum { ATTN_BQ_BF16 = ATTN_BQ, ATTN_BK_BF16 = ATTN_BK };
+#endif
+_Static_assert((int)ATTN_BQ <= (int)TG_ATTN_MAX_TILE && (int)ATTN_BK <= (int)TG_ATTN_MAX_TILE &&
+                   (int)ATTN_BQ_BF16 <= (int)TG_ATTN_MAX_TILE &&
+                   (int)ATTN_BK_BF16 <= (int)TG_ATTN_MAX_TILE,
+               "the attention tiles fit the kernels' TG_ATTN_MAX_TILE rows");
+
+/* The bf16 dot GEMM's register block. x86/bf16_dot.c (AVX512_BF16):
+ * BF16_MR rows x 32 columns (two zmm): 16 accumulators, 2 B vectors and one
+ * broadcast of 32 zmm. arm/bf16_mmla.c (FEAT_BF16): BF16_MR x BF16_NR, 4 x 4
+ * BFMMLA tiles of 2 x 2: 16 accumulators, 4 B vectors and an A vector per
+ * row pair. Both name their 8 rows in code (a static assert each). */
+enum { BF16_MR = 8, BF16_NR = 8 };
+
+/* Streaming row ops (common/row_ops.c) prefetch PF_AHEAD floats (2 KiB)
+ * ahead, one line per 16 floats: one thread walking one row at a time
+ * otherwise leans on the L2 streamer alone, which stops at every 4 KiB page
+ * and keeps too few misses in flight to reach the bandwidth a multi-stream
+ * triad gets. A prefetch never faults, so running past the end of a row is
+ * harmless. */
+enum { PF_AHEAD = 512 };
+#endif /* TG_ISA_SUFFIX */
+
+#endif /* TG_ISA_TUNING_H */
