@@ -58,11 +58,4 @@
 #define TG_ISA_LIST(X) X(portable, TG_ISA_PORTABLE, tg_cpu_any, tg_cpu_any)
 #endif
 
-/* The names, "auto" first, for messages and usage texts:
- * "auto, portable, avx2, ..." and "auto|portable|avx2|...". */
-#define TG_ISA_COMMA_NAME_(name, id, cpu, pick) ", " #name
-#define TG_ISA_BAR_NAME_(name, id, cpu, pick) "|" #name
-#define TG_ISA_NAMES_COMMA "auto" TG_ISA_LIST(TG_ISA_COMMA_NAME_)
-#define TG_ISA_NAMES_BAR "auto" TG_ISA_LIST(TG_ISA_BAR_NAME_)
-
 #endif /* TG_ISA_REGISTRY_H */

@@ -15,7 +15,8 @@
 # python3 with numpy, pytest, hypothesis and torch (the PyTorch oracle,
 # tests/python), -venv, -setuptools, -wheel (the offline `pip install
 # ./python` check, python/ci_install_check.sh). The aarch64 stage
-# (scripts/test_aarch64.sh): the cross gcc (its libgomp comes with it),
+# (scripts/test_aarch64.sh): the cross gcc (its libgomp comes with it) and
+# its C library (only a Recommends of the cross gcc, so named here),
 # qemu-user, and the target's libraries as Debian's arm64 packages
 # (multiarch: the arm64 architecture is added to dpkg): cmocka, libgomp1 and
 # OpenBLAS, whose libc6:arm64 is the loader qemu runs the suites with.
@@ -26,7 +27,7 @@ test_pkgs=(pkg-config libcmocka-dev libopenblas-dev
            clang libclang-rt-14-dev libomp-14-dev
            python3 python3-numpy python3-pytest python3-hypothesis python3-torch
            python3-venv python3-setuptools python3-wheel
-           gcc-aarch64-linux-gnu qemu-user libcmocka-dev:arm64 libgomp1:arm64
+           gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user libcmocka-dev:arm64 libgomp1:arm64
            libopenblas-dev:arm64)
 case "$mode" in
   bench) pkgs=("${bench_pkgs[@]}") ;;
