@@ -124,7 +124,7 @@ enum { LANES = 16 };
  * avx512's, so is their blocking for now; the amx table's tile GEMM blocks
  * C by 32 x 32 itself, isa/x86/amx.c.)
  * 32 zmm: an 8 x 32 block is 16 accumulators + 2 B vectors + broadcasts.
- * 8 x 32 vs 8 x 16 / 4 x 32 at 1 thread, L = 1024 (Xeon, issue 5): D = 64
+ * 8 x 32 vs 8 x 16 / 4 x 32 at 1 thread, L = 1024 (Xeon, AVX-512): D = 64
  * 123 -> 157, D = 256 85 -> 164 GFLOP/s. */
 enum { MR = 8, NR = 32, ATTN_BQ = 64, ATTN_BK = 64 };
 
@@ -132,7 +132,7 @@ enum { MR = 8, NR = 32, ATTN_BQ = 64, ATTN_BK = 64 };
 /* 16 ymm: a 6 x 16 block is 12 accumulators + 2 B vectors + 1 broadcast
  * (the BLIS Haswell shape): per k, 8 loads feed 12 FMAs, so the FMA ports
  * and not the load ports bound it. The 8 x 32 block of AVX-512 needs 32
- * ymm accumulators and spills (issue 12: 22-31% of a Zen 3's FMA peak).
+ * ymm accumulators and spills (22-31% of a Zen 3's FMA peak, measured).
  * Tiles of 48 rows are whole 6-row blocks and 16-column panels; with 64-row
  * tiles one block in 11 is a 4-row edge. 48 vs 64 on the FA-2 backward step
  * (Zen 5, avx2 table, 2 threads, 8 bench shapes, alternating): 48 faster by
@@ -172,7 +172,7 @@ enum { MR = 4, NR = 8, ATTN_BQ = 64, ATTN_BK = 64 };
  * compute twice the masked scores on the diagonal, so causal keeps 64.
  * Lent Xeon, bf16 mode, the 4 vs_torch shapes, step time, medians of the
  * per-round ratios of paired runs in one binary (bench/results/xeon16-
- * issue13/bq-bf16/): 128 q rows on top of 64 x 64: 2,8,4,1024,256 full 0.88
+ * amx/tiles/): 128 q rows on top of 64 x 64: 2,8,4,1024,256 full 0.88
  * and 0.89 at 2 threads, 0.98 and 0.94 at 16; 2048,128 causal 1.04 at 2
  * threads. Then 128 keys on top of that (9 rounds): 0.82 / 0.82 / 0.87 /
  * 0.99 at 2 threads, 1.00 / 0.96 / 1.00 / 0.85 at 16 (1024,64 full;

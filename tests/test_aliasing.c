@@ -1,5 +1,5 @@
 /*
- * Aliasing rules (issue 18 part 3). Every entry point refuses an output that
+ * Aliasing rules. Every entry point refuses an output that
  * shares memory with an input or with another output -- TG_ERR_ALIAS, a
  * message naming both parameters, nothing written -- except its documented
  * exact in-place pairs, which must give the bits of the out-of-place call:

@@ -1,5 +1,5 @@
 /*
- * NaN and infinity in the attention forward (issue 18, part 2; the contract
+ * NaN and infinity in the attention forward (the contract
  * in ../shared/spec/KERNELS.md): an input NaN reaches every output element
  * that depends on it, as IEEE arithmetic and PyTorch give; a +inf score makes
  * its row NaN (softmax of +inf); a row that -inf masks entirely still gives

@@ -1,5 +1,5 @@
 /*
- * Hardening checks that cut across kernels (issue 6):
+ * Hardening checks that cut across kernels:
  *
  *  1. TG_ERR_NO_MEMORY. Every allocation of libtilegrad goes through one
  *     function (engine/mem.c), and the test hook of include/tilegrad_testing.h

@@ -1,5 +1,5 @@
 /*
- * NaN and +-inf in every input of every entry point (issue 18, part 2; the
+ * NaN and +-inf in every input of every entry point (the
  * attention forward has its own suite, tests/test_attn_nan.c). The contract
  * (docs/KERNELS.md): an input NaN reaches every output element that depends
  * on it, as IEEE arithmetic and PyTorch do; +-inf follows the same

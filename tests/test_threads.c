@@ -6,7 +6,7 @@
  *    than OpenMP's default;
  *  - one context entered by two threads at once: the second call gets
  *    TG_ERR_BUSY with its outputs untouched, and the first call's result is
- *    the serial one (issue 18, 5c);
+ *    the serial one;
  *  - several contexts in several threads at once give the same bits as
  *    serial runs.
  */
