@@ -12,10 +12,15 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh test
 jobs=$(nproc)
 
+# ctest runs as many suites at once as there are CPUs: the suites' f64
+# references are serial and dominate their time (a 2-core AMD EPYC of family
+# 23 ran the ASan suites' test_attention for about 3 minutes per table), and
+# every suite sets OMP_WAIT_POLICY=passive but the one that must spin
+# (tests/CMakeLists.txt), so oversubscribed threads sleep instead.
 echo "== build (Release) and ctest"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DTG_BUILD_TESTS=ON >/dev/null
 cmake --build build -j"$jobs" >/dev/null
-(cd build && ctest --output-on-failure)
+(cd build && ctest -j"$jobs" --output-on-failure)
 
 echo "== install: find_package and pkg-config consumers"
 bash tests/consumer/check.sh
@@ -26,7 +31,7 @@ bash scripts/test_aarch64.sh
 echo "== build (ASan + UBSan) and ctest"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DTG_SANITIZE=ON >/dev/null
 cmake --build build-asan -j"$jobs" >/dev/null
-(cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure)
+(cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest -j"$jobs" --output-on-failure)
 
 echo "== PyTorch oracle and Python package (pytest, Debian's torch 1.13)"
 TILEGRAD_LIB="$PWD/build/libtilegrad.so" /usr/bin/python3 -m pytest tests/python -q
