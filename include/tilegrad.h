@@ -39,12 +39,12 @@ extern "C" {
  * lines for project(VERSION), the shared library's VERSION, the CMake
  * package's tilegradConfigVersion.cmake and tilegrad.pc. */
 #define TG_VERSION_MAJOR 0
-#define TG_VERSION_MINOR 1
+#define TG_VERSION_MINOR 2
 #define TG_VERSION_PATCH 0
 
 #define TG_VERSION_STR_(x) #x
 #define TG_VERSION_STR(x) TG_VERSION_STR_(x)
-/* "MAJOR.MINOR.PATCH" of this header, e.g. "0.1.0" */
+/* "MAJOR.MINOR.PATCH" of this header, e.g. "0.2.0" */
 #define TG_VERSION                                                          \
   TG_VERSION_STR(TG_VERSION_MAJOR) "." TG_VERSION_STR(TG_VERSION_MINOR) "." \
   TG_VERSION_STR(TG_VERSION_PATCH)
@@ -278,8 +278,11 @@ tg_status tg_flash_attn_train_fwd_bf16(tg_ctx *ctx, const tg_bf16 *Q, const tg_b
  * anywhere, the mask added in f32, O stored in f32. Shapes, strides, masks,
  * causality, softcapping and validation are those of the bf16 entry points;
  * in addition a dtype outside the enum, a bit of opt->flags that is not a
- * TG_ATTN_OPT_* flag and a dropout_p that is NaN, < 0 or >= 1 are
- * TG_ERR_BAD_PARAMS (nothing written). */
+ * TG_ATTN_OPT_* flag, a dropout_p that is NaN, < 0 or >= 1 and d_sinks
+ * without sinks are TG_ERR_BAD_PARAMS, a v_head_dim that is not a multiple
+ * of 8 up to 512 TG_ERR_UNSUPPORTED (nothing written). sinks is an input
+ * and d_sinks an output of the aliasing rules below. A NaN sink makes its
+ * head's O and L NaN, and a +inf one too (softmax of +inf); -inf is no sink. */
 typedef enum { TG_DTYPE_BF16 = 0, TG_DTYPE_F32 = 1 } tg_dtype; /* ABI values */
 
 /* Dropout of the attention weights, FlashAttention-2 style: the backward
@@ -297,7 +300,24 @@ typedef struct {
                             * (the field was `reserved`, required 0: same ABI) */
   uint64_t dropout_seed;   /* Philox-4x32-10 key */
   uint64_t dropout_offset; /* counter base */
-} tg_attn_options;         /* NULL = all defaults */
+  /* --- attention variants (since 0.2; the struct grew from 24 to 48 bytes,
+   * hence the soname libtilegrad.so.0.2). All zero / NULL = none. */
+  uint32_t window;         /* sliding window W >= 1: key k is visible to query i
+                            * iff k > i + qL_off - W (with causal also k <= i +
+                            * qL_off: the W keys up to and including the
+                            * diagonal, transformers' `sliding_window`); tiles
+                            * wholly outside are skipped. 0 = no window */
+  uint32_t v_head_dim;     /* Dv, the columns of V, O, dO and dV (a multiple of 8
+                            * up to 512; their strides count Dv-element rows);
+                            * Q and K keep params->D. 0 = params->D */
+  const float *sinks;      /* [H] f32 sink logit s_h per query head (gpt-oss):
+                            * e^{s_h} joins every row's softmax denominator,
+                            * O_i = sum_k e^{S_ik} V_k / (sum_k e^{S_ik} + e^{s_h}),
+                            * and L includes it. NULL = none */
+  float *d_sinks;          /* backward only, with sinks: [H] f32, accumulates
+                            * d_sinks[h] += -sum_{b,i} e^{s_h - L[b,h,i]} D_vec[b,h,i];
+                            * NULL = not wanted. The forward ignores it */
+} tg_attn_options;         /* NULL = all defaults; 48 bytes */
 
 /* tg_attn_options.flags. TG_ATTN_OPT_O_F32: tg_attn_train_fwd stores O as
  * float (f32, through O_strides in elements) whatever dtype is: with bf16
@@ -308,18 +328,22 @@ typedef struct {
 enum { TG_ATTN_OPT_O_F32 = 1u };
 
 /* Training forward: O = (P o keep / (1 - p)) . V with P = softmax(S) and S
- * exactly as in tg_flash_attn_train_bwd_bf16; O [B,H,qL,D] of type dtype
- * through O_strides (writes; rows must not overlap); L [B,H,qL] f32
- * natural-log logsumexp of the undropped scores (writes; -inf for a row that
- * sees no key, whose O row is 0). NaN as tg_flash_attn_train_fwd_bf16. */
+ * exactly as in tg_flash_attn_train_bwd_bf16 (plus opt->window); O
+ * [B,H,qL,Dv] of type dtype through O_strides (writes; rows must not
+ * overlap); L [B,H,qL] f32 natural-log logsumexp of the undropped scores and
+ * the sink, log(sum_k e^{S_ik} + e^{s_h}) (writes; a row that sees no key
+ * has O row 0 and L = -inf, or L = s_h with a sink). NaN as
+ * tg_flash_attn_train_fwd_bf16. */
 tg_status tg_attn_train_fwd(tg_ctx *ctx, tg_dtype dtype, const void *Q, const void *K,
                             const void *V, void *O, float *L, const tg_attn_params *p,
                             const tg_attn_mask_params *mp, const void *mask, int causal,
                             const tg_attn_options *opt);
 
 /* Backward: as tg_flash_attn_train_bwd_bf16 (dQ [B,H,qL,D] f32 contiguous
- * writes; dK, dV [B,H_kv,kL,D] f32 contiguous accumulate) with Q, K, V, dO,
- * mask of type dtype. L from the forward; D_vec = rowsum(dO o O) of the
+ * writes; dK [B,H_kv,kL,D], dV [B,H_kv,kL,Dv] f32 contiguous accumulate)
+ * with Q, K, V, dO, mask of type dtype; opt->window as the forward's, and
+ * with opt->sinks and opt->d_sinks the sinks' gradient accumulated (L then
+ * holds the sink: the key gradients need nothing else from it). L from the forward; D_vec = rowsum(dO o O) of the
  * forward's (dropped) O, as tg_attn_train_bwd_compute_d gives it. With
  * dropout (same options as the forward): dV += (P o keep/(1-p))^T dO,
  * dS = P o (dP o keep/(1-p) - D_vec) with dP = dO V^T. */
@@ -330,7 +354,8 @@ tg_status tg_attn_train_bwd(tg_ctx *ctx, tg_dtype dtype, const void *Q, const vo
                             const void *mask, int causal, const tg_attn_options *opt);
 
 /* Backward pre-pass: D_out[b,h,i] = sum_d O[b,h,i,d] * dO[b,h,i,d] with O, dO
- * contiguous [B,H,qL,D] of type dtype; D_out [B,H,qL] f32 (writes). */
+ * contiguous [B,H,qL,D] of type dtype; D_out [B,H,qL] f32 (writes). With a
+ * value head dim Dv, pass head_dim = Dv (O and dO have Dv columns). */
 tg_status tg_attn_train_bwd_compute_d(tg_ctx *ctx, tg_dtype dtype, const void *O,
                                       const void *dO, float *D_out, uint32_t batch,
                                       uint32_t n_q_heads, uint32_t q_seq_len,
