@@ -741,8 +741,8 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
                          "pass enable_gqa=True for grouped-query attention")
     out = attention(query, key, value, mask=attn_mask, causal=is_causal, scale=scale,
                     q_offset=0 if is_causal else None, dropout_p=dropout_p, window=window,
-                    sinks=sinks, precision=precision, attn_precision=attn_precision, threads=threads,
-                    deterministic=deterministic)
+                    sinks=sinks, precision=precision, attn_precision=attn_precision,
+                    threads=threads, deterministic=deterministic)
     return out.squeeze(1) if squeeze else out
 
 

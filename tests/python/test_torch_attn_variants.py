@@ -83,6 +83,38 @@ def ref_variants(Q, K, V, mask, causal, scale, cap, q_off, window, sinks, keep=N
     return Pd @ Vr, P, L, p_sink.detach()
 
 
+def bounds(Q, K, V, O, P, L, p_sink, dOd, scale, u_out, keep=None, p=0.0):
+    """Per-element tolerances (module docstring) of O, dq, dk, dv, dsinks
+    and the unreduced dmask [B,H,qL,kL], from the float64 reference's
+    leaves (after O.backward) and (P, L, p_sink) of ref_variants."""
+    B, H, qL, D = Q.shape
+    kL, Dv, g = K.shape[2], V.shape[3], H // K.shape[1]
+    with torch.no_grad():
+        Kr, Vr = K.abs().repeat_interleave(g, 1), V.repeat_interleave(g, 1)
+        kp = torch.ones_like(P) if keep is None else keep / (1.0 - p)
+        Pd = P * kp
+        dP = (dOd @ Vr.transpose(-1, -2)) * kp
+        Dx = (O * dOd).sum(-1, keepdim=True)
+        Lmax = float(L[torch.isfinite(L)].abs().max())
+        rel = (kL + g * qL + max(D, Dv) + 64) * (1 + Lmax) * U32
+        Mds = P * (dP.abs() + Dx.abs())
+        dD = (u_out + (Dv + 4) * U32) * (O.abs() * dOd.abs()).sum(-1, keepdim=True)
+        ps = p_sink.unsqueeze(-1)
+        mag_s = (ps * Dx.abs()).sum((0, 2, 3))
+        tol = {
+            "O": u_out * O.abs() + SAFETY * rel * (Pd @ Vr.abs()),
+            "dq": u_out * Q.grad.abs() + SAFETY * scale * (((P * dD) + rel * Mds) @ Kr),
+            "dk": u_out * K.grad.abs() + SAFETY * sum_group(
+                scale * ((P * dD) + rel * Mds).transpose(-1, -2) @ Q.abs(), g),
+            "dv": u_out * V.grad.abs() + SAFETY * sum_group(
+                rel * Pd.transpose(-1, -2) @ dOd.abs(), g),
+            "dsinks": SAFETY * ((ps * dD).sum((0, 2, 3)) + rel * mag_s) +
+            (B * qL + 64) * U32 * mag_s,
+            "dmask": SAFETY * (4 * u_out + rel) * Mds,
+        }
+    return {k: t + 1e-30 for k, t in tol.items()}
+
+
 def draw(shape, gen, dtype):
     return torch.randn(shape, generator=gen).to(dtype).requires_grad_(True)
 
@@ -153,39 +185,17 @@ def test_variants_vs_float64_autograd(name, dtype):
     O.backward(dOd)
 
     u_out = UBF if dtype == torch.bfloat16 else U32
-    g = H // Hkv
-    with torch.no_grad():
-        Kr, Vr = K.abs().repeat_interleave(g, 1), V.repeat_interleave(g, 1)
-        kp = torch.ones_like(P) if keep is None else keep / (1.0 - p)
-        Pd = P * kp
-        dP = (dOd @ Vr.transpose(-1, -2)) * kp
-        Dx = (O * dOd).sum(-1, keepdim=True)
-        rel = (kL + g * qL + max(D, Dv) + 64) * (1 + float(L[torch.isfinite(L)].abs().max())) * U32
-        Mds = P * (dP.abs() + Dx.abs())
-        dD = (u_out + (Dv + 4) * U32) * (O.abs() * dOd.abs()).sum(-1, keepdim=True)
-        tol_o = u_out * O.abs() + SAFETY * rel * (Pd @ Vr.abs())
-        tol_q = u_out * Q.grad.abs() + SAFETY * scale * (((P * dD) + rel * Mds) @ Kr)
-        tol_k = u_out * K.grad.abs() + SAFETY * sum_group(
-            scale * ((P * dD) + rel * Mds).transpose(-1, -2) @ Q.abs(), g)
-        tol_v = u_out * V.grad.abs() + SAFETY * sum_group(
-            rel * Pd.transpose(-1, -2) @ dOd.abs(), g)
+    tol = bounds(Q, K, V, O, P, L, p_sink, dOd, scale, u_out, keep, p)
     info = f"case {name}, {dtype}"
-    check("O", o, O.detach(), tol_o + 1e-30, info)
-    check("dq", q.grad, Q.grad, tol_q + 1e-30, info)
-    check("dk", k.grad, K.grad, tol_k + 1e-30, info)
-    check("dv", v.grad, V.grad, tol_v + 1e-30, info)
+    for what, got, ref in (("O", o, O.detach()), ("dq", q.grad, Q.grad), ("dk", k.grad, K.grad),
+                           ("dv", v.grad, V.grad)):
+        check(what, got, ref, tol[what], info)
     assert v.grad.shape == v.shape and k.grad.shape == k.shape
     if sinks is not None:
-        with torch.no_grad():
-            ps = p_sink.unsqueeze(-1)
-            mag = (ps * Dx.abs()).sum((0, 2, 3))
-            tol_s = SAFETY * ((ps * dD).sum((0, 2, 3)) + rel * mag) + (B * qL + 64) * U32 * mag
         assert sinks.grad is not None and sinks.grad.dtype == torch.float32
-        check("dsinks", sinks.grad, S64.grad, tol_s + 1e-30, info)
+        check("dsinks", sinks.grad, S64.grad, tol["dsinks"], info)
     if mkind == "float":
-        with torch.no_grad():
-            mag = (P * (dP.abs() + Dx.abs())).sum(0, keepdim=True)
-        check("dmask", mask.grad, M64.grad, SAFETY * (4 * u_out + rel) * mag + 1e-30, info)
+        check("dmask", mask.grad, M64.grad, tol["dmask"].sum(0, keepdim=True), info)
 
 
 def test_sink_gradient_accumulates_and_bf16_sinks():
