@@ -460,7 +460,10 @@ if HAVE_CUSTOM_OPS:
         ctx.save_for_backward(q, k, v, output[0], output[1], mask, seed, sinks)
 
     def _attn_backward(ctx, do, dlse):
-        need = ctx.needs_input_grad
+        # the dispatcher drops trailing arguments equal to their defaults
+        # (window=0, sinks=None): needs_input_grad covers those passed, and
+        # autograd drops the trailing None gradients of the others
+        need = tuple(ctx.needs_input_grad) + (False,) * 15
         dq, dk, dv, dm, ds = _attn_grads(attn_bwd, ctx.saved_tensors, ctx.args, do,
                                          need[:4] + need[14:15])
         return (dq, dk, dv, dm) + (None,) * 10 + (ds,)
