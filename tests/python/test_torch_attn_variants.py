@@ -28,13 +28,17 @@ p_sink |dD| through D_vec and by p_sink |D_vec| times the relative error of
 e^{-L} (the f32 term), plus (B qL + 64) 2^-24 sum p_sink |D_vec| for its
 own f32 sum. The mask gradient (recomputed in f32 torch ops) within SAFETY
 (4 u_out + rel) of the reduced magnitudes P (|dP| + |D_vec|), as
-test_torch_sdpa_contract.py's 2^-6 for bf16.
+test_torch_sdpa_contract.py's 2^-6 for bf16. Observed worst error/tol
+(printed to stderr; AMD EPYC, AVX2 table, torch 2.9.1): bf16 O 0.95, dv
+0.94, dq 0.93, dk 0.61, dmask 0.15, dsinks 0.014; float32 at most 0.005. A
+window off by one key or a sink counted twice fails 10 and 8 of the 12 cases.
 
 These need the C engine's variant support (a library that ignores the
 options' new fields fails them); the error, signature and opcheck-schema
 tests do not.
 """
 import math
+import sys
 
 import pytest
 
@@ -187,15 +191,19 @@ def test_variants_vs_float64_autograd(name, dtype):
     u_out = UBF if dtype == torch.bfloat16 else U32
     tol = bounds(Q, K, V, O, P, L, p_sink, dOd, scale, u_out, keep, p)
     info = f"case {name}, {dtype}"
+    worst = {}
     for what, got, ref in (("O", o, O.detach()), ("dq", q.grad, Q.grad), ("dk", k.grad, K.grad),
                            ("dv", v.grad, V.grad)):
-        check(what, got, ref, tol[what], info)
+        worst[what] = check(what, got, ref, tol[what], info)
     assert v.grad.shape == v.shape and k.grad.shape == k.shape
     if sinks is not None:
         assert sinks.grad is not None and sinks.grad.dtype == torch.float32
-        check("dsinks", sinks.grad, S64.grad, tol["dsinks"], info)
+        worst["dsinks"] = check("dsinks", sinks.grad, S64.grad, tol["dsinks"], info)
     if mkind == "float":
-        check("dmask", mask.grad, M64.grad, tol["dmask"].sum(0, keepdim=True), info)
+        worst["dmask"] = check("dmask", mask.grad, M64.grad, tol["dmask"].sum(0, keepdim=True),
+                               info)
+    print(f"{info}: error/tol " + ", ".join(f"{w} {r:.2g}" for w, r in worst.items()),
+          file=sys.stderr)
 
 
 def test_sink_gradient_accumulates_and_bf16_sinks():
