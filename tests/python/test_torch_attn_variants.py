@@ -351,3 +351,24 @@ def test_opcheck_variants(i):
     do = torch.randn(o.shape, generator=torch.Generator().manual_seed(i)).to(o.dtype)
     torch.library.opcheck(torch.ops.tilegrad.attn_bwd.default, (do, *plain[:3], o, lse,
                                                                 *plain[3:]))
+
+
+@pytest.mark.skipif(not tt.HAVE_CUSTOM_OPS, reason="no torch.library custom ops")
+def test_compile_fullgraph_with_window_sinks_and_dv():
+    """torch.compile(fullgraph=True) traces the variants' argument handling
+    without graph breaks; aot_eager gives eager's bits, gradients included."""
+    gen = torch.Generator().manual_seed(8)
+    leaves = [torch.randn(s, generator=gen).requires_grad_(True)
+              for s in ((1, 4, 12, 16), (1, 2, 12, 16), (1, 2, 12, 24), (4,))]
+
+    def f(q, k, v, s):
+        return tt.attention(q, k, v, causal=True, window=5, sinks=s)
+
+    outs = []
+    for fn in (f, torch.compile(f, fullgraph=True, backend="aot_eager")):
+        ts = [t.detach().clone().requires_grad_(True) for t in leaves]
+        o = fn(*ts)
+        o.square().sum().backward()
+        outs.append([o.detach()] + [t.grad for t in ts])
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
