@@ -79,7 +79,6 @@ static const struct {
 };
 enum { N_SHORTHANDS = sizeof k_shorthands / sizeof k_shorthands[0] };
 
-
 /* "NAME=value" → name (copied into buf) and value; 0 on success. */
 static int split_assign(const char *arg, char *name, size_t namelen, const char **value) {
   const char *eq = strchr(arg, '=');
@@ -237,9 +236,11 @@ int run_parse_command_line(run_call *c, int argc, char **argv, run_opts *o) {
                           label, strlen(value), TG_OUT_PATH - 1);
     }
     const char **slot = is_in ? &c->bufs[bi].in_path : &c->bufs[bi].out_path;
-    if (*slot)
+    if (*slot) {
+      const int sinks = is_in && run_buf_index(k, "sinks") == bi;
       return usage_errorf(c, "%s %s given twice%s", opt, name,
-                          is_in && run_buf_index(k, "sinks") == bi ? " (--sinks is --in sinks)" : "");
+                          sinks ? " (--sinks is --in sinks)" : "");
+    }
     *slot = value;
   }
   /* A run without --out computes and writes nothing, and exit 0 would read
