@@ -21,7 +21,7 @@ void tg_cli_bench_usage(FILE *f) {
           "Times the FlashAttention-2 backward step (compute_d + bwd + 3 bf16 casts)\n"
           "and the memory-bound kernels, as a fraction of this machine's measured\n"
           "ceilings (f32 FMA peak, bf16 dot peak, triad bandwidth) at the same\n"
-          "thread count. A sliding-window shape's FLOP count its visible (i, k) pairs.\n"
+          "thread count. A sliding-window shape's FLOP counts only its visible (i, k) pairs.\n"
           "\n"
           "options (\"--opt value\" or \"--opt=value\"):\n"
           "  --threads N        OpenMP threads for kernels and ceilings, 1-4096 (default:\n"
