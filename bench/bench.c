@@ -184,7 +184,8 @@ static const tg_bench_shape k_quick_shapes[] = {
  * should follow its visible pairs: tiles outside it skipped, not masked).
  * L 16384 with W 1024 is the case the share is judged on (<= 1.3). One head
  * pair fewer each time L doubles; ~1750 GFLOP per repetition, the causal
- * L 32768 step 690 of it: about 8 min in all at 30 GFLOP/s (2 threads). */
+ * L 32768 step 690 of it: about 8 min in all at 30 GFLOP/s (2 threads;
+ * estimated from the FLOP, not run in full). */
 static const tg_bench_shape k_window_shapes[] = {
     {1, 4, 4, 8192, 128, 1, 0},     /* 171.8 GFLOP  the causal partner */
     {1, 4, 4, 8192, 128, 1, 512},   /*  20.8 */
