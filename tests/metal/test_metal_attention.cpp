@@ -6,12 +6,12 @@
  * with qL != kL (positive and negative qL_off, rows that see no key), additive
  * bf16 masks with -inf entries and a fully masked row, mask broadcast (stride
  * 0), softcapping, strided views (Q/O in [B, L, H, D] layout, padded K/V
- * rows), and the variants: sliding windows (causal and not, W = 1 and W past
- * every key), sinks (finite, -inf, NaN, +inf; d_sinks accumulating), Dv != D
- * and their combinations. Problems without variants dispatch the kernels as a
- * host written before the variants does (function constants 302-304 unset)
- * and call the bf16 entry points; the others call tg_attn_train_* with
- * tg_attn_options. Every result is also checked against the f64 reference
+ * rows), and the variants: sliding windows (causal and not, shifted qL_off,
+ * W = 1 and W past every key), sinks (finite, -inf, NaN, +inf; d_sinks
+ * accumulating), Dv != D and their combinations. Problems without variants
+ * dispatch the kernels as a host written before the variants does (function
+ * constants 302-304 unset) and call the bf16 entry points; the others call
+ * tg_attn_train_* with tg_attn_options. Every result is also checked against the f64 reference
  * the bounds are built from (each side is within half the two-sided bound of
  * it, and rounding the reference to f32 fits in the other half).
  *
@@ -462,7 +462,8 @@ int main() {
       {"aligned strided mask",                 2, 2, 1, 64, 32,  64, 0, false, true,  true,  1.0f, 0, 0, NO_SINKS},
       {"d256 strided causal mask qL_off-3",    1, 3, 3, 35, 35, 256, 0, true,  true,  true,  1.0f, -3, 0, NO_SINKS},
       /* sliding window: tiles before the window are skipped */
-      {"window qL<kL",                         1, 2, 2, 37, 90,  64, 0, false, false, false, 1.0f, 0, 20, NO_SINKS},
+      {"window qL<kL qL_off+5",                1, 2, 2, 37, 90,  64, 0, false, false, false, 1.0f, 5, 20, NO_SINKS},
+      {"window causal qL_off-6 sinks",         1, 2, 1, 40, 64,  64, 0, true,  false, false, 1.0f, -6, 12, SINKS},
       {"window causal gqa mask",               2, 4, 2, 40, 75,  64, 0, true,  true,  false, 1.0f, 0, 17, NO_SINKS},
       {"d256 window causal qL>kL softcap",     1, 2, 1, 50, 30, 256, 0, true,  false, false, 20.0f, 0, 9, NO_SINKS},
       {"window 1 causal",                      1, 2, 1, 33, 40,  64, 0, true,  false, false, 1.0f, 0, 1, NO_SINKS},
