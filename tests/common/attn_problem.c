@@ -255,12 +255,15 @@ static void widen(float *dst, const tg_bf16 *src, int64_t n) {
  * 2^-146 (|D_vec| + 1) (subnormal P and t, as at the forward),
  * e_P = P (e_L + u|s_h - L| + 2u) (expf within 2 ulp); summed with d_sinks0
  * (n = B qL + 1 terms, any order): 2 (sum e_t + gamma(n) (|d0| + sum|t|)). A
- * sink of -inf has no terms (P = 0, the contract). */
+ * sink of -inf has no terms (P = 0, the contract), and neither has a row
+ * handed L = -inf (it contributes nothing, as to the key gradients); P = 0
+ * (L = +inf) is an exact zero term. */
 static void sink_term(attn_problem *pb, const attn_row *r, double *abs_sum) {
   const double sink = pb->sinks[r->h];
-  if (sink == -INFINITY) return;
   const double L = r->given[0], eL = r->given[1], Dvec = r->given[2], eD = r->given[3];
+  if (sink == -INFINITY || L == -INFINITY) return;
   const double P = exp(sink - L), t = P * Dvec;
+  if (P == 0) return;
   pb->dsr[r->h] -= t;
   pb->dse[r->h] += P * (eL + U * fabs(sink - L) + 2 * U) * fabs(Dvec) + P * eD + U * fabs(t) +
                    0x1.0p-146 * (fabs(Dvec) + 1);
