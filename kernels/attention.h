@@ -35,9 +35,12 @@ typedef struct {
 } tg_attn_dropout;
 
 /* A validated attention problem: sizes as int64, strides copied out. All
- * strides are [batch, head, row] in elements of their tensor. */
+ * strides are [batch, head, row] in elements of their tensor. Q, K have D
+ * columns; V, O, dO, dV have Dv (tg_attn_options.v_head_dim; D without). */
 typedef struct {
-  int64_t B, H, H_kv, gqa, qL, kL, D, qL_off;
+  int64_t B, H, H_kv, gqa, qL, kL, D, Dv, qL_off;
+  int64_t window;    /* W: key k visible to row i iff k > i + qL_off - W; 0 = none */
+  const float *sinks; /* [H] sink logits (forward: join the denominator and L); NULL = none */
   float scale;
   float softcap; /* 0 = off (params softcapping == 1.0), else the cap c */
   const int64_t *Qs, *Ks, *Vs, *Os; /* inputs; Os is also dO's */
@@ -51,19 +54,21 @@ typedef struct {
                                      * only; tg_attn_products) */
   int o_f32;                        /* forward: O stored as f32 for bf16 inputs too
                                      * (TG_ATTN_OPT_O_F32) */
-  int64_t dQs[3], dKs[3];           /* f32 gradients dQ and dK, dV (same layout) */
+  int64_t dQs[3], dKs[3], dVs[3];   /* f32 gradients dQ [.., D], dK [.., D], dV [.., Dv] */
 } tg_attn_problem;
 
 /* Validates p (+ mask params) for entry point `fn` and fills *out (bf16
- * inputs, no dropout, plain sums, contiguous [B, H, qL, D] / [B, H_kv, kL, D]
- * gradients; the dtype entry points then set in, drop and compensated).
+ * inputs, no dropout, no window or sinks, plain sums, contiguous
+ * [B, H, qL, D] / [B, H_kv, kL, D] / [B, H_kv, kL, Dv] gradients; the dtype
+ * entry points then set in, drop, window, sinks and compensated). Dv: the
+ * value head dim, already checked (tg_attn_check_options); 0 = D.
  * Checks:
  * NULL struct, sizes >= 1, H % gqa_factor, head dim, Metal tiling fields,
  * scale / softcapping finite, strides >= 0 and every addressed element's
  * offset within int64, mask pointer/params pairing, output sizes. */
 tg_status tg_attn_validate(tg_ctx *ctx, const char *fn, const tg_attn_params *p,
                            const tg_attn_mask_params *mp, const void *mask,
-                           int causal, tg_attn_problem *out);
+                           int causal, int64_t Dv, tg_attn_problem *out);
 
 /* --- aliasing (tg_check_alias) of the attention entry points ----------------
  * A tensor [n0, n1, n2, n3] of elem_bytes elements addressed through
@@ -77,27 +82,29 @@ tg_buf tg_attn_buf(const char *name, const void *base, const int64_t s[3], int64
 
 /* The forward's check: outputs O (type pr->in, f32 if pr->o_f32; through
  * pr->Os) and L [B, H, qL] f32 against each other and the inputs Q, K, V
- * (type pr->in) and mask (type pr->in, through pr->Ms; NULL without). No
- * exact in place. */
+ * (type pr->in), mask (type pr->in, through pr->Ms; NULL without) and
+ * pr->sinks ([H] f32; NULL without). No exact in place. */
 tg_status tg_attn_check_alias_fwd(tg_ctx *ctx, const char *fn, const tg_attn_problem *pr,
                                   const void *Q, const void *K, const void *V,
                                   const void *mask, const void *O, const float *L);
 
-/* The backward's check: outputs dQ (pr->dQs), dK, dV (pr->dKs), all f32,
- * against each other and the inputs Q, K, V, dO (type pr->in; dO through
- * pr->Os), L, D_vec ([B, H, qL] f32) and mask. No exact in place. */
+/* The backward's check: outputs dQ (pr->dQs), dK (pr->dKs), dV (pr->dVs),
+ * all f32, and d_sinks ([H] f32; NULL without) against each other and the
+ * inputs Q, K, V, dO (type pr->in; dO through pr->Os), L, D_vec ([B, H, qL]
+ * f32), mask and pr->sinks. No exact in place. */
 tg_status tg_attn_check_alias_bwd(tg_ctx *ctx, const char *fn, const tg_attn_problem *pr,
                                   const void *Q, const void *K, const void *V,
                                   const float *L, const void *dO, const float *D_vec,
                                   const void *mask, const float *dQ, const float *dK,
-                                  const float *dV);
+                                  const float *dV, const float *d_sinks);
 
 /* What the dtype / options entry points (tg_attn_train_fwd, ...) check
  * beyond tg_attn_validate (attention_options.c); TG_ERR_BAD_PARAMS with a
  * message naming the field otherwise. dtype: a tg_dtype value. */
 tg_status tg_attn_check_dtype(tg_ctx *ctx, const char *fn, tg_dtype dtype);
 /* opt (NULL: the defaults): flags only TG_ATTN_OPT_* bits, dropout_p in
- * [0, 1); *drop gets its dropout (threshold 0 for none). */
+ * [0, 1), v_head_dim 0 or a multiple of 8 up to TG_ATTN_MAX_D, d_sinks only
+ * with sinks; *drop gets its dropout (threshold 0 for none). */
 tg_status tg_attn_check_options(tg_ctx *ctx, const char *fn, const tg_attn_options *opt,
                                 tg_attn_dropout *drop);
 /* The checks of the dtype entry points in their order (dtype, options, then
@@ -268,8 +275,9 @@ tg_status tg_attn_backward_kv(tg_ctx *ctx, const tg_attn_problem *pr,
 
 /* The score S[i,k] from the raw product qk = Q[i].K[k] (f32), per contract:
  * s = scale * qk; with softcapping c: s = c * tanh(s / c) (*tanh_out gets the
- * tanh for the backward); causal keys k > i + qL_off and mask entries of -inf
- * give -inf; otherwise the additive mask m (a row of type pr->in) is added. */
+ * tanh for the backward); causal keys k > i + qL_off, keys left of the
+ * window (k <= i + qL_off - W) and mask entries of -inf give -inf;
+ * otherwise the additive mask m (a row of type pr->in) is added. */
 static inline float tg_attn_score(const tg_attn_problem *pr, float qk, int64_t i,
                                   int64_t k, const void *mask_row, float *tanh_out) {
   float s = pr->scale * qk;
@@ -280,6 +288,7 @@ static inline float tg_attn_score(const tg_attn_problem *pr, float qk, int64_t i
   }
   *tanh_out = t;
   if (pr->causal && k > i + pr->qL_off) return -INFINITY;
+  if (pr->window && k <= i + pr->qL_off - pr->window) return -INFINITY;
   if (mask_row) {
     const float m = pr->in == TG_DTYPE_F32 ? ((const float *)mask_row)[k]
                                            : tg_bf16_to_f32(((const tg_bf16 *)mask_row)[k]);
@@ -304,6 +313,23 @@ static inline int64_t tg_attn_key_end(const tg_attn_problem *pr, int64_t q0, int
   if (!pr->causal) return pr->kL;
   const int64_t end = q0 + nq + pr->qL_off; /* last row's limit + 1 */
   return end < 0 ? 0 : (end > pr->kL ? pr->kL : end);
+}
+
+/* Keys [begin, kL) can be visible to query rows from q0 on under the
+ * window's limit k > i + qL_off - W: 0 without a window; up to kL. */
+static inline int64_t tg_attn_key_begin(const tg_attn_problem *pr, int64_t q0) {
+  if (!pr->window) return 0;
+  const int64_t begin = q0 + pr->qL_off - pr->window + 1; /* first row's first key */
+  return begin < 0 ? 0 : (begin > pr->kL ? pr->kL : begin);
+}
+
+/* How many of the keys [k0, k0 + nk) lie left of query row i's window
+ * (k <= i + qL_off - W): 0 without a window; 0 to nk. */
+static inline int64_t tg_attn_hidden_left(const tg_attn_problem *pr, int64_t i, int64_t k0,
+                                          int64_t nk) {
+  if (!pr->window) return 0;
+  const int64_t n = i + pr->qL_off - pr->window + 1 - k0;
+  return n < 0 ? 0 : (n > nk ? nk : n);
 }
 
 #endif /* TG_ATTENTION_H */

@@ -91,16 +91,17 @@ static inline int64_t tile_rows(int64_t len, int64_t start, int64_t tile) {
  * per key tile of a chunk (KV schedule; the ATOMIC schedule uses one), and
  * one q-tile side. */
 typedef struct {
-  float *K, *KT, *VT;  /* [BK, D], [D, BK], [D, BK] (bf16_dot: [D/2, BK] pairs) */
-  float *dK, *dV;      /* [BK, D] */
+  float *K, *KT, *VT;  /* [BK, D], [D, BK], [Dv, BK] (bf16_dot: [D/2, BK],
+                        * [Dv/2, BK] pairs) */
+  float *dK, *dV;      /* [BK, D], [BK, Dv] */
   /* compensated sums only: the running dK, dV sums and their corrections,
-   * [BK, D] each (dK, dV above then hold one q-tile's part, zeroed again as
-   * it is added) */
+   * [BK, D] and [BK, Dv] (dK, dV above then hold one q-tile's part, zeroed
+   * again as it is added) */
   float *dK_sum, *dK_comp, *dV_sum, *dV_comp;
 } ktile_scratch;
 
 typedef struct {
-  float *Q, *dO, *dQ;  /* [BQ, D] */
+  float *Q, *dO, *dQ;  /* [BQ, D], [BQ, Dv], [BQ, D] */
   float *S, *dS;       /* [BQ, BK]: scores -> P, dP -> dS */
   uint8_t *keep;       /* [BQ, BK] dropout keep flags */
   /* TG_PRODUCTS_BF16_DOT only: the bf16 parts (hi, lo) of dS [BQ, BK] and
@@ -110,29 +111,35 @@ typedef struct {
   ktile_scratch kt[TG_ATTN_MAX_CHUNK_TILES];
 } bwd_scratch;
 
+/* The key tile's buffers in carve's order: which have Dv columns (the
+ * others D); the first 5 always, the last 4 for compensated sums. */
+static const int ktile_has_dv[9] = {0, 0, 1, 0, 1, 0, 0, 1, 1};
+
 /* Bytes of one key tile's side of the scratch. */
-static size_t ktile_bytes(int64_t D, int64_t BK, int compensated) {
-  return (compensated ? 9 : 5) * tg_align64(sizeof(float) * BK * (size_t)D);
+static size_t ktile_bytes(int64_t D, int64_t Dv, int64_t BK, int compensated) {
+  size_t n = 0;
+  for (int i = 0; i < (compensated ? 9 : 5); i++)
+    n += tg_align64(sizeof(float) * BK * (size_t)(ktile_has_dv[i] ? Dv : D));
+  return n;
 }
 
-static size_t bwd_scratch_bytes(int64_t D, int64_t BQ, int64_t BK, int64_t chunk,
+static size_t bwd_scratch_bytes(int64_t D, int64_t Dv, int64_t BQ, int64_t BK, int64_t chunk,
                                  int compensated, tg_attn_products products) {
   const size_t q = tg_align64(sizeof(float) * BQ * (size_t)D);
   const size_t s = tg_align64(sizeof(float) * BQ * BK);
   const size_t parts = products == TG_PRODUCTS_BF16_DOT ? 6 * tg_align64(2 * BQ * BK) : 0;
-  return 3 * q + 2 * s + tg_align64((size_t)(BQ * BK)) + parts +
-         (size_t)chunk * ktile_bytes(D, BK, compensated);
+  return 2 * q + tg_align64(sizeof(float) * BQ * (size_t)Dv) + 2 * s +
+         tg_align64((size_t)(BQ * BK)) + parts + (size_t)chunk * ktile_bytes(D, Dv, BK, compensated);
 }
 
-static bwd_scratch carve(void *base, int64_t D, int64_t BQ, int64_t BK, int64_t chunk,
-                         int compensated, tg_attn_products products) {
+static bwd_scratch carve(void *base, int64_t D, int64_t Dv, int64_t BQ, int64_t BK,
+                         int64_t chunk, int compensated, tg_attn_products products) {
   char *p = base;
   const size_t q = tg_align64(sizeof(float) * BQ * (size_t)D);
-  const size_t k = tg_align64(sizeof(float) * BK * (size_t)D);
   const size_t s = tg_align64(sizeof(float) * BQ * BK);
   bwd_scratch w;
   w.Q = (float *)p, p += q;
-  w.dO = (float *)p, p += q;
+  w.dO = (float *)p, p += tg_align64(sizeof(float) * BQ * (size_t)Dv);
   w.dQ = (float *)p, p += q;
   w.S = (float *)p, p += s;
   w.dS = (float *)p, p += s;
@@ -147,7 +154,8 @@ static bwd_scratch carve(void *base, int64_t D, int64_t BQ, int64_t BK, int64_t 
     float **bufs[] = {&t->K, &t->KT, &t->VT, &t->dK, &t->dV,
                       &t->dK_sum, &t->dK_comp, &t->dV_sum, &t->dV_comp};
     for (int i = 0; i < 9; i++) *bufs[i] = NULL;
-    for (int i = 0; i < (compensated ? 9 : 5); i++) *bufs[i] = (float *)p, p += k;
+    for (int i = 0; i < (compensated ? 9 : 5); i++)
+      *bufs[i] = (float *)p, p += tg_align64(sizeof(float) * BK * (size_t)(ktile_has_dv[i] ? Dv : D));
   }
   return w;
 }
@@ -160,14 +168,14 @@ static void load_qtile(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int6
   if (a->plan.products == TG_PRODUCTS_BF16_DOT) {
     a->ops->pack_bf16_row_pairs(nq, pr->D, (const tg_bf16 *)a->Q + tg_attn_offset(pr->Qs, b, h, q0),
                                 pr->Qs[2], (uint32_t *)w->Q, pr->D);
-    a->ops->pack_bf16_row_pairs(nq, pr->D, (const tg_bf16 *)a->dO + tg_attn_offset(pr->Os, b, h, q0),
-                                pr->Os[2], (uint32_t *)w->dO, pr->D);
+    a->ops->pack_bf16_row_pairs(nq, pr->Dv, (const tg_bf16 *)a->dO + tg_attn_offset(pr->Os, b, h, q0),
+                                pr->Os[2], (uint32_t *)w->dO, pr->Dv);
     return;
   }
   tg_attn_load_rows(a->ops, pr->in, tg_attn_at(pr->in, a->Q, tg_attn_offset(pr->Qs, b, h, 0)),
                     pr->Qs[2], q0, nq, pr->D, w->Q, NULL, 0);
   tg_attn_load_rows(a->ops, pr->in, tg_attn_at(pr->in, a->dO, tg_attn_offset(pr->Os, b, h, 0)),
-                    pr->Os[2], q0, nq, pr->D, w->dO, NULL, 0);
+                    pr->Os[2], q0, nq, pr->Dv, w->dO, NULL, 0);
 }
 
 /* Keys [k0, k0 + nk) of kv head h_kv -> t->K (f32, or bf16 row pairs for
@@ -184,36 +192,36 @@ static void load_ktile(const bwd_args *a, int64_t b, int64_t h_kv, int64_t k0, i
     else
       tg_attn_load_rows(a->ops, pr->in, Kh, pr->Ks[2], k0, nk, pr->D, t->K, NULL, 0);
     tg_attn_pack_pairs(a->ops, Kh, pr->Ks[2], k0, nk, pr->D, (uint32_t *)t->KT, a->plan.BK);
-    tg_attn_pack_pairs(a->ops, Vh, pr->Vs[2], k0, nk, pr->D, (uint32_t *)t->VT, a->plan.BK);
+    tg_attn_pack_pairs(a->ops, Vh, pr->Vs[2], k0, nk, pr->Dv, (uint32_t *)t->VT, a->plan.BK);
     return;
   }
   tg_attn_load_rows(a->ops, pr->in, Kh, pr->Ks[2], k0, nk, pr->D, t->K, t->KT, a->plan.BK);
   /* V is only used transposed; t->dV is free until the pair body runs. */
-  tg_attn_load_rows(a->ops, pr->in, Vh, pr->Vs[2], k0, nk, pr->D, t->dV, t->VT, a->plan.BK);
+  tg_attn_load_rows(a->ops, pr->in, Vh, pr->Vs[2], k0, nk, pr->Dv, t->dV, t->VT, a->plan.BK);
 }
 
 /* The pair body for loaded tiles (the key tile's side in t, the q-tile's in
- * w): dQ [nq, D] (leading dim ldq) += dS . K; t->dK, t->dV [nk, D] +=
- * dS^T . Q, P^T . dO. With dq_first the dQ rows are written (= dS . K)
+ * w): dQ [nq, D] (leading dim ldq) += dS . K; t->dK [nk, D], t->dV [nk, Dv]
+ * += dS^T . Q, P^T . dO. With dq_first the dQ rows are written (= dS . K)
  * instead. */
 static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_t nq,
                      int64_t k0, int64_t nk, float *dQ, int64_t ldq, int dq_first,
                      const ktile_scratch *t, bwd_scratch *w) {
   const tg_attn_problem *pr = &a->pr;
   const tg_isa_ops *ops = a->ops;
-  const int64_t D = pr->D, bh = b * pr->H + h, BK = a->plan.BK;
-  const float *L = a->L + bh * pr->qL + q0, *Dv = a->D_vec + bh * pr->qL + q0;
+  const int64_t D = pr->D, Dv = pr->Dv, bh = b * pr->H + h, BK = a->plan.BK;
+  const float *L = a->L + bh * pr->qL + q0, *Drow = a->D_vec + bh * pr->qL + q0;
 
   if (a->plan.bf16_dot) { /* the bf16 rows of Q and dO in place, K^T and V^T in pairs */
     const tg_bf16 *Qr = (const tg_bf16 *)a->Q + tg_attn_offset(pr->Qs, b, h, q0);
     const tg_bf16 *dOr = (const tg_bf16 *)a->dO + tg_attn_offset(pr->Os, b, h, q0);
     ops->mm_bf16_pairs((int)nq, (int)nk, (int)D, Qr, pr->Qs[2], (const uint32_t *)t->KT, BK,
                        w->S, BK, 0);
-    ops->mm_bf16_pairs((int)nq, (int)nk, (int)D, dOr, pr->Os[2], (const uint32_t *)t->VT, BK,
+    ops->mm_bf16_pairs((int)nq, (int)nk, (int)Dv, dOr, pr->Os[2], (const uint32_t *)t->VT, BK,
                        w->dS, BK, 0);
   } else {
     ops->mm_nn((int)nq, (int)nk, (int)D, w->Q, D, t->KT, BK, w->S, BK, 0);   /* Q.K^T  */
-    ops->mm_nn((int)nq, (int)nk, (int)D, w->dO, D, t->VT, BK, w->dS, BK, 0); /* dO.V^T */
+    ops->mm_nn((int)nq, (int)nk, (int)Dv, w->dO, Dv, t->VT, BK, w->dS, BK, 0); /* dO.V^T */
   }
   if (pr->drop.threshold) { /* dP -> dP o keep / (1 - p) */
     tg_attn_dropout_tile(ops, &pr->drop, pr, b, h, q0, nq, k0, nk, w->keep, BK);
@@ -230,11 +238,14 @@ static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_
     float *P = w->S + i * BK, *dS = w->dS + i * BK;
     /* A fully masked row has L = -inf: P = exp(S - L) is 0 for every key. */
     const float Li = L[i] == -INFINITY ? INFINITY : L[i];
-    if (pr->softcap == 0.0f) {
-      ops->attn_prob_row(P, nk, tg_attn_visible(pr, qi, k0, nk), pr->scale,
-                         mrow ? tg_attn_at(pr->in, mrow, k0) : NULL, pr->in,
-                         Li); /* 0 for masked keys */
-      ops->attn_ds_row(dS, P, nk, Dv[i], pr->scale);
+    if (pr->softcap == 0.0f) { /* P = 0 for masked keys, [0, lo) left of the window */
+      const int64_t lo = tg_attn_hidden_left(pr, qi, k0, nk);
+      const int64_t n_vis = tg_attn_visible(pr, qi, k0, nk);
+      memset(P, 0, sizeof(float) * (size_t)(lo < nk ? lo : nk));
+      if (lo < nk)
+        ops->attn_prob_row(P + lo, nk - lo, n_vis > lo ? n_vis - lo : 0, pr->scale,
+                           mrow ? tg_attn_at(pr->in, mrow, k0 + lo) : NULL, pr->in, Li);
+      ops->attn_ds_row(dS, P, nk, Drow[i], pr->scale);
       continue;
     }
     float tanh_row[TG_ATTN_MAX_TILE]; /* softcap: d(c tanh(x/c))/dx = 1 - tanh^2 */
@@ -242,7 +253,7 @@ static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_
       P[k] = tg_attn_score(pr, P[k], qi, k0 + k, mrow, &tanh_row[k]) - Li;
     ops->exp_f32(P, P, nk);
     for (int64_t k = 0; k < nk; k++) {
-      const float g = P[k] * (dS[k] - Dv[i]) * (1.0f - tanh_row[k] * tanh_row[k]);
+      const float g = P[k] * (dS[k] - Drow[i]) * (1.0f - tanh_row[k] * tanh_row[k]);
       dS[k] = pr->scale * g; /* dL/d(Q.K) */
     }
   }
@@ -262,8 +273,8 @@ static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_
                      ldq, !dq_first);                                          /* dS.K   */
     tg_attn_mm_parts(pr, ops, nk, D, nqp, w->dSt_hi, w->dSt_lo, BQ, (const uint32_t *)w->Q, D,
                      t->dK, D, 1);                                             /* dS^T.Q */
-    tg_attn_mm_parts(pr, ops, nk, D, nqp, w->Pt_hi, w->Pt_lo, BQ, (const uint32_t *)w->dO, D,
-                     t->dV, D, 1);                                             /* P^T.dO */
+    tg_attn_mm_parts(pr, ops, nk, Dv, nqp, w->Pt_hi, w->Pt_lo, BQ, (const uint32_t *)w->dO, Dv,
+                     t->dV, Dv, 1);                                            /* P^T.dO */
     return;
   }
   if (a->plan.products == TG_PRODUCTS_F32_ROUNDED) {
@@ -272,7 +283,7 @@ static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_
   }
   ops->mm_nn((int)nq, (int)D, (int)nk, w->dS, BK, t->K, D, dQ, ldq, !dq_first); /* dS.K */
   ops->mm_tn_acc((int)nk, (int)D, (int)nq, w->dS, BK, w->Q, D, t->dK, D); /* dS^T.Q */
-  ops->mm_tn_acc((int)nk, (int)D, (int)nq, w->S, BK, w->dO, D, t->dV, D);  /* P^T.dO */
+  ops->mm_tn_acc((int)nk, (int)Dv, (int)nq, w->S, BK, w->dO, Dv, t->dV, Dv); /* P^T.dO */
 }
 
 /* KV schedule: the dQ rows [nq, D] of query head h, q-tile at q0, that key
@@ -301,10 +312,30 @@ static void add_rows(float *dst, int64_t ld, const float *src, int64_t n, int64_
   }
 }
 
-/* KV schedule: does the q-tile at q0 see any key of range `range`? (Only
- * causal attention skips; the key tiles it sees are a prefix of the range.) */
+/* The key tiles [*first, *end) of tiles [kt_first, kt_end) that the q-tile
+ * at q0 can see: one interval, empty (*first >= *end) when it sees none
+ * (causal attention cuts it on the right, a window on the left). */
+static void visible_tiles(const bwd_args *a, int64_t q0, int64_t nq, int64_t kt_first,
+                          int64_t kt_end, int64_t *first, int64_t *end) {
+  const int64_t BK = a->plan.BK;
+  const int64_t kb = tg_attn_key_begin(&a->pr, q0) / BK;
+  const int64_t ke = (tg_attn_key_end(&a->pr, q0, nq) + BK - 1) / BK;
+  *first = kb > kt_first ? kb : kt_first;
+  *end = ke < kt_end ? ke : kt_end;
+}
+
+/* KV schedule: the key tiles of range `range`, [*first, *end). */
+static void range_tiles(const bwd_args *a, int64_t range, int64_t *first, int64_t *end) {
+  *first = range * a->plan.range_tiles;
+  *end = *first + tile_rows(a->plan.n_ktiles, *first, a->plan.range_tiles);
+}
+
+/* KV schedule: does the q-tile at q0 see any key of range `range`? */
 static int range_visible(const bwd_args *a, int64_t range, int64_t q0, int64_t nq) {
-  return tg_attn_key_end(&a->pr, q0, nq) > range * a->plan.range_tiles * a->plan.BK;
+  int64_t kt_first, kt_end, first, end;
+  range_tiles(a, range, &kt_first, &kt_end);
+  visible_tiles(a, q0, nq, kt_first, kt_end, &first, &end);
+  return first < end;
 }
 
 /* KV schedule: x = kv head, y = batch, z = key range. The range varies
@@ -323,54 +354,66 @@ static void bwd_group_kv(const void *vargs, int64_t h_kv, int64_t b, int64_t ran
   const bwd_args *a = vargs;
   const tg_attn_problem *pr = &a->pr;
   const int64_t D = pr->D, gqa = pr->gqa, BQ = a->plan.BQ, BK = a->plan.BK;
-  bwd_scratch w = carve(scratch, D, BQ, BK, a->plan.chunk_tiles, pr->compensated, a->plan.products);
+  const int64_t Dv = pr->Dv;
+  bwd_scratch w = carve(scratch, D, Dv, BQ, BK, a->plan.chunk_tiles, pr->compensated,
+                        a->plan.products);
   tg_attn_dot_begin(a->ops, a->plan.bf16_dot);
 
-  const int64_t kt_first = range * a->plan.range_tiles;
-  const int64_t kt_end = kt_first + tile_rows(a->plan.n_ktiles, kt_first, a->plan.range_tiles);
+  int64_t kt_first, kt_end;
+  range_tiles(a, range, &kt_first, &kt_end);
+  /* Output rows no key of range 0 reaches are zeros (the other ranges'
+   * partials are added to them); a partial's rows its range never reaches
+   * stay unwritten, and the sum skips them. */
+  if (range == 0)
+    for (int64_t h = h_kv * gqa; h < (h_kv + 1) * gqa; h++)
+      for (int64_t q0 = 0; q0 < pr->qL; q0 += BQ) {
+        const int64_t nq = tile_rows(pr->qL, q0, BQ);
+        if (range_visible(a, 0, q0, nq)) continue;
+        int64_t ld;
+        float *dq = dq_rows(a, 0, b, h, q0, &ld);
+        add_rows(dq, ld, NULL, nq, D, 0);
+      }
   for (int64_t c0 = kt_first; c0 < kt_end; c0 += a->plan.chunk_tiles) {
     const int64_t nc = tile_rows(kt_end, c0, a->plan.chunk_tiles);
     for (int64_t j = 0; j < nc; j++) {
       const int64_t k0 = (c0 + j) * BK, nk = tile_rows(pr->kL, k0, BK);
-      const size_t tile_bytes = sizeof(float) * (size_t)(nk * D);
+      const size_t k_bytes = sizeof(float) * (size_t)(nk * D), v_bytes = sizeof(float) * (size_t)(nk * Dv);
       ktile_scratch *t = &w.kt[j];
       load_ktile(a, b, h_kv, k0, nk, t);
-      memset(t->dK, 0, tile_bytes);
-      memset(t->dV, 0, tile_bytes);
+      memset(t->dK, 0, k_bytes);
+      memset(t->dV, 0, v_bytes);
       if (pr->compensated) {
-        memset(t->dK_sum, 0, tile_bytes), memset(t->dK_comp, 0, tile_bytes);
-        memset(t->dV_sum, 0, tile_bytes), memset(t->dV_comp, 0, tile_bytes);
+        memset(t->dK_sum, 0, k_bytes), memset(t->dK_comp, 0, k_bytes);
+        memset(t->dV_sum, 0, v_bytes), memset(t->dV_comp, 0, v_bytes);
       }
     }
     for (int64_t h = h_kv * gqa; h < (h_kv + 1) * gqa; h++)
       for (int64_t q0 = 0; q0 < pr->qL; q0 += BQ) {
         const int64_t nq = tile_rows(pr->qL, q0, BQ);
-        const int64_t key_end = tg_attn_key_end(pr, q0, nq);
+        int64_t first, end; /* the key tiles of the range this q-tile sees */
+        visible_tiles(a, q0, nq, kt_first, kt_end, &first, &end);
+        const int64_t j0 = first > c0 ? first - c0 : 0, j1 = end - c0 < nc ? end - c0 : nc;
+        if (j0 >= j1) continue; /* sees none of the chunk's keys */
         int64_t ld;
         float *dq = dq_rows(a, range, b, h, q0, &ld);
-        if (key_end <= c0 * BK) { /* causal: sees none of the chunk's keys */
-          /* Output rows no key reaches are zeros; a partial's rows its range
-           * never reaches stay unwritten, and the sum skips them. */
-          if (c0 == 0) add_rows(dq, ld, NULL, nq, D, 0);
-          continue;
-        }
         load_qtile(a, b, h, q0, nq, &w);
-        for (int64_t j = 0; j < nc && (c0 + j) * BK < key_end; j++) {
+        for (int64_t j = j0; j < j1; j++) {
           const int64_t k0 = (c0 + j) * BK, nk = tile_rows(pr->kL, k0, BK);
           ktile_scratch *t = &w.kt[j];
-          bwd_pair(a, b, h, q0, nq, k0, nk, dq, ld, c0 + j == kt_first, t, &w);
+          bwd_pair(a, b, h, q0, nq, k0, nk, dq, ld, c0 + j == first, t, &w);
           if (pr->compensated) { /* this q-tile's part into the sums; t->dK, t->dV = 0 */
             a->ops->add_compensated_f32(t->dK_sum, t->dK_comp, t->dK, nk * D);
-            a->ops->add_compensated_f32(t->dV_sum, t->dV_comp, t->dV, nk * D);
+            a->ops->add_compensated_f32(t->dV_sum, t->dV_comp, t->dV, nk * Dv);
           }
         }
       }
     for (int64_t j = 0; j < nc; j++) {
       const int64_t k0 = (c0 + j) * BK, nk = tile_rows(pr->kL, k0, BK);
       const ktile_scratch *t = &w.kt[j];
-      const int64_t kv = tg_attn_offset(pr->dKs, b, h_kv, k0);
-      add_rows(a->dK + kv, pr->dKs[2], pr->compensated ? t->dK_sum : t->dK, nk, D, 0);
-      add_rows(a->dV + kv, pr->dKs[2], pr->compensated ? t->dV_sum : t->dV, nk, D, 0);
+      add_rows(a->dK + tg_attn_offset(pr->dKs, b, h_kv, k0), pr->dKs[2],
+               pr->compensated ? t->dK_sum : t->dK, nk, D, 0);
+      add_rows(a->dV + tg_attn_offset(pr->dVs, b, h_kv, k0), pr->dVs[2],
+               pr->compensated ? t->dV_sum : t->dV, nk, Dv, 0);
     }
   }
   tg_attn_dot_end(a->ops, a->plan.bf16_dot);
@@ -385,8 +428,8 @@ static void bwd_group_sum_dq(const void *vargs, int64_t qt, int64_t h, int64_t b
   const int64_t BQ = a->plan.BQ, q0 = qt * BQ, nq = tile_rows(a->pr.qL, q0, BQ);
   int64_t ld, ld_r;
   float *dq = dq_rows(a, 0, b, h, q0, &ld);
-  for (int64_t r = 1; r < a->plan.n_ranges && range_visible(a, r, q0, nq); r++)
-    add_rows(dq, ld, dq_rows(a, r, b, h, q0, &ld_r), nq, a->pr.D, 0);
+  for (int64_t r = 1; r < a->plan.n_ranges; r++)
+    if (range_visible(a, r, q0, nq)) add_rows(dq, ld, dq_rows(a, r, b, h, q0, &ld_r), nq, a->pr.D, 0);
 }
 
 /* ATOMIC schedule: x = q-tile (heaviest causal tiles first), y = query head,
@@ -395,8 +438,8 @@ static void bwd_group_atomic(const void *vargs, int64_t x, int64_t h, int64_t b,
                              void *scratch) {
   const bwd_args *a = vargs;
   const tg_attn_problem *pr = &a->pr;
-  const int64_t D = pr->D, h_kv = h / pr->gqa, BQ = a->plan.BQ, BK = a->plan.BK;
-  bwd_scratch w = carve(scratch, D, BQ, BK, 1, 0, a->plan.products);
+  const int64_t D = pr->D, Dv = pr->Dv, h_kv = h / pr->gqa, BQ = a->plan.BQ, BK = a->plan.BK;
+  bwd_scratch w = carve(scratch, D, Dv, BQ, BK, 1, 0, a->plan.products);
   ktile_scratch *t = &w.kt[0];
   tg_attn_dot_begin(a->ops, a->plan.bf16_dot);
   const int64_t q0 = (a->plan.n_qtiles - 1 - x) * BQ, nq = tile_rows(pr->qL, q0, BQ);
@@ -404,15 +447,14 @@ static void bwd_group_atomic(const void *vargs, int64_t x, int64_t h, int64_t b,
   load_qtile(a, b, h, q0, nq, &w);
   memset(w.dQ, 0, sizeof(float) * (size_t)(nq * D));
   const int64_t key_end = tg_attn_key_end(pr, q0, nq);
-  for (int64_t k0 = 0; k0 < key_end; k0 += BK) {
+  for (int64_t k0 = tg_attn_key_begin(pr, q0) / BK * BK; k0 < key_end; k0 += BK) {
     const int64_t nk = tile_rows(key_end, k0, BK);
     load_ktile(a, b, h_kv, k0, nk, t);
     memset(t->dK, 0, sizeof(float) * (size_t)(nk * D));
-    memset(t->dV, 0, sizeof(float) * (size_t)(nk * D));
+    memset(t->dV, 0, sizeof(float) * (size_t)(nk * Dv));
     bwd_pair(a, b, h, q0, nq, k0, nk, w.dQ, D, 0, t, &w);
-    const int64_t kv = tg_attn_offset(pr->dKs, b, h_kv, k0);
-    add_rows(a->dK + kv, pr->dKs[2], t->dK, nk, D, 1);
-    add_rows(a->dV + kv, pr->dKs[2], t->dV, nk, D, 1);
+    add_rows(a->dK + tg_attn_offset(pr->dKs, b, h_kv, k0), pr->dKs[2], t->dK, nk, D, 1);
+    add_rows(a->dV + tg_attn_offset(pr->dVs, b, h_kv, k0), pr->dVs[2], t->dV, nk, Dv, 1);
   }
   float *dq = a->dQ + tg_attn_offset(pr->dQs, b, h, q0);
   for (int64_t i = 0; i < nq; i++)
@@ -446,7 +488,7 @@ static void plan_ranges(tg_attn_bwd_plan *pl, const tg_attn_problem *pr) {
  * paired-chunk.*): 0.95-1.00x the step time of one tile at a time on the
  * four vs_torch shapes in exact and bf16 mode. */
 static void plan_chunk(tg_attn_bwd_plan *pl, const tg_attn_problem *pr) {
-  const int64_t tile = (int64_t)ktile_bytes(pr->D, pl->BK, pr->compensated);
+  const int64_t tile = (int64_t)ktile_bytes(pr->D, pr->Dv, pl->BK, pr->compensated);
   const int64_t fit = tg_plan_l2_bytes() / tile;
   int64_t chunk = fit < TG_ATTN_MAX_CHUNK_TILES ? fit : TG_ATTN_MAX_CHUNK_TILES;
   if (chunk > pl->range_tiles) chunk = pl->range_tiles;
@@ -484,13 +526,39 @@ tg_status tg_attn_backward_kv(tg_ctx *ctx, const tg_attn_problem *pr,
   a.Q = Q, a.K = K, a.V = V, a.dO = dO, a.mask = mask, a.L = L, a.D_vec = D_vec;
   a.dQ = dQ, a.dK = dK, a.dV = dV, a.dQ_partial = workspace;
   tg_status st = tg_dispatch(ctx, pr->H_kv, pr->B, a.plan.n_ranges,
-                             bwd_scratch_bytes(pr->D, a.plan.BQ, a.plan.BK, a.plan.chunk_tiles,
-                                               pr->compensated, a.plan.products),
+                             bwd_scratch_bytes(pr->D, pr->Dv, a.plan.BQ, a.plan.BK,
+                                               a.plan.chunk_tiles, pr->compensated,
+                                               a.plan.products),
                              bwd_group_kv, &a);
   /* The second pass needs no scratch: it cannot fail once the first wrote. */
   if (st == TG_OK && a.plan.n_ranges > 1)
     st = tg_dispatch(ctx, a.plan.n_qtiles, pr->H, pr->B, 0, bwd_group_sum_dq, &a);
   return st;
+}
+
+/* --- the sinks' gradient ----------------------------------------------------
+ * A sink is one more score of every row of its head, with no value:
+ * P_sink = e^{s_h - L} (L holds the sink), dP_sink = dO . 0 = 0, so
+ * dS_sink = P_sink (0 - D) and d_sinks[h] += -sum_{b,i} e^{s_h - L[b,h,i]}
+ * D_vec[b,h,i]. One item per head, the B * qL terms summed in f64 in (b, i)
+ * order: the same bits for every thread count. */
+typedef struct {
+  const float *sinks, *L, *D_vec;
+  float *d_sinks;
+  int64_t B, H, qL;
+} sinks_grad_args;
+
+static void sinks_grad_group(const void *vargs, int64_t h, int64_t y, int64_t z,
+                             void *scratch) {
+  const sinks_grad_args *a = vargs;
+  const double s = a->sinks[h];
+  if (s == -INFINITY) return; /* no sink: P_sink = 0 */
+  double sum = 0.0;
+  for (int64_t b = 0; b < a->B; b++) {
+    const int64_t r0 = (b * a->H + h) * a->qL;
+    for (int64_t i = 0; i < a->qL; i++) sum += exp(s - a->L[r0 + i]) * a->D_vec[r0 + i];
+  }
+  a->d_sinks[h] += (float)-sum;
 }
 
 /* The entry points' shared body; fn names the public function in messages. */
@@ -509,22 +577,27 @@ static tg_status train_bwd(tg_ctx *ctx, const char *fn, tg_dtype dtype, const vo
   tg_status st = tg_attn_prepare(ctx, fn, dtype, opt, p, mp, mask, causal, &pr);
   if (st != TG_OK) return st;
   pr.compensated = dtype == TG_DTYPE_F32;
-  st = tg_attn_check_alias_bwd(ctx, fn, &pr, Q, K, V, L, dO, D_vec, mask, dQ, dK, dV);
+  float *d_sinks = opt ? opt->d_sinks : NULL;
+  st = tg_attn_check_alias_bwd(ctx, fn, &pr, Q, K, V, L, dO, D_vec, mask, dQ, dK, dV, d_sinks);
   if (st != TG_OK) return st;
+  const tg_attn_bwd_plan plan = tg_attn_bwd_plan_make(&pr, ctx->ops);
   if (ctx->attn_schedule == TG_ATTN_SCHEDULE_ATOMIC && !ctx->deterministic) {
-    const tg_attn_bwd_plan plan = tg_attn_bwd_plan_make(&pr, ctx->ops);
     bwd_args a = make_args(&pr, ctx->ops, &plan);
     a.Q = Q, a.K = K, a.V = V, a.dO = dO, a.mask = mask, a.L = L, a.D_vec = D_vec;
     a.dQ = dQ, a.dK = dK, a.dV = dV;
-    return tg_dispatch(ctx, a.plan.n_qtiles, pr.H, pr.B,
-                       bwd_scratch_bytes(pr.D, a.plan.BQ, a.plan.BK, 1, 0, a.plan.products),
-                       bwd_group_atomic, &a);
+    st = tg_dispatch(ctx, a.plan.n_qtiles, pr.H, pr.B,
+                     bwd_scratch_bytes(pr.D, pr.Dv, a.plan.BQ, a.plan.BK, 1, 0, a.plan.products),
+                     bwd_group_atomic, &a);
+  } else {
+    const size_t ws_bytes = tg_attn_bwd_workspace_bytes(&plan);
+    void *ws = NULL;
+    if (ws_bytes > 0 && (st = tg_workspace(ctx, ws_bytes, &ws)) != TG_OK) return st;
+    st = tg_attn_backward_kv(ctx, &pr, &plan, Q, K, V, dO, mask, L, D_vec, dQ, dK, dV, ws);
   }
-  const tg_attn_bwd_plan plan = tg_attn_bwd_plan_make(&pr, ctx->ops);
-  const size_t ws_bytes = tg_attn_bwd_workspace_bytes(&plan);
-  void *ws = NULL;
-  if (ws_bytes > 0 && (st = tg_workspace(ctx, ws_bytes, &ws)) != TG_OK) return st;
-  return tg_attn_backward_kv(ctx, &pr, &plan, Q, K, V, dO, mask, L, D_vec, dQ, dK, dV, ws);
+  if (st != TG_OK || !d_sinks) return st;
+  /* needs no scratch: cannot fail once the key gradients are written */
+  const sinks_grad_args sa = {pr.sinks, L, D_vec, d_sinks, pr.B, pr.H, pr.qL};
+  return tg_dispatch(ctx, pr.H, 1, 1, 0, sinks_grad_group, &sa);
 }
 
 tg_status tg_attn_train_bwd(tg_ctx *ctx, tg_dtype dtype, const void *Q, const void *K,

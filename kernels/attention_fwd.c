@@ -19,6 +19,14 @@
  * keeps them: L is the logsumexp of the undropped scores) and the kept ones'
  * 1 / (1 - p) is folded into the final scaling, O = (acc / l) / (1 - p).
  *
+ * Variants (tg_attn_options): a sliding window W starts each q-tile's key
+ * loop at the first key tile its first row can see (tg_attn_key_begin), so
+ * a row costs about W keys, not kL; the keys of a tile left of a row's
+ * window are -inf like causal ones. A sink s_h joins the row's state once,
+ * after the last tile, as one more score with no value: m' = max(m, s_h),
+ * l' = l e^{m - m'} + e^{s_h - m'}, acc scaled by e^{m - m'}. V, O and the
+ * accumulator have Dv columns (Q, K: D).
+ *
  * Precision modes (tg_attn_products): split and bf16 mode run acc += P.V
  * on the bf16 parts of P against V's rows in pairs; l sums the f32 P.
  *
@@ -45,8 +53,8 @@ typedef struct {
 } fwd_args;
 
 typedef struct {
-  float *Q, *acc;  /* [BQ, D] */
-  float *K, *V;    /* [BK, D] */
+  float *Q, *acc;  /* [BQ, D], [BQ, Dv] */
+  float *K, *V;    /* [BK, D], [BK, Dv] */
   float *KT;       /* [D, BK] */
   float *S;        /* [BQ, BK] */
   float *m, *l;    /* [BQ] running max and sum */
@@ -56,25 +64,26 @@ typedef struct {
   uint16_t *P_hi, *P_lo;
 } fwd_scratch;
 
-static size_t fwd_scratch_bytes(int64_t D, int64_t BQ, int64_t BK, tg_attn_products products) {
+static size_t fwd_scratch_bytes(int64_t D, int64_t Dv, int64_t BQ, int64_t BK,
+                                tg_attn_products products) {
   const size_t parts = products == TG_PRODUCTS_BF16_DOT ? 2 * tg_align64(2 * BQ * BK) : 0;
-  return 2 * tg_align64(sizeof(float) * BQ * (size_t)D) +
-         3 * tg_align64(sizeof(float) * BK * (size_t)D) +
+  return tg_align64(sizeof(float) * BQ * (size_t)D) + tg_align64(sizeof(float) * BQ * (size_t)Dv) +
+         2 * tg_align64(sizeof(float) * BK * (size_t)D) +
+         tg_align64(sizeof(float) * BK * (size_t)Dv) +
          tg_align64(sizeof(float) * BQ * BK) + 2 * tg_align64(sizeof(float) * BQ) +
          tg_align64((size_t)(BQ * BK)) + parts;
 }
 
-static fwd_scratch fwd_carve(void *base, int64_t D, int64_t BQ, int64_t BK,
+static fwd_scratch fwd_carve(void *base, int64_t D, int64_t Dv, int64_t BQ, int64_t BK,
                              tg_attn_products products) {
   char *p = base;
-  const size_t q = tg_align64(sizeof(float) * BQ * (size_t)D);
   const size_t k = tg_align64(sizeof(float) * BK * (size_t)D);
   fwd_scratch w;
-  w.Q = (float *)p, p += q;
-  w.acc = (float *)p, p += q;
+  w.Q = (float *)p, p += tg_align64(sizeof(float) * BQ * (size_t)D);
+  w.acc = (float *)p, p += tg_align64(sizeof(float) * BQ * (size_t)Dv);
   w.K = (float *)p, p += k;
   w.KT = (float *)p, p += k;
-  w.V = (float *)p, p += k;
+  w.V = (float *)p, p += tg_align64(sizeof(float) * BK * (size_t)Dv);
   w.S = (float *)p, p += tg_align64(sizeof(float) * BQ * BK);
   w.m = (float *)p, p += tg_align64(sizeof(float) * BQ);
   w.l = (float *)p, p += tg_align64(sizeof(float) * BQ);
@@ -92,9 +101,9 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
   const tg_attn_problem *pr = &a->pr;
   const tg_isa_ops *ops = a->ops;
   const int64_t BQ = a->BQ, BK = a->BK;
-  fwd_scratch w = fwd_carve(scratch, pr->D, BQ, BK, a->products);
+  fwd_scratch w = fwd_carve(scratch, pr->D, pr->Dv, BQ, BK, a->products);
   tg_attn_dot_begin(ops, a->bf16_dot);
-  const int64_t D = pr->D, h_kv = h / pr->gqa, qt = a->n_qtiles - 1 - x;
+  const int64_t D = pr->D, Dv = pr->Dv, h_kv = h / pr->gqa, qt = a->n_qtiles - 1 - x;
   const int64_t q0 = qt * BQ, nq = pr->qL - q0 < BQ ? pr->qL - q0 : BQ;
 
   if (!a->bf16_dot) /* (the bf16 dot reads Q's rows in place) */
@@ -104,18 +113,18 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
     w.m[i] = -INFINITY;
     w.l[i] = 0.0f;
   }
-  memset(w.acc, 0, sizeof(float) * (size_t)(nq * D));
+  memset(w.acc, 0, sizeof(float) * (size_t)(nq * Dv));
 
   const void *Kh = tg_attn_at(pr->in, a->K, tg_attn_offset(pr->Ks, b, h_kv, 0));
   const void *Vh = tg_attn_at(pr->in, a->V, tg_attn_offset(pr->Vs, b, h_kv, 0));
   const int64_t key_end = tg_attn_key_end(pr, q0, nq);
-  for (int64_t k0 = 0; k0 < key_end; k0 += BK) {
+  for (int64_t k0 = tg_attn_key_begin(pr, q0) / BK * BK; k0 < key_end; k0 += BK) {
     const int64_t nk = key_end - k0 < BK ? key_end - k0 : BK;
     if (a->products == TG_PRODUCTS_BF16_DOT)
-      ops->pack_bf16_row_pairs(nk, D, (const tg_bf16 *)Vh + k0 * pr->Vs[2], pr->Vs[2],
-                               (uint32_t *)w.V, D);
+      ops->pack_bf16_row_pairs(nk, Dv, (const tg_bf16 *)Vh + k0 * pr->Vs[2], pr->Vs[2],
+                               (uint32_t *)w.V, Dv);
     else
-      tg_attn_load_rows(ops, pr->in, Vh, pr->Vs[2], k0, nk, D, w.V, NULL, 0);
+      tg_attn_load_rows(ops, pr->in, Vh, pr->Vs[2], k0, nk, Dv, w.V, NULL, 0);
     if (a->bf16_dot) { /* Q's bf16 rows in place, K^T in pairs */
       tg_attn_pack_pairs(ops, Kh, pr->Ks[2], k0, nk, D, (uint32_t *)w.KT, BK);
       ops->mm_bf16_pairs((int)nq, (int)nk, (int)D,
@@ -132,8 +141,18 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
                                 : NULL;
       float *P = w.S + i * BK, unused, tile_max;
       if (pr->softcap == 0.0f) {
-        tile_max = ops->attn_score_max_row(P, nk, tg_attn_visible(pr, qi, k0, nk), pr->scale,
-                                           mrow ? tg_attn_at(pr->in, mrow, k0) : NULL, pr->in);
+        /* keys [0, lo) left of the window, [n_vis, nk) right of the diagonal */
+        const int64_t lo = tg_attn_hidden_left(pr, qi, k0, nk);
+        const int64_t n_vis = tg_attn_visible(pr, qi, k0, nk);
+        if (lo >= n_vis) { /* none visible */
+          for (int64_t k = 0; k < nk; k++) P[k] = -INFINITY;
+          tile_max = -INFINITY;
+        } else {
+          for (int64_t k = 0; k < lo; k++) P[k] = -INFINITY;
+          tile_max = ops->attn_score_max_row(P + lo, nk - lo, n_vis - lo, pr->scale,
+                                             mrow ? tg_attn_at(pr->in, mrow, k0 + lo) : NULL,
+                                             pr->in);
+        }
       } else {
         for (int64_t k = 0; k < nk; k++) P[k] = tg_attn_score(pr, P[k], qi, k0 + k, mrow, &unused);
         tile_max = ops->max_f32(P, nk); /* skips NaN: */
@@ -151,7 +170,7 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
       const float sum = ops->attn_exp_sum_row(P, nk, m_new); /* P = exp(S - m') */
       w.l[i] = alpha * w.l[i] + sum;
       w.m[i] = m_new;
-      if (alpha != 1.0f) ops->scale2_f32(w.acc + i * D, D, alpha, 1.0f);
+      if (alpha != 1.0f) ops->scale2_f32(w.acc + i * Dv, Dv, alpha, 1.0f);
     }
     if (pr->drop.threshold) { /* P -> P o keep; l and m keep the dropped weights */
       tg_attn_dropout_tile(ops, &pr->drop, pr, b, h, q0, nq, k0, nk, w.keep, BK);
@@ -160,41 +179,47 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
     if (a->products == TG_PRODUCTS_BF16_DOT) { /* P's bf16 parts, nk padded to even */
       ops->f32_to_bf16_split(nq, nk, w.S, BK, 0, w.P_hi,
                              pr->precision == TG_ATTN_PRECISION_SPLIT ? w.P_lo : NULL, BK);
-      tg_attn_mm_parts(pr, ops, nq, D, nk + nk % 2, w.P_hi, w.P_lo, BK, (const uint32_t *)w.V,
-                       D, w.acc, D, 1); /* acc += P.V */
+      tg_attn_mm_parts(pr, ops, nq, Dv, nk + nk % 2, w.P_hi, w.P_lo, BK, (const uint32_t *)w.V,
+                       Dv, w.acc, Dv, 1); /* acc += P.V */
       continue;
     }
     if (a->products == TG_PRODUCTS_F32_ROUNDED) tg_attn_round_bf16(w.S, nq, nk, BK);
-    ops->mm_nn((int)nq, (int)D, (int)nk, w.S, BK, w.V, D, w.acc, D, 1); /* acc += P.V */
+    ops->mm_nn((int)nq, (int)Dv, (int)nk, w.S, BK, w.V, Dv, w.acc, Dv, 1); /* acc += P.V */
   }
 
   /* O = (acc / l) * keep_scale; delta = dO . O (one dO row at a time through
-   * w.K, free now) */
+   * w.V, free now) */
   const float keep_scale = pr->drop.threshold ? pr->drop.scale : 1.0f;
+  const float sink = pr->sinks ? pr->sinks[h] : -INFINITY; /* -inf: no sink */
   const int64_t row0 = (b * pr->H + h) * pr->qL + q0;
   const void *dOh = a->dO ? tg_attn_at(pr->in, a->dO, tg_attn_offset(pr->Os, b, h, 0)) : NULL;
   for (int64_t i = 0; i < nq; i++) {
-    const float l = w.l[i];
-    float *o = w.acc + i * D;
-    /* l == 0: the row sees no key: O = 0 and L = -inf (the contract), also
-     * when V holds a NaN that P = 0 multiplied; l NaN: a NaN reached the
-     * row's scores (O and L NaN) */
-    if (l == 0.0f)
-      memset(o, 0, sizeof(float) * (size_t)D);
-    else
-      ops->scale2_f32(o, D, l > 0.0f ? 1.0f / l : l, keep_scale);
+    float l = w.l[i], m = w.m[i];
+    float *o = w.acc + i * Dv;
+    /* l == 0: the row sees no key: O = 0 (the contract), also when V holds
+     * a NaN that P = 0 multiplied; L = -inf, or the sink's s_h. l NaN: a NaN
+     * reached the row's scores (O and L NaN) */
+    if (l == 0.0f) memset(o, 0, sizeof(float) * (size_t)Dv);
+    if (sink != -INFINITY) { /* one more score, with no value; NaN and +inf give NaN */
+      const float m_new = sink > m || sink != sink ? sink : m;
+      const float alpha = m == m_new ? 1.0f : m == -INFINITY ? 0.0f : expf(m - m_new);
+      l = alpha * l + expf(sink - m_new);
+      m = m_new;
+      if (alpha != 1.0f) ops->scale2_f32(o, Dv, alpha, 1.0f);
+    }
+    if (l != 0.0f) ops->scale2_f32(o, Dv, l > 0.0f ? 1.0f / l : l, keep_scale);
     if (a->O) {
       const int64_t off = tg_attn_offset(pr->Os, b, h, q0 + i);
       if (pr->in == TG_DTYPE_F32 || pr->o_f32) /* o_f32: TG_ATTN_OPT_O_F32 */
-        memcpy((float *)a->O + off, o, sizeof(float) * (size_t)D);
+        memcpy((float *)a->O + off, o, sizeof(float) * (size_t)Dv);
       else
-        ops->f32_to_bf16(o, (tg_bf16 *)a->O + off, D);
+        ops->f32_to_bf16(o, (tg_bf16 *)a->O + off, Dv);
     }
     if (dOh) {
-      tg_attn_load_rows(ops, pr->in, dOh, pr->Os[2], q0 + i, 1, D, w.K, NULL, 0);
-      a->delta[row0 + i] = ops->dot_f32(w.K, o, D);
+      tg_attn_load_rows(ops, pr->in, dOh, pr->Os[2], q0 + i, 1, Dv, w.V, NULL, 0);
+      a->delta[row0 + i] = ops->dot_f32(w.V, o, Dv);
     }
-    a->L[row0 + i] = l == 0.0f ? -INFINITY : w.m[i] + logf(l);
+    a->L[row0 + i] = l == 0.0f ? -INFINITY : m + logf(l);
   }
   tg_attn_dot_end(ops, a->bf16_dot);
 }
@@ -207,8 +232,8 @@ tg_status tg_attn_forward(tg_ctx *ctx, const tg_attn_problem *pr, const void *Q,
                 .BK = tg_attn_bk(pr, ctx->ops), .bf16_dot = tg_attn_bf16_dot(pr, ctx->ops),
                 .products = tg_attn_products_of(pr, ctx->ops)};
   a.n_qtiles = (pr->qL + a.BQ - 1) / a.BQ;
-  return tg_dispatch(ctx, a.n_qtiles, pr->H, pr->B, fwd_scratch_bytes(pr->D, a.BQ, a.BK, a.products),
-                     fwd_group, &a);
+  return tg_dispatch(ctx, a.n_qtiles, pr->H, pr->B,
+                     fwd_scratch_bytes(pr->D, pr->Dv, a.BQ, a.BK, a.products), fwd_group, &a);
 }
 
 /* The entry points' shared body; fn names the public function in messages. */

@@ -41,6 +41,15 @@ tg_status tg_attn_check_options(tg_ctx *ctx, const char *fn, const tg_attn_optio
                    fn, (double)p);
   /* p <= 1 - 2^-24, so p * 2^32 (exact in double) rounds to at most
    * 2^32 - 2^8: a uint32. rint: nearest, ties to even (the default mode). */
+  if (opt->v_head_dim % 8 != 0 || opt->v_head_dim > TG_ATTN_MAX_D)
+    return tg_fail(ctx, TG_ERR_UNSUPPORTED,
+                   "%s: opt->v_head_dim = %u; tilegrad takes value head dims that are "
+                   "multiples of 8 up to %d (0 = the head dim D)",
+                   fn, (unsigned)opt->v_head_dim, TG_ATTN_MAX_D);
+  if (opt->d_sinks && !opt->sinks)
+    return tg_fail(ctx, TG_ERR_BAD_PARAMS,
+                   "%s: opt->d_sinks is given but opt->sinks is NULL (the sinks' gradient "
+                   "needs the sinks)", fn);
   drop->threshold = (uint32_t)rint((double)p * 4294967296.0);
   /* threshold 0 (p <= 2^-33) is no dropout; 1 - p then rounds to 1 anyway */
   drop->scale = 1.0f / (1.0f - p);
@@ -56,9 +65,12 @@ tg_status tg_attn_prepare(tg_ctx *ctx, const char *fn, tg_dtype dtype,
   tg_attn_dropout drop;
   tg_status st = tg_attn_check_dtype(ctx, fn, dtype);
   if (st == TG_OK) st = tg_attn_check_options(ctx, fn, opt, &drop);
-  if (st == TG_OK) st = tg_attn_validate(ctx, fn, p, mp, mask, causal, out);
+  if (st == TG_OK)
+    st = tg_attn_validate(ctx, fn, p, mp, mask, causal, opt ? opt->v_head_dim : 0, out);
   if (st != TG_OK) return st;
   out->in = dtype;
+  out->window = opt ? opt->window : 0;
+  out->sinks = opt ? opt->sinks : NULL;
   out->drop = drop;
   out->o_f32 = opt && (opt->flags & TG_ATTN_OPT_O_F32);
   /* float32 inputs always compute in f32 (tg_attn_precision) */

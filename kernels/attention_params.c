@@ -73,7 +73,7 @@ static tg_status check_strides(tg_ctx *ctx, const char *fn, const char *name,
 
 tg_status tg_attn_validate(tg_ctx *ctx, const char *fn, const tg_attn_params *p,
                            const tg_attn_mask_params *mp, const void *mask,
-                           int causal, tg_attn_problem *out) {
+                           int causal, int64_t Dv, tg_attn_problem *out) {
   if (!p) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: params is NULL", fn);
   const struct { const char *name; int32_t v; } sizes[] = {
       {"B", p->B}, {"H", p->H}, {"D", p->D}, {"qL", p->qL}, {"kL", p->kL},
@@ -117,11 +117,12 @@ tg_status tg_attn_validate(tg_ctx *ctx, const char *fn, const tg_attn_params *p,
 
   const int64_t B = p->B, H = p->H, H_kv = p->H / p->gqa_factor;
   const int64_t qL = p->qL, kL = p->kL, D = p->D;
+  if (Dv == 0) Dv = D;
   tg_status st;
   if ((st = check_strides(ctx, fn, "Q_strides", p->Q_strides, B, H, qL, D)) ||
       (st = check_strides(ctx, fn, "K_strides", p->K_strides, B, H_kv, kL, D)) ||
-      (st = check_strides(ctx, fn, "V_strides", p->V_strides, B, H_kv, kL, D)) ||
-      (st = check_strides(ctx, fn, "O_strides", p->O_strides, B, H, qL, D)))
+      (st = check_strides(ctx, fn, "V_strides", p->V_strides, B, H_kv, kL, Dv)) ||
+      (st = check_strides(ctx, fn, "O_strides", p->O_strides, B, H, qL, Dv)))
     return st;
   if (!mp != !mask)
     return tg_fail(ctx, TG_ERR_NULL_ARG,
@@ -132,17 +133,22 @@ tg_status tg_attn_validate(tg_ctx *ctx, const char *fn, const tg_attn_params *p,
   if ((st = tg_shape_count(ctx, "query-side tensors [B,H,qL,D]", sizeof(float), NULL, 4,
                            B, H, qL, D)) ||
       (st = tg_shape_count(ctx, "key-side tensors [B,H_kv,kL,D]", sizeof(float), NULL, 4,
-                           B, H_kv, kL, D)))
+                           B, H_kv, kL, D)) ||
+      (st = tg_shape_count(ctx, "query-side tensors [B,H,qL,Dv]", sizeof(float), NULL, 4,
+                           B, H, qL, Dv)) ||
+      (st = tg_shape_count(ctx, "key-side tensors [B,H_kv,kL,Dv]", sizeof(float), NULL, 4,
+                           B, H_kv, kL, Dv)))
     return st;
 
   *out = (tg_attn_problem){
       .B = B, .H = H, .H_kv = H_kv, .gqa = p->gqa_factor, .qL = qL, .kL = kL, .D = D,
-      .qL_off = p->qL_off, .scale = p->scale,
+      .Dv = Dv, .qL_off = p->qL_off, .scale = p->scale,
       .softcap = p->softcapping == 1.0f ? 0.0f : p->softcapping,
       .Qs = p->Q_strides, .Ks = p->K_strides, .Vs = p->V_strides, .Os = p->O_strides,
       .Ms = mp ? mp->M_strides : NULL, .causal = causal != 0, .in = TG_DTYPE_BF16};
   set_contiguous(out->dQs, H, qL, D);
   set_contiguous(out->dKs, H_kv, kL, D);
+  set_contiguous(out->dVs, H_kv, kL, Dv);
   return TG_OK;
 }
 
@@ -167,17 +173,26 @@ static tg_buf mask_buf(const tg_attn_problem *pr, const void *mask) {
   return tg_attn_buf("mask", mask, pr->Ms, pr->B, pr->H, pr->qL, pr->kL, in_bytes(pr), 0);
 }
 
+/* A [H] f32 sinks vector (sinks, d_sinks); empty when NULL. */
+static tg_buf sinks_buf(const char *name, const float *v, const tg_attn_problem *pr,
+                        int written) {
+  const uint64_t bytes = v ? (uint64_t)pr->H * sizeof(float) : 0;
+  return written ? tg_out(name, v, bytes) : tg_in(name, v, bytes);
+}
+
 tg_status tg_attn_check_alias_fwd(tg_ctx *ctx, const char *fn, const tg_attn_problem *pr,
                                   const void *Q, const void *K, const void *V,
                                   const void *mask, const void *O, const float *L) {
   const int64_t B = pr->B, H = pr->H, H_kv = pr->H_kv, qL = pr->qL, kL = pr->kL, D = pr->D;
+  const int64_t Dv = pr->Dv;
   const size_t e = in_bytes(pr);
   const tg_buf bufs[] = {
       tg_attn_buf("Q", Q, pr->Qs, B, H, qL, D, e, 0),
       tg_attn_buf("K", K, pr->Ks, B, H_kv, kL, D, e, 0),
-      tg_attn_buf("V", V, pr->Vs, B, H_kv, kL, D, e, 0),
+      tg_attn_buf("V", V, pr->Vs, B, H_kv, kL, Dv, e, 0),
       mask_buf(pr, mask),
-      tg_attn_buf("O", O, pr->Os, B, H, qL, D, pr->o_f32 ? sizeof(float) : e, 1),
+      sinks_buf("sinks", pr->sinks, pr, 0),
+      tg_attn_buf("O", O, pr->Os, B, H, qL, Dv, pr->o_f32 ? sizeof(float) : e, 1),
       tg_out("L", L, (uint64_t)(B * H * qL) * sizeof(float))};
   return tg_check_alias(ctx, fn, bufs, TG_LEN(bufs));
 }
@@ -186,20 +201,23 @@ tg_status tg_attn_check_alias_bwd(tg_ctx *ctx, const char *fn, const tg_attn_pro
                                   const void *Q, const void *K, const void *V,
                                   const float *L, const void *dO, const float *D_vec,
                                   const void *mask, const float *dQ, const float *dK,
-                                  const float *dV) {
+                                  const float *dV, const float *d_sinks) {
   const int64_t B = pr->B, H = pr->H, H_kv = pr->H_kv, qL = pr->qL, kL = pr->kL, D = pr->D;
+  const int64_t Dv = pr->Dv;
   const size_t e = in_bytes(pr);
   const uint64_t row_stats = (uint64_t)(B * H * qL) * sizeof(float);
   const tg_buf bufs[] = {
       tg_attn_buf("Q", Q, pr->Qs, B, H, qL, D, e, 0),
       tg_attn_buf("K", K, pr->Ks, B, H_kv, kL, D, e, 0),
-      tg_attn_buf("V", V, pr->Vs, B, H_kv, kL, D, e, 0),
+      tg_attn_buf("V", V, pr->Vs, B, H_kv, kL, Dv, e, 0),
       tg_in("L", L, row_stats),
-      tg_attn_buf("dO", dO, pr->Os, B, H, qL, D, e, 0),
+      tg_attn_buf("dO", dO, pr->Os, B, H, qL, Dv, e, 0),
       tg_in("D_vec", D_vec, row_stats),
       mask_buf(pr, mask),
+      sinks_buf("sinks", pr->sinks, pr, 0),
       tg_attn_buf("dQ", dQ, pr->dQs, B, H, qL, D, sizeof(float), 1),
       tg_attn_buf("dK", dK, pr->dKs, B, H_kv, kL, D, sizeof(float), 1),
-      tg_attn_buf("dV", dV, pr->dKs, B, H_kv, kL, D, sizeof(float), 1)};
+      tg_attn_buf("dV", dV, pr->dVs, B, H_kv, kL, Dv, sizeof(float), 1),
+      sinks_buf("d_sinks", d_sinks, pr, 1)};
   return tg_check_alias(ctx, fn, bufs, TG_LEN(bufs));
 }

@@ -86,11 +86,11 @@ tg_status tg_causal_attention_backward(tg_ctx *ctx, const float *grad_out, const
   const int64_t S = seq_len, H = n_heads, H_kv = n_kv_heads, D = head_dim;
   const int64_t q_strides[3] = {0, D, H * D}, kv_strides[3] = {0, D, H_kv * D};
   const tg_attn_problem pr = {
-      .B = 1, .H = H, .H_kv = H_kv, .gqa = H / H_kv, .qL = S, .kL = S, .D = D,
+      .B = 1, .H = H, .H_kv = H_kv, .gqa = H / H_kv, .qL = S, .kL = S, .D = D, .Dv = D,
       .qL_off = 0, .scale = (float)(1.0 / sqrt((double)D)), .softcap = 0.0f,
       .Qs = q_strides, .Ks = kv_strides, .Vs = kv_strides, .Os = q_strides, .Ms = NULL,
       .causal = 1, .in = TG_DTYPE_F32,
-      .dQs = {0, D, H * D}, .dKs = {0, D, H_kv * D}};
+      .dQs = {0, D, H * D}, .dKs = {0, D, H_kv * D}, .dVs = {0, D, H_kv * D}};
 
   /* Workspace: L, delta, then the backward's dQ partials. Both terms are
    * below 2^63 bytes (the checks above, and the partials' 1 GiB cap). */
