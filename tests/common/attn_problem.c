@@ -128,12 +128,17 @@ static attn_key score(const attn_problem *pb, int64_t b, int64_t h, int64_t i, i
  * off by up to 2^-150 absolute, not u relative (errbound.h's ETA), and the
  * bf16 dot units of the precision modes flush it to zero (2^-126). Each
  * weight gets an absolute error tiny (attn_tiny: 2^-146, eight such
- * roundings, or 2^-126 in a precision mode), so e_O gains
- * 2 tiny sum_k z_k max_d|V_k|; negligible beside any normal value's bound.
+ * roundings, or 2^-126 in a precision mode), and each product or sum that
+ * lands in the subnormal range one of eta (attn_eta: 2^-149, or 2^-126
+ * where the dot units flush results), so e_O gains 2 (tiny sum_k z_k
+ * max_d|V_k| + (n + T + 2) eta) over the n terms, D_vec Dv eta, and a bf16
+ * O half bf16's least subnormal, 2^-134; negligible beside any normal
+ * value's bound.
  * A row that sees no key has O = 0 and D_vec = 0 exactly and L = -inf, or
  * L = s_h (l = 1) with a finite sink. A NaN or +inf sink: L, O, D_vec NaN.
  */
 static double attn_tiny(const attn_problem *pb) { return pb->u_P > 0 ? 0x1.0p-126 : 0x1.0p-146; }
+static double attn_eta(const attn_problem *pb) { return pb->u_P > 0 ? 0x1.0p-126 : 0x1.0p-149; }
 
 static void forward_row(attn_problem *pb, const attn_row *r, double mx) {
   const tg_attn_params *p = &pb->p;
@@ -166,8 +171,10 @@ static void forward_row(attn_problem *pb, const attn_row *r, double mx) {
   const double eps = 2 * E + (T + 2) * 2 * U + 2 * U * R + gam((double)(kL + has_sink)) + pb->u_P;
   const double e_r = pb->keep ? 3 * U : 0;
   double underflow = 0; /* sum_k z_k max_d |V_k| */
+  int64_t terms = 0;
   for (int64_t k = 0; k < kL; k++) {
     if (!key[k].vis || r->z[k] == 0) continue;
+    terms++;
     const double wz = exp(key[k].s - mx) / l * r->z[k];
     const float *Vk = pb->V + attn_off3(p->V_strides, r->b, r->hk, k);
     double vmax = 0;
@@ -181,10 +188,11 @@ static void forward_row(attn_problem *pb, const attn_row *r, double mx) {
   double Dvec = 0, eD = 0;
   for (int64_t d = 0; d < Dv; d++) {
     const double e = 2 * ((eps + e_r) * (Oe[d] + fabs(O[d])) + U * fabs(O[d]) +
-                          attn_tiny(pb) * underflow);
-    Oe[d] = pb->bf16 ? e + BF16_U * fmin(fabs(O[d]) + e, 2 * fabs(O[d])) : e;
+                          attn_tiny(pb) * underflow + (double)(terms + T + 2) * attn_eta(pb));
+    Oe[d] = pb->bf16 ? e + BF16_U * fmin(fabs(O[d]) + e, 2 * fabs(O[d])) + 0x1.0p-134 : e;
     Dvec += O[d] * r->dO[d];
-    eD += Oe[d] * fabs(r->dO[d]) + gam(Dv) * (fabs(O[d]) + Oe[d]) * fabs(r->dO[d]);
+    eD += Oe[d] * fabs(r->dO[d]) + gam(Dv) * (fabs(O[d]) + Oe[d]) * fabs(r->dO[d]) +
+          attn_eta(pb);
   }
   pb->Dr[r->row] = Dvec;
   pb->De[r->row] = eD;
@@ -201,11 +209,12 @@ static void forward_row(attn_problem *pb, const attn_row *r, double mx) {
  * zero: an absolute error of up to 2^-126 per P or dS operand, which a
  * relative bound does not cover; in f32 a subnormal P or dS (a sink far
  * above the scores) carries up to 2^-146 absolute (attn_tiny, at the
- * forward). */
+ * forward), and every product that lands in the subnormal range eta
+ * (attn_eta). */
 static void accumulate_row(attn_problem *pb, const attn_row *r, double *sK, double *sV) {
   const tg_attn_params *p = &pb->p;
   const int64_t D = p->D, Dv = pb->vdim, kL = p->kL, Hk = p->H / p->gqa_factor;
-  const double tiny = attn_tiny(pb);
+  const double tiny = attn_tiny(pb), eta = attn_eta(pb);
   const float *Qi = pb->Q + attn_off3(p->Q_strides, r->b, r->h, r->i);
   for (int64_t k = 0; k < kL; k++) {
     if (!r->dense && r->P[k] == 0) continue; /* no term */
@@ -220,15 +229,15 @@ static void accumulate_row(attn_problem *pb, const attn_row *r, double *sK, doub
     for (int64_t d = 0; d < D; d++) {
       const double kd = Kk[d], qd = Qi[d];
       pb->dQr[r->row * D + d] += dS * kd;
-      pb->dQe[r->row * D + d] += dSe * fabs(kd) + gam(kL) * fabs(dS * kd);
+      pb->dQe[r->row * D + d] += dSe * fabs(kd) + gam(kL) * fabs(dS * kd) + eta;
       pb->dKr[ko + d] += dS * qd;
-      pb->dKe[ko + d] += dSe * fabs(qd);
+      pb->dKe[ko + d] += dSe * fabs(qd) + eta;
       sK[ko + d] += fabs(dS * qd);
     }
     for (int64_t d = 0; d < Dv; d++) {
       const double od = r->dO[d];
       pb->dVr[vo + d] += Pz * od;
-      pb->dVe[vo + d] += Pze * fabs(od);
+      pb->dVe[vo + d] += Pze * fabs(od) + eta;
       sV[vo + d] += fabs(Pz * od);
     }
   }
@@ -255,13 +264,13 @@ static void widen(float *dst, const tg_bf16 *src, int64_t n) {
  * 2^-146 (|D_vec| + 1) (subnormal P and t, as at the forward),
  * e_P = P (e_L + u|s_h - L| + 2u) (expf within 2 ulp); summed with d_sinks0
  * (n = B qL + 1 terms, any order): 2 (sum e_t + gamma(n) (|d0| + sum|t|)). A
- * sink of -inf has no terms (P = 0, the contract), and neither has a row
- * handed L = -inf (it contributes nothing, as to the key gradients); P = 0
- * (L = +inf) is an exact zero term. */
+ * sink of -inf has no terms (P = 0, the contract); P = 0 (L = +inf) is an
+ * exact zero term. Otherwise IEEE arithmetic: a row handed L = -inf with a
+ * finite sink (no forward gives that: L >= s_h) has P = +inf. */
 static void sink_term(attn_problem *pb, const attn_row *r, double *abs_sum) {
   const double sink = pb->sinks[r->h];
   const double L = r->given[0], eL = r->given[1], Dvec = r->given[2], eD = r->given[3];
-  if (sink == -INFINITY || L == -INFINITY) return;
+  if (sink == -INFINITY) return;
   const double P = exp(sink - L), t = P * Dvec;
   if (P == 0) return;
   pb->dsr[r->h] -= t;
