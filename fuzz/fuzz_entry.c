@@ -627,7 +627,10 @@ static void fuzz_attention(rd *r, tg_ctx *ctx, int which, uint8_t flags, int thr
   if (ext.on && ext.bad) pl.allowed = BIT(TG_ERR_BAD_PARAMS);
   if (ext.on && ext.vdim_sel == 1) ext.opt.v_head_dim = (uint32_t)p.D; /* as 0 */
   if (ext.on && ext.vdim_sel >= 2) ext.opt.v_head_dim = ext.vdim;
-  if (ext.on && ext.vdim_sel == 3)
+  /* refused: the value head dim drawn so, or D passed as one where D itself
+   * is no valid head dim (then the params are refused anyway) */
+  if (ext.on && (ext.vdim_sel == 3 ||
+                 (ext.vdim_sel == 1 && !(p.D >= 8 && p.D % 8 == 0 && p.D <= 512))))
     pl.allowed = (pl.allowed & ~BIT(TG_OK)) | BIT(TG_ERR_UNSUPPORTED);
   if (ext.on && which == 1 && ext.d_sinks && !ext.sinks)
     pl.allowed = (pl.allowed & ~BIT(TG_OK)) | BIT(TG_ERR_BAD_PARAMS);
