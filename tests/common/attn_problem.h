@@ -3,11 +3,12 @@
  * (backward fed a reference L and D_vec, and the forward),
  * tests/train/test_attn_roundtrip.c (forward -> backward round trip),
  * tests/test_attn_ext.c (the f32 and bf16 entry points with dropout and the
- * precision modes) and tests/test_nan_inputs.c.
+ * precision modes), tests/test_attn_variants.c (window, sinks, Dv) and
+ * tests/test_nan_inputs.c.
  *
  * A problem: random Q, K, V, dO and an optional additive mask in one of
- * three layouts, with GQA, causal (qL_off), softcapping and dropout (keep
- * flags from tg_attn_dropout_keep); the reference reads them as f32 arrays
+ * three layouts, with GQA, causal (qL_off), softcapping, dropout (keep
+ * flags from tg_attn_dropout_keep) and the variants; the reference reads them as f32 arrays
  * (bf16 inputs widened, exactly), products of two f32 are exact in f64. With
  * it, per element, a first-order forward error bound of the f32 algorithm,
  * doubled for the neglected second-order terms (u = 2^-24, gamma(n) =
