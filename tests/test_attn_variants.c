@@ -288,6 +288,57 @@ static void test_f32_against_reference(void **state) {
   if (failures) TU_FAIL("%d configuration runs out of bound", failures);
 }
 
+/* The backward alone, fed the reference's L and D_vec rounded to f32 (so
+ * neither carries the forward's error: attn_bwd_row_given's bounds, with
+ * e_L = e_D = 0), f32, every config without dropout (attn_bwd_row_given has
+ * none), 1/2/3 threads, every run mode: the sharper check of dQ, dK, dV and
+ * above all d_sinks, whose bound in a training step is dominated by the
+ * forward's e_L and e_D (a 0.1 % error of every d_sinks term passed the
+ * training-step check of most configs; it fails here). */
+static void test_f32_backward_exact_l_d(void **state) {
+  tu_rng r = tu_rng_make(tu_seed() + 8);
+  tg_isa isas[TU_MAX_ISAS];
+  const int nisa = tu_isas(isas);
+  int failures = 0;
+  for (int ci = 0; ci < N_CONFIGS; ci++) {
+    if (configs[ci].c.dropout_p > 0) continue;
+    attn_problem pb;
+    build(&pb, &configs[ci].c, &configs[ci].v, &r, 0, 0.0);
+    for (int64_t e = 0; e < pb.nL; e++) pb.L[e] = (float)pb.Lr[e], pb.Dv[e] = (float)pb.Dr[e];
+    attn_reference(&pb, attn_bwd_row_given, 0);
+    step_out o = alloc_out(&pb);
+    tg_attn_options opt = pb.opt;
+    opt.d_sinks = pb.sinks ? o.d_sinks : NULL;
+    for (int ii = 0; ii < nisa; ii++)
+      for (int ti = 0; ti < tu_n_thread_counts; ti++)
+        for (int mi = 0; mi < ATTN_N_MODES; mi++) {
+          tg_ctx *ctx = attn_mode_ctx(tu_thread_counts[ti], isas[ii], &attn_modes[mi]);
+          tu_poison_f32(o.dQ, pb.nQ);
+          memcpy(o.dK, pb.dK0, 4 * pb.nKout);
+          memcpy(o.dV, pb.dV0, 4 * pb.nVout);
+          if (pb.sinks) memcpy(o.d_sinks, pb.d_sinks0, 4 * pb.p.H);
+          TU_EXPECT_STATUS(ctx,
+                           tg_attn_train_bwd(ctx, TG_DTYPE_F32, pb.Q, pb.K, pb.V, pb.L, pb.dO,
+                                             pb.Dv, o.dQ, o.dK, o.dV, &pb.p,
+                                             pb.mask ? &pb.mp : NULL, pb.mask, pb.c.causal,
+                                             &opt),
+                           TG_OK);
+          if (!attn_check_grads(&pb, o.dQ, o.dK, o.dV) || !attn_check_d_sinks(&pb, o.d_sinks)) {
+            char what[200];
+            describe(what, sizeof what, &pb, isas[ii], tu_thread_counts[ti],
+                     attn_modes[mi].name, NULL);
+            printf("  ^ in %s, backward from exact L, D_vec (TG_TEST_SEED=%llu)\n", what,
+                   (unsigned long long)tu_seed());
+            failures++;
+          }
+          tg_ctx_destroy(ctx);
+        }
+    free_out(&o);
+    attn_destroy(&pb);
+  }
+  if (failures) TU_FAIL("%d backward runs out of bound", failures);
+}
+
 /* bf16 inputs in each precision mode (the mode's error per term of the
  * products that take P or dS, as tests/test_attn_ext.c derives: 0, 2^-16,
  * 2^-8): every config, 1/2/3 threads, every run mode. */
@@ -572,6 +623,7 @@ int main(void) {
       cmocka_unit_test(test_window_equals_mask),
       cmocka_unit_test(test_deterministic),
       cmocka_unit_test(test_f32_against_reference),
+      cmocka_unit_test(test_f32_backward_exact_l_d),
       cmocka_unit_test(test_random_configs),
       cmocka_unit_test(test_bf16_precision_modes),
   };

@@ -139,6 +139,9 @@ static attn_key score(const attn_problem *pb, int64_t b, int64_t h, int64_t i, i
  */
 static double attn_tiny(const attn_problem *pb) { return pb->u_P > 0 ? 0x1.0p-126 : 0x1.0p-146; }
 static double attn_eta(const attn_problem *pb) { return pb->u_P > 0 ? 0x1.0p-126 : 0x1.0p-149; }
+/* The absolute error of the backward's P = exp(s - L) in f32 where it is
+ * subnormal (expf within 2 ulp, and the roundings around it: 8 of 2^-149). */
+static const double attn_P_tiny = 0x1.0p-146;
 
 static void forward_row(attn_problem *pb, const attn_row *r, double mx) {
   const tg_attn_params *p = &pb->p;
@@ -207,24 +210,24 @@ static void forward_row(attn_problem *pb, const attn_row *r, double mx) {
  * (else e_P). In a precision mode P z and dS enter the products with u_P of
  * relative error more, and the bf16 dot units flush parts below 2^-126 to
  * zero: an absolute error of up to 2^-126 per P or dS operand, which a
- * relative bound does not cover; in f32 a subnormal P or dS (a sink far
- * above the scores) carries up to 2^-146 absolute (attn_tiny, at the
- * forward), and every product that lands in the subnormal range eta
- * (attn_eta). */
+ * relative bound does not cover; every product that lands in the subnormal
+ * range carries eta more (attn_eta, at the forward). A subnormal P (a sink
+ * far above the scores) carries its absolute 2^-146 in e_P (attn_P_tiny),
+ * and so into dS through e_P |z dP - D|. */
 static void accumulate_row(attn_problem *pb, const attn_row *r, double *sK, double *sV) {
   const tg_attn_params *p = &pb->p;
   const int64_t D = p->D, Dv = pb->vdim, kL = p->kL, Hk = p->H / p->gqa_factor;
-  const double tiny = attn_tiny(pb), eta = attn_eta(pb);
+  const double tiny = pb->u_P > 0 ? 0x1.0p-126 : 0.0, eta = attn_eta(pb);
   const float *Qi = pb->Q + attn_off3(p->Q_strides, r->b, r->h, r->i);
   for (int64_t k = 0; k < kL; k++) {
     if (!r->dense && r->P[k] == 0) continue; /* no term */
     const float *Kk = pb->K + attn_off3(p->K_strides, r->b, r->hk, k);
     const int64_t ko = ((r->b * Hk + r->hk) * kL + k) * D, vo = ko / D * Dv;
     const double dS = r->dS[k], Pz = r->P[k] * r->z[k];
-    double dSe = r->dSe[k] + tiny, Pze = r->z[k] * r->Pe[k] + (pb->keep ? 3 * U * Pz : 0) + tiny;
+    double dSe = r->dSe[k], Pze = r->z[k] * r->Pe[k] + (pb->keep ? 3 * U * Pz : 0);
     if (pb->u_P > 0) {
-      Pze = Pze + pb->u_P * Pz;
-      dSe = dSe + pb->u_P * fabs(dS); /* dS as a product operand */
+      Pze = Pze + pb->u_P * Pz + tiny;
+      dSe = dSe + pb->u_P * fabs(dS) + tiny; /* dS as a product operand */
     }
     for (int64_t d = 0; d < D; d++) {
       const double kd = Kk[d], qd = Qi[d];
@@ -494,7 +497,8 @@ void attn_destroy(attn_problem *pb) {
 /* --- row functions ----------------------------------------------------------------- */
 
 /* P and its bound from pb->L (see attn_bwd_row_given). Bound: e_P = P (e_s
- * + u|s - L| + 2u) (expf is < 2 ulp). */
+ * + u|s - L| + 2u) (expf is < 2 ulp), + 2^-146 where P is subnormal in f32
+ * (attn_P_tiny). */
 static void bwd_probs(attn_problem *pb, const attn_row *r) {
   const int64_t kL = pb->p.kL;
   const double L = pb->L[r->row];
@@ -504,7 +508,7 @@ static void bwd_probs(attn_problem *pb, const attn_row *r) {
       r->P[k] = exp((key->vis ? key->s : -INFINITY) - (L == -INFINITY ? INFINITY : L));
     else
       r->P[k] = key->vis && L != -INFINITY ? exp(key->s - L) : 0;
-    r->Pe[k] = r->P[k] * (key->err + U * fabs(key->s - L) + 2 * U);
+    r->Pe[k] = r->P[k] * (key->err + U * fabs(key->s - L) + 2 * U) + attn_P_tiny;
   }
 }
 
@@ -555,6 +559,7 @@ void attn_bwd_row(attn_problem *pb, const attn_row *r) {
  * P and dS of a training step, the backward fed the forward's L (bound e_L)
  * and D_vec (bound e_D, forward_row):
  *   P     e_P  = P (e_s + e_L + u|s - L| + 2u)           (exp within 2 ulp)
+ *                + 2^-146                        (subnormal P: attn_P_tiny)
  *   dP    e_dP = gamma(D) sum_d|dO V|, and with dropout z dP: + 3u z|dP|
  *   dS = scale P (z dP - D) c'   (c' = 1 - t^2 with softcap t, error e_c =
  *                                 2|t| e_t + u)
@@ -573,7 +578,7 @@ void attn_step_row(attn_problem *pb, const attn_row *r) {
     const double P = key->vis && L != -INFINITY ? exp(key->s - L) : 0;
     r->P[k] = P;
     if (P == 0) continue; /* no term */
-    r->Pe[k] = P * (key->err + Le + U * fabs(key->s - L) + 2 * U);
+    r->Pe[k] = P * (key->err + Le + U * fabs(key->s - L) + 2 * U) + attn_P_tiny;
     const float *Vk = pb->V + attn_off3(p->V_strides, r->b, r->hk, k);
     double adP;
     const double dP = attn_dot(r->dO, Vk, D, &adP), z = r->z[k];
