@@ -60,6 +60,8 @@ def cases(path):
         if not r.get("ok"):
             continue
         shape = "{B},{H},{Hkv},{qL},{D},{c}".format(c="causal" if r["causal"] else "full", **r)
+        if r.get("window"):
+            shape += ",W{}".format(r["window"])
         res["bwd step " + shape] = r["ms_median"]
         if "fwd" in r:
             res["fwd      " + shape] = r["fwd"]["ms_median"]

@@ -10,6 +10,12 @@
  *              The training forward (tg_flash_attn_train_fwd_bf16, O and L)
  *              is timed on its own on the same shapes and inputs: FLOPs =
  *              4*B*H*qL*kL*D, halved for causal.
+ *              A shape with a sliding window W runs the same step through
+ *              tg_attn_train_fwd/_bwd with tg_attn_options.window = W; its
+ *              FLOPs count the visible (i, k) pairs only (10*B*H*D*pairs,
+ *              4*B*H*D*pairs), and where the run has the full causal step
+ *              of the same B,H,Hkv,L,D its "L*W share" is printed:
+ *              t_window / (t_causal * pairs_window / pairs_causal).
  *   memory     kernels 3-11, each with the minimum bytes it must move (every
  *              input read once, every output written once; an accumulated
  *              output counts read + write), as GB/s and % of the triad.
@@ -147,25 +153,56 @@ static void json_num(FILE *f, double v) {
 /* ------------------------------------------------------------------------ */
 
 /* Default FA-2 backward shapes: L 512..4096, D 64/128/256, causal and full,
- * one GQA. B*H shrinks as L grows so every shape is 10-170 GFLOP and the whole
- * list (6 runs per shape at 5 reps) takes ~2-4 min at 20-60 GFLOP/s on 2
- * threads. Total per repetition: ~505 GFLOP. */
+ * one GQA, then two sliding windows at L 8192 (Mistral-like: GQA 4:1 with
+ * W 512, and W 4096). B*H shrinks as L grows so every shape is 10-170 GFLOP
+ * and the whole list (6 runs per shape at 5 reps) takes ~2-4 min at 20-60
+ * GFLOP/s on 2 threads. Total per repetition: ~558 GFLOP (the windows
+ * counted on their visible pairs). */
 static const tg_bench_shape k_default_shapes[] = {
-    {4, 16, 16, 512, 64, 0},   /*  10.7 GFLOP */
-    {2, 16, 16, 1024, 128, 1}, /*  21.5 */
-    {2, 16, 16, 1024, 128, 0}, /*  42.9 */
-    {1, 16, 16, 2048, 64, 0},  /*  42.9 */
-    {1, 32, 8, 2048, 128, 1},  /*  85.9  GQA 4:1 (Llama-style) */
-    {1, 8, 8, 2048, 256, 1},   /*  42.9 */
-    {1, 8, 8, 4096, 128, 1},   /*  85.9 */
-    {1, 4, 4, 4096, 256, 0},   /* 171.8 */
+    {4, 16, 16, 512, 64, 0, 0},    /*  10.7 GFLOP */
+    {2, 16, 16, 1024, 128, 1, 0},  /*  21.5 */
+    {2, 16, 16, 1024, 128, 0, 0},  /*  42.9 */
+    {1, 16, 16, 2048, 64, 0, 0},   /*  42.9 */
+    {1, 32, 8, 2048, 128, 1, 0},   /*  85.9  GQA 4:1 (Llama-style) */
+    {1, 8, 8, 2048, 256, 1, 0},    /*  42.9 */
+    {1, 8, 8, 4096, 128, 1, 0},    /*  85.9 */
+    {1, 4, 4, 4096, 256, 0, 0},    /* 171.8 */
+    {1, 8, 2, 8192, 64, 1, 512},   /*  20.8  window 512, GQA 4:1 */
+    {1, 1, 1, 8192, 128, 1, 4096}, /*  32.2  window 4096 */
 };
-/* --quick: ~2.9 GFLOP per repetition. */
+/* --quick: ~3.1 GFLOP per repetition. */
 static const tg_bench_shape k_quick_shapes[] = {
-    {1, 4, 4, 256, 64, 0},   /* 0.17 GFLOP */
-    {1, 4, 2, 512, 128, 1},  /* 0.67  GQA 2:1 */
-    {1, 2, 2, 512, 256, 0},  /* 1.34 */
-    {1, 2, 2, 1024, 64, 1},  /* 0.67 */
+    {1, 4, 4, 256, 64, 0, 0},    /* 0.17 GFLOP */
+    {1, 4, 2, 512, 128, 1, 0},   /* 0.67  GQA 2:1 */
+    {1, 2, 2, 512, 256, 0, 0},   /* 1.34 */
+    {1, 2, 2, 1024, 64, 1, 0},   /* 0.67 */
+    {1, 2, 2, 1024, 64, 1, 256}, /* 0.29  window 256 */
+};
+
+/* --section window: sliding windows at L 8192-32768, each L with the full
+ * causal step of the same heads, for the L*W share (the cost of a window
+ * should follow its visible pairs: tiles outside it skipped, not masked).
+ * L 16384 with W 1024 is the case the share is judged on (<= 1.3). One head
+ * pair fewer each time L doubles; ~1750 GFLOP per repetition, the causal
+ * L 32768 step 690 of it: about 8 min in all at 30 GFLOP/s (2 threads;
+ * estimated from the FLOP, not run in full). */
+static const tg_bench_shape k_window_shapes[] = {
+    {1, 4, 4, 8192, 128, 1, 0},     /* 171.8 GFLOP  the causal partner */
+    {1, 4, 4, 8192, 128, 1, 512},   /*  20.8 */
+    {1, 4, 4, 8192, 128, 1, 4096},  /* 128.9 */
+    {1, 2, 2, 16384, 128, 1, 0},    /* 343.6        the causal partner */
+    {1, 2, 2, 16384, 128, 1, 512},  /*  21.1 */
+    {1, 2, 2, 16384, 128, 1, 1024}, /*  41.6        the judged share */
+    {1, 2, 2, 16384, 128, 1, 4096}, /* 150.3 */
+    {1, 1, 1, 32768, 128, 1, 0},    /* 687.2        the causal partner */
+    {1, 1, 1, 32768, 128, 1, 512},  /*  21.3 */
+    {1, 1, 1, 32768, 128, 1, 4096}, /* 161.1 */
+};
+/* --quick --section window: the same layout at L 4096, ~8.4 GFLOP. */
+static const tg_bench_shape k_quick_window_shapes[] = {
+    {1, 1, 1, 4096, 64, 1, 0},    /* 5.37 GFLOP */
+    {1, 1, 1, 4096, 64, 1, 256},  /* 0.65 */
+    {1, 1, 1, 4096, 64, 1, 1024}, /* 2.35 */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -186,9 +223,24 @@ typedef struct {
   double gflop_fwd, ms_fwd_med, ms_fwd_min, gflops_fwd, pct_fma_fwd; /* forward */
 } attn_result;
 
+/* The (i, k) pairs of one head whose score is visible: with a window W,
+ * causal: sum_i min(i + 1, W); not causal: key k > i - W, so
+ * L^2 - (L - W)(L - W + 1)/2. Without a window, L(L + 1)/2 and L^2. */
+static double visible_pairs(const tg_bench_shape *s) {
+  const double L = s->L, W = s->window;
+  if (s->window && s->window < s->L)
+    return s->causal ? W * (W + 1) / 2 + (L - W) * W : L * L - (L - W) * (L - W + 1) / 2;
+  return s->causal ? L * (L + 1) / 2 : L * L;
+}
+
+/* The step's FLOP: a windowed shape counts its visible pairs, the others
+ * L^2, halved for causal (the bench's convention from before windows, kept
+ * so that its figures stay comparable). */
 static double attn_gflop(const tg_bench_shape *s) {
-  double f = 10.0 * s->B * (double)s->H * (double)s->L * (double)s->L * s->D;
-  return (s->causal ? 0.5 * f : f) * 1e-9;
+  const double per_pair = 10.0 * s->B * (double)s->H * s->D;
+  const double L = s->L;
+  if (s->window) return per_pair * visible_pairs(s) * 1e-9;
+  return per_pair * (s->causal ? 0.5 * L * L : L * L) * 1e-9;
 }
 
 /* The forward's two products Q.K^T and P.V. */
@@ -233,8 +285,10 @@ static int exact_logsumexp(const tg_bench_shape *s, const float *Qf, const float
       const int64_t bh = row / L, i = row % L;
       const int64_t b = bh / H, h = bh % H;
       const float *Kb = Kf + ((b * s->Hkv + h / gqa) * L) * D;
-      const int64_t nvis = s->causal ? i + 1 : L;
-      row_scores(Qf + row * D, Kb, nvis, (int)D, scale, buf);
+      const int64_t hi = s->causal ? i + 1 : L;       /* keys [lo, hi) visible */
+      const int64_t lo = s->window && i >= s->window ? i - s->window + 1 : 0;
+      const int64_t nvis = hi - lo;
+      row_scores(Qf + row * D, Kb + lo * D, nvis, (int)D, scale, buf);
       float m = -INFINITY;
       for (int64_t k = 0; k < nvis; k++) m = buf[k] > m ? buf[k] : m;
       double sum = 0.0;
@@ -323,12 +377,17 @@ static void run_attn_shape(tg_ctx *ctx, const tg_bench_opts *o, attn_result *r) 
   tg_attn_params p;
   CHECK_TG(tg_attn_params_init(&p, s->B, s->H, s->Hkv, s->L, s->L, s->D, scale),
            "tg_attn_params_init");
+  /* A window goes through the options entry points; without one they are
+   * the bf16 entry points (opt NULL: the same call). */
+  const tg_attn_options window_opt = {.window = (uint32_t)s->window};
+  const tg_attn_options *opt = s->window ? &window_opt : NULL;
 
   /* The forward alone, reps of its own (rep -1: untimed warm-up). */
   for (int rep = -1; rep < o->reps; rep++) {
     double t0 = omp_get_wtime();
-    CHECK_TG(tg_flash_attn_train_fwd_bf16(ctx, Q, K, V, Ofwd, Lfwd, &p, NULL, NULL, s->causal),
-             "tg_flash_attn_train_fwd_bf16");
+    CHECK_TG(tg_attn_train_fwd(ctx, TG_DTYPE_BF16, Q, K, V, Ofwd, Lfwd, &p, NULL, NULL,
+                               s->causal, opt),
+             "tg_attn_train_fwd");
     if (rep >= 0) ms_f[rep] = (omp_get_wtime() - t0) * 1e3;
   }
   r->ms_fwd_med = median(ms_f, o->reps);
@@ -345,9 +404,9 @@ static void run_attn_shape(tg_ctx *ctx, const tg_bench_opts *o, attn_result *r) 
                                                     (uint32_t)s->D),
              "tg_flash_attn_train_bwd_compute_d_bf16");
     double t1 = omp_get_wtime();
-    CHECK_TG(tg_flash_attn_train_bwd_bf16(ctx, Q, K, V, Lse, dO, Dv, dQ, dK, dV, &p, NULL,
-                                          NULL, s->causal),
-             "tg_flash_attn_train_bwd_bf16");
+    CHECK_TG(tg_attn_train_bwd(ctx, TG_DTYPE_BF16, Q, K, V, Lse, dO, Dv, dQ, dK, dV, &p,
+                               NULL, NULL, s->causal, opt),
+             "tg_attn_train_bwd");
     double t2 = omp_get_wtime();
     CHECK_TG(tg_f32_to_bf16_cast(ctx, dQ, dQb, (uint64_t)nq), "tg_f32_to_bf16_cast dQ");
     CHECK_TG(tg_f32_to_bf16_cast(ctx, dK, dKb, (uint64_t)nk), "tg_f32_to_bf16_cast dK");
@@ -763,8 +822,31 @@ done:
 /* ------------------------------------------------------------------------ */
 
 static void fmt_shape(char *out, size_t cap, const tg_bench_shape *s) {
-  snprintf(out, cap, "%d,%d,%d,%d,%d,%s", s->B, s->H, s->Hkv, s->L, s->D,
-           s->causal ? "causal" : "full");
+  if (s->window)
+    snprintf(out, cap, "%d,%d,%d,%d,%d,%s,W%d", s->B, s->H, s->Hkv, s->L, s->D,
+             s->causal ? "causal" : "full", s->window);
+  else
+    snprintf(out, cap, "%d,%d,%d,%d,%d,%s", s->B, s->H, s->Hkv, s->L, s->D,
+             s->causal ? "causal" : "full");
+}
+
+/* The full causal step of the same B,H,Hkv,L,D as windowed result w, or
+ * NULL: the denominator of w's L*W share. */
+static const attn_result *causal_partner(const attn_result *ar, int na, const attn_result *w) {
+  for (int i = 0; i < na; i++) {
+    const tg_bench_shape *c = &ar[i].s;
+    if (ar[i].ok && c->causal && !c->window && c->B == w->s.B && c->H == w->s.H &&
+        c->Hkv == w->s.Hkv && c->L == w->s.L && c->D == w->s.D)
+      return &ar[i];
+  }
+  return NULL;
+}
+
+/* t_window / (t_causal * pairs_window / pairs_causal): 1.0 when the
+ * window's step costs exactly its share of the visible pairs. */
+static double lw_share(double ms_window, const tg_bench_shape *w, double ms_causal,
+                       const tg_bench_shape *c) {
+  return ms_window / (ms_causal * visible_pairs(w) / visible_pairs(c));
 }
 
 /* Written to a temporary next to path and renamed over it when complete
@@ -829,13 +911,15 @@ static int write_json(const char *path, const tg_bench_opts *o, const char *cpu,
 
   fprintf(f, "  \"attention_bwd\": {\n");
   fprintf(f, "    \"timed\": \"compute_d + bwd + 3 casts (dK/dV zero-fill not timed)\",\n");
-  fprintf(f, "    \"flops\": \"10*B*H*qL*kL*D, x0.5 when causal\",\n    \"results\": [");
+  fprintf(f, "    \"flops\": \"10*B*H*qL*kL*D, x0.5 when causal; with a window: "
+             "10*B*H*D*visible_pairs\",\n    \"results\": [");
   for (int i = 0; i < na; i++) {
     const attn_result *r = &ar[i];
     fprintf(f, "%s\n      {\"B\": %d, \"H\": %d, \"Hkv\": %d, \"qL\": %d, \"kL\": %d, "
-               "\"D\": %d, \"causal\": %s, \"gflop\": ",
+               "\"D\": %d, \"causal\": %s, \"window\": %d, \"visible_pairs\": %.0f, "
+               "\"gflop\": ",
             i ? "," : "", r->s.B, r->s.H, r->s.Hkv, r->s.L, r->s.L, r->s.D,
-            r->s.causal ? "true" : "false");
+            r->s.causal ? "true" : "false", r->s.window, visible_pairs(&r->s));
     json_num(f, r->gflop);
     if (!r->ok) {
       fprintf(f, ", \"ok\": false, \"error\": ");
@@ -865,7 +949,8 @@ static int write_json(const char *path, const tg_bench_opts *o, const char *cpu,
     fprintf(f, ", \"pct_ceiling\": ");
     json_num(f, r->pct_ceil);
     fprintf(f, ", \"outputs_finite\": %s", r->finite ? "true" : "false");
-    fprintf(f, ", \"fwd\": {\"flops\": \"4*B*H*qL*kL*D, x0.5 when causal\", \"gflop\": ");
+    fprintf(f, ", \"fwd\": {\"flops\": \"4*B*H*qL*kL*D, x0.5 when causal; with a window: "
+               "4*B*H*D*visible_pairs\", \"gflop\": ");
     json_num(f, r->gflop_fwd);
     fprintf(f, ", \"ms_median\": ");
     json_num(f, r->ms_fwd_med);
@@ -877,7 +962,26 @@ static int write_json(const char *path, const tg_bench_opts *o, const char *cpu,
     json_num(f, r->pct_fma_fwd);
     fprintf(f, "}}");
   }
-  fprintf(f, "%s]\n  },\n", na ? "\n    " : "");
+  fprintf(f, "%s],\n", na ? "\n    " : "");
+  fprintf(f, "    \"window_share_def\": \"L*W share = ms_window / (ms_causal * "
+             "visible_pairs_window / visible_pairs_causal), the causal step of the same "
+             "B,H,Hkv,L,D\",\n    \"window_share\": [");
+  int nshare = 0;
+  for (int i = 0; i < na; i++) {
+    const attn_result *w = &ar[i], *c = causal_partner(ar, na, w);
+    if (!w->ok || !w->s.window || !c) continue;
+    fprintf(f, "%s\n      {\"B\": %d, \"H\": %d, \"Hkv\": %d, \"L\": %d, \"D\": %d, "
+               "\"causal\": %s, \"window\": %d, \"pairs_ratio\": ",
+            nshare++ ? "," : "", w->s.B, w->s.H, w->s.Hkv, w->s.L, w->s.D,
+            w->s.causal ? "true" : "false", w->s.window);
+    json_num(f, visible_pairs(&w->s) / visible_pairs(&c->s));
+    fprintf(f, ", \"share_bwd_step\": ");
+    json_num(f, lw_share(w->ms_med, &w->s, c->ms_med, &c->s));
+    fprintf(f, ", \"share_fwd\": ");
+    json_num(f, lw_share(w->ms_fwd_med, &w->s, c->ms_fwd_med, &c->s));
+    fprintf(f, "}");
+  }
+  fprintf(f, "%s]\n  },\n", nshare ? "\n    " : "");
 
   fprintf(f, "  \"memory_bound\": {\n");
   fprintf(f, "    \"bytes\": \"minimum moved per call: inputs read once, outputs written "
@@ -922,6 +1026,28 @@ static int write_json(const char *path, const tg_bench_opts *o, const char *cpu,
   return 0;
 }
 
+/* The L*W share of every windowed shape whose causal partner ran. */
+static void print_window_shares(const attn_result *ar, int na) {
+  int header = 0;
+  for (int i = 0; i < na; i++) {
+    const attn_result *w = &ar[i], *c = causal_partner(ar, na, w);
+    if (!w->ok || !w->s.window || !c) continue;
+    if (!header++) {
+      printf("\nsliding window: L*W share = t_window / (t_causal * pairs_window / "
+             "pairs_causal),\nagainst the full causal step of the same B,H,Hkv,L,D "
+             "(1.0: the cost follows the visible pairs)\n");
+      printf("%-3s %-30s %8s %10s %10s %8s %10s %10s %8s\n", "#", "B,H,Hkv,L,D,mask",
+             "pairs", "step ms", "causal ms", "share", "fwd ms", "causal ms", "share");
+    }
+    char sh[64];
+    fmt_shape(sh, sizeof sh, &w->s);
+    printf("%-3d %-30s %7.2f%% %10.2f %10.2f %8.2f %10.2f %10.2f %8.2f\n", i + 1, sh,
+           100.0 * visible_pairs(&w->s) / visible_pairs(&c->s), w->ms_med, c->ms_med,
+           lw_share(w->ms_med, &w->s, c->ms_med, &c->s), w->ms_fwd_med, c->ms_fwd_med,
+           lw_share(w->ms_fwd_med, &w->s, c->ms_fwd_med, &c->s));
+  }
+}
+
 /* ------------------------------------------------------------------------ */
 /* entry point                                                                */
 /* ------------------------------------------------------------------------ */
@@ -936,6 +1062,8 @@ int tg_bench_main(const tg_bench_opts *o) {
   int rc = 0;
   attn_result *ar = NULL;
   mem_result *mr = NULL;
+  tg_bench_shape *shapes = NULL; /* the attention shapes of this run */
+  int nshapes = 0;
   int na = 0, nm = 0;
   if (o->threads > 0 && (st = tg_ctx_set_threads(ctx, o->threads)) != TG_OK) {
     fprintf(stderr, "tilegrad bench: --threads %d: %s\n", o->threads, tg_ctx_last_error(ctx));
@@ -966,12 +1094,31 @@ int tg_bench_main(const tg_bench_opts *o) {
   char cpu[256];
   cpu_model(cpu, sizeof cpu);
 
-  const tg_bench_shape *shapes = o->shapes;
-  int nshapes = o->nshapes;
-  if (!shapes) {
-    shapes = o->quick ? k_quick_shapes : k_default_shapes;
-    nshapes = o->quick ? (int)(sizeof k_quick_shapes / sizeof k_quick_shapes[0])
-                       : (int)(sizeof k_default_shapes / sizeof k_default_shapes[0]);
+  /* The attention shapes: --shapes, else the attn section's list and then
+   * the window section's, for the sections asked for. */
+  {
+    const tg_bench_shape *attn_list = o->quick ? k_quick_shapes : k_default_shapes;
+    const int n_attn = o->quick ? (int)(sizeof k_quick_shapes / sizeof k_quick_shapes[0])
+                                : (int)(sizeof k_default_shapes / sizeof k_default_shapes[0]);
+    const tg_bench_shape *window_list = o->quick ? k_quick_window_shapes : k_window_shapes;
+    const int n_window =
+        o->quick ? (int)(sizeof k_quick_window_shapes / sizeof k_quick_window_shapes[0])
+                 : (int)(sizeof k_window_shapes / sizeof k_window_shapes[0]);
+    shapes = calloc((size_t)(o->shapes ? o->nshapes : n_attn + n_window), sizeof *shapes);
+    if (!shapes) {
+      fprintf(stderr, "tilegrad bench: out of memory\n");
+      rc = 1;
+      goto out;
+    }
+    if (o->shapes) {
+      memcpy(shapes, o->shapes, (size_t)o->nshapes * sizeof *shapes);
+      nshapes = o->nshapes;
+    } else {
+      if (o->sections & TG_BENCH_SECTION_ATTN)
+        for (int i = 0; i < n_attn; i++) shapes[nshapes++] = attn_list[i];
+      if (o->sections & TG_BENCH_SECTION_WINDOW)
+        for (int i = 0; i < n_window; i++) shapes[nshapes++] = window_list[i];
+    }
   }
 
   /* --- ceilings ---------------------------------------------------------- */
@@ -1033,7 +1180,7 @@ int tg_bench_main(const tg_bench_opts *o) {
   fflush(stdout);
 
   /* --- attention backward -------------------------------------------------- */
-  if (o->sections & TG_BENCH_SECTION_ATTN) {
+  if (o->sections & (TG_BENCH_SECTION_ATTN | TG_BENCH_SECTION_WINDOW)) {
     ar = calloc((size_t)nshapes, sizeof *ar);
     if (!ar) {
       fprintf(stderr, "tilegrad bench: out of memory\n");
@@ -1041,8 +1188,9 @@ int tg_bench_main(const tg_bench_opts *o) {
       goto out;
     }
     printf("\nFlashAttention-2 backward step: compute_d + bwd + 3 casts "
-           "(dK/dV zero-fill untimed); FLOP = 10*B*H*L^2*D (x0.5 causal)\n");
-    printf("%-3s %-26s %9s %10s %10s %9s %7s %7s\n", "#", "B,H,Hkv,L,D,mask", "GFLOP",
+           "(dK/dV zero-fill untimed); FLOP = 10*B*H*L^2*D (x0.5 causal),\n"
+           "with a window W: 10*B*H*D*(visible pairs)\n");
+    printf("%-3s %-30s %9s %10s %10s %9s %7s %7s\n", "#", "B,H,Hkv,L,D,mask", "GFLOP",
            "ms(med)", "ms(min)", "GFLOP/s", "%FMA", "%ceil");
     fflush(stdout);
     for (int i = 0; i < nshapes; i++) {
@@ -1055,32 +1203,34 @@ int tg_bench_main(const tg_bench_opts *o) {
       fflush(stderr);
       run_attn_shape(ctx, o, r);
       if (!r->ok) {
-        printf("%-3d %-26s %9.2f  FAILED: %s\n", i + 1, sh, r->gflop, r->err);
+        printf("%-3d %-30s %9.2f  FAILED: %s\n", i + 1, sh, r->gflop, r->err);
         rc = 1;
       } else {
         r->pct_fma = pk.fma_gflops > 0 ? 100.0 * r->gflops / pk.fma_gflops : 0.0;
         r->pct_fma_fwd = pk.fma_gflops > 0 ? 100.0 * r->gflops_fwd / pk.fma_gflops : 0.0;
         r->pct_ceil = ceil > 0 ? 100.0 * r->gflops / ceil : 0.0;
-        printf("%-3d %-26s %9.2f %10.2f %10.2f %9.1f %7.1f %7.1f%s\n", i + 1, sh, r->gflop,
+        printf("%-3d %-30s %9.2f %10.2f %10.2f %9.1f %7.1f %7.1f%s\n", i + 1, sh, r->gflop,
                r->ms_med, r->ms_min, r->gflops, r->pct_fma, r->pct_ceil,
                r->finite ? "" : "  [non-finite output]");
       }
       fflush(stdout);
     }
     printf("\nFlashAttention-2 training forward (O bf16 and L), same shapes and inputs, "
-           "timed alone;\nFLOP = 4*B*H*L^2*D (x0.5 causal)\n");
-    printf("%-3s %-26s %9s %10s %10s %9s %7s\n", "#", "B,H,Hkv,L,D,mask", "GFLOP", "ms(med)",
+           "timed alone;\nFLOP = 4*B*H*L^2*D (x0.5 causal), with a window W: "
+           "4*B*H*D*(visible pairs)\n");
+    printf("%-3s %-30s %9s %10s %10s %9s %7s\n", "#", "B,H,Hkv,L,D,mask", "GFLOP", "ms(med)",
            "ms(min)", "GFLOP/s", "%FMA");
     for (int i = 0; i < na; i++) {
       const attn_result *r = &ar[i];
       char sh[64];
       fmt_shape(sh, sizeof sh, &r->s);
       if (r->ok)
-        printf("%-3d %-26s %9.2f %10.2f %10.2f %9.1f %7.1f\n", i + 1, sh, r->gflop_fwd,
+        printf("%-3d %-30s %9.2f %10.2f %10.2f %9.1f %7.1f\n", i + 1, sh, r->gflop_fwd,
                r->ms_fwd_med, r->ms_fwd_min, r->gflops_fwd, r->pct_fma_fwd);
       else
-        printf("%-3d %-26s %9.2f  FAILED (see above)\n", i + 1, sh, r->gflop_fwd);
+        printf("%-3d %-30s %9.2f  FAILED (see above)\n", i + 1, sh, r->gflop_fwd);
     }
+    print_window_shares(ar, na);
     fflush(stdout);
   }
 
@@ -1134,6 +1284,7 @@ out:
     for (int i = 0; i < na; i++) free(ar[i].ms);
   free(ar);
   free(mr);
+  free(shapes);
   tg_ctx_destroy(ctx);
   return rc;
 }

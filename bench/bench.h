@@ -7,13 +7,15 @@
 
 #include "tilegrad.h"
 
-/* One attention shape: qL = kL = L; causal 0 or 1. */
+/* One attention shape: qL = kL = L; causal 0 or 1; window W >= 1 is a
+ * sliding window (tg_attn_options.window), 0 none. */
 typedef struct {
-  int B, H, Hkv, L, D, causal;
+  int B, H, Hkv, L, D, causal, window;
 } tg_bench_shape;
 
-/* Bits of tg_bench_opts.sections; 0 measures the ceilings only. */
-enum { TG_BENCH_SECTION_ATTN = 1, TG_BENCH_SECTION_MEM = 2 };
+/* Bits of tg_bench_opts.sections; 0 measures the ceilings only. WINDOW: the
+ * long sliding-window shapes with their causal partners (not in "all"). */
+enum { TG_BENCH_SECTION_ATTN = 1, TG_BENCH_SECTION_MEM = 2, TG_BENCH_SECTION_WINDOW = 4 };
 
 typedef struct {
   int threads;            /* 1..4096, or 0 = OpenMP's default */

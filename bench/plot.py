@@ -10,6 +10,7 @@ f32 FMA peak and the exact-mode ceiling as horizontal lines.
 Needs matplotlib (pip install matplotlib, or Debian's python3-matplotlib).
 Several JSON files may be given; their results are pooled. Files from the
 older bf16-only script (no `torch_faster` in a row) plot with bf16 as the peer.
+Sliding-window rows (`window` > 0, from `vs_torch.py --windowed`) are left out.
 """
 import argparse
 import json
@@ -104,7 +105,9 @@ def main():
     for path in args.json:
         with open(path) as f:
             doc = json.load(f)
-        results += doc["results"]
+        # windowed rows time another step (forward + backward) on other
+        # shapes: they are tables, not points on these curves
+        results += [r for r in doc["results"] if not r.get("window")]
         torch_version, cpu = doc.get("torch", ""), doc.get("cpu", "")
         timed.update(doc.get("torch_dtypes", ["bf16"]))
         if doc.get("tilegrad_isa"):

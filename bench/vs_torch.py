@@ -30,6 +30,17 @@ given as a fraction of the ceilings `tilegrad bench --section peaks` measures
 on this machine at the same thread count: the f32 FMA peak, and the issue's
 ceiling of the table and precision mode (--precision; `tilegrad bench --precision`).
 
+Sliding windows (--windowed, or a 7th field W in --shapes): the timed step
+is the forward *and* the backward, on both sides, since SDPA takes a window
+only as a dense mask that its forward pays for too:
+  torch     F.scaled_dot_product_attention with an additive [L, L] mask in
+            the run's dtype (0 on the visible band, -inf elsewhere; causal
+            folded into it), then autograd.grad, the graph rebuilt each run.
+  tilegrad  tg_attn_train_fwd (O bf16, L) + the backward step above, both
+            with tg_attn_options.window = W.
+Their FLOP count the visible (i, k) pairs only: 14*B*H*D*pairs (4 forward,
+10 backward), so %FMA stays honest; torch's dense-mask work is not credited.
+
 Needs PyTorch 2.x, numpy and a built tilegrad (build/libtilegrad.so and
 build/tilegrad, or $TILEGRAD_LIB and $TILEGRAD_CLI); see bench/README.md.
 
@@ -66,13 +77,37 @@ HEADS = ((1, 8, 8), (2, 16, 4), (4, 8, 8), (1, 16, 4), (2, 8, 8), (4, 16, 16),
          (1, 8, 2), (2, 16, 16), (4, 8, 2), (1, 16, 16), (2, 8, 2), (4, 16, 4))
 MAX_GFLOP = 200.0
 QUICK = ((1, 8, 8, 512, 64, 0), (1, 8, 2, 512, 128, 1), (2, 8, 8, 1024, 64, 1))
+# --windowed: causal sliding windows W 512-4096 at L 8192-32768, and L 16384
+# with W 1024 (the case the window's cost is judged on). Heads are kept low:
+# the peer's dense mask is L^2 elements whatever W is. --windowed --quick: one
+# small window.
+WINDOWED = ((1, 2, 2, 8192, 128, 1, 512), (1, 2, 2, 8192, 128, 1, 4096),
+            (1, 1, 1, 16384, 128, 1, 1024), (1, 1, 1, 32768, 128, 1, 512),
+            (1, 1, 1, 32768, 128, 1, 4096))
+WINDOWED_QUICK = ((1, 2, 2, 2048, 64, 1, 256),)
 
 # PyTorch dtypes the peer may run in, by their --torch-dtypes names.
 TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
+BF16 = 0  # tg_dtype TG_DTYPE_BF16
 
 
 def flop(B, H, L, D, causal):
     return 10.0 * B * H * L * L * D * (0.5 if causal else 1.0)
+
+
+def visible_pairs(L, causal, W):
+    """(i, k) pairs of one head a window W leaves visible (key k > i - W,
+    and k <= i when causal); as `tilegrad bench` counts them."""
+    if W >= L:
+        return L * (L + 1) // 2 if causal else L * L
+    if causal:
+        return W * (W + 1) // 2 + (L - W) * W
+    return L * L - (L - W) * (L - W + 1) // 2
+
+
+def window_flop(B, H, L, D, causal, W):
+    """Forward (4) + backward (10) FLOP per visible pair."""
+    return 14.0 * B * H * D * visible_pairs(L, causal, W)
 
 
 def grid():
@@ -92,10 +127,14 @@ def grid():
 
 
 def parse_shapes(text):
+    """'B,H,Hkv,L,D,causal[,W];...' -> tuples (W, the window, 0 = none)."""
     out = []
     for item in text.split(";"):
-        B, H, Hkv, L, D, causal = (int(x) for x in item.split(","))
-        out.append((B, H, Hkv, L, D, causal))
+        fields = [int(x) for x in item.split(",")]
+        if len(fields) not in (6, 7) or (len(fields) == 7 and fields[6] < 0):
+            raise argparse.ArgumentTypeError(
+                f"--shapes item {item!r}: want B,H,Hkv,L,D,causal or B,H,Hkv,L,D,causal,W")
+        out.append(tuple(fields) if len(fields) == 7 and fields[6] else tuple(fields[:6]))
     return out
 
 
@@ -197,31 +236,88 @@ class TorchStep:
         return torch.autograd.grad(self.out, self.inputs, self.do, retain_graph=True)
 
 
+def window_mask(L, causal, W, dtype):
+    """The dense additive mask SDPA needs for a window: [L, L] of dtype, 0
+    where key k is visible to query i (k > i - W, and k <= i when causal),
+    -inf elsewhere; broadcast over batch and heads."""
+    band = torch.ones(L, L, dtype=torch.bool).triu_(-(W - 1))
+    if causal:
+        band.tril_()
+    mask = torch.full((L, L), float("-inf"), dtype=dtype)
+    mask.masked_fill_(band, 0.0)
+    return mask
+
+
+class TorchWindowStep:
+    """PyTorch SDPA forward + backward of a sliding window W through its
+    dense mask, in `dtype`; each call builds the graph anew."""
+
+    def __init__(self, q, k, v, do, causal, window, scale, dtype):
+        self.gqa = q.shape[1] // k.shape[1]
+        self.inputs = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+        self.mask = window_mask(q.shape[2], causal, window, dtype)
+        self.scale, self.do = scale, do.to(dtype)
+        self.backend = "flash"  # until the flash CPU backend refuses the mask
+
+    def _forward(self):
+        qq, kk, vv = self.inputs
+        if self.gqa > 1:
+            kk, vv = kk.repeat_interleave(self.gqa, 1), vv.repeat_interleave(self.gqa, 1)
+        return F.scaled_dot_product_attention(qq, kk, vv, attn_mask=self.mask, scale=self.scale)
+
+    def __call__(self):
+        out = None
+        if self.backend == "flash":
+            try:
+                from torch.nn.attention import SDPBackend, sdpa_kernel
+                with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                    out = self._forward()
+            except (ImportError, RuntimeError):
+                self.backend = "sdpa-default"
+        if out is None:
+            out = self._forward()
+        return torch.autograd.grad(out, self.inputs, self.do)
+
+
 class TilegradStep:
-    def __init__(self, ctx, q, k, v, do, causal, scale):
+    """The backward step; with a window W (tg_attn_options.window) the
+    forward is part of the timed step too."""
+
+    def __init__(self, ctx, q, k, v, do, causal, scale, window=0):
         B, H, L, D = q.shape
         Hkv = k.shape[1]
         self.ctx, self.causal, self.shape = ctx, int(causal), (B, H, L, D)
         self.p = capi.attn_params_init(B, H, Hkv, L, L, D, scale)
+        self.opt = None
+        if window:
+            self.opt = capi.AttnOptions()
+            self.opt.window = window
         self.q, self.k, self.v, self.do = bits(q), bits(k), bits(v), bits(do)
         self.o = np.empty(q.shape, np.uint16)
         self.L = np.empty((B, H, L), np.float32)
-        ctx.call("tg_flash_attn_train_fwd_bf16", self.q, self.k, self.v, self.o, self.L,
-                 self.p, None, None, self.causal)
+        self.forward()
         self.Dv = np.empty((B, H, L), np.float32)
         self.dq = np.empty(q.shape, np.float32)
         self.dk = np.empty(k.shape, np.float32)
         self.dv = np.empty(k.shape, np.float32)
         self.grads = [np.empty(a.shape, np.uint16) for a in (self.dq, self.dk, self.dv)]
 
+    def forward(self):
+        # opt None: tg_flash_attn_train_fwd_bf16, the same call
+        self.ctx.call("tg_attn_train_fwd", BF16, self.q, self.k, self.v, self.o, self.L,
+                      self.p, None, None, self.causal, self.opt)
+
     def __call__(self):
         B, H, L, D = self.shape
+        if self.opt is not None:
+            self.forward()
         self.dk.fill(0.0)
         self.dv.fill(0.0)
         self.ctx.call("tg_flash_attn_train_bwd_compute_d_bf16", self.o, self.do, self.Dv,
                       B, H, L, D)
-        self.ctx.call("tg_flash_attn_train_bwd_bf16", self.q, self.k, self.v, self.L, self.do,
-                      self.Dv, self.dq, self.dk, self.dv, self.p, None, None, self.causal)
+        self.ctx.call("tg_attn_train_bwd", BF16, self.q, self.k, self.v, self.L, self.do,
+                      self.Dv, self.dq, self.dk, self.dv, self.p, None, None, self.causal,
+                      self.opt)
         for src, dst in zip((self.dq, self.dk, self.dv), self.grads):
             self.ctx.call("tg_f32_to_bf16_cast", src, dst, src.size)
         return self.grads
@@ -258,16 +354,21 @@ def check_agreement(tg_step, torch_steps):
 
 
 def run_shape(shape, threads, reps, ctx, seed, dtypes):
-    B, H, Hkv, L, D, causal = shape
+    B, H, Hkv, L, D, causal = shape[:6]
+    window = shape[6] if len(shape) > 6 else 0
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(B, H, L, D, generator=g).bfloat16()
     k = torch.randn(B, Hkv, L, D, generator=g).bfloat16()
     v = torch.randn(B, Hkv, L, D, generator=g).bfloat16()
     do = torch.randn(B, H, L, D, generator=g).bfloat16()
     scale = 1.0 / math.sqrt(D)
-    torch_steps = {name: TorchStep(q, k, v, do, causal, scale, TORCH_DTYPES[name])
-                   for name in dtypes}
-    tg_step = TilegradStep(ctx, q, k, v, do, causal, scale)
+    if window:
+        torch_steps = {name: TorchWindowStep(q, k, v, do, causal, window, scale,
+                                             TORCH_DTYPES[name]) for name in dtypes}
+    else:
+        torch_steps = {name: TorchStep(q, k, v, do, causal, scale, TORCH_DTYPES[name])
+                       for name in dtypes}
+    tg_step = TilegradStep(ctx, q, k, v, do, causal, scale, window)
     diffs = check_agreement(tg_step, torch_steps)
     t_torch, t_tg = {name: [] for name in dtypes}, []
     for _ in range(reps):
@@ -278,11 +379,13 @@ def run_shape(shape, threads, reps, ctx, seed, dtypes):
         time.sleep(0.05)
         t_tg.append(timed(tg_step))
 
-    gflop = flop(B, H, L, D, causal) / 1e9
+    gflop = (window_flop(B, H, L, D, causal, window) if window else
+             flop(B, H, L, D, causal)) / 1e9
     ms_tg = statistics.median(t_tg)
     ms = {name: statistics.median(t) for name, t in t_torch.items()}
     peer = min(ms, key=ms.get)  # the faster torch dtype on this shape
     r = {"B": B, "H": H, "Hkv": Hkv, "L": L, "D": D, "causal": bool(causal),
+         "window": window, "step": "fwd+bwd" if window else "bwd",
          "threads": threads, "gflop": gflop, "tilegrad_isa": ctx.isa,
          "ms_tilegrad": ms_tg, "ms_tilegrad_reps": t_tg,
          "tilegrad_gflops": gflop / ms_tg * 1e3, "torch_dtypes": list(dtypes)}
@@ -329,7 +432,7 @@ def summarize(rows, dtypes):
 
 # (header, width, alignment) of the table's columns; "faster" names the
 # torch dtype that is the peer, "speedup" is that dtype's time / tilegrad's.
-COLS = (("B,H,Hkv,L,D,causal", 20, "<"), ("tilegrad ms", 12, ">"), ("torch f32", 11, ">"),
+COLS = (("B,H,Hkv,L,D,causal[,W]", 26, "<"), ("tilegrad ms", 12, ">"), ("torch f32", 11, ">"),
         ("torch bf16", 11, ">"), ("faster", 7, ">"), ("speedup", 9, ">"), ("best", 7, ">"),
         ("GFLOP/s", 9, ">"), ("%FMA", 6, ">"), ("%ceil", 6, ">"),
         ("diff bf16", 10, ">"), ("diff f32", 10, ">"), ("  torch backend", 0, "<"))
@@ -351,6 +454,8 @@ def fmt_result(r):
     backend = backends.pop() if len(backends) == 1 else \
         " ".join(f"{n}:{r[f'torch_{n}_backend']}" for n in r["torch_dtypes"])
     name = ",".join(str(r[k]) for k in ("B", "H", "Hkv", "L", "D")) + f",{int(r['causal'])}"
+    if r.get("window"):
+        name += f",{r['window']}"
     return fmt_row((name, f"{r['ms_tilegrad']:.1f}", ms("f32"), ms("bf16"), r["torch_faster"],
                     f"{r['speedup']:.2f}x", f"{r['speedup_best']:.2f}x",
                     f"{r['tilegrad_gflops']:.1f}",
@@ -378,8 +483,14 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", default="1,2", help="comma list (default 1,2)")
     ap.add_argument("--reps", type=int, default=5, help="timed runs per contender (median)")
-    ap.add_argument("--quick", action="store_true", help="3 small shapes")
-    ap.add_argument("--shapes", help="'B,H,Hkv,L,D,causal;...' instead of the grid")
+    ap.add_argument("--quick", action="store_true", help="3 small shapes (with --windowed: 1)")
+    ap.add_argument("--windowed", action="store_true",
+                    help="the sliding-window shapes (W 512-4096 at L 8192-32768, forward + "
+                    "backward step; the peer takes the window as a dense mask) instead of the "
+                    "grid")
+    ap.add_argument("--shapes", type=parse_shapes,
+                    help="'B,H,Hkv,L,D,causal[,W];...' instead of the grid (W: a sliding "
+                    "window, timed as forward + backward)")
     ap.add_argument("--isa", help="tilegrad's microkernel set: auto or one of the names "
                     "`tilegrad bench --help` lists (sets TG_ISA); default: the library's choice")
     ap.add_argument("--torch-dtypes", type=parse_dtypes, default=list(TORCH_DTYPES),
@@ -390,7 +501,15 @@ def main():
     ap.add_argument("--json", help="write all results here")
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
-    shapes = parse_shapes(args.shapes) if args.shapes else (QUICK if args.quick else grid())
+    if args.shapes:
+        shapes = args.shapes
+    elif args.windowed:
+        shapes = WINDOWED_QUICK if args.quick else WINDOWED
+    else:
+        shapes = QUICK if args.quick else grid()
+    if any(len(s) > 6 for s in shapes) and "window" not in dict(capi.AttnOptions._fields_):
+        sys.exit("vs_torch.py: this tilegrad's Python API has no tg_attn_options.window "
+                 "(python/tilegrad/capi.py AttnOptions): it cannot run the windowed shapes")
     thread_counts = [int(t) for t in args.threads.split(",")]
     dtypes = args.torch_dtypes
     ctx = make_context(args.isa)
@@ -414,6 +533,10 @@ def main():
               f"{ceil:.1f} GFLOP/s; times in ms, speedup = faster torch / tilegrad "
               f"(medians; best: fastest runs), "
               f"diff = tilegrad's max rel gradient diff vs each torch dtype")
+        if any(len(s) > 6 for s in shapes):
+            print("shapes with a window W (7th field): forward + backward step, torch with "
+                  "the dense [L, L] additive mask; GFLOP/s on the visible pairs "
+                  "(14*B*H*D*pairs)")
         print(fmt_row([c[0] for c in COLS]))
         rows = []
         for si, shape in enumerate(shapes):

@@ -21,15 +21,16 @@ void tg_cli_bench_usage(FILE *f) {
           "Times the FlashAttention-2 backward step (compute_d + bwd + 3 bf16 casts)\n"
           "and the memory-bound kernels, as a fraction of this machine's measured\n"
           "ceilings (f32 FMA peak, bf16 dot peak, triad bandwidth) at the same\n"
-          "thread count.\n"
+          "thread count. A sliding-window shape's FLOP counts only its visible (i, k) pairs.\n"
           "\n"
           "options (\"--opt value\" or \"--opt=value\"):\n"
           "  --threads N        OpenMP threads for kernels and ceilings, 1-4096 (default:\n"
           "                     OpenMP's default, i.e. OMP_NUM_THREADS or all cores)\n"
           "  --quick            small shapes (< 20 s in all)\n"
-          "  --shapes LIST      custom attention shapes 'B,H,Hkv,L,D,causal;...'\n"
+          "  --shapes LIST      custom attention shapes 'B,H,Hkv,L,D,causal[,W];...'\n"
           "                     (qL = kL = L, sizes 1-2^30, H a multiple of Hkv,\n"
-          "                     causal 0 or 1), e.g. '1,8,8,2048,128,1'\n"
+          "                     causal 0 or 1, W a sliding window, 0 = none), e.g.\n"
+          "                     '1,8,8,2048,128,1' or '1,2,2,16384,128,1;1,2,2,16384,128,1,1024'\n"
           "  --reps N           timed repetitions per case, median reported (default %d,\n"
           "                     at most 100000; one untimed warm-up run comes first)\n"
           "  --json FILE        also write all results as JSON to FILE (its location is\n"
@@ -39,7 +40,10 @@ void tg_cli_bench_usage(FILE *f) {
           "  --deterministic    run the kernels in deterministic mode\n"
           "  --precision P      exact | split | bf16: the attention's products that take\n"
           "                     P or dS (tg_ctx_set_attn_precision; default exact)\n"
-          "  --section S        attn | mem | all (default all); peaks: the ceilings only\n"
+          "  --section S        attn | mem | all (default all: attn and mem); peaks: the\n"
+          "                     ceilings only; window: sliding windows at L 8192-32768\n"
+          "                     with the causal step of the same heads, and their L*W\n"
+          "                     share (long: ~1750 GFLOP a repetition; --quick: L 4096)\n"
           "  --triad-mib N      size of each of the 3 triad arrays in MiB (default %d,\n"
           "                     at most 2^20; keep the 3 arrays well above the L3 size)\n"
           "  --help             this text\n"
@@ -85,38 +89,42 @@ static char *trim_blanks(char *text) {
   return text;
 }
 
-/* One --shapes item "B,H,Hkv,L,D,causal" into *s. item is a writable copy
- * of given[0..len), which the messages quote. */
+/* One --shapes item "B,H,Hkv,L,D,causal[,W]" into *s. item is a writable
+ * copy of given[0..len), which the messages quote. */
 static int parse_shape(const char *given, size_t len, char *item, tg_bench_shape *s,
                        char *msg, size_t msglen) {
-  static const char *const names[6] = {"B", "H", "Hkv", "L", "D", "causal"};
+  static const char *const names[7] = {"B", "H", "Hkv", "L", "D", "causal", "W"};
+  static const int64_t lo[7] = {1, 1, 1, 1, 1, 0, 0};
+  static const int64_t hi[7] = {1 << 30, 1 << 30, 1 << 30, 1 << 30, 1 << 30, 1, 1 << 30};
   char q[QUOTED_LEN];
   quoted(q, given, len);
-  int64_t v[6];
+  int64_t v[7] = {0};
+  int n = 1;
+  for (const char *c = item; *c; c++) n += *c == ',';
+  if (n != 6 && n != 7)
+    return refuse(msg, msglen,
+                  "--shapes %s: want 6 fields B,H,Hkv,L,D,causal (positive sizes, causal "
+                  "0 or 1) or 7 with a sliding window W (0 = none)", q);
   char *field = item;
-  for (int k = 0; k < 6; k++) {
+  for (int k = 0; k < n; k++) {
     char *comma = strchr(field, ',');
-    if ((k < 5) != (comma != NULL))
-      return refuse(msg, msglen,
-                    "--shapes %s: want 6 fields B,H,Hkv,L,D,causal (positive sizes, causal "
-                    "0 or 1)", q);
     if (comma) *comma = '\0';
     const char *text = trim_blanks(field);
     char opt[QUOTED_LEN + 32], label[TG_NUM_LABEL_LEN + sizeof opt];
     snprintf(opt, sizeof opt, "--shapes %s: field %s", q, names[k]);
     tg_num_label(label, sizeof label, opt, '=', text);
-    if (tg_num_int(label, text, k < 5 ? 1 : 0, k < 5 ? 1 << 30 : 1, &v[k], msg, msglen))
-      return BENCH_ARGS_BAD;
+    if (tg_num_int(label, text, lo[k], hi[k], &v[k], msg, msglen)) return BENCH_ARGS_BAD;
     if (comma) field = comma + 1;
   }
   if (v[1] % v[2])
     return refuse(msg, msglen, "--shapes %s: H=%lld is not a multiple of Hkv=%lld", q,
                   (long long)v[1], (long long)v[2]);
-  *s = (tg_bench_shape){(int)v[0], (int)v[1], (int)v[2], (int)v[3], (int)v[4], (int)v[5]};
+  *s = (tg_bench_shape){(int)v[0], (int)v[1], (int)v[2], (int)v[3],
+                        (int)v[4], (int)v[5], (int)v[6]};
   return BENCH_ARGS_RUN;
 }
 
-/* "B,H,Hkv,L,D,causal;..." into o->shapes (replacing an earlier --shapes).
+/* "B,H,Hkv,L,D,causal[,W];..." into o->shapes (replacing an earlier --shapes).
  * Items of blanks only are skipped ("a;b;" is two shapes); blanks around a
  * field are allowed. */
 static int parse_shapes(const char *spec, tg_bench_opts *o, char *msg, size_t msglen) {
@@ -191,6 +199,7 @@ static const struct {
 } k_sections[] = {
     {"attn", TG_BENCH_SECTION_ATTN},
     {"mem", TG_BENCH_SECTION_MEM},
+    {"window", TG_BENCH_SECTION_WINDOW},
     {"all", TG_BENCH_SECTION_ATTN | TG_BENCH_SECTION_MEM},
     {"peaks", 0},
 };
@@ -252,7 +261,7 @@ static int parse_each(int argc, char **argv, tg_bench_opts *o, char *msg, size_t
         while (s < sizeof k_sections / sizeof k_sections[0] && strcmp(val, k_sections[s].name))
           s++;
         if (s == sizeof k_sections / sizeof k_sections[0])
-          return refuse(msg, msglen, "--section %s: want attn, mem, peaks or all",
+          return refuse(msg, msglen, "--section %s: want attn, mem, window, peaks or all",
                         quoted(q, val, strlen(val)));
         o->sections = k_sections[s].sections;
         break;

@@ -18,9 +18,9 @@ enum {
  * "--opt=value"; --quick, --deterministic and --help/-h take no value. Every
  * number (--threads, --reps, --triad-mib and each field of --shapes) goes
  * through the CLI's one number parser (num.h: decimal only, range-checked);
- * --shapes also wants H a multiple of Hkv. An unknown option, a missing
- * value, a value given to a flag and a bad --isa or --section value are
- * refused. The arguments are read in order and the first --help or error
+ * --shapes items have 6 fields, or 7 with a sliding window W, and H a
+ * multiple of Hkv. An unknown option, a missing value, a value given to a
+ * flag and a bad --isa or --section value are refused. The arguments are read in order and the first --help or error
  * ends the parse; a repeated option keeps its last value.
  * Returns a BENCH_ARGS_* code. On BENCH_ARGS_BAD, msg holds "what: why" (it
  * is "" otherwise). Only on BENCH_ARGS_RUN does *o hold anything to free

@@ -29,8 +29,12 @@ static int parse_param(run_call *c, int pi, const char *text, const char *what) 
   const param_spec *ps = &c->k->params[pi];
   run_param *p = &c->params[pi];
   char opt[96], label[TG_NUM_LABEL_LEN];
-  snprintf(opt, sizeof opt, "%s %s", what, ps->name);
-  tg_num_label(label, sizeof label, opt, '=', text);
+  if (p->via && p->given == text) {
+    tg_num_label(label, sizeof label, p->via, ' ', text);
+  } else {
+    snprintf(opt, sizeof opt, "%s %s", what, ps->name);
+    tg_num_label(label, sizeof label, opt, '=', text);
+  }
   if (ps->type == P_FLOAT) return tg_num_float(label, text, &p->f, c->err, sizeof c->err);
   if (ps->type == P_BOOL && (!strcmp(text, "true") || !strcmp(text, "false"))) {
     p->i = text[0] == 't';
@@ -62,6 +66,19 @@ static int parse_params(run_call *c) {
 }
 
 /* --- the command line ---------------------------------------------------------- */
+/* The attention variants' options, each a shorthand for a param or an input
+ * buffer of the kernels that have it (cli/run_kernels.c's table). */
+static const struct {
+  const char *option, *name;
+  int is_buffer; /* 1: --in NAME=value; 0: --param NAME=value */
+  const char *what;
+} k_shorthands[] = {
+    {"--window", "window", 0, "sliding window"},
+    {"--v-head-dim", "v_head_dim", 0, "value head dim"},
+    {"--sinks", "sinks", 1, "attention sinks"},
+};
+enum { N_SHORTHANDS = sizeof k_shorthands / sizeof k_shorthands[0] };
+
 /* "NAME=value" → name (copied into buf) and value; 0 on success. */
 static int split_assign(const char *arg, char *name, size_t namelen, const char **value) {
   const char *eq = strchr(arg, '=');
@@ -105,7 +122,9 @@ int run_parse_command_line(run_call *c, int argc, char **argv, run_opts *o) {
       continue;
     }
     /* options with a value: "--opt value" or "--opt=value" */
-    static const char *const valued[] = {"--in", "--out", "--param", "--threads", "--isa"};
+    static const char *const valued[] = {"--in",     "--out",        "--param", "--threads",
+                                         "--isa",    "--window",     "--sinks",
+                                         "--v-head-dim"};
     const char *opt = NULL, *val = NULL;
     for (size_t v = 0; v < sizeof valued / sizeof valued[0]; v++) {
       const size_t n = strlen(valued[v]);
@@ -145,7 +164,22 @@ int run_parse_command_line(run_call *c, int argc, char **argv, run_opts *o) {
     }
     char name[64];
     const char *value;
-    if (split_assign(val, name, sizeof name, &value)) {
+    const char *shorthand = NULL; /* the variant option, when opt is one */
+    for (int v = 0; v < N_SHORTHANDS; v++) {
+      if (strcmp(opt, k_shorthands[v].option)) continue;
+      const int takes = k_shorthands[v].is_buffer ? run_buf_index(k, k_shorthands[v].name) >= 0
+                                                  : run_param_index(k, k_shorthands[v].name) >= 0;
+      if (!takes)
+        return usage_errorf(c, "%s: %s has no %s (flash_attn_train_fwd_bf16 and "
+                               "flash_attn_train_bwd_bf16 do)",
+                            opt, k->name, k_shorthands[v].what);
+      if (!val[0]) return usage_errorf(c, "%s needs a value", opt);
+      shorthand = opt;
+      snprintf(name, sizeof name, "%s", k_shorthands[v].name);
+      value = val;
+      opt = k_shorthands[v].is_buffer ? "--in" : "--param";
+    }
+    if (!shorthand && split_assign(val, name, sizeof name, &value)) {
       tg_num_label(label, sizeof label, opt, ' ', val);
       return usage_errorf(c, "%s: expected NAME=%s", label,
                           strcmp(opt, "--param") ? "file.npy" : "value");
@@ -166,8 +200,13 @@ int run_parse_command_line(run_call *c, int argc, char **argv, run_opts *o) {
         }
         return RUN_EXIT_USAGE;
       }
-      if (c->params[pi].given) return usage_errorf(c, "--param %s given twice", name);
+      const char *as_option = shorthand ? shorthand : c->params[pi].via;
+      if (c->params[pi].given && !as_option)
+        return usage_errorf(c, "--param %s given twice", name);
+      if (c->params[pi].given)
+        return usage_errorf(c, "%s given twice (it is --param %s)", as_option, name);
       c->params[pi].given = value;
+      c->params[pi].via = shorthand;
       continue;
     }
     const int is_in = !strcmp(opt, "--in");
@@ -197,7 +236,11 @@ int run_parse_command_line(run_call *c, int argc, char **argv, run_opts *o) {
                           label, strlen(value), TG_OUT_PATH - 1);
     }
     const char **slot = is_in ? &c->bufs[bi].in_path : &c->bufs[bi].out_path;
-    if (*slot) return usage_errorf(c, "%s %s given twice", opt, name);
+    if (*slot) {
+      const int sinks = is_in && run_buf_index(k, "sinks") == bi;
+      return usage_errorf(c, "%s %s given twice%s", opt, name,
+                          sinks ? " (--sinks is --in sinks)" : "");
+    }
     *slot = value;
   }
   /* A run without --out computes and writes nothing, and exit 0 would read

@@ -19,7 +19,8 @@ typedef struct {
 } run_buf;
 
 typedef struct {
-  const char *given; /* text from --param, or NULL */
+  const char *given; /* text from --param (or its option, below), or NULL */
+  const char *via;   /* the option that gave it ("--window"), or NULL for --param */
   int64_t i;         /* parsed value of an int/bool param */
   double f;          /* parsed value of a float param (ints: the same as double) */
 } run_param;

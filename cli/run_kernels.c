@@ -112,29 +112,77 @@ static const tg_bf16 *attn_mask_from(run_call *c, tg_attn_mask_params *mp) {
   return m->data;
 }
 
-/* 2. FA-2 backward */
+/* The attention variants of the forward and backward (tg_attn_options):
+ * --window W, --v-head-dim Dv (V, O, dO, dV then have Dv columns: their
+ * strides are recomputed here) and --sinks FILE, with d_sinks wanted when
+ * its --out is given. Everything else in *opt zero: no dropout, no flags. */
+static void attn_options_from(run_call *c, tg_attn_params *p, tg_attn_options *opt) {
+  memset(opt, 0, sizeof *opt);
+  opt->window = (uint32_t)PI(c, "window");
+  const int64_t dv = S(c, "Dv"), qL = S(c, "qL"), kL = S(c, "kL");
+  const int64_t H = S(c, "H"), H_kv = S(c, "H_kv");
+  if (dv != S(c, "D")) {
+    opt->v_head_dim = (uint32_t)dv;
+    p->V_strides[0] = H_kv * kL * dv, p->V_strides[1] = kL * dv, p->V_strides[2] = dv;
+    p->O_strides[0] = H * qL * dv, p->O_strides[1] = qL * dv, p->O_strides[2] = dv;
+  }
+  opt->sinks = B(c, "sinks");
+  const int ds = run_buf_index(c->k, "d_sinks");
+  if (ds >= 0 && c->bufs[ds].out_path) opt->d_sinks = c->bufs[ds].arr.data;
+}
+
+/* The check hook of the attention forward and backward: the value head dim
+ * (bound as Dv from V's columns) against --v-head-dim, and d_sinks against
+ * sinks, before any output is allocated. */
+static tg_status attn_check(run_call *c) {
+  const int64_t dv = S(c, "Dv"), d = S(c, "D");
+  const char *v_from = run_sym_find(c, "Dv")->from;
+  const int64_t asked = PI(c, "v_head_dim"); /* 0: not given, Dv = D */
+  if (asked && (asked % 8 || asked > 512))
+    return run_refuse(c, "--v-head-dim %lld: the value head dim must be a multiple of 8, "
+                         "at most 512",
+                      (long long)asked);
+  if (asked && asked != dv)
+    return run_refuse(c, "--v-head-dim %lld, but %s has %lld columns", (long long)asked,
+                      v_from, (long long)dv);
+  if (!asked && dv != d)
+    return run_refuse(c, "%s has %lld columns but Q and K have D = %lld: a value head dim "
+                         "other than D needs --v-head-dim %lld",
+                      v_from, (long long)dv, (long long)d, (long long)dv);
+  const int ds = run_buf_index(c->k, "d_sinks");
+  if (ds >= 0 && (c->bufs[ds].out_path || c->bufs[ds].in_path) && !B(c, "sinks"))
+    return run_refuse(c, "d_sinks is the gradient of the sink logits: it needs --sinks "
+                         "FILE ([H] f32, the forward's sinks)");
+  return TG_OK;
+}
+
+/* 2. FA-2 backward (through tg_attn_train_bwd for the variants; with none
+ * it is tg_flash_attn_train_bwd_bf16, same bits) */
 static tg_status run_flash_attn_train_bwd_bf16(run_call *c) {
   tg_attn_params p;
   tg_attn_mask_params mp;
+  tg_attn_options opt;
   const tg_status s = attn_params_from(c, &p);
   if (s != TG_OK) return s;
+  attn_options_from(c, &p, &opt);
   const tg_bf16 *mask = attn_mask_from(c, &mp);
-  return tg_flash_attn_train_bwd_bf16(c->ctx, B(c, "Q"), B(c, "K"), B(c, "V"), B(c, "L"),
-                                      B(c, "dO"), B(c, "D_vec"), B(c, "dQ"), B(c, "dK"),
-                                      B(c, "dV"), &p, mask ? &mp : NULL, mask,
-                                      (int)PI(c, "causal"));
+  return tg_attn_train_bwd(c->ctx, TG_DTYPE_BF16, B(c, "Q"), B(c, "K"), B(c, "V"), B(c, "L"),
+                           B(c, "dO"), B(c, "D_vec"), B(c, "dQ"), B(c, "dK"), B(c, "dV"), &p,
+                           mask ? &mp : NULL, mask, (int)PI(c, "causal"), &opt);
 }
 
-/* training forward: O, L from Q, K, V */
+/* training forward: O, L from Q, K, V (through tg_attn_train_fwd, as the
+ * backward) */
 static tg_status run_flash_attn_train_fwd_bf16(run_call *c) {
   tg_attn_params p;
   tg_attn_mask_params mp;
+  tg_attn_options opt;
   const tg_status s = attn_params_from(c, &p);
   if (s != TG_OK) return s;
+  attn_options_from(c, &p, &opt);
   const tg_bf16 *mask = attn_mask_from(c, &mp);
-  return tg_flash_attn_train_fwd_bf16(c->ctx, B(c, "Q"), B(c, "K"), B(c, "V"), B(c, "O"),
-                                      B(c, "L"), &p, mask ? &mp : NULL, mask,
-                                      (int)PI(c, "causal"));
+  return tg_attn_train_fwd(c->ctx, TG_DTYPE_BF16, B(c, "Q"), B(c, "K"), B(c, "V"), B(c, "O"),
+                           B(c, "L"), &p, mask ? &mp : NULL, mask, (int)PI(c, "causal"), &opt);
 }
 
 /* RMSNorm forward (r_out always produced here) */
@@ -287,17 +335,26 @@ static tg_status run_fwht_sign_undo_f32(run_call *c) {
 #define ATTN_MASK_BUF                                  \
   {"mask", ROLE_OPT_IN, BT_BF16, "B|1,H|1,qL,kL",      \
    "additive; a dim of 1 (or left out) broadcasts"}
+/* The variants' options are params and buffers too; `tilegrad run` also
+ * takes them as --window W, --v-head-dim Dv and --sinks FILE (run_args.c). */
+#define ATTN_SINKS_BUF                                                      \
+  {"sinks", ROLE_OPT_IN, BT_F32, "H",                                       \
+   "--sinks FILE: sink logit s_h per query head, joins every row's softmax"}
 #define ATTN_SCORE_PARAMS                                                              \
   {{"causal", P_BOOL, "0", "1: key k is visible to query i iff k <= i + qL_off"},      \
    {"scale", P_FLOAT, "", "score scale (default 1/sqrt(D))"},                          \
    {"softcapping", P_FLOAT, "1.0", "tanh softcap c (1.0 = off)"},                      \
-   {"qL_off", P_I32, "", "causal offset (default kL - qL; 0 = the seed's behaviour)"}, \
+   {"qL_off", P_I32, "", "offset of causal and window (default kL - qL; 0: the seed's)"}, \
+   {"window", P_U32, "0",                                                              \
+    "--window W: key k visible to query i only if k > i + qL_off - W (0 = none)"},     \
+   {"v_head_dim", P_U32, "0",                                                          \
+    "--v-head-dim Dv: columns of V, O, dO, dV (multiple of 8, <= 512; 0 = D)"},        \
    END_PARAMS}
 
 static const kernel_spec kernel_table[] = {
     {"flash_attn_train_bwd_compute_d_bf16",
      "FA-2 backward pre-pass: D_out[b,h,i] = sum_d O[b,h,i,d]*dO[b,h,i,d]",
-     {{"O", ROLE_IN, BT_BF16, "B,H,qL,D", "forward output"},
+     {{"O", ROLE_IN, BT_BF16, "B,H,qL,D", "forward output (D: its columns, Dv if V had Dv)"},
       {"dO", ROLE_IN, BT_BF16, "B,H,qL,D", NULL},
       {"D_out", ROLE_OUT, BT_F32, "B,H,qL", NULL},
       END_BUFS},
@@ -308,29 +365,34 @@ static const kernel_spec kernel_table[] = {
      "FA-2 backward: dQ (writes), dK/dV (accumulate) from Q,K,V,L,dO,D_vec",
      {{"Q", ROLE_IN, BT_BF16, "B,H,qL,D", NULL},
       {"K", ROLE_IN, BT_BF16, "B,H_kv,kL,D", NULL},
-      {"V", ROLE_IN, BT_BF16, "B,H_kv,kL,D", NULL},
-      {"L", ROLE_IN, BT_F32, "B,H,qL", "natural-log logsumexp from the forward"},
-      {"dO", ROLE_IN, BT_BF16, "B,H,qL,D", NULL},
+      {"V", ROLE_IN, BT_BF16, "B,H_kv,kL,Dv", "Dv = D unless --v-head-dim"},
+      {"L", ROLE_IN, BT_F32, "B,H,qL", "natural-log logsumexp from the forward (with the sink)"},
+      {"dO", ROLE_IN, BT_BF16, "B,H,qL,Dv", NULL},
       {"D_vec", ROLE_IN, BT_F32, "B,H,qL", "from flash_attn_train_bwd_compute_d_bf16"},
       {"dQ", ROLE_OUT, BT_F32, "B,H,qL,D", NULL},
       {"dK", ROLE_ACC, BT_F32, "B,H_kv,kL,D", NULL},
-      {"dV", ROLE_ACC, BT_F32, "B,H_kv,kL,D", NULL},
+      {"dV", ROLE_ACC, BT_F32, "B,H_kv,kL,Dv", NULL},
       ATTN_MASK_BUF,
+      ATTN_SINKS_BUF,
+      {"d_sinks", ROLE_ACC, BT_F32, "H",
+       "d_sinks[h] -= sum_{b,i} e^(s_h - L[b,h,i]) D_vec[b,h,i]; needs --sinks"},
       END_BUFS},
      ATTN_SCORE_PARAMS,
-     run_flash_attn_train_bwd_bf16, NULL},
+     run_flash_attn_train_bwd_bf16, attn_check},
 
     {"flash_attn_train_fwd_bf16",
      "FA-2 training forward: O = softmax(S).V (bf16), L = logsumexp(S), S as in the backward",
      {{"Q", ROLE_IN, BT_BF16, "B,H,qL,D", NULL},
       {"K", ROLE_IN, BT_BF16, "B,H_kv,kL,D", NULL},
-      {"V", ROLE_IN, BT_BF16, "B,H_kv,kL,D", NULL},
-      {"O", ROLE_OUT, BT_BF16, "B,H,qL,D", "written as '<u2' bf16 bits"},
-      {"L", ROLE_OUT, BT_F32, "B,H,qL", "natural-log logsumexp (-inf: no visible key)"},
+      {"V", ROLE_IN, BT_BF16, "B,H_kv,kL,Dv", "Dv = D unless --v-head-dim"},
+      {"O", ROLE_OUT, BT_BF16, "B,H,qL,Dv", "written as '<u2' bf16 bits"},
+      {"L", ROLE_OUT, BT_F32, "B,H,qL",
+       "natural-log logsumexp, with the sink (no visible key: -inf, or s_h)"},
       ATTN_MASK_BUF,
+      ATTN_SINKS_BUF,
       END_BUFS},
      ATTN_SCORE_PARAMS,
-     run_flash_attn_train_fwd_bf16, NULL},
+     run_flash_attn_train_fwd_bf16, attn_check},
 
     {"rms_norm_forward_f32",
      "y[b,k] = x[b,k]*r[b]*w[k], r_out[b] = 1/sqrt(mean_j x[b,j]^2 + eps)",

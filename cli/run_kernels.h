@@ -15,7 +15,7 @@
 
 #include "tilegrad.h"
 
-#define RUN_MAX_BUFS 12
+#define RUN_MAX_BUFS 14
 #define RUN_MAX_PARAMS 8
 
 typedef enum {

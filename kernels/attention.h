@@ -185,14 +185,15 @@ static inline tg_attn_products tg_attn_products_of(const tg_attn_problem *pr,
 
 /* The tiles of the forward and backward: the table's attn_bq x attn_bk, or
  * its bf16-mode tiles when every product runs on the bf16 unit, the q tile
- * only where no causal diagonal crosses it (isa/tuning.h says
+ * only where no causal diagonal or window edge crosses it (isa/tuning.h says
  * why the amx table doubles them and what was measured). */
 static inline int tg_attn_bf16_tiles(const tg_attn_problem *pr, const tg_isa_ops *ops) {
   return tg_attn_products_of(pr, ops) == TG_PRODUCTS_BF16_DOT &&
          pr->precision == TG_ATTN_PRECISION_BF16;
 }
 static inline int64_t tg_attn_bq(const tg_attn_problem *pr, const tg_isa_ops *ops) {
-  return tg_attn_bf16_tiles(pr, ops) && !pr->causal ? ops->attn_bq_bf16 : ops->attn_bq;
+  return tg_attn_bf16_tiles(pr, ops) && !pr->causal && !pr->window ? ops->attn_bq_bf16
+                                                                     : ops->attn_bq;
 }
 static inline int64_t tg_attn_bk(const tg_attn_problem *pr, const tg_isa_ops *ops) {
   return tg_attn_bf16_tiles(pr, ops) ? ops->attn_bk_bf16 : ops->attn_bk;

@@ -447,7 +447,7 @@ static void bwd_group_atomic(const void *vargs, int64_t x, int64_t h, int64_t b,
   load_qtile(a, b, h, q0, nq, &w);
   memset(w.dQ, 0, sizeof(float) * (size_t)(nq * D));
   const int64_t key_end = tg_attn_key_end(pr, q0, nq);
-  for (int64_t k0 = tg_attn_key_begin(pr, q0) / BK * BK; k0 < key_end; k0 += BK) {
+  for (int64_t k0 = tg_attn_key_begin(pr, q0); k0 < key_end; k0 += BK) {
     const int64_t nk = tile_rows(key_end, k0, BK);
     load_ktile(a, b, h_kv, k0, nk, t);
     memset(t->dK, 0, sizeof(float) * (size_t)(nk * D));

@@ -118,7 +118,7 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
   const void *Kh = tg_attn_at(pr->in, a->K, tg_attn_offset(pr->Ks, b, h_kv, 0));
   const void *Vh = tg_attn_at(pr->in, a->V, tg_attn_offset(pr->Vs, b, h_kv, 0));
   const int64_t key_end = tg_attn_key_end(pr, q0, nq);
-  for (int64_t k0 = tg_attn_key_begin(pr, q0) / BK * BK; k0 < key_end; k0 += BK) {
+  for (int64_t k0 = tg_attn_key_begin(pr, q0); k0 < key_end; k0 += BK) {
     const int64_t nk = key_end - k0 < BK ? key_end - k0 : BK;
     if (a->products == TG_PRODUCTS_BF16_DOT)
       ops->pack_bf16_row_pairs(nk, Dv, (const tg_bf16 *)Vh + k0 * pr->Vs[2], pr->Vs[2],

@@ -354,10 +354,12 @@ BAD_BENCH_ARGS = [
     (["--json"], ["--json needs a value"]),
     (["--quick=1"], ["--quick takes no value"]),
     (["--isa", "avx9"], ["--isa 'avx9'", "want one of auto, portable, avx2, avx512, avx512bf16, amx"]),
-    (["--section=gpu"], ["--section 'gpu'", "attn, mem, peaks or all"]),
+    (["--section=gpu"], ["--section 'gpu'", "attn, mem, window, peaks or all"]),
     (["--shapes", "1,8,3,512,64,0"], ["--shapes '1,8,3,512,64,0'", "H=8 is not a multiple of Hkv=3"]),
     (["--shapes", "1,8,8,512,64"], ["--shapes '1,8,8,512,64'", "want 6 fields"]),
     (["--shapes", " ; "], ["--shapes: no usable shape in ' ; '"]),
+    (["--shapes", "1,8,8,512,64,1,-1"], ["--shapes '1,8,8,512,64,1,-1': field W=-1", "out of range"]),
+    (["--shapes", "1,8,8,512,64,1,4,4"], ["--shapes '1,8,8,512,64,1,4,4'", "or 7 with a sliding window W"]),
     # the first error on the line is the one reported, before the --json location
     (["--json", "/nonexistent-dir/x.json", "--reps", "0"], ["--reps 0", "out of range"]),
 ]

@@ -126,8 +126,23 @@ def check_exact(what, got, ref):
 
 
 # --- kernels 1-3: attention backward and cast --------------------------------
-def attention_reference(Q, K, V, dO, Dv, L, scale, causal, qL_off, mask, softcap):
-    """float64 FA-2 backward from bf16 bits / f32 arrays; returns refs and mags."""
+def hidden_keys(qL, kL, causal, qL_off, window):
+    """[qL, kL] True where key k is masked for query i: past the causal
+    diagonal (k > i + qL_off) or outside the window (k <= i + qL_off - W)."""
+    i = np.arange(qL)[:, None]
+    k = np.arange(kL)[None, :]
+    hidden = np.zeros((qL, kL), bool)
+    if causal:
+        hidden |= k > i + qL_off
+    if window:
+        hidden |= k <= i + qL_off - window
+    return hidden
+
+
+def attention_reference(Q, K, V, dO, Dv, L, scale, causal, qL_off, mask, softcap, window=0):
+    """float64 FA-2 backward from bf16 bits / f32 arrays; returns refs and mags.
+    V and dO may have Dv != D columns; L includes any sink (the key gradients
+    need nothing else from it)."""
     Qf, Kf, Vf, dOf = (bf16_to_f64(a) for a in (Q, K, V, dO))
     B, H, qL, D = Qf.shape
     H_kv, kL = Kf.shape[1], Kf.shape[2]
@@ -140,10 +155,7 @@ def attention_reference(Q, K, V, dO, Dv, L, scale, causal, qL_off, mask, softcap
         dcap = 1.0 - t * t
     else:
         S, dcap = s, np.ones_like(s)
-    if causal:
-        i = np.arange(qL)[:, None]
-        k = np.arange(kL)[None, :]
-        S = np.where(k > i + qL_off, -np.inf, S)
+    S = np.where(hidden_keys(qL, kL, causal, qL_off, window), -np.inf, S)
     if mask is not None:
         m = bf16_to_f64(mask)
         m = m.reshape((1,) * (4 - m.ndim) + m.shape)
@@ -158,7 +170,7 @@ def attention_reference(Q, K, V, dO, Dv, L, scale, causal, qL_off, mask, softcap
     dSa = P * (dPa + np.abs(Dd)) * dcap
     dQ = scale * np.einsum("bhik,bhkd->bhid", dS, Kh)
     dQm = scale * np.einsum("bhik,bhkd->bhid", dSa, np.abs(Kh))
-    red = lambda x: x.reshape(B, H_kv, g, kL, D).sum(axis=2)
+    red = lambda x: x.reshape(B, H_kv, g, kL, x.shape[-1]).sum(axis=2)
     dK = red(scale * np.einsum("bhik,bhid->bhkd", dS, Qf))
     dKm = red(scale * np.einsum("bhik,bhid->bhkd", dSa, np.abs(Qf)))
     dV = red(np.einsum("bhik,bhid->bhkd", P, dOf))
@@ -167,8 +179,11 @@ def attention_reference(Q, K, V, dO, Dv, L, scale, causal, qL_off, mask, softcap
     return (dQ, dQm), (dK, dKm), (dV, dVm)
 
 
-def forward_lse_and_D(Q, K, V, dO, scale, causal, qL_off, mask, softcap):
-    """What the forward would hand the backward: L (f32) and D = rowsum(O*dO)."""
+def forward_lse_and_D(Q, K, V, dO, scale, causal, qL_off, mask, softcap, window=0,
+                      sinks=None):
+    """What the forward would hand the backward: L (f32) and D = rowsum(O*dO),
+    and O (bf16 bits). A sink s_h joins each row's denominator:
+    L = log(sum_k e^S + e^s_h); a row that sees no key has O = 0, L = s_h."""
     Qf, Kf, Vf, dOf = (bf16_to_f64(a) for a in (Q, K, V, dO))
     B, H, qL, D = Qf.shape
     g = H // Kf.shape[1]
@@ -177,18 +192,18 @@ def forward_lse_and_D(Q, K, V, dO, scale, causal, qL_off, mask, softcap):
     S = scale * np.einsum("bhid,bhkd->bhik", Qf, Kh)
     if softcap != 1.0:
         S = softcap * np.tanh(S / softcap)
-    if causal:
-        i = np.arange(qL)[:, None]
-        k = np.arange(kL)[None, :]
-        S = np.where(k > i + qL_off, -np.inf, S)
+    S = np.where(hidden_keys(qL, kL, causal, qL_off, window), -np.inf, S)
     if mask is not None:
         m = bf16_to_f64(mask)
         m = m.reshape((1,) * (4 - m.ndim) + m.shape)
         S = np.where(m == -np.inf, -np.inf, S + m)
-    Mx = np.max(S, axis=-1, keepdims=True)
+    sink = np.full((1, H, 1, 1), -np.inf)
+    if sinks is not None:
+        sink[0, :, 0, 0] = sinks.astype(np.float64)
+    Mx = np.maximum(np.max(S, axis=-1, keepdims=True), sink)
     Mx_safe = np.where(np.isfinite(Mx), Mx, 0.0)
     E = np.exp(S - Mx_safe)
-    sumE = E.sum(-1, keepdims=True)
+    sumE = E.sum(-1, keepdims=True) + np.exp(sink - Mx_safe)
     with np.errstate(divide="ignore", invalid="ignore"):
         L = np.where(sumE > 0, Mx_safe + np.log(sumE), -np.inf)[..., 0]
         P = np.where(sumE > 0, E / sumE, 0.0)
@@ -525,6 +540,166 @@ def test_decode(rng):
         fail(f"decode bad length: unexpected message: {err.strip()}")
 
 
+# --- attention variants: window, sinks, value head dim ---------------------------
+def sinks_reference(sinks, L, Dvec):
+    """d_sinks[h] = -sum_{b,i} e^{s_h - L[b,h,i]} D_vec[b,h,i], and its
+    magnitude (the exponent's f32 rounding scales with |s_h| + |L|)."""
+    s = sinks.astype(np.float64)[None, :, None]
+    Lf, Df = L.astype(np.float64), Dvec.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        p = np.where(s == -np.inf, 0.0, np.exp(s - Lf))
+    mag = np.where(p > 0, p * np.abs(Df) * (1 + np.abs(s) + np.abs(Lf)), 0.0)
+    return -(p * Df).sum(axis=(0, 2)), mag.sum(axis=(0, 2))
+
+
+def variant_forward_case(rng, tag, B, H, H_kv, qL, kL, D, Dv, causal, window, qL_off,
+                         with_sinks):
+    """The forward with --window / --sinks / --v-head-dim against float64."""
+    Q = rand_bf16(rng, (B, H, qL, D))
+    K = rand_bf16(rng, (B, H_kv, kL, D))
+    V = rand_bf16(rng, (B, H_kv, kL, Dv))
+    scale = 1.0 / np.sqrt(D)
+    off = kL - qL if qL_off is None else qL_off
+    sinks = None
+    ins = {"Q": Q, "K": K, "V": V}
+    extra = ["--window", str(window)]
+    if with_sinks:
+        sinks = rand_f32(rng, (H,), -1.0, 2.0)
+        sinks[0] = -np.inf  # -inf: that head has no sink
+        ins["sinks"] = sinks
+    if Dv != D:
+        extra += ["--v-head-dim", str(Dv)]
+    params = {"causal": int(causal)}
+    if qL_off is not None:
+        params["qL_off"] = qL_off
+    out, _ = run("flash_attn_train_fwd_bf16", ins, ["O", "L"], params, extra,
+                 what=f"variant_fwd_{tag}")
+    if not out:
+        return
+    L, _, _ = forward_lse_and_D(Q, K, V, np.zeros((B, H, qL, Dv), np.uint16), scale, causal,
+                                off, None, 1.0, window, sinks)
+    Qf, Kf, Vf = (bf16_to_f64(a) for a in (Q, K, V))
+    Kh, Vh = np.repeat(Kf, H // H_kv, axis=1), np.repeat(Vf, H // H_kv, axis=1)
+    S = scale * np.einsum("bhid,bhkd->bhik", Qf, Kh)
+    S = np.where(hidden_keys(qL, kL, causal, off, window), -np.inf, S)
+    with np.errstate(invalid="ignore"):
+        P = np.where(S == -np.inf, 0.0, np.exp(S - L.astype(np.float64)[..., None]))
+    O = np.einsum("bhik,bhkd->bhid", P, Vh)
+    Om = np.einsum("bhik,bhkd->bhid", P, np.abs(Vh))
+    # O is bf16: rounding adds up to 2^-8 |O| (expressed in units of RTOL)
+    check(f"variant fwd {tag} O", bf16_to_f64(out["O"]).astype(np.float32), O,
+          Om + np.abs(O) * 2.0 ** -8 / RTOL)
+    Lref = L.astype(np.float64)
+    if not np.isfinite(Lref).all():  # rows that see no key and no sink: -inf both
+        same = (out["L"] == Lref) | (np.isfinite(Lref) & np.isfinite(out["L"]))
+        if not same.all():
+            fail(f"variant fwd {tag} L: -inf rows differ")
+        Lref = np.where(np.isfinite(Lref), Lref, 0.0)
+        out["L"] = np.where(np.isfinite(out["L"]), out["L"], 0.0).astype(np.float32)
+    check(f"variant fwd {tag} L", out["L"], Lref, np.abs(Lref) + 1.0)
+
+
+def test_variant_forward(rng):
+    # GQA, causal window, sinks (one -inf), Dv < D, qL_off -3: rows 0-2 see
+    # no key (O = 0, L = s_h)
+    variant_forward_case(rng, "causal_w9_sinks_dv16", 2, 4, 2, 37, 50, 32, 16, True, 9, -3,
+                         True)
+    # not causal: key k visible iff k > i + qL_off - W; Dv > D
+    variant_forward_case(rng, "full_w7_dv64", 1, 2, 2, 24, 40, 32, 64, False, 7, None, False)
+
+
+def test_variant_pipeline(rng):
+    """forward -> compute_d -> backward through files, every variant at once:
+    window, sinks with d_sinks accumulated onto a start, Dv != D, GQA."""
+    B, H, H_kv, qL, kL, D, Dv, W = 2, 4, 2, 33, 45, 32, 24, 10
+    Q = rand_bf16(rng, (B, H, qL, D))
+    K = rand_bf16(rng, (B, H_kv, kL, D))
+    V = rand_bf16(rng, (B, H_kv, kL, Dv))
+    dO = rand_bf16(rng, (B, H, qL, Dv))
+    sinks = rand_f32(rng, (H,), -1.0, 2.0)
+    scale = 1.0 / np.sqrt(D)
+    var = ["--window", str(W), "--v-head-dim", str(Dv)]
+    fwd, _ = run("flash_attn_train_fwd_bf16", {"Q": Q, "K": K, "V": V, "sinks": sinks},
+                 ["O", "L"], {"causal": 1}, var, what="vpipe_fwd")
+    if not fwd:
+        return
+    d, _ = run("flash_attn_train_bwd_compute_d_bf16", {"O": fwd["O"], "dO": dO}, ["D_out"],
+               what="vpipe_d")
+    if not d:
+        return
+    ds0 = rand_f32(rng, (H,))
+    dK0 = rand_f32(rng, (B, H_kv, kL, D))
+    # --sinks FILE and --param window=W: the option and the param are one
+    bwd, _ = run("flash_attn_train_bwd_bf16",
+                 {"Q": Q, "K": K, "V": V, "L": fwd["L"], "dO": dO, "D_vec": d["D_out"],
+                  "dK": dK0, "d_sinks": ds0},
+                 ["dQ", "dK", "dV", "d_sinks"], {"causal": 1, "window": W},
+                 ["--sinks", os.path.join(TMP, "vpipe_fwd.in.sinks.npy"), "--v-head-dim",
+                  str(Dv)], what="vpipe_bwd")
+    if not bwd:
+        return
+    (dQ, dQm), (dK, dKm), (dV, dVm) = attention_reference(
+        Q, K, V, dO, d["D_out"], fwd["L"], scale, True, kL - qL, None, 1.0, W)
+    check("variant pipeline dQ", bwd["dQ"], dQ, dQm)
+    check("variant pipeline dK", bwd["dK"], dK + dK0, dKm + np.abs(dK0))
+    check("variant pipeline dV", bwd["dV"], dV, dVm)
+    dsk, dskm = sinks_reference(sinks, fwd["L"], d["D_out"])
+    check("variant pipeline d_sinks", bwd["d_sinks"], dsk + ds0, dskm + np.abs(ds0))
+    # the forward's L against float64 (with the sink), as a cross-check of the chain
+    L, _, _ = forward_lse_and_D(Q, K, V, dO, scale, True, kL - qL, None, 1.0, W, sinks)
+    check("variant pipeline fwd L", fwd["L"], L.astype(np.float64), np.abs(L) + 1.0)
+
+
+def test_variant_errors(rng):
+    """The variants' usage errors: exit 2, one message that says what to do."""
+    B, H, qL, D = 1, 2, 8, 16
+    Q = rand_bf16(rng, (B, H, qL, D))
+    V32 = rand_bf16(rng, (B, H, qL, 32))
+    rows = np.zeros((B, H, qL), np.float32)
+    fwd = {"Q": Q, "K": Q, "V": Q}
+    bwd = {"Q": Q, "K": Q, "V": Q, "L": rows, "dO": Q, "D_vec": rows}
+    cases = [
+        # (tag, kernel, inputs, outputs, extra args, words the message must have)
+        ("dv_not_mult8", "flash_attn_train_fwd_bf16", {"Q": Q, "K": Q, "V": V32}, ["O"],
+         ["--v-head-dim", "12"], ["--v-head-dim 12", "multiple of 8"]),
+        ("dv_too_big", "flash_attn_train_fwd_bf16", fwd, ["O"], ["--v-head-dim", "520"],
+         ["--v-head-dim 520", "at most 512"]),
+        ("dv_vs_V", "flash_attn_train_fwd_bf16", {"Q": Q, "K": Q, "V": V32}, ["O"],
+         ["--v-head-dim", "64"], ["--v-head-dim 64", "has 32 columns"]),
+        ("dv_missing", "flash_attn_train_fwd_bf16", {"Q": Q, "K": Q, "V": V32}, ["O"], [],
+         ["32 columns", "D = 16", "needs --v-head-dim 32"]),
+        ("dO_vs_V", "flash_attn_train_bwd_bf16", dict(bwd, V=V32), ["dQ"],
+         ["--v-head-dim", "32"], ["size Dv is 32", "16 from dO"]),
+        ("d_sinks_no_sinks", "flash_attn_train_bwd_bf16", bwd, ["dQ", "d_sinks"], [],
+         ["d_sinks", "needs --sinks"]),
+        ("sinks_shape", "flash_attn_train_fwd_bf16", dict(fwd, sinks=np.zeros(H + 1, np.float32)),
+         ["O"], [], ["size H is 2", "3 from sinks"]),
+        ("sinks_dtype", "flash_attn_train_fwd_bf16", dict(fwd, sinks=np.zeros(H, np.uint16)),
+         ["O"], [], ["sinks must be float32"]),
+        ("window_negative", "flash_attn_train_fwd_bf16", fwd, ["O"], ["--window", "-1"],
+         ["--window -1"]),
+        ("window_text", "flash_attn_train_fwd_bf16", fwd, ["O"], ["--window=1k"],
+         ["--window 1k"]),
+        ("window_twice", "flash_attn_train_fwd_bf16", fwd, ["O"],
+         ["--window", "4", "--param", "window=4"], ["--window given twice", "--param window"]),
+        ("window_empty", "flash_attn_train_fwd_bf16", fwd, ["O"], ["--window="],
+         ["--window needs a value"]),
+        ("window_other_kernel", "flash_attn_train_bwd_compute_d_bf16", {"O": Q, "dO": Q},
+         ["D_out"], ["--window", "4"], ["--window", "has no sliding window"]),
+        ("sinks_other_kernel", "transpose_2d", {"input": rows[0]}, ["output"],
+         ["--sinks", "x.npy"], ["--sinks", "transpose_2d has no attention sinks"]),
+    ]
+    for tag, kernel, ins, outs, extra, words in cases:
+        _, err = run(kernel, ins, outs, None, extra, expect_rc=2, what=f"verr_{tag}")
+        if err and not all(w in err for w in words):
+            fail(f"variant error {tag}: message lacks {words}: {err.strip()}")
+    # help: the options and the new buffers are listed
+    p = subprocess.run([BIN, "run", "--help"], capture_output=True, text=True)
+    for w in ("--window W", "--sinks FILE", "--v-head-dim Dv", "d_sinks"):
+        if w not in p.stdout:
+            fail(f"run --help does not mention {w}")
+
+
 # --- error paths -----------------------------------------------------------------
 def write_raw_npy(path, header, payload):
     h = header.encode()
@@ -601,6 +776,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="tg_cli_check_") as d:
         TMP = d
         tests = [test_cast, test_compute_d, test_attention, test_attention_pipeline, test_forward,
+                 test_variant_forward, test_variant_pipeline, test_variant_errors,
                  test_rmsnorm, test_softmax_backward, test_embedding, test_cross_entropy,
                  test_transpose, test_causal_attention, test_decode, test_errors]
         for t in tests:

@@ -105,3 +105,45 @@ def _attn_precision_arg(attn_precision: str) -> int:
         raise ValueError(f"attn_precision must be one of {ATTN_PRECISIONS}, "
                          f"got {attn_precision!r}")
     return _capi.ATTN_PRECISION_NAMES[attn_precision]
+
+
+def _window_arg(window: Optional[int]) -> int:
+    """window= (None: no window; W >= 1: key k visible to query i iff
+    k > i + q_offset - W) -> the ops' window (0 = none)."""
+    if window is None:
+        return 0
+    if isinstance(window, bool) or not isinstance(window, int):
+        raise TypeError(f"window must be None or an int >= 1, got {window!r}")
+    if not 1 <= window < 2 ** 32:
+        raise ValueError(f"window must be None (no window) or an int in [1, 2^32): the W "
+                         f"keys up to the diagonal; got {window}")
+    return window
+
+
+def _sinks_arg(sinks: Optional[Tensor], H: int) -> Optional[Tensor]:
+    """sinks= (None, or a floating point CPU tensor of H logits, one per query
+    head) -> float32 [H], converted through autograd (a gradient reaches the
+    caller's tensor in its own dtype)."""
+    if sinks is None:
+        return None
+    if not isinstance(sinks, torch.Tensor):
+        raise TypeError(f"sinks must be None or a tensor of {H} logits (one per query head), "
+                        f"got {type(sinks).__name__}")
+    if sinks.device.type != "cpu":
+        raise ValueError(f"tilegrad runs on the CPU; sinks is on {sinks.device}")
+    if not sinks.dtype.is_floating_point:
+        raise TypeError(f"sinks must be a floating point tensor, got {sinks.dtype}")
+    if tuple(sinks.shape) != (H,):
+        raise ValueError(f"sinks must have shape ({H},), one logit per query head; got "
+                         f"{tuple(sinks.shape)}")
+    return sinks.to(torch.float32)
+
+
+def _sinks_grad(sinks: Tensor, lse: Tensor, delta: Tensor) -> Tensor:
+    """The sinks' gradient, float32 [H]: -sum_{b,i} e^{s_h - L[b,h,i]} delta[b,h,i]
+    with lse = L [B,H,qL] (the sink included) and delta = rowsum(dO * O)
+    [B,H,qL]; the sink's weight is 0 where s_h = -inf (no sink). Summed in
+    float64."""
+    s = sinks.double().view(1, -1, 1)
+    p_sink = torch.exp(s - lse.double()).masked_fill(torch.isneginf(s), 0.0)
+    return (-(p_sink * delta.double()).sum((0, 2))).float()

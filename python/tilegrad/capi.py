@@ -10,7 +10,8 @@ numpy arrays) or :mod:`tilegrad.torch`. This module is the layer below them:
   ``tg_attn_mask_params``; :func:`attn_params_init` calls
   ``tg_attn_params_init``, :func:`attn_params` is its pure-Python twin with
   optional explicit strides;
-* :class:`AttnOptions` -- ``tg_attn_options`` (dropout) for the dtype
+* :class:`AttnOptions` -- ``tg_attn_options`` (dropout, sliding window,
+  value head dim, attention sinks; 48 bytes, asserted) for the dtype
   entry points ``tg_attn_train_fwd`` / ``_bwd`` / ``_bwd_compute_d`` (a CPU
   extension: float32 attention, ``TG_DTYPE_*``) and ``tg_attn_dropout_keep``;
 * :class:`Library` -- the CDLL with argtypes declared from the header;
@@ -168,22 +169,42 @@ assert ctypes.sizeof(AttnMaskParams) == 24
 
 
 class AttnOptions(ctypes.Structure):
-    """``tg_attn_options``: dropout of the attention weights (``dropout_p`` in
-    [0, 1); the mask is drawn from Philox4x32-10 with key ``dropout_seed``
-    and counter base ``dropout_offset``, docs/KERNELS.md) and ``flags``
-    (``TG_ATTN_OPT_*`` bits: ``TG_ATTN_OPT_O_F32``, the forward's O in
-    float32 for bf16 inputs too; other bits are refused). Pass ``None``
-    instead for the defaults (no dropout, no flags)."""
+    """``tg_attn_options`` (48 bytes): pass ``None`` instead for the defaults.
+
+    * ``dropout_p`` in [0, 1): dropout of the attention weights, the mask
+      drawn from Philox4x32-10 with key ``dropout_seed`` and counter base
+      ``dropout_offset`` (docs/KERNELS.md);
+    * ``flags``: ``TG_ATTN_OPT_*`` bits (``TG_ATTN_OPT_O_F32``, the forward's
+      O in float32 for bf16 inputs too; other bits are refused);
+    * ``window`` W >= 1: sliding window, key k visible to query i iff
+      ``k > i + qL_off - W`` (0 = none);
+    * ``v_head_dim`` Dv: the columns of V, O, dO and dV (a multiple of 8 up
+      to 512; 0 = the params' D);
+    * ``sinks``: address of H float32 sink logits (``None`` = no sinks);
+    * ``d_sinks``: backward only, address of H float32 that the sinks'
+      gradient is *added* to (``None`` = not wanted).
+
+    The two addresses are plain integers (``ndarray.ctypes.data``,
+    ``Tensor.data_ptr()``): the caller keeps the buffers alive."""
     _fields_ = [("dropout_p", ctypes.c_float), ("flags", ctypes.c_uint32),
-                ("dropout_seed", ctypes.c_uint64), ("dropout_offset", ctypes.c_uint64)]
+                ("dropout_seed", ctypes.c_uint64), ("dropout_offset", ctypes.c_uint64),
+                ("window", ctypes.c_uint32), ("v_head_dim", ctypes.c_uint32),
+                ("sinks", ctypes.c_void_p), ("d_sinks", ctypes.c_void_p)]
 
     def __repr__(self):
         return (f"AttnOptions(dropout_p={self.dropout_p}, flags={self.flags:#x}, "
-                f"dropout_seed={self.dropout_seed}, dropout_offset={self.dropout_offset})")
+                f"dropout_seed={self.dropout_seed}, dropout_offset={self.dropout_offset}, "
+                f"window={self.window}, v_head_dim={self.v_head_dim}, "
+                f"sinks={self.sinks and hex(self.sinks)}, "
+                f"d_sinks={self.d_sinks and hex(self.d_sinks)})")
 
 
-assert ctypes.sizeof(AttnOptions) == 24
-assert AttnOptions.dropout_seed.offset == 8 and AttnOptions.dropout_offset.offset == 16
+# include/tilegrad.h: 48 bytes, these offsets
+_EXPECTED_OPTION_OFFSETS = {"dropout_p": 0, "flags": 4, "dropout_seed": 8, "dropout_offset": 16,
+                            "window": 24, "v_head_dim": 28, "sinks": 32, "d_sinks": 40}
+assert ctypes.sizeof(AttnOptions) == 48, ctypes.sizeof(AttnOptions)
+for _name, _off in _EXPECTED_OPTION_OFFSETS.items():
+    assert getattr(AttnOptions, _name).offset == _off, (_name, getattr(AttnOptions, _name).offset)
 
 
 def _set_strides(p, Q_strides=None, K_strides=None, V_strides=None, O_strides=None):

@@ -15,7 +15,8 @@ through a transport of our own:
   received while this one is computed.
 * backward: ``D_vec = rowsum(dO * O)`` once, locally; the backward kernel of
   one (query chunk, key chunk) pair needs only the global L and D_vec, so
-  the pairs are independent. The key/value chunks travel again; dQ sums
+  the pairs are independent (each is given the global L, which holds the
+  sink). The key/value chunks travel again; dQ sums
   locally; each chunk's dK/dV partial sum travels with it (every rank adds
   its part, computed into a fresh buffer while the previous ranks' sum is
   in flight) and arrives home after the last step.
@@ -24,6 +25,14 @@ through a transport of our own:
   without the mask, the diagonal pairs run causal with ``q_offset`` placing
   the query chunk against the key chunk. With ``layout="zigzag"`` (2N chunks,
   rank r holds chunks r and 2N-1-r) every rank does the same causal work.
+* window W: global position p sees keys at positions > p - W (and, causal,
+  <= p). A pair whose keys all lie before every query's window is skipped,
+  one the window's edge crosses runs with the window (``q_offset`` placing
+  the chunks as for causal), the others without.
+* sinks: e^{s_h} joins each row's denominator once: the chunks' partials are
+  merged without it, then the sink is merged as one more partial (O = 0,
+  L = s_h). Its gradient, -sum_i e^{s_h - L_i} rowsum(dO O)_i, is this
+  rank's rows' part (sum it over the group, as DDP does for parameters).
 
 Layouts (positions of the rows of a rank's local tensors, group ranks
 0..N-1): ``"contiguous"``: rank r holds the r-th chunk, chunks in rank
@@ -35,10 +44,12 @@ and :func:`ring_positions` (e.g. for rotary position ids) convert.
 
 Not supported: attention masks and dropout (the kernels number dropout's
 weights by their position in the local (qL, kL) problem, not the global
-one); double backward. docs/RING.md has the cost model and how to launch.
+one); a value head dim other than D; double backward. docs/RING.md has the
+cost model and how to launch.
 """
 import math
 import struct
+import zlib
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -46,7 +57,8 @@ import torch.distributed as dist
 
 from . import capi as _capi
 from ._torch_common import (_ATTN_DTYPES, _attn_params, _attn_precision_arg, _bhl_strides,
-                            _context, _inner_unit, _ptr, _threads_arg)
+                            _context, _inner_unit, _ptr, _sinks_arg, _sinks_grad,
+                            _threads_arg, _window_arg)
 
 __all__ = ["ring_attention", "ring_shard", "ring_unshard", "ring_positions", "LAYOUTS",
            "bytes_sent"]
@@ -147,10 +159,10 @@ class _Plan:
     """What both passes need: the group and its ring, every rank's segments,
     the kernels' scalar arguments."""
 
-    def __init__(self, group, rank, N, segs, causal, scale, softcap, dtype, threads,
+    def __init__(self, group, rank, N, segs, causal, scale, softcap, window, dtype, threads,
                  deterministic, attn_precision):
         self.group, self.rank, self.N, self.segs = group, rank, N, segs
-        self.causal, self.scale, self.softcap = causal, scale, softcap
+        self.causal, self.scale, self.softcap, self.window = causal, scale, softcap, window
         self.dt = _ATTN_DTYPES[dtype]
         self.threads, self.deterministic, self.ap = threads, deterministic, attn_precision
         world = group is None or group is dist.group.WORLD
@@ -162,19 +174,34 @@ class _Plan:
         return sum(n for _, n, _ in self.segs[r])
 
     def pairs(self, src: int):
-        """(query segment, key segment, causal, q_offset) of this rank's
-        queries against rank src's keys; fully masked pairs left out."""
+        """(query segment, key segment, causal, q_offset, window) of this
+        rank's queries against rank src's keys; fully masked pairs left out.
+        Local key k sees local query i: k <= i + q_offset (causal) and
+        k > i + q_offset - window (window > 0), q_offset = qg - kg."""
+        W = self.window
         for qs in self.segs[self.rank]:
             for ks in self.segs[src]:
                 (_, ql, qg), (_, kl, kg) = qs, ks
-                if not self.causal or kg + kl - 1 <= qg:     # every key visible
-                    yield qs, ks, False, 0
-                elif kg <= qg + ql - 1:                      # the diagonal crosses the pair
-                    yield qs, ks, True, qg - kg              # key k sees query i: k <= i + off
+                first_q, last_q, first_k, last_k = qg, qg + ql - 1, kg, kg + kl - 1
+                if self.causal and first_k > last_q:         # every key after every query
+                    continue
+                if W and last_k <= first_q - W:              # every key before every window
+                    continue
+                causal = self.causal and last_k > first_q    # the diagonal crosses the pair
+                win = W if W and first_k <= last_q - W else 0   # the window's edge crosses it
+                yield qs, ks, causal, qg - kg if causal or win else 0, win
 
 
 _META = ("B", "H", "H_kv", "D", "dtype", "causal", "layout", "scale", "softcap",
-         "attn_precision")
+         "attn_precision", "window", "sinks")
+
+
+def _sinks_digest(sinks: Optional[Tensor]) -> int:
+    """-1 without sinks, else the CRC-32 of their float32 bytes: the ranks
+    must hold the same sink logits."""
+    if sinks is None:
+        return -1
+    return zlib.crc32(sinks.detach().contiguous().numpy().tobytes())
 
 
 def _local_problem(q, k, v, dropout_p) -> Optional[str]:
@@ -187,7 +214,13 @@ def _local_problem(q, k, v, dropout_p) -> Optional[str]:
         return "q, k and v must be tensors"
     if any(t.device.type != "cpu" for t in (q, k, v)):
         return f"tilegrad runs on the CPU; got tensors on {q.device}, {k.device}, {v.device}"
-    if q.dim() != 4 or k.dim() != 4 or tuple(k.shape) != tuple(v.shape):
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        return (f"q [B, H, L, D], k and v [B, H_kv, L, D] expected; got {tuple(q.shape)}, "
+                f"{tuple(k.shape)}, {tuple(v.shape)}")
+    if tuple(k.shape[:3]) == tuple(v.shape[:3]) and k.shape[3] != v.shape[3]:
+        return (f"a value head dim of its own (v {tuple(v.shape)}, k {tuple(k.shape)}) is not "
+                "supported by ring_attention (tilegrad.torch.attention takes it)")
+    if tuple(k.shape) != tuple(v.shape):
         return (f"q [B, H, L, D], k and v [B, H_kv, L, D] expected; got {tuple(q.shape)}, "
                 f"{tuple(k.shape)}, {tuple(v.shape)}")
     if not (q.dtype == k.dtype == v.dtype) or q.dtype not in _ATTN_DTYPES:
@@ -218,11 +251,12 @@ def _describe(meta: Tensor) -> dict:
     d["causal"] = bool(d["causal"])
     for f in ("scale", "softcap"):
         d[f] = struct.unpack("<f", struct.pack("<i", d[f]))[0]
+    d["sinks"] = "none" if d["sinks"] == -1 else f"crc32 {d['sinks']:#010x}"
     return d
 
 
 def _plan(q, k, v, causal, scale, softcap, group, layout, dropout_p, threads, deterministic,
-          attn_precision) -> _Plan:
+          attn_precision, window, sinks) -> Tuple[_Plan, Optional[Tensor]]:
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError("ring_attention needs torch.distributed: call "
                            "torch.distributed.init_process_group('gloo') first (torchrun "
@@ -235,8 +269,10 @@ def _plan(q, k, v, causal, scale, softcap, group, layout, dropout_p, threads, de
         layout = _layout_arg(layout)
         ap = _attn_precision_arg(attn_precision)
         threads = _threads_arg(threads)
+        window = _window_arg(window)
         err = _local_problem(q, k, v, dropout_p)
         if err is None:
+            sinks = _sinks_arg(sinks, q.shape[1])
             D = q.shape[3]
             scale = float(1.0 / math.sqrt(D) if scale is None else scale)
             softcap = 1.0 if softcap is None else float(softcap)
@@ -246,7 +282,8 @@ def _plan(q, k, v, causal, scale, softcap, group, layout, dropout_p, threads, de
             vals = dict(B=q.shape[0], H=q.shape[1], H_kv=k.shape[1], D=D,
                         dtype=_ATTN_DTYPES[q.dtype], causal=int(bool(causal)),
                         layout=LAYOUTS.index(layout), scale=_f32_bits(scale),
-                        softcap=_f32_bits(softcap), attn_precision=ap)
+                        softcap=_f32_bits(softcap), attn_precision=ap, window=window,
+                        sinks=_sinks_digest(sinks))
             meta = [0] + [vals[n] for n in _META] + [q.shape[2]]
     except (ValueError, TypeError, OverflowError) as e:   # scale / softcap beyond float32 too
         err = str(e)
@@ -270,20 +307,20 @@ def _plan(q, k, v, causal, scale, softcap, group, layout, dropout_p, threads, de
                              f"{_describe(every[0][1:-1])}); every rank must call with the "
                              "same shapes (but the chunk length) and arguments")
     segs = _segments(layout, [int(e[-1]) for e in every])
-    return _Plan(group, rank, N, segs, bool(causal), scale, softcap, q.dtype, threads,
-                 bool(deterministic), ap)
+    return _Plan(group, rank, N, segs, bool(causal), scale, softcap, window, q.dtype, threads,
+                 bool(deterministic), ap), sinks
 
 
 # ---------------------------------------------------------------------------
 # the kernels of one (query segment, key segment) pair
 
-def _fwd_pair(ctx, plan, q, k, v, causal, q_offset) -> Tuple[Tensor, Tensor]:
+def _fwd_pair(ctx, plan, q, k, v, causal, q_offset, window) -> Tuple[Tensor, Tensor]:
     """q [B,H,ql,D], k/v [B,Hkv,kl,D] (views, unit inner stride) -> O f32
-    [B,H,ql,D], L f32 [B,H,ql]."""
+    [B,H,ql,D], L f32 [B,H,ql] (without the sinks)."""
     o = torch.empty(q.shape, dtype=torch.float32)
     lse = torch.empty(q.shape[:3], dtype=torch.float32)
     p = _attn_params(q, k, v, _bhl_strides(o), plan.scale, plan.softcap, q_offset)
-    opt = _capi.AttnOptions(flags=_capi.TG_ATTN_OPT_O_F32)
+    opt = _capi.AttnOptions(flags=_capi.TG_ATTN_OPT_O_F32, window=window)
     ctx.call("tg_attn_train_fwd", plan.dt, _ptr(q), _ptr(k), _ptr(v), _ptr(o), _ptr(lse), p,
              None, None, int(causal), opt)
     return o, lse
@@ -300,12 +337,26 @@ def _merge(o_acc: Tensor, l_acc: Tensor, o: Tensor, lse: Tensor) -> None:
     l_acc.copy_(l_new)
 
 
-def _bwd_pair(ctx, plan, q, k, v, lse, do, delta, dq, dk, dv, causal, q_offset) -> None:
+def _merge_sinks(o_acc: Tensor, l_acc: Tensor, sinks: Tensor) -> None:
+    """The sink as one more partial, (O = 0, L = s_h), merged once per row
+    into the whole sequence's (o_acc, l_acc); a NaN or +inf sink makes its
+    head's O and L NaN, as in the kernels."""
+    H = sinks.shape[0]
+    _merge(o_acc, l_acc, torch.zeros_like(o_acc), sinks.view(1, H, 1).expand(l_acc.shape))
+    bad = (torch.isnan(sinks) | torch.isposinf(sinks)).view(1, H, 1)
+    l_acc.masked_fill_(bad, math.nan)
+    o_acc.masked_fill_(bad.unsqueeze(-1), math.nan)
+
+
+def _bwd_pair(ctx, plan, q, k, v, lse, do, delta, dq, dk, dv, causal, q_offset,
+              window) -> None:
     """dq [B,H,ql,D] f32 written; dk, dv [B,Hkv,kl,D] f32 accumulate (all
-    contiguous); lse, delta [B,H,ql] contiguous (the global L and D_vec)."""
+    contiguous); lse, delta [B,H,ql] contiguous (the global L, sink
+    included, and D_vec)."""
     p = _attn_params(q, k, v, _bhl_strides(do), plan.scale, plan.softcap, q_offset)
+    opt = _capi.AttnOptions(window=window) if window else None
     ctx.call("tg_attn_train_bwd", plan.dt, _ptr(q), _ptr(k), _ptr(v), _ptr(lse), _ptr(do),
-             _ptr(delta), _ptr(dq), _ptr(dk), _ptr(dv), p, None, None, int(causal), None)
+             _ptr(delta), _ptr(dq), _ptr(dk), _ptr(dv), p, None, None, int(causal), opt)
 
 
 def _rows(t: Tensor, seg) -> Tensor:
@@ -325,8 +376,10 @@ def _irecv(plan, t: Tensor, tag: int):
     return dist.irecv(t, plan.prev, group=plan.group, tag=tag)
 
 
-def _ring_forward(q: Tensor, k: Tensor, v: Tensor, plan: _Plan) -> Tuple[Tensor, Tensor]:
-    """-> O [B,H,L,D] in q's dtype, L f32 [B,H,L] (the global logsumexp)."""
+def _ring_forward(q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor],
+                  plan: _Plan) -> Tuple[Tensor, Tensor]:
+    """-> O [B,H,L,D] in q's dtype, L f32 [B,H,L] (the global logsumexp,
+    the sink included)."""
     B, H, L, D = q.shape
     q = _inner_unit(q)
     o_acc = torch.zeros((B, H, L, D), dtype=torch.float32)
@@ -339,14 +392,16 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, plan: _Plan) -> Tuple[Tensor,
         if s < plan.N - 1:                        # the next chunk comes in meanwhile
             nxt = kv.new_empty((2, B, k.shape[1], plan.rows((src - 1) % plan.N), D))
             works = [_isend(plan, kv, s), _irecv(plan, nxt, s)]
-        for qs, ks, causal, off in plan.pairs(src):
+        for qs, ks, causal, off, win in plan.pairs(src):
             o, lse = _fwd_pair(ctx, plan, _rows(q, qs), _rows(kv[0], ks), _rows(kv[1], ks),
-                               causal, off)
+                               causal, off, win)
             _merge(_rows(o_acc, qs), _rows(l_acc, qs), o, lse)
         for w in works:
             w.wait()
         if works:
             kv = nxt
+    if sinks is not None:
+        _merge_sinks(o_acc, l_acc, sinks)
     return o_acc.to(q.dtype), l_acc
 
 
@@ -363,8 +418,9 @@ def _grad_views(g: Tensor, segs, B: int, Hkv: int, D: int):
 
 
 def _ring_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
-                   plan: _Plan) -> Tuple[Tensor, Tensor, Tensor]:
-    """-> dq, dk, dv of q's dtype (f32 sums rounded once)."""
+                   sinks: Optional[Tensor], plan: _Plan):
+    """-> dq, dk, dv of q's dtype (f32 sums rounded once), dsinks f32 [H]
+    (this rank's rows' part; None without sinks)."""
     B, H, L, D = q.shape
     Hkv, N, rank = k.shape[1], plan.N, plan.rank
     q, do, o = _inner_unit(q), do.contiguous(), o.contiguous()
@@ -394,10 +450,10 @@ def _ring_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: 
         # this rank's part, computed while the previous ranks' sum is in flight
         g = torch.zeros((2, B * Hkv * plan.rows(src) * D), dtype=torch.float32)
         views = _grad_views(g, plan.segs[src], B, Hkv, D)
-        for qs, ks, causal, off in plan.pairs(src):
+        for qs, ks, causal, off, win in plan.pairs(src):
             dq_part = torch.empty((B, H, qs[1], D), dtype=torch.float32)
             _bwd_pair(ctx, plan, _rows(q, qs), _rows(kv[0], ks), _rows(kv[1], ks), lse_of[qs],
-                      _rows(do, qs), delta_of[qs], dq_part, *views[ks], causal, off)
+                      _rows(do, qs), delta_of[qs], dq_part, *views[ks], causal, off, win)
             _rows(dq, qs).add_(dq_part)
         if g_in_work is not None:
             g_in_work.wait()
@@ -419,27 +475,29 @@ def _ring_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: 
     views = _grad_views(home, mine, B, Hkv, D)
     dk = torch.cat([views[s][0] for s in mine], 2)
     dv = torch.cat([views[s][1] for s in mine], 2)
-    return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype)
+    dsinks = None if sinks is None else _sinks_grad(sinks, lse, delta)
+    return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), dsinks
 
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, plan):
-        o, lse = _ring_forward(q, k, v, plan)
+    def forward(ctx, q, k, v, sinks, plan):
+        o, lse = _ring_forward(q, k, v, sinks, plan)
         ctx.plan = plan
-        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.save_for_backward(q, k, v, o, lse, sinks)
         return o
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _ring_backward(do.to(q.dtype), q, k, v, o, lse, ctx.plan)
-        return dq, dk, dv, None
+        q, k, v, o, lse, sinks = ctx.saved_tensors
+        dq, dk, dv, dsinks = _ring_backward(do.to(q.dtype), q, k, v, o, lse, sinks, ctx.plan)
+        return dq, dk, dv, dsinks, None
 
 
 def ring_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
                    scale: Optional[float] = None, softcap: Optional[float] = None, *,
                    group=None, layout: str = "contiguous", dropout_p: float = 0.0,
+                   window: Optional[int] = None, sinks: Optional[Tensor] = None,
                    attn_precision: str = "exact", threads: Optional[int] = None,
                    deterministic: bool = False) -> Tensor:
     """Context-parallel FA-2 attention: this rank's chunk of
@@ -453,15 +511,22 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
     chunk lengths; ``"zigzag"``, the balanced causal layout of
     :func:`ring_shard`). Every rank must call it, with the same B, H, H_kv,
     D, dtype and arguments; each gets its own rows of O (q's dtype).
-    causal: position p sees keys at positions <= p. scale default
-    ``1/sqrt(D)``; softcap, attn_precision, threads and deterministic as
-    :func:`tilegrad.torch.attention`. Gradients flow to q, k and v (the
-    backward runs the ring again, so every rank must run it).
+    causal: position p sees keys at positions <= p. window W: position p
+    sees keys at positions > p - W (transformers' ``sliding_window``; pairs
+    of chunks wholly outside it are skipped). sinks: ``[H]`` sink logits,
+    the same on every rank, as :func:`tilegrad.torch.attention`'s (each
+    row's denominator gets e^{s_h} once); their gradient on a rank is its
+    rows' part, to be summed over the group as any replicated parameter's.
+    scale default ``1/sqrt(D)``; softcap, attn_precision, threads and
+    deterministic as :func:`tilegrad.torch.attention`. Gradients flow to q,
+    k, v and sinks (the backward runs the ring again, so every rank must run
+    it).
 
     Results: O and the gradients are the single-process kernels' up to f32
     rounding (the (O, L) merge and the chunk order of the f32 sums); with one
     rank and the contiguous layout they are those kernels' bits.
-    Not supported (clear errors): masks, dropout_p != 0."""
-    plan = _plan(q, k, v, causal, scale, softcap, group, layout, dropout_p, threads,
-                 deterministic, attn_precision)
-    return _RingAttention.apply(q, k, v, plan)
+    Not supported (clear errors): masks, dropout_p != 0, a value head dim
+    other than D."""
+    plan, sinks = _plan(q, k, v, causal, scale, softcap, group, layout, dropout_p, threads,
+                        deterministic, attn_precision, window, sinks)
+    return _RingAttention.apply(q, k, v, sinks, plan)

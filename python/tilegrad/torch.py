@@ -6,13 +6,18 @@ autograd, so ``torch.compile(fullgraph=True)``, ``torch.export`` and
 ``torch.library.opcheck`` understand them:
 
 * ``tilegrad::attn_fwd(q, k, v, mask, causal, scale, softcap, q_offset,
-  dropout_p, seed, threads, deterministic, attn_precision) -> (o, lse)`` --
-  ``tg_attn_train_fwd`` on bfloat16 or float32 tensors (all of one dtype);
-  ``attn_precision`` is the ``tg_attn_precision`` value (0 exact, 1 split,
-  2 bf16; it matters for bfloat16 tensors only);
+  dropout_p, seed, threads, deterministic, attn_precision, window=0,
+  sinks=None) -> (o, lse)`` -- ``tg_attn_train_fwd`` on bfloat16 or float32
+  tensors (all of one dtype); v may have its own head dim Dv (o then has
+  Dv columns); ``attn_precision`` is the ``tg_attn_precision`` value
+  (0 exact, 1 split, 2 bf16; it matters for bfloat16 tensors only);
+  ``window`` the sliding window (0 = none), ``sinks`` None or float32 [H]
+  sink logits (lse then includes the sink);
 * ``tilegrad::attn_bwd(do, q, k, v, o, lse, mask, causal, scale, softcap,
-  q_offset, dropout_p, seed, threads, deterministic, attn_precision) ->
-  (dq, dk, dv)`` -- ``tg_attn_train_bwd_compute_d`` + ``tg_attn_train_bwd``;
+  q_offset, dropout_p, seed, threads, deterministic, attn_precision,
+  window=0, sinks=None) -> (dq, dk, dv, dsinks)`` --
+  ``tg_attn_train_bwd_compute_d`` + ``tg_attn_train_bwd``; dsinks float32
+  [H] (shape (0,) without sinks);
 * ``tilegrad::rms_norm_fwd(x, weight, eps, threads, deterministic) -> (y, r)``
   -- ``tg_rms_norm_forward_f32``;
 * ``tilegrad::rms_norm_bwd(dy, x, weight, r, threads, deterministic) ->
@@ -45,7 +50,7 @@ import torch
 from . import capi as _capi
 from ._torch_common import (_ATTN_DTYPES, ATTN_PRECISIONS, _attn_params,  # noqa: F401
                             _attn_precision_arg, _bhl_strides, _context, _inner_unit, _ptr,
-                            _threads_arg)
+                            _sinks_arg, _sinks_grad, _threads_arg, _window_arg)
 # context-parallel attention over torch.distributed, re-exported
 from .ring import ring_attention, ring_positions, ring_shard, ring_unshard
 
@@ -91,22 +96,48 @@ def _is_empty(q: Tensor, k: Tensor) -> bool:
     return q.numel() == 0 or k.shape[2] == 0
 
 
-def _need_shapes(op: str, q: Tensor, k: Tensor, v: Tensor, **like_q: Tensor) -> None:
+def _need_v_head_dim(where: str, D: int, Dv: int) -> None:
+    """A value head dim Dv other than D: both multiples of 8 in [8, 512]
+    (the kernels' rule; a Dv of 0 would mean D to them)."""
+    if Dv != D and not all(x % 8 == 0 and 8 <= x <= 512 for x in (D, Dv)):
+        raise NotImplementedError(
+            f"{where}: value head dim Dv = {Dv} != query/key head dim D = {D}: the kernels "
+            "take a Dv of its own when Dv and D are multiples of 8 from 8 to 512")
+
+
+def _need_shapes(op: str, q: Tensor, k: Tensor, v: Tensor, **like_o: Tensor) -> None:
     """Shape agreement the C kernels cannot see (they trust the params
     struct for every buffer's extent): checked on every op call, so a direct
-    torch.ops.tilegrad call cannot make a kernel read outside a tensor."""
-    if q.dim() != 4 or k.dim() != 4 or tuple(k.shape) != tuple(v.shape):
-        raise ValueError(f"{op}: q [B,H,qL,D], k and v [B,H_kv,kL,D] expected; got "
-                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    torch.ops.tilegrad call cannot make a kernel read outside a tensor.
+    like_o: o and do [B,H,qL,Dv], lse [B,H,qL]."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or tuple(k.shape[:3]) != tuple(v.shape[:3]):
+        raise ValueError(f"{op}: q [B,H,qL,D], k [B,H_kv,kL,D] and v [B,H_kv,kL,Dv] expected; "
+                         f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     B, H, qL, D = q.shape
     if k.shape[0] != B or k.shape[3] != D or (k.shape[1] == 0) != (H == 0) or \
             (H and H % k.shape[1]):
         raise ValueError(f"{op}: q {tuple(q.shape)} and k {tuple(k.shape)} disagree "
                          "(batch, head dim, or H not a multiple of H_kv)")
-    for name, t in like_q.items():
-        want = tuple(q.shape) if name != "lse" else (B, H, qL)
+    Dv = v.shape[3]
+    _need_v_head_dim(op, D, Dv)
+    for name, t in like_o.items():
+        want = (B, H, qL, Dv) if name != "lse" else (B, H, qL)
         if tuple(t.shape) != want:
             raise ValueError(f"{op}: {name} must have shape {want}, got {tuple(t.shape)}")
+
+
+def _need_window_sinks(op: str, window: int, sinks: Optional[Tensor], H: int) -> None:
+    """The ops' window (0 = none, else W >= 1; the C field is a uint32) and
+    sinks (None or float32 [H] on the CPU)."""
+    if not 0 <= window < 2 ** 32:
+        raise ValueError(f"{op}: window must be 0 (none) or in [1, 2^32), got {window}")
+    if sinks is None:
+        return
+    if sinks.dtype != torch.float32 or tuple(sinks.shape) != (H,) or \
+            sinks.device.type != "cpu":
+        raise ValueError(f"{op}: sinks must be a float32 CPU tensor of shape ({H},) (one "
+                         f"logit per query head); got {sinks.dtype} {tuple(sinks.shape)} on "
+                         f"{sinks.device}")
 
 
 def _need_dtype(op: str, dtype: torch.dtype, **ts: Optional[Tensor]) -> None:
@@ -137,39 +168,69 @@ def _need_attn_precision(op: str, attn_precision: int) -> int:
     return int(attn_precision)
 
 
-def _attn_options(dropout_p: float, seed: Optional[Tensor]) -> Optional["_capi.AttnOptions"]:
-    """tg_attn_options for dropout (None without): Philox key = the seed
-    tensor's value, drawn from torch's generator by the caller."""
-    if not dropout_p:
+def _attn_options(dropout_p: float, seed: Optional[Tensor], window: int = 0,
+                  v_head_dim: int = 0, sinks: Optional[Tensor] = None,
+                  d_sinks: Optional[Tensor] = None) -> Optional["_capi.AttnOptions"]:
+    """tg_attn_options (None when every field has its default): dropout with
+    Philox key = the seed tensor's value, drawn from torch's generator by the
+    caller; the window (0 = none); v_head_dim (0 = D); sinks and d_sinks,
+    contiguous float32 [H] tensors the caller keeps alive over the call."""
+    if not (dropout_p or window or v_head_dim or sinks is not None):
         return None
-    if seed is None or seed.numel() != 1 or seed.dtype != torch.int64:
-        raise ValueError(f"dropout_p = {dropout_p} needs seed, a one-element int64 tensor")
     opt = _capi.AttnOptions()
-    opt.dropout_p = float(dropout_p)
-    opt.dropout_seed = int(seed.item()) & (2 ** 64 - 1)
-    opt.dropout_offset = 0
+    if dropout_p:
+        if seed is None or seed.numel() != 1 or seed.dtype != torch.int64:
+            raise ValueError(f"dropout_p = {dropout_p} needs seed, a one-element int64 tensor")
+        opt.dropout_p = float(dropout_p)
+        opt.dropout_seed = int(seed.item()) & (2 ** 64 - 1)
+        opt.dropout_offset = 0
+    opt.window, opt.v_head_dim = int(window), int(v_head_dim)
+    if sinks is not None:
+        opt.sinks = sinks.data_ptr()
+        if d_sinks is not None:
+            opt.d_sinks = d_sinks.data_ptr()
     return opt
+
+
+def _no_key_outputs(o: Tensor, lse: Tensor, sinks: Optional[Tensor]) -> None:
+    """o, lse of rows that see no key (kL = 0): O = 0 and L = -inf, or with
+    sinks L = s_h; a NaN or +inf sink makes its head's O and L NaN (as the
+    kernels)."""
+    o.zero_()
+    if sinks is None:
+        lse.fill_(-math.inf)
+        return
+    bad = torch.isnan(sinks) | torch.isposinf(sinks)
+    H = sinks.shape[0]
+    lse.copy_(sinks.masked_fill(bad, math.nan).view(1, H, 1).expand(lse.shape))
+    o.masked_fill_(bad.view(1, H, 1, 1), math.nan)
 
 
 def _attn_fwd_impl(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], causal: bool,
                    scale: float, softcap: float, q_offset: int, dropout_p: float,
                    seed: Optional[Tensor], threads: int, deterministic: bool,
-                   attn_precision: int) -> Tuple[Tensor, Tensor]:
-    """q [B,H,qL,D], k/v [B,Hkv,kL,D], bfloat16 or float32 (one dtype; strided
-    views OK), mask None or of their dtype, 4-D broadcastable to
-    [B,H,qL,kL] (additive) -> o [B,H,qL,D] of their dtype, contiguous, lse f32
-    [B,H,qL] (-inf for a row that sees no key). dropout_p > 0: attention
-    weights dropped by the C library's Philox stream keyed by ``seed``.
-    attn_precision: the tg_attn_precision of O += P.V (bfloat16 only)."""
+                   attn_precision: int, window: int = 0,
+                   sinks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """q [B,H,qL,D], k [B,Hkv,kL,D], v [B,Hkv,kL,Dv], bfloat16 or float32 (one
+    dtype; strided views OK), mask None or of their dtype, 4-D broadcastable
+    to [B,H,qL,kL] (additive) -> o [B,H,qL,Dv] of their dtype, contiguous, lse
+    f32 [B,H,qL] (-inf for a row that sees no key; with sinks it includes
+    the sink). dropout_p > 0: attention weights dropped by the C library's
+    Philox stream keyed by ``seed``. attn_precision: the tg_attn_precision
+    of O += P.V (bfloat16 only). window W >= 1: key k visible to query i
+    iff k > i + q_offset - W (0: no window). sinks: None or float32 [H]."""
     dt = _need_attn_dtype("tilegrad::attn_fwd", q, k=k, v=v, mask=mask)
     _need_shapes("tilegrad::attn_fwd", q, k, v)
+    _need_window_sinks("tilegrad::attn_fwd", window, sinks, q.shape[1])
     ap = _need_attn_precision("tilegrad::attn_fwd", attn_precision)
     B, H, qL, D = q.shape
-    o = q.new_empty((B, H, qL, D))
+    Dv = v.shape[3]
+    o = q.new_empty((B, H, qL, Dv))
     lse = q.new_empty((B, H, qL), dtype=torch.float32)
-    if _is_empty(q, k):          # nothing to attend to: zeros, as PyTorch (L = -inf)
-        o.zero_()
-        lse.fill_(-math.inf)
+    if sinks is not None:
+        sinks = sinks.contiguous()
+    if _is_empty(q, k):          # nothing to attend to: zeros, as PyTorch (L = -inf or s_h)
+        _no_key_outputs(o, lse, sinks)
         return o, lse
     q, k, v = _inner_unit(q), _inner_unit(k), _inner_unit(v)
     p = _attn_params(q, k, v, _bhl_strides(o), scale, softcap, q_offset)
@@ -177,51 +238,63 @@ def _attn_fwd_impl(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], caus
     ctx = _context(threads, deterministic, ap)
     ctx.call("tg_attn_train_fwd", dt, _ptr(q), _ptr(k), _ptr(v), _ptr(o), _ptr(lse), p, mp,
              None if m is None else _ptr(m), 1 if causal else 0,
-             _attn_options(dropout_p, seed))
+             _attn_options(dropout_p, seed, window, Dv if Dv != D else 0, sinks))
     return o, lse
 
 
 def _attn_fwd_fake(q, k, v, mask, causal, scale, softcap, q_offset, dropout_p, seed, threads,
-                   deterministic, attn_precision):
-    B, H, qL, D = q.shape
-    return q.new_empty((B, H, qL, D)), q.new_empty((B, H, qL), dtype=torch.float32)
+                   deterministic, attn_precision, window=0, sinks=None):
+    B, H, qL, _ = q.shape
+    return (q.new_empty((B, H, qL, v.shape[3])),
+            q.new_empty((B, H, qL), dtype=torch.float32))
 
 
 def _attn_bwd_impl(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
                    mask: Optional[Tensor], causal: bool, scale: float, softcap: float,
                    q_offset: int, dropout_p: float, seed: Optional[Tensor], threads: int,
-                   deterministic: bool, attn_precision: int) -> Tuple[Tensor, Tensor, Tensor]:
+                   deterministic: bool, attn_precision: int, window: int = 0,
+                   sinks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """The FA-2 backward: dq, dk, dv of q's dtype, contiguous, shapes of q, k,
-    v (the kernel's f32 results, rounded once to bf16 (RNE) for bf16).
-    attn_precision: the tg_attn_precision of dQ += dS.K, dK += dS^T.Q and
-    dV += P^T.dO (bfloat16 only)."""
+    v (the kernel's f32 results, rounded once to bf16 (RNE) for bf16), and
+    dsinks, float32 [H] (the kernel's d_sinks, accumulated into zeros; shape
+    (0,) when sinks is None). attn_precision: the tg_attn_precision of
+    dQ += dS.K, dK += dS^T.Q and dV += P^T.dO (bfloat16 only)."""
     dt = _need_attn_dtype("tilegrad::attn_bwd", q, do=do, k=k, v=v, o=o, mask=mask)
     _need_dtype("tilegrad::attn_bwd", torch.float32, lse=lse)
     _need_shapes("tilegrad::attn_bwd", q, k, v, do=do, o=o, lse=lse)
+    _need_window_sinks("tilegrad::attn_bwd", window, sinks, q.shape[1])
     ap = _need_attn_precision("tilegrad::attn_bwd", attn_precision)
     B, H, qL, D = q.shape
+    Dv = v.shape[3]
+    dsinks = torch.zeros((H,) if sinks is not None else (0,), dtype=torch.float32)
     if _is_empty(q, k):
-        return q.new_zeros(q.shape), k.new_zeros(k.shape), v.new_zeros(v.shape)
+        if sinks is not None:                    # rows with the sink alone: O = 0 (or NaN)
+            delta = (o.float() * do.float()).sum(-1)
+            dsinks.copy_(_sinks_grad(sinks, lse, delta))
+        return q.new_zeros(q.shape), k.new_zeros(k.shape), v.new_zeros(v.shape), dsinks
     q, k, v = _inner_unit(q), _inner_unit(k), _inner_unit(v)
     do, o, lse = do.contiguous(), o.contiguous(), lse.contiguous()   # compute_d: contiguous
+    if sinks is not None:
+        sinks = sinks.contiguous()
     ctx = _context(threads, deterministic, ap)
     delta = lse.new_empty((B, H, qL))
-    ctx.call("tg_attn_train_bwd_compute_d", dt, _ptr(o), _ptr(do), _ptr(delta), B, H, qL, D)
+    ctx.call("tg_attn_train_bwd_compute_d", dt, _ptr(o), _ptr(do), _ptr(delta), B, H, qL, Dv)
     p = _attn_params(q, k, v, _bhl_strides(do), scale, softcap, q_offset)
     m, mp = _mask_args(mask, B, H, qL, k.shape[2])
     dq = torch.empty(q.shape, dtype=torch.float32)
-    dk = torch.zeros(k.shape, dtype=torch.float32)    # dK, dV accumulate
+    dk = torch.zeros(k.shape, dtype=torch.float32)    # dK, dV (and d_sinks) accumulate
     dv = torch.zeros(v.shape, dtype=torch.float32)
     ctx.call("tg_attn_train_bwd", dt, _ptr(q), _ptr(k), _ptr(v), _ptr(lse), _ptr(do),
              _ptr(delta), _ptr(dq), _ptr(dk), _ptr(dv), p, mp,
              None if m is None else _ptr(m), 1 if causal else 0,
-             _attn_options(dropout_p, seed))
-    return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype)
+             _attn_options(dropout_p, seed, window, Dv if Dv != D else 0, sinks, dsinks))
+    return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), dsinks
 
 
 def _attn_bwd_fake(do, q, k, v, o, lse, mask, causal, scale, softcap, q_offset, dropout_p,
-                   seed, threads, deterministic, attn_precision):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+                   seed, threads, deterministic, attn_precision, window=0, sinks=None):
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            q.new_empty((q.shape[1],) if sinks is not None else (0,), dtype=torch.float32))
 
 
 def _dropout_keep(dropout_p: float, seed: Tensor, B: int, H: int, qL: int,
@@ -312,11 +385,13 @@ def _reduce_to(g: Tensor, shape: Sequence[int]) -> Tensor:
 
 def _attn_dmask(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
                 mask: Tensor, causal: bool, scale: float, softcap: float,
-                q_offset: int, dropout_p: float, seed: Optional[Tensor]) -> Tensor:
+                q_offset: int, dropout_p: float, seed: Optional[Tensor],
+                window: int) -> Tensor:
     """dL/dS_masked = P * (dP - rowsum(O * dO)) for the additive mask (the
     C backward does not output dS): recomputed in f32 torch ops from the
-    saved tensors, [B, H, qL, kL] memory. P = exp(S - L) as the kernel's;
-    with dropout dP is taken through the kernels' keep flags and 1/(1-p)."""
+    saved tensors, [B, H, qL, kL] memory. P = exp(S - L) as the kernel's
+    (L holds the sink, if any); with dropout dP is taken through the
+    kernels' keep flags and 1/(1-p)."""
     if _is_empty(q, k):
         return torch.zeros(mask.shape, dtype=mask.dtype)
     g = q.shape[1] // k.shape[1]
@@ -327,9 +402,11 @@ def _attn_dmask(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Ten
         s = softcap * torch.tanh(s / softcap)
     s = s + mask.float()
     qL, kL = s.shape[-2], s.shape[-1]
+    keys, rows = torch.arange(kL).view(1, kL), torch.arange(qL).view(qL, 1) + q_offset
     if causal:
-        vis = torch.arange(kL).view(1, kL) <= torch.arange(qL).view(qL, 1) + q_offset
-        s = s.masked_fill(~vis, -math.inf)
+        s = s.masked_fill(keys > rows, -math.inf)
+    if window:
+        s = s.masked_fill(keys <= rows - window, -math.inf)
     L = lse.unsqueeze(-1)
     # a row that sees no key has L = -inf: P = 0 there (not exp(-inf + inf))
     p = torch.where(torch.isinf(L) & (L < 0), torch.zeros_like(s), torch.exp(s - L))
@@ -345,18 +422,21 @@ def _attn_dmask(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Ten
 
 
 def _attn_grads(attn_bwd, saved, args, do: Tensor, need: Sequence[bool]):
-    """(dq, dk, dv, dmask) from the saved (q, k, v, o, lse, mask) and the op's
-    scalar args; ``need`` = needs_input_grad of (q, k, v, mask)."""
-    q, k, v, o, lse, mask, seed = saved
-    causal, scale, softcap, q_offset, dropout_p, threads, deterministic, attn_precision = args
-    dq = dk = dv = dm = None
-    if need[0] or need[1] or need[2]:
-        dq, dk, dv = attn_bwd(do, q, k, v, o, lse, mask, causal, scale, softcap, q_offset,
-                              dropout_p, seed, threads, deterministic, attn_precision)
+    """(dq, dk, dv, dmask, dsinks) from the saved (q, k, v, o, lse, mask,
+    seed, sinks) and the op's scalar args; ``need`` = needs_input_grad of
+    (q, k, v, mask, sinks)."""
+    q, k, v, o, lse, mask, seed, sinks = saved
+    (causal, scale, softcap, q_offset, dropout_p, threads, deterministic, attn_precision,
+     window) = args
+    dq = dk = dv = dm = ds = None
+    if need[0] or need[1] or need[2] or need[4]:
+        dq, dk, dv, ds = attn_bwd(do, q, k, v, o, lse, mask, causal, scale, softcap, q_offset,
+                                  dropout_p, seed, threads, deterministic, attn_precision,
+                                  window, sinks)
     if need[3]:
         dm = _attn_dmask(do, q, k, v, o, lse, mask, causal, scale, softcap, q_offset,
-                         dropout_p, seed)
-    return dq, dk, dv, dm
+                         dropout_p, seed, window)
+    return dq, dk, dv, dm, ds if need[4] else None
 
 
 if HAVE_CUSTOM_OPS:
@@ -373,15 +453,20 @@ if HAVE_CUSTOM_OPS:
     rms_norm_bwd = _custom_op("rms_norm_bwd", _rms_bwd_impl, _rms_bwd_fake)
 
     def _attn_setup_context(ctx, inputs, output):
-        q, k, v, mask, causal, scale, softcap, q_offset, dropout_p, seed = inputs[:10]
-        # + (threads, deterministic, attn_precision)
-        ctx.args = (causal, scale, softcap, q_offset, dropout_p) + tuple(inputs[10:])
-        ctx.save_for_backward(q, k, v, output[0], output[1], mask, seed)
+        (q, k, v, mask, causal, scale, softcap, q_offset, dropout_p, seed, threads,
+         deterministic, attn_precision, window, sinks) = inputs
+        ctx.args = (causal, scale, softcap, q_offset, dropout_p, threads, deterministic,
+                    attn_precision, window)
+        ctx.save_for_backward(q, k, v, output[0], output[1], mask, seed, sinks)
 
     def _attn_backward(ctx, do, dlse):
-        dq, dk, dv, dm = _attn_grads(attn_bwd, ctx.saved_tensors, ctx.args, do,
-                                     ctx.needs_input_grad[:4])
-        return (dq, dk, dv, dm) + (None,) * 9
+        # the dispatcher drops trailing arguments equal to their defaults
+        # (window=0, sinks=None): needs_input_grad covers those passed, and
+        # autograd drops the trailing None gradients of the others
+        need = tuple(ctx.needs_input_grad) + (False,) * 15
+        dq, dk, dv, dm, ds = _attn_grads(attn_bwd, ctx.saved_tensors, ctx.args, do,
+                                         need[:4] + need[14:15])
+        return (dq, dk, dv, dm) + (None,) * 10 + (ds,)
 
     attn_fwd.register_autograd(_attn_backward, setup_context=_attn_setup_context)
 
@@ -401,9 +486,9 @@ if HAVE_CUSTOM_OPS:
     rms_norm_fwd.register_autograd(_rms_backward, setup_context=_rms_setup_context)
 
     def _attn_call(q, k, v, mask, causal, scale, softcap, q_offset, dropout_p, seed, threads,
-                   deterministic, attn_precision):
+                   deterministic, attn_precision, window, sinks):
         return attn_fwd(q, k, v, mask, causal, scale, softcap, q_offset, dropout_p, seed,
-                        threads, deterministic, attn_precision)[0]
+                        threads, deterministic, attn_precision, window, sinks)[0]
 
     def _rms_call(x, weight, eps, threads, deterministic):
         return rms_norm_fwd(x, weight, eps, threads, deterministic)[0]
@@ -414,19 +499,21 @@ else:  # PyTorch < 2.4: the same implementations behind autograd Functions
     class _AttnFunction(torch.autograd.Function):
         @staticmethod
         def forward(ctx, q, k, v, mask, causal, scale, softcap, q_offset, dropout_p, seed,
-                    threads, deterministic, attn_precision):
+                    threads, deterministic, attn_precision, window, sinks):
             o, lse = _attn_fwd_impl(q, k, v, mask, causal, scale, softcap, q_offset,
-                                    dropout_p, seed, threads, deterministic, attn_precision)
+                                    dropout_p, seed, threads, deterministic, attn_precision,
+                                    window, sinks)
             ctx.args = (causal, scale, softcap, q_offset, dropout_p, threads, deterministic,
-                        attn_precision)
-            ctx.save_for_backward(q, k, v, o, lse, mask, seed)
+                        attn_precision, window)
+            ctx.save_for_backward(q, k, v, o, lse, mask, seed, sinks)
             return o
 
         @staticmethod
         def backward(ctx, do):
-            g = _attn_grads(_attn_bwd_impl, ctx.saved_tensors, ctx.args, do,
-                            ctx.needs_input_grad[:4])
-            return g + (None,) * 9
+            need = ctx.needs_input_grad
+            dq, dk, dv, dm, ds = _attn_grads(_attn_bwd_impl, ctx.saved_tensors, ctx.args, do,
+                                             need[:4] + need[14:15])
+            return (dq, dk, dv, dm) + (None,) * 10 + (ds,)
 
     class _RMSFunction(torch.autograd.Function):
         @staticmethod
@@ -529,21 +616,31 @@ def _prepare_mask(mask, B: int, H: int, qL: int, kL: int,
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None,
               causal: bool = False, scale: Optional[float] = None,
               softcap: Optional[float] = None, q_offset: Optional[int] = None, *,
-              dropout_p: float = 0.0, precision: Optional[str] = None,
+              dropout_p: float = 0.0, window: Optional[int] = None,
+              sinks: Optional[Tensor] = None, precision: Optional[str] = None,
               attn_precision: str = "exact", threads: Optional[int] = None,
               deterministic: bool = False) -> Tensor:
     """FA-2 attention on the CPU: ``softmax(S) @ v`` with
     ``S = scale * q @ k^T`` (``softcap`` c: ``c*tanh(S/c)``), then the causal
-    limit and the additive mask.
+    limit, the sliding window and the additive mask.
 
-    q ``[B, H, qL, D]``; k, v ``[B, H_kv, kL, D]`` with H a multiple of H_kv
-    (GQA); D a multiple of 8 up to 512, the same for q, k and v. Strided
-    views with a unit innermost stride are used in place. mask: bool
+    q ``[B, H, qL, D]``; k ``[B, H_kv, kL, D]``, v ``[B, H_kv, kL, Dv]`` with
+    H a multiple of H_kv (GQA); D a multiple of 8 up to 512, and Dv = D or
+    its own multiple of 8 up to 512 (the output is ``[B, H, qL, Dv]``).
+    Strided views with a unit innermost stride are used in place. mask: bool
     (True = attend) or additive float, any shape broadcastable to
     ``[B, H, qL, kL]`` (in the compute dtype; a float mask that requires
     grad gets ``dL/dS``, summed over its broadcast dims). causal: key k
     visible to query i iff ``k <= i + q_offset``, default
     ``q_offset = kL - qL`` (bottom-right). scale default ``1/sqrt(D)``.
+    window W (an int >= 1; None = none): key k visible to query i iff
+    ``k > i + q_offset - W``, transformers' ``sliding_window`` (with causal:
+    the W keys up to and including the diagonal). sinks: None or a float
+    tensor ``[H]`` of per-head sink logits s_h (gpt-oss): ``e^{s_h}`` joins
+    each row's softmax denominator, ``O_i = sum_k e^{S_ik} v_k / (sum_k
+    e^{S_ik} + e^{s_h})`` (a row that sees no key gives 0); a sinks tensor
+    that requires grad gets its gradient (in its own dtype; the kernels
+    compute in float32).
     dropout_p: each attention weight is dropped with this probability and
     the kept ones scaled by ``1/(1 - dropout_p)``, as SDPA; the keep flags
     come from the C library's counter-based Philox stream, keyed by a value
@@ -582,12 +679,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None,
     cdtype = _compute_dtype(q.dtype, precision)
     ap = _attn_precision_arg(attn_precision)
     dropout_p = _dropout_p_arg(dropout_p)
+    window = _window_arg(window)
     B, H, qL, D = q.shape
     Bk, Hkv, kL, Dk = k.shape
-    if v.shape[-1] != D:
-        raise NotImplementedError(
-            f"value head dim {v.shape[-1]} != query/key head dim {D}: tilegrad's FA-2 "
-            "kernels take one head dim D (a multiple of 8, at most 512) for q, k and v")
+    sinks = _sinks_arg(sinks, H)
+    _need_v_head_dim("attention", D, v.shape[-1])
     if tuple(v.shape[:3]) != (Bk, Hkv, kL):
         raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must agree in batch, "
                          "heads and length")
@@ -596,7 +692,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None,
                          "head dim")
     if Hkv == 0 and H != 0 or Hkv and H % Hkv:
         raise ValueError(f"query heads H = {H} must be a multiple of kv heads {Hkv} (GQA)")
-    for n, x in (("B", B), ("H", H), ("qL", qL), ("kL", kL), ("D", D)):
+    for n, x in (("B", B), ("H", H), ("qL", qL), ("kL", kL), ("D", D), ("Dv", v.shape[-1])):
         if x > _I32_MAX:
             raise ValueError(f"{n} = {x} does not fit the kernels' int32")
     dtype = q.dtype
@@ -607,14 +703,17 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None,
     o = _attn_call(q, k, v, m, bool(causal), float(scale),
                    1.0 if softcap is None else float(softcap),
                    kL - qL if q_offset is None else int(q_offset), dropout_p,
-                   _dropout_seed(dropout_p), _threads_arg(threads), bool(deterministic), ap)
+                   _dropout_seed(dropout_p), _threads_arg(threads), bool(deterministic), ap,
+                   window, sinks)
     return o if dtype == cdtype else o.to(dtype)
 
 
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
                                  attn_mask: Optional[Tensor] = None, dropout_p: float = 0.0,
                                  is_causal: bool = False, scale: Optional[float] = None,
-                                 enable_gqa: bool = False, *, precision: Optional[str] = None,
+                                 enable_gqa: bool = False, *, window: Optional[int] = None,
+                                 sinks: Optional[Tensor] = None,
+                                 precision: Optional[str] = None,
                                  attn_precision: str = "exact",
                                  threads: Optional[int] = None,
                                  deterministic: bool = False) -> Tensor:
@@ -622,10 +721,14 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
     kernels: the same arguments and semantics (``is_causal`` top-left
     aligned, ``attn_mask`` bool = attend / float = additive, ``enable_gqa``),
     3-D ``[N, L, E]`` or 4-D ``[N, H, L, E]`` CPU tensors, ``dropout_p``
-    (applied whenever it is non-zero, as SDPA). ``precision`` (the compute
-    dtype) and ``attn_precision`` (exact / split / bf16 products with P and
-    dS, bf16 compute only) as :func:`attention`; other differences in
-    python/README.md."""
+    (applied whenever it is non-zero, as SDPA); value may have its own head
+    dim Ev (a multiple of 8; the output then has Ev columns, as SDPA).
+    ``window`` and ``sinks`` (``[H]``, H = 1 for 3-D inputs) as
+    :func:`attention`; the window counts back from the same diagonal as
+    the causal limit (``is_causal``: top-left, else bottom-right).
+    ``precision`` (the compute dtype) and ``attn_precision`` (exact / split
+    / bf16 products with P and dS, bf16 compute only) as :func:`attention`;
+    other differences in python/README.md."""
     _attn_precision_arg(attn_precision)          # refused before any reshaping
     if is_causal and attn_mask is not None:
         raise ValueError("give either attn_mask or is_causal, not both (as PyTorch)")
@@ -640,9 +743,9 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
         raise ValueError(f"query has {query.shape[1]} heads, key {key.shape[1]}: "
                          "pass enable_gqa=True for grouped-query attention")
     out = attention(query, key, value, mask=attn_mask, causal=is_causal, scale=scale,
-                    q_offset=0 if is_causal else None, dropout_p=dropout_p,
-                    precision=precision, attn_precision=attn_precision, threads=threads,
-                    deterministic=deterministic)
+                    q_offset=0 if is_causal else None, dropout_p=dropout_p, window=window,
+                    sinks=sinks, precision=precision, attn_precision=attn_precision,
+                    threads=threads, deterministic=deterministic)
     return out.squeeze(1) if squeeze else out
 
 

@@ -21,6 +21,7 @@
  * by metal_rewrite.cmake before compiling (documented in metal/README.md):
  *   `threadgroup T name[N];` in a kernel body -> MTL_TG_LOCAL(name, [N], T);
  *   `constant T name [[function_constant(i)]];` -> MTL_FUNCTION_CONSTANT(name, i, T);
+ *   `constant T name = <uses is_function_constant_defined>;` -> MTL_DERIVED_CONSTANT(name, T, ...);
  *   `[[threadgroup(n)]]` -> [[mtl_threadgroup_arg(n)]]
  */
 #define kernel
@@ -57,3 +58,10 @@
       ::mtl_sim::tg_local(&name##_mtl_key, sizeof(name##_mtl_type), alignof(name##_mtl_type)))
 #define MTL_FUNCTION_CONSTANT(name, idx, ...) \
   static const ::mtl_sim::FunctionConstant<__VA_ARGS__, idx> name {}
+/* A program-scope constant computed from function constants: its initializer
+ * runs at every use, so it sees the running dispatch's constants. */
+#define MTL_DERIVED_CONSTANT(name, T, ...)                    \
+  struct name##_mtl_derived {                                 \
+    operator T() const { return (__VA_ARGS__); }              \
+  };                                                          \
+  static const name##_mtl_derived name {}

@@ -5,6 +5,8 @@ using namespace metal;
 
 constant bool fc_flag [[function_constant(7)]];
 constant int fc_value [[function_constant(8)]];
+constant bool fc_optional [[function_constant(9)]];  // may be left unset: false
+constant bool fc_optional_on = is_function_constant_defined(fc_optional) && fc_optional;
 
 // out[g*n + t] = in[g*n + (n-1-t)]: needs the barrier between write and read.
 kernel void st_reverse(const device float *in [[buffer(0)]],
@@ -84,6 +86,12 @@ kernel void st_fc_dyn(device int *out [[buffer(0)]],
   scratch[t] = fc_flag ? fc_value + int(t) : -1;
   threadgroup_barrier(mem_flags::mem_threadgroup);
   out[t] = scratch[(t + 1) % n];
+}
+
+// An optional function constant through a derived program-scope constant.
+kernel void st_fc_optional(device int *out [[buffer(0)]],
+                           uint t [[thread_index_in_threadgroup]]) {
+  out[t] = fc_optional_on ? 1 : 0;
 }
 
 // More threadgroup memory than Metal allows (32 KiB).

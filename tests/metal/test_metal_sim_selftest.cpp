@@ -1,8 +1,9 @@
 /* The simulator's own semantics: barriers and threadgroup memory, the simd
  * functions (full and partial simdgroups), device atomics across parallel
- * threadgroups, function constants, [[threadgroup(n)]] memory, and the strict
- * checks (divergent barrier / simd op, early return, too much threadgroup
- * memory, a data race made visible by the shuffled schedule). */
+ * threadgroups, function constants (an optional one too), [[threadgroup(n)]]
+ * memory, and the strict checks (divergent barrier / simd op, early return,
+ * too much threadgroup memory, a data race made visible by the shuffled
+ * schedule). */
 #include "twin_test.h"
 
 namespace st {
@@ -115,6 +116,20 @@ static void test_strict() {
     for (int t = 0; t < 32; t++) ok &= io[t] == 1000 + (t + 1) % 32;
     tt::expect(ok, "function constants / threadgroup(0) memory: wrong values");
     if (ok) std::printf("  ok function constants 7, 8 and threadgroup(0) memory\n");
+  }
+  /* optional constant 9: unset, true, false -> 0, 1, 0 (at every use, so the
+   * same compiled kernel follows each dispatch's values) */
+  mtl_sim::Dispatch o;
+  o.grid(1, 1, 1).tg(32).buffer(0, io.p);
+  const int expected[3] = {0, 1, 0};
+  for (int step = 0; step < 3; step++) {
+    if (step > 0) o.constant(9, step == 1);
+    io.fill(-1);
+    if (!tt::run(o, [] { st::st_fc_optional(); }, "st_fc_optional")) break;
+    bool ok = true;
+    for (int t = 0; t < 32; t++) ok &= io[t] == expected[step];
+    tt::expect(ok, "optional function constant: wrong value");
+    if (ok && step == 2) std::printf("  ok optional function constant 9 (unset, true, false)\n");
   }
 }
 

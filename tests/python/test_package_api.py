@@ -759,7 +759,7 @@ def test_decode_reduce_and_fwht(lib, dctx):
 # attention with dropout through capi, the mask from tg_attn_dropout_keep.
 
 def test_capi_attn_float32_dropout(lib, dctx):
-    assert ctypes.sizeof(capi.AttnOptions) == 24
+    assert ctypes.sizeof(capi.AttnOptions) == 48
     rng = np.random.default_rng(18)
     B, H, Hk, L, D, p = 1, 2, 1, 40, 16, 0.3
     prm = capi.attn_params_init(B, H, Hk, L, L, D, 0.25, lib=lib)

@@ -39,6 +39,13 @@ error/tol (ring vs f64, 2 and 4 ranks), printed to stderr: bf16 O 0.88,
 dv 0.86 (the rounding term is a tight bound of a rounding), dq 0.49, dk
 0.56; float32 at most 0.005.
 
+Variants (``VARIANTS``: sliding window, sinks, both; causal and not; both
+layouts): O, dq, dk, dv and the sinks' gradient (each rank's part, summed
+over the ranks) against float64 autograd with test_torch_attn_variants'
+bounds (its ``ref_variants`` and ``bounds``), the same terms as above, and
+the single-process kernels within 2 tol. A sink merged once per chunk
+instead of once per row fails them.
+
 Also checked: a group of one rank (``group=`` a one-rank subgroup, the whole
 sequence on it) gives the single-process bits; a 2-rank subgroup of the
 4-rank world (group ranks differ from global ranks); the bytes sent per rank
@@ -59,6 +66,7 @@ torch = pytest.importorskip("torch", reason="the torch front needs PyTorch")
 import tilegrad.torch as tt  # noqa: E402
 from tilegrad import ring  # noqa: E402
 from test_torch_ddp import free_port, gloo_on_loopback  # noqa: E402
+from test_torch_attn_variants import bounds, ref_variants  # noqa: E402
 from test_torch_wrappers import F64, SAFETY, U32, UBF, check, ref_attention, \
     sum_group  # noqa: E402
 
@@ -79,6 +87,51 @@ CASES = {
     "bf16-causal-ragged-gqa": (torch.bfloat16, True, "contiguous", 1, 4, 2, 45, 8,
                                {2: [30, 15], 4: [12, 3, 20, 10]}, None, 0.5),
 }
+
+
+# name: dtype, causal, layout, B, H, H_kv, S, D, chunk lengths (contiguous;
+# None: even), window, sinks ("randn", "mixed": one head without a sink)
+VARIANTS = {
+    "f32-causal-zigzag-window-sinks": (torch.float32, True, "zigzag", 1, 4, 2, 70, 16, None,
+                                       9, "randn"),
+    "bf16-full-ragged-window": (torch.bfloat16, False, "contiguous", 1, 2, 1, 45, 16,
+                                {2: [30, 15], 4: [12, 3, 20, 10]}, 12, None),
+    "f32-causal-ragged-sinks": (torch.float32, True, "contiguous", 2, 2, 2, 41, 8,
+                                {2: [11, 30], 4: [10, 10, 11, 10]}, None, "mixed"),
+    "bf16-causal-zigzag-window": (torch.bfloat16, True, "zigzag", 1, 2, 2, 64, 32, None, 1,
+                                  "randn"),
+}
+
+
+def _variant_inputs(name):
+    """The whole-sequence q, k, v, dO and sinks (None or f32 [H]) of a variant."""
+    dtype, _, _, B, H, Hkv, S, D, _, _, skind = VARIANTS[name]
+    g = torch.Generator().manual_seed(sum(map(ord, name)))
+    mk = lambda h: torch.randn((B, h, S, D), generator=g).to(dtype)  # noqa: E731
+    q, k, v, do = mk(H), mk(Hkv), mk(Hkv), mk(H)
+    sinks = None
+    if skind is not None:
+        sinks = torch.randn(H, generator=g) * 2
+        if skind == "mixed":
+            sinks[0] = -math.inf
+    return q, k, v, do, sinks
+
+
+def _run_variant(name, N, r):
+    """This rank's (o, dq, dk, dv, its part of dsinks) of a variant."""
+    _, causal, layout, _, _, _, _, _, lens, W, _ = VARIANTS[name]
+    q, k, v, do, sinks = _variant_inputs(name)
+    if lens is None or N == 1:
+        q, k, v, do = (tt.ring_shard(x, N, r, layout) for x in (q, k, v, do))
+    else:
+        lo, hi = sum(lens[N][:r]), sum(lens[N][:r + 1])
+        q, k, v, do = (x[:, :, lo:hi] for x in (q, k, v, do))
+    q, k, v = (t.clone().requires_grad_(True) for t in (q, k, v))
+    if sinks is not None:
+        sinks.requires_grad_(True)
+    o = tt.ring_attention(q, k, v, causal=causal, layout=layout, window=W, sinks=sinks)
+    o.backward(do)
+    return o.detach(), q.grad, k.grad, v.grad, None if sinks is None else sinks.grad
 
 
 def _inputs(name):
@@ -141,6 +194,10 @@ def _errors(N, r):
     n = 10 + 3 * r
     out["zigzag"] = _catch(lambda: tt.ring_attention(q[:, :, :n], k[:, :, :n], v[:, :, :n],
                                                      causal=True, layout="zigzag"))
+    # a value head dim of its own, on every rank; sinks of the wrong shape
+    out["dv"] = _catch(lambda: tt.ring_attention(q, k, v[..., :16], layout="zigzag"))
+    out["sinks"] = _catch(lambda: tt.ring_attention(q, k, v, layout="zigzag",
+                                                    sinks=torch.zeros(3)))
     return out
 
 
@@ -168,6 +225,7 @@ def _worker(rank, N, port, out_dir, lib_path):
             pair = dist.new_group([1, 3])
             if rank in (1, 3):
                 res["pair"] = _run_case("f32-causal-zigzag-gqa4", 2, rank // 2, group=pair)
+        res["variants"] = {name: _run_variant(name, N, rank) for name in VARIANTS}
         res["errors"] = _errors(N, rank)
         torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
@@ -268,6 +326,9 @@ def _check_world(N, ranks):
               + ", ".join(f"{o} {max(x for k, x in mine.items() if k[1] == o):.2g}"
                           for o in ("O", "dq", "dk", "dv")), file=sys.stderr)
 
+    for name in VARIANTS:
+        _check_variant(N, ranks, name)
+
     # one-rank groups: the single-process kernels' bits
     name = "bf16-causal-ragged-gqa"
     single = _single(name, *_inputs(name))
@@ -284,6 +345,40 @@ def _check_world(N, ranks):
         else:
             assert e["dropout"].startswith("RuntimeError") and "[0]" in e["dropout"]
         assert "layout='zigzag'" in e["zigzag"], e["zigzag"]
+        assert e["dv"].startswith("ValueError") and "value head dim" in e["dv"], e["dv"]
+        assert e["sinks"].startswith("ValueError") and "shape (4,)" in e["sinks"], e["sinks"]
+
+
+def _check_variant(N, ranks, name):
+    """A window / sinks variant against float64 autograd and the single
+    process (module docstring)."""
+    dtype, causal, layout = VARIANTS[name][:3]
+    W = VARIANTS[name][9]
+    q, k, v, do, sinks = _variant_inputs(name)
+    parts = [r["variants"][name] for r in ranks]
+    ring_out = [tt.ring_unshard([p[j] for p in parts], layout) for j in range(4)]
+    if sinks is not None:
+        ring_out.append(sum(p[4] for p in parts))     # every rank's rows' part
+    scale = 1 / math.sqrt(q.shape[3])
+    # the single process, whole sequence
+    ts = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    s1 = None if sinks is None else sinks.clone().requires_grad_(True)
+    o1 = tt.attention(*ts, causal=causal, window=W, sinks=s1)
+    o1.backward(do)
+    single = [o1.detach()] + [t.grad for t in ts] + ([] if s1 is None else [s1.grad])
+    # float64 autograd
+    Q, K, V = (t.to(F64).requires_grad_(True) for t in (q, k, v))
+    S64 = None if sinks is None else sinks.to(F64).requires_grad_(True)
+    O, P, L, p_sink = ref_variants(Q, K, V, None, causal, scale, None, 0, W, S64)
+    O.backward(do.to(F64))
+    tol = bounds(Q, K, V, O, P, L, p_sink, do.to(F64), scale,
+                 UBF if dtype == torch.bfloat16 else U32)
+    refs = [O.detach(), Q.grad, K.grad, V.grad] + ([] if S64 is None else [S64.grad])
+    for what, a, b, ref in zip(("O", "dq", "dk", "dv", "dsinks"), ring_out, single, refs):
+        info = f"{N} ranks, variant {name}"
+        check(f"ring {what}", a, ref, tol[what], info)
+        check(f"single-process {what}", b, ref, tol[what], info)
+        check(f"ring - single-process {what}", a, b.to(F64), 2 * tol[what], info)
 
 
 def test_ring_two_ranks(tmp_path, lib):
@@ -310,6 +405,20 @@ def test_ring_needs_an_initialized_group():
     q = torch.zeros(1, 1, 4, 8)
     with pytest.raises(RuntimeError, match="init_process_group"):
         tt.ring_attention(q, q, q)
+
+
+def test_window_pairs_skip_chunks_outside_the_window():
+    """The (query chunk, key chunk) pairs a rank runs with a window: those
+    wholly before every query's window are skipped, the window passed only
+    where its edge crosses the pair, q_offset = query start - key start."""
+    segs = [[(0, 10, 10 * r)] for r in range(4)]       # contiguous, 10 rows each
+    plan = ring._Plan(None, 3, 4, segs, True, 0.25, 1.0, 5, torch.float32, 1, False, 0)
+    assert list(plan.pairs(0)) == [] and list(plan.pairs(1)) == []
+    assert list(plan.pairs(2)) == [((0, 10, 30), (0, 10, 20), False, 10, 5)]
+    assert list(plan.pairs(3)) == [((0, 10, 30), (0, 10, 30), True, 0, 5)]
+    wide = ring._Plan(None, 3, 4, segs, False, 0.25, 1.0, 25, torch.float32, 1, False, 0)
+    assert [p[2:] for s in range(4) for p in wide.pairs(s)] == \
+        [(False, 30, 25), (False, 20, 25), (False, 0, 0), (False, 0, 0)]
 
 
 def test_shard_unshard_round_trip():

@@ -8,7 +8,8 @@ same bf16 inputs (PyTorch 1.13 and 2.x):
   summed over its broadcast dims;
 * empty tensors in -> empty (or zero) tensors out, as PyTorch;
 * NaN in the inputs reaches the outputs (the C forward propagates it);
-* value head dim != query head dim: a clear error naming the limit
+* a value head dim of its own outside the kernels' (multiples of 8 up to
+  512): a clear error naming the limit
   (dtypes, precision= and dropout: test_torch_precision_dropout.py);
 * modules pickle and deepcopy; MultiHeadAttention's key_padding_mask.
 
@@ -251,10 +252,15 @@ def test_nan_in_grad_output_propagates():
     assert bool(torch.isnan(k.grad).any()) and bool(torch.isnan(v.grad).any())
 
 
-def test_value_head_dim_differs_is_a_clear_error():
-    q, k, v = bf(1, 2, 4, 16), bf(1, 2, 5, 16), bf(1, 2, 5, 32)
-    with pytest.raises(NotImplementedError, match=r"value head dim 32 != .* 16.*one head dim"):
-        tt.scaled_dot_product_attention(q, k, v)
+def test_value_head_dim_outside_the_kernels_is_a_clear_error():
+    """A value head dim of its own must be a multiple of 8 up to 512 (and D
+    too); refused before any kernel call (test_torch_attn_variants.py has
+    the supported ones against float64 autograd)."""
+    for D, Dv in ((16, 12), (16, 520), (12, 16), (16, 0)):
+        q, k, v = bf(1, 2, 4, D), bf(1, 2, 5, D), bf(1, 2, 5, Dv)
+        with pytest.raises(NotImplementedError,
+                           match=rf"Dv = {Dv} != query/key head dim D = {D}.*multiples of 8"):
+            tt.scaled_dot_product_attention(q, k, v)
 
 
 def test_modules_pickle_and_deepcopy():
