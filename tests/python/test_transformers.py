@@ -10,13 +10,18 @@ Gemma 3, gpt-oss and DeepSeek-V3.
   Gemma 2's softcap, gpt-oss's sinks (a parameter: its gradient is among
   those compared), DeepSeek-V3's MLA (q/k head dim 24 = 16 nope + 8 rope,
   v head dim 16: V is passed as it is);
-* bfloat16 (model in bf16): the same against "sdpa";
+* bfloat16 (model in bf16): the same against "sdpa" (eager where sdpa does
+  not compute the model: gpt-oss, Gemma 2's softcap);
 * the masks reach the kernels natively (no [qL, kL] tensor: a causal flag,
   the window, a [B, 1, 1, kL] padding mask), while a packed-sequence mask
   goes dense and still matches eager;
 * torch.compile(fullgraph=True) of forward + loss, then loss.backward(), with
   the "aot_eager" backend: no graph break, the eager gradients;
 * dropout in training mode, cached decoding, the RMSNorm swap, the refusals.
+
+The MoE families run their experts with transformers' "batched_mm"
+implementation (dense tensor ops: it compiles with fullgraph=True, which
+the default "grouped_mm" fallback and "eager", data-dependent, do not).
 
 Tolerances (float32). The two backends compute the same float32 math in
 another order: each attention output element is a softmax-weighted sum of
@@ -25,7 +30,8 @@ kL <= 37 terms, and a reordered sum of n float32 terms differs by at most
 two layers forward and the backward chain a few tens of such steps, so a
 difference of ~1e-5 of the tensor's scale is the worst expected. Stated
 bound: max |a - b| <= 1e-4 * max |b| per tensor (logits, loss, each
-gradient); measured worst ~1e-6 (see python/README.md).
+gradient); measured worst (AMD EPYC, AVX2): logits 1.4e-6, loss 8.5e-8,
+gradients 4.4e-6 (gpt-oss).
 
 Tolerances (bfloat16). Both backends run the whole model in bf16 (u =
 2^-8 relative per rounding), attention with float32 accumulation; where a
@@ -37,7 +43,9 @@ scale). A single gradient tensor can be a sum with heavy cancellation (a
 router bias: both backends ~25% from float32), so per tensor the backend
 must be as accurate as the reference against the float32 eager model:
 err(tilegrad) <= 2 err(reference) + 2^-7 (norm-wise; max-wise for the
-logits). Measured worst: logits 0.042, all gradients see the README.
+logits). Measured worst (AMD EPYC, AVX2): logits 0.019, all gradients
+0.021 against sdpa; gpt-oss against its coarser eager reference: see
+BF16_COARSE_REFERENCE.
 
 Skips when transformers (>= 5) is not importable, unless
 TG_REQUIRE_TRANSFORMERS=1 (CI's torch 2.9.1 venv), which makes that a
@@ -252,6 +260,11 @@ def test_variants_change_the_result():
 #: Gemma 2's attention softcap (logits 0.39 relative away from eager in
 #: float32 on this config), so both are checked against eager in bf16
 BF16_REFERENCE = {"gemma2": "eager", "gpt_oss": "eager"}
+#: gpt-oss's eager attention also takes its softmax in bf16 (each weight
+#: rounded, 2^-9 relative, before P.V), a coarser reference than sdpa's
+#: float32 softmax: the direct bounds against it are 2^-3 (measured: logits
+#: 0.042, all gradients 0.053; both backends are checked against float32 too)
+BF16_COARSE_REFERENCE = {"gpt_oss": 2.0 ** -3}
 #: in bf16 the MoE families route every token to every expert: top-2 of 4
 #: experts turns a bf16 ulp of difference into a switched expert (logits
 #: 0.19 relative apart on gpt-oss, both backends 0.54 from float32), which
@@ -269,11 +282,12 @@ def test_bfloat16_matches_sdpa(family, padding):
     ref = _run(_model(family, BF16_REFERENCE.get(family, "sdpa"), torch.bfloat16, **routing),
                ids, am, labels)
     exact = _run(_model(family, "eager", **routing), ids, am, labels)   # float32 reference
-    assert _max_rel(got[0], ref[0]) <= BF16_RTOL, "logits"
-    assert _max_rel(got[1], ref[1]) <= BF16_RTOL, "loss"
+    rtol = BF16_COARSE_REFERENCE.get(family, BF16_RTOL)
+    assert _max_rel(got[0], ref[0]) <= rtol, "logits"
+    assert _max_rel(got[1], ref[1]) <= rtol, "loss"
     names = sorted(ref[2])
     flat = [torch.cat([r[2][n].flatten() for n in names]) for r in (got, ref)]
-    assert _norm_rel(*flat) <= BF16_RTOL, "all gradients"
+    assert _norm_rel(*flat) <= rtol, "all gradients"
     # as accurate as the reference, against float32, logits and each gradient
     assert _max_rel(got[0], exact[0]) <= 2 * _max_rel(ref[0], exact[0]) + BF16_FLOOR
     for n in names:
