@@ -341,15 +341,59 @@ def test_packed_sequences_go_dense_and_match_eager(monkeypatch):
     assert len(spy.calls) == 2 and all(c["mask"] == (B, 1, L, L) and c["causal"] is False for c in spy.calls)
 
 
-def test_cached_generation_matches_eager():
-    """Greedy decoding with a dynamic cache (left-padded prompts): prefill and
-    one-token steps take the native path, same tokens as eager."""
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_cached_generation_matches_eager(cache, monkeypatch):
+    """Greedy decoding of left-padded prompts, 12 new tokens past the window
+    of 8: with a dynamic cache prefill and one-token steps take the native
+    path; a static cache's steps (its query offset a tensor) get
+    transformers' dense mask. Same tokens as eager."""
     ids, am, _ = _batch("left")
     ids, am = ids[:, :16], am[:, :16]
+    spy = _AttentionSpy(monkeypatch)
     outs = [_model("mistral", attn).generate(input_ids=ids, attention_mask=am,
-                                               max_new_tokens=12, do_sample=False)
+                                               max_new_tokens=12, do_sample=False,
+                                               cache_implementation=cache)
             for attn in ("tilegrad", "eager")]
     assert torch.equal(outs[0], outs[1])
+    calls = spy.calls
+    assert len(calls) == 2 * 12 and calls[0]["q"][2] == 16      # prefill, 11 steps
+    # prefill: [B, 1, 1, 16] padding + causal + window, in both caches (the
+    # static sliding layer hands back just the 16 new keys)
+    assert all(c["mask"] == (B, 1, 1, 16) and c["causal"] and c["window"] == WINDOW
+               for c in calls[:2])
+    if cache == "dynamic":      # the last 8 keys; padding left behind: no mask
+        assert all(c["mask"] in (None, (B, 1, 1, 8)) and c["causal"] and
+                   c["window"] == WINDOW for c in calls[2:])
+    else:                       # a tensor query offset: dense, no causal flag
+        assert all(c["mask"] == (B, 1, 1, 8) and not c["causal"] and c["window"] is None
+                   for c in calls[2:])
+
+
+@pytest.mark.skipif("gemma3" not in CONFIGS, reason="no Gemma 3 in this transformers")
+def test_bidirectional_gemma3_goes_dense_and_matches_eager(monkeypatch):
+    """use_bidirectional_attention: transformers' or-mask functions make the
+    masks (full, and |i - k| < W on sliding layers) no causal pattern: they
+    reach the kernels dense, with causal off, and match eager."""
+    spy = _AttentionSpy(monkeypatch)
+    ids, am, labels = _batch("right")
+    got = _run(_model("gemma3", "tilegrad", use_bidirectional_attention=True), ids, am, labels)
+    ref = _run(_model("gemma3", "eager", use_bidirectional_attention=True), ids, am, labels)
+    assert _max_rel(got[0], ref[0]) <= F32_RTOL
+    for name, g in ref[2].items():
+        assert _max_rel(got[2][name], g) <= F32_RTOL, name
+    assert len(spy.calls) == 2 and all(c["mask"] == (B, 1, L, L) and c["causal"] is False
+                                       and c["window"] is None for c in spy.calls)
+
+
+def test_from_pretrained(tmp_path):
+    """from_pretrained(..., attn_implementation="tilegrad") loads the weights
+    and runs the backend."""
+    _model("qwen2", "eager").save_pretrained(tmp_path)
+    ids = _batch("none")[0]
+    m = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="tilegrad")
+    assert m.config._attn_implementation == "tilegrad"
+    assert _max_rel(m(input_ids=ids).logits, _model("qwen2", "eager")(input_ids=ids).logits) \
+        <= F32_RTOL
 
 
 # ---------------------------------------------------------------------------
