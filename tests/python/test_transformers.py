@@ -177,10 +177,12 @@ def _run(model, ids, am, labels):
 
 
 def _max_rel(a, b):
+    a, b = a.detach(), b.detach()
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
 
 
 def _norm_rel(a, b):
+    a, b = a.detach(), b.detach()
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
