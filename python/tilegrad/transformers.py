@@ -166,10 +166,10 @@ def attention_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, k
     if not native:
         kwargs.pop("allow_is_bidirectional_skip", None)
         return _mu.sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length,
-                            q_offset=q_offset, kv_offset=kv_offset, mask_function=mask_function,
-                            attention_mask=attention_mask, local_size=local_size,
-                            allow_is_causal_skip=False, allow_is_bidirectional_skip=False,
-                            **kwargs)
+                             q_offset=q_offset, kv_offset=kv_offset, mask_function=mask_function,
+                             attention_mask=attention_mask, local_size=local_size,
+                             allow_is_causal_skip=False, allow_is_bidirectional_skip=False,
+                             **kwargs)
     if attention_mask is None:
         return None
     # attention_mask: bool [B, >= kv_offset + kv_length] over absolute key
