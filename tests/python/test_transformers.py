@@ -340,7 +340,8 @@ def test_packed_sequences_go_dense_and_match_eager(monkeypatch):
         m = _model("llama", attn)
         outs.append(m(input_ids=ids, position_ids=pos, use_cache=False).logits)
     assert _max_rel(outs[0], outs[1]) <= F32_RTOL
-    assert len(spy.calls) == 2 and all(c["mask"] == (B, 1, L, L) and c["causal"] is False for c in spy.calls)
+    assert len(spy.calls) == 2
+    assert all(c["mask"] == (B, 1, L, L) and c["causal"] is False for c in spy.calls)
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
