@@ -39,7 +39,8 @@ if [ -x "$prefix/bin/tilegrad" ]; then
 fi
 
 echo "-- 1. CMake package: find_package(tilegrad CONFIG REQUIRED)"
-cmake -S "$here" -B "$tmp/consumer-cmake" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+want=$(sed -n 's/^#define TG_VERSION_\(MAJOR\|MINOR\) \([0-9]*\)$/\2/p' "$src/include/tilegrad.h" | paste -sd.)
+cmake -S "$here" -B "$tmp/consumer-cmake" -DCMAKE_PREFIX_PATH="$prefix" -DTG_WANT_VERSION="$want" >/dev/null
 cmake --build "$tmp/consumer-cmake" >/dev/null
 "$tmp/consumer-cmake/consumer"   # CMake sets the build tree's rpath to the prefix
 
