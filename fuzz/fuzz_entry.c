@@ -297,15 +297,17 @@ static void retile(tg_attn_params *p) {
 typedef struct {
   unsigned allowed;             /* statuses the contract allows */
   int64_t eQ, eK, eV, eO, eM;   /* extents (elements); valid only when allowed == OK */
-  int64_t nq, nk, nrow, work;
+  int64_t nq, nk, nkv, nrow, work; /* dQ, dK, dV (Dv columns), rows, multiply-adds */
 } attn_plan;
 
+/* Dv: the value head dim (V, O, dO, dV columns; 0 = D), a valid one. */
 static attn_plan attn_oracle(const tg_attn_params *p, const tg_attn_mask_params *mp,
-                             int has_mask) {
+                             int has_mask, int64_t Dv) {
   attn_plan pl = {0};
   unsigned bad = 0;
   if (!p) return (attn_plan){.allowed = BIT(TG_ERR_NULL_ARG)};
   const int64_t B = p->B, H = p->H, D = p->D, qL = p->qL, kL = p->kL, g = p->gqa_factor;
+  if (!Dv) Dv = D;
   const int sizes_ok = B >= 1 && H >= 1 && D >= 1 && qL >= 1 && kL >= 1 && g >= 1;
   if (!sizes_ok) bad |= BIT(TG_ERR_BAD_SHAPE);
   if (g >= 1 && H % g != 0) bad |= BIT(TG_ERR_BAD_SHAPE);
@@ -333,15 +335,16 @@ static attn_plan attn_oracle(const tg_attn_params *p, const tg_attn_mask_params 
     if (neg) {
       bad |= BIT(TG_ERR_BAD_PARAMS);
     } else if (sizes_ok) {
-      *ext[k] = extent(S[k], B, heads[k], len[k], k == 4 ? kL : D);
+      *ext[k] = extent(S[k], B, heads[k], len[k], k == 4 ? kL : k == 2 || k == 3 ? Dv : D);
       if (*ext[k] < 0) bad |= BIT(TG_ERR_OVERFLOW);
     }
   }
   if (sizes_ok) {
-    const int64_t fq[4] = {B, H, qL, D}, fk[4] = {B, Hk, kL, D};
-    if (!bytes_fit(4, 4, fq) || !bytes_fit(4, 4, fk)) bad |= BIT(TG_ERR_OVERFLOW);
-    pl.nq = prod(4, fq), pl.nk = prod(4, fk);
-    const int64_t fr[3] = {B, H, qL}, fw[5] = {B, H, qL, kL, D};
+    const int64_t fq[4] = {B, H, qL, D}, fk[4] = {B, Hk, kL, D}, fv[4] = {B, Hk, kL, Dv};
+    if (!bytes_fit(4, 4, fq) || !bytes_fit(4, 4, fk) || !bytes_fit(4, 4, fv))
+      bad |= BIT(TG_ERR_OVERFLOW);
+    pl.nq = prod(4, fq), pl.nk = prod(4, fk), pl.nkv = prod(4, fv);
+    const int64_t fr[3] = {B, H, qL}, fw[5] = {B, H, qL, kL, D > Dv ? D : Dv};
     pl.nrow = prod(3, fr);
     pl.work = prod(5, fw);
   }
@@ -352,6 +355,8 @@ static attn_plan attn_oracle(const tg_attn_params *p, const tg_attn_mask_params 
 static void set_contig(int64_t s[3], int64_t heads, int64_t L, int64_t D) {
   s[2] = D, s[1] = L * D, s[0] = heads * L * D;
 }
+
+static int attn_value_dim(int D);
 
 /* Params: raw bytes, or a small valid problem with a few field mutations. */
 static void decode_params(rd *r, tg_attn_params *p, tg_attn_mask_params *mp, int *has_mask) {
@@ -379,20 +384,23 @@ static void decode_params(rd *r, tg_attn_params *p, tg_attn_mask_params *mp, int
   p->qL_off = (u8(r) & 3) == 0 ? (int32_t)((int64_t)pick_i32(r, 64) - 32) : kL - qL;
   retile(p);
   const uint8_t layout = u8(r);
+  const int Dv = attn_value_dim(D); /* V, O, dO columns */
   set_contig(p->Q_strides, p->H, qL, D);
-  set_contig(p->O_strides, p->H, qL, D);
+  set_contig(p->O_strides, p->H, qL, Dv);
   set_contig(p->K_strides, Hk, kL, D);
-  set_contig(p->V_strides, Hk, kL, D);
+  set_contig(p->V_strides, Hk, kL, Dv);
   if (layout & 1) { /* Q, O as [B, L, H, D] */
     const int64_t s[3] = {(int64_t)qL * p->H * D, D, (int64_t)p->H * D};
+    const int64_t o[3] = {(int64_t)qL * p->H * Dv, Dv, (int64_t)p->H * Dv};
     memcpy(p->Q_strides, s, sizeof s);
-    memcpy(p->O_strides, s, sizeof s);
+    memcpy(p->O_strides, o, sizeof o);
   }
   if (layout & 2) { /* K, V rows padded */
     const int64_t pad = 8 * (1 + (layout >> 4) % 3);
     const int64_t s[3] = {(int64_t)Hk * kL * (D + pad), kL * (D + pad), D + pad};
+    const int64_t v[3] = {(int64_t)Hk * kL * (Dv + pad), kL * (Dv + pad), Dv + pad};
     memcpy(p->K_strides, s, sizeof s);
-    memcpy(p->V_strides, s, sizeof s);
+    memcpy(p->V_strides, v, sizeof v);
   }
   if (layout & 4) p->K_strides[0] = p->V_strides[0] = 0; /* batch broadcast */
   mp->M_strides[2] = kL;
@@ -443,19 +451,48 @@ static void fill_mask(uint16_t *m, int64_t n) {
 /* The dtype entry points (tg_attn_train_*, entries 20 and 21): the element
  * type of Q, K, V, dO, O and the mask, and the options; `bad` when the
  * dtype or the options must be refused (TG_ERR_BAD_PARAMS, checked before
- * the params). Off (on = 0) for the bf16 contract entry points. */
+ * the params). Off (on = 0) for the bf16 contract entry points.
+ * The variants (read when the ext byte's high nibble is 1-14): a window,
+ * sinks [H] (an input), d_sinks [H] (an accumulated output of the
+ * backward; without sinks the backward must refuse it, TG_ERR_BAD_PARAMS),
+ * a value head dim: D given explicitly, another valid one (V, O, dO, dV
+ * with those columns), or one the contract refuses (TG_ERR_UNSUPPORTED).
+ * Their checks' order against the params' is not specified: a refusal they
+ * call for may come as any status the params call for too. */
 static struct {
   int on, bad;
   tg_dtype dtype;
   size_t es; /* element bytes of the typed tensors */
   tg_attn_options opt;
   const tg_attn_options *optp;
+  int sinks, d_sinks;  /* buffers given */
+  int vdim_sel;        /* 0 none, 1 = D, 2 vdim (valid), 3 vdim (refused) */
+  uint32_t vdim;
 } ext;
+
+/* The value head dim the harness lays V, O, dO out with. */
+static int attn_value_dim(int D) {
+  return ext.on && ext.vdim_sel == 2 ? (int)ext.vdim : D;
+}
+
+static void decode_variants(rd *r) {
+  const uint8_t v = u8(r);
+  if (v & 1) ext.opt.window = (v & 32) ? 1 + u8(r) % 64 : u32(r);
+  ext.sinks = (v >> 1) & 1;
+  ext.d_sinks = (v >> 2) & 1;
+  ext.vdim_sel = (v >> 3) & 3;
+  static const uint32_t valid[5] = {8, 16, 64, 128, 512};
+  static const uint32_t refused[6] = {4, 12, 520, 1, 1024, UINT32_MAX};
+  if (ext.vdim_sel == 2) ext.vdim = valid[u8(r) % 5];
+  if (ext.vdim_sel == 3) ext.vdim = (u8(r) & 1) ? refused[u8(r) % 6] : u32(r) | 1;
+}
 
 static void decode_ext(rd *r) {
   const uint8_t e = u8(r);
   ext.on = 1;
   ext.bad = 0;
+  ext.sinks = ext.d_sinks = ext.vdim_sel = 0;
+  ext.vdim = 0;
   ext.dtype = (e & 1) ? TG_DTYPE_F32 : TG_DTYPE_BF16;
   memset(&ext.opt, 0, sizeof ext.opt);
   ext.optp = &ext.opt;
@@ -474,6 +511,10 @@ static void decode_ext(rd *r) {
   }
   if ((e >> 4) == 15) ext.dtype = (tg_dtype)(2 + u8(r) % 3), ext.bad = 1;
   ext.es = ext.dtype == TG_DTYPE_BF16 ? 2 : 4; /* a bad dtype: 4, the larger */
+  if ((e >> 4) >= 1 && (e >> 4) <= 14) {
+    decode_variants(r);
+    ext.optp = &ext.opt; /* the options carry them, whatever the mode said */
+  }
 }
 
 /* Typed tensors: fill and finiteness by ext's element type (bf16 when off). */
@@ -577,21 +618,32 @@ static void fuzz_attention(rd *r, tg_ctx *ctx, int which, uint8_t flags, int thr
   const int give_p = (ptrsel & 0xF0) != 0xF0;
   const int give_mp = has_mask ? ((ptrsel & 0x0C) != 0x0C) : ((ptrsel & 0x0C) == 0x04);
   const int give_mask = has_mask;
-  attn_plan pl = attn_oracle(give_p ? &p : NULL, give_mp ? &mp : NULL, give_mask);
+  const int64_t Dv = ext.on && ext.vdim_sel == 2 ? ext.vdim : 0;
+  attn_plan pl = attn_oracle(give_p ? &p : NULL, give_mp ? &mp : NULL, give_mask, Dv);
   /* NULL buffers: ptrsel low bits pick one (0 = none) */
   const int nptr = which == 0 ? 5 : 9;
   const int nullsel = (ptrsel & 0x03) == 0x03 ? 1 + u8(r) % nptr : 0;
   /* the dtype entry points check the dtype and options before the params */
   if (ext.on && ext.bad) pl.allowed = BIT(TG_ERR_BAD_PARAMS);
+  if (ext.on && ext.vdim_sel == 1) ext.opt.v_head_dim = (uint32_t)p.D; /* as 0 */
+  if (ext.on && ext.vdim_sel >= 2) ext.opt.v_head_dim = ext.vdim;
+  /* refused: the value head dim drawn so, or D passed as one where D itself
+   * is no valid head dim (then the params are refused anyway) */
+  if (ext.on && (ext.vdim_sel == 3 ||
+                 (ext.vdim_sel == 1 && !(p.D >= 8 && p.D % 8 == 0 && p.D <= 512))))
+    pl.allowed = (pl.allowed & ~BIT(TG_OK)) | BIT(TG_ERR_UNSUPPORTED);
+  if (ext.on && which == 1 && ext.d_sinks && !ext.sinks)
+    pl.allowed = (pl.allowed & ~BIT(TG_OK)) | BIT(TG_ERR_BAD_PARAMS);
   if (nullsel) pl.allowed = (pl.allowed & ~BIT(TG_OK)) | BIT(TG_ERR_NULL_ARG);
   const size_t es = ext.on ? ext.es : 2;
   if (pl.allowed == BIT(TG_OK)) { /* must succeed: exact buffers, if small enough */
     if (!fits(pl.eQ, es) || !fits(pl.eK, es) || !fits(pl.eV, es) || !fits(pl.eO, es) ||
-        !fits(pl.eM, es) || !fits(pl.nq, 4) || !fits(pl.nk, 4) || pl.work > WORK_CAP)
+        !fits(pl.eM, es) || !fits(pl.nq, 4) || !fits(pl.nk, 4) || !fits(pl.nkv, 4) ||
+        pl.work > WORK_CAP)
       return;
   } else {
     pl.eQ = pl.eK = pl.eV = pl.eO = pl.eM = 64;
-    pl.nq = pl.nk = pl.nrow = 64;
+    pl.nq = pl.nk = pl.nkv = pl.nrow = 64;
   }
   if (pl.nrow < 1) pl.nrow = 64;
   void *Q = buf(pl.eQ, es, 0), *K = buf(pl.eK, es, 0), *V = buf(pl.eV, es, 0);
@@ -601,6 +653,17 @@ static void fuzz_attention(rd *r, tg_ctx *ctx, int which, uint8_t flags, int thr
   const tg_attn_params *pp = give_p ? &p : NULL;
   const tg_attn_mask_params *mpp = give_mp ? &mp : NULL;
   tg_status st;
+  /* sinks [H] (finite, a quarter -inf: no sink) and d_sinks [H]: exact
+   * where the call must succeed, else capped as every buffer (buf) */
+  const int64_t nh = p.H < 1 ? 1 : p.H < TG_FUZZ_CAP / 4 ? p.H : TG_FUZZ_CAP / 4;
+  ext.opt.sinks = NULL, ext.opt.d_sinks = NULL;
+  if (ext.on && ext.sinks) {
+    float *sk = buf(nh, 4, 0);
+    fill_f32(sk, nh, -4, 4);
+    for (int64_t h = 0; h < nh && !raw_data; h++)
+      if (uni(0, 1) < 0.25f) sk[h] = -INFINITY;
+    ext.opt.sinks = sk;
+  }
 
   if (which == 0) { /* forward: O via O_strides, L */
     char *O = buf(pl.eO, es, 1);
@@ -622,7 +685,7 @@ static void fuzz_attention(rd *r, tg_ctx *ctx, int which, uint8_t flags, int thr
           for (int64_t i = 0; i < p.qL; i++)
             if (!finite_typed(O + (b * p.O_strides[0] + h * p.O_strides[1] +
                                    i * p.O_strides[2]) * (int64_t)es,
-                              p.D))
+                              Dv ? Dv : p.D))
               FINDING("O row (%lld, %lld, %lld) not finite", (long long)b, (long long)h,
                       (long long)i);
     }
@@ -630,11 +693,13 @@ static void fuzz_attention(rd *r, tg_ctx *ctx, int which, uint8_t flags, int thr
   }
   /* backward */
   void *dO = buf(pl.eO, es, 0);
-  float *L = buf(pl.nrow, 4, 0), *Dv = buf(pl.nrow, 4, 0);
-  float *dQ = buf(pl.nq, 4, 1), *dK = buf(pl.nk, 4, 1), *dV = buf(pl.nk, 4, 1);
+  float *L = buf(pl.nrow, 4, 0), *Dvec = buf(pl.nrow, 4, 0);
+  float *d_sinks = ext.on && ext.d_sinks ? buf(nh, 4, 1) : NULL;
+  if (d_sinks) fill_f32(d_sinks, nh, -1, 1);
+  float *dQ = buf(pl.nq, 4, 1), *dK = buf(pl.nk, 4, 1), *dV = buf(pl.nkv, 4, 1);
   fill_typed(dO, pl.eO, -1, 1);
-  fill_f32(Dv, pl.nrow, -1, 1);
-  fill_f32(dQ, pl.nq, -1, 1), fill_f32(dK, pl.nk, -1, 1), fill_f32(dV, pl.nk, -1, 1);
+  fill_f32(Dvec, pl.nrow, -1, 1);
+  fill_f32(dQ, pl.nq, -1, 1), fill_f32(dK, pl.nk, -1, 1), fill_f32(dV, pl.nkv, -1, 1);
   int chained = 0; /* L from the forward: P <= 1, the gradients are finite */
   if (pl.allowed == BIT(TG_OK) && !nullsel && (flags & 0x08) && fits(pl.eO, es)) {
     void *O = malloc((size_t)pl.eO * es);
@@ -648,31 +713,35 @@ static void fuzz_attention(rd *r, tg_ctx *ctx, int which, uint8_t flags, int thr
     fill_f32(L, pl.nrow, -4, 4);
   }
   snapshot();
-  void *a[9] = {Q, K, V, L, dO, Dv, dQ, dK, dV};
+  ext.opt.d_sinks = d_sinks;
+  void *a[9] = {Q, K, V, L, dO, Dvec, dQ, dK, dV};
   if (nullsel) a[nullsel - 1] = NULL;
   if (flags & 0x10) check(NULL, call_bwd(NULL, a, pp, mpp, mask, causal), BIT(TG_ERR_NULL_ARG));
   st = call_bwd(ctx, a, pp, mpp, mask, causal);
   check(ctx, st, pl.allowed);
   if (st != TG_OK) return;
   if (chained && tame_attn(&p) &&
-      (!finite_f32(dQ, pl.nq) || !finite_f32(dK, pl.nk) || !finite_f32(dV, pl.nk)))
+      (!finite_f32(dQ, pl.nq) || !finite_f32(dK, pl.nk) || !finite_f32(dV, pl.nkv) ||
+       (d_sinks && !finite_f32(d_sinks, nh))))
     FINDING("backward gradients not finite (tame inputs, L from the forward)");
   if (flags & 0x01) { /* deterministic: another thread count, same bits */
     float *q2 = malloc((size_t)pl.nq * 4), *k2 = malloc((size_t)pl.nk * 4),
-          *v2 = malloc((size_t)pl.nk * 4);
+          *v2 = malloc((size_t)pl.nkv * 4), *s2 = d_sinks ? malloc((size_t)nh * 4) : NULL;
     memcpy(q2, bufs[nbufs - 3].snap, (size_t)pl.nq * 4);
     memcpy(k2, bufs[nbufs - 2].snap, (size_t)pl.nk * 4);
-    memcpy(v2, bufs[nbufs - 1].snap, (size_t)pl.nk * 4);
+    memcpy(v2, bufs[nbufs - 1].snap, (size_t)pl.nkv * 4);
+    if (s2) memcpy(s2, bufs[nbufs - 4].snap, (size_t)nh * 4); /* d_sinks' */
+    ext.opt.d_sinks = s2;
     tg_ctx *c2 = new_ctx(threads % 3 + 1, 1, flags & 0x04);
-    void *const a2[9] = {Q, K, V, L, dO, Dv, q2, k2, v2};
+    void *const a2[9] = {Q, K, V, L, dO, Dvec, q2, k2, v2};
     if (call_bwd(c2, a2, pp, mpp, mask, causal) != TG_OK)
       FINDING("second deterministic run refused");
     if (memcmp(q2, dQ, (size_t)pl.nq * 4) || memcmp(k2, dK, (size_t)pl.nk * 4) ||
-        memcmp(v2, dV, (size_t)pl.nk * 4))
+        memcmp(v2, dV, (size_t)pl.nkv * 4) || (s2 && memcmp(s2, d_sinks, (size_t)nh * 4)))
       FINDING("deterministic backward differs between %d and %d threads", threads,
               threads % 3 + 1);
     tg_ctx_destroy(c2);
-    free(q2), free(k2), free(v2);
+    free(q2), free(k2), free(v2), free(s2);
   }
 }
 

@@ -80,11 +80,28 @@ seeds["fwd_raw_struct"] = head(FWD) + bytes([0]) + bytes(range(160)) + bytes(24)
 seeds["compute_d"] = head(CD) + attn(B=2, Hk=2, g=1, qL=33, kL=5, Dsel=4)
 
 
-def ext(f32=1, mode=0, extra=b""):
+def ext(f32=1, mode=0, extra=b"", var=None):
     """decode_ext's byte: bit 0 float32, bits 1-3 the options mode (0 NULL,
     1 p = 0, 2-3 dropout (then p byte, seed, offset), 4-7 bad options),
-    bits 4-7 = 15: a bad dtype."""
-    return bytes([f32 | mode << 1]) + extra
+    bits 4-7 = 15: a bad dtype, 1-14: the variants' bytes follow (var)."""
+    return bytes([f32 | mode << 1 | (0x10 if var is not None else 0)]) + extra + (var or b"")
+
+
+def variants(window=None, sinks=0, d_sinks=0, vdim_sel=0, vdim=b""):
+    """decode_variants: bit 0 window (bit 5: 1 + byte % 64, else any u32),
+    bit 1 sinks, bit 2 d_sinks, bits 3-4 the value head dim (0 none, 1 = D,
+    2 valid: byte % 5 of 8 16 64 128 512, 3 refused: odd byte, then byte % 6
+    of 4 12 520 1 1024 2^32-1; even byte, then any odd u32)."""
+    v = sinks << 1 | d_sinks << 2 | vdim_sel << 3
+    w = b""
+    if window is not None:
+        v |= 1
+        if window <= 64:
+            v |= 32
+            w = bytes([window - 1])
+        else:
+            w = struct.pack("<I", window)
+    return bytes([v]) + w + vdim
 
 
 DROP = bytes([77]) + struct.pack("<QQ", 0x1234_5678_9ABC_DEF0, 5)
@@ -94,6 +111,19 @@ seeds["xbwd_f32_chain_dropout"] = head(XBWD, 9, 3) + ext(mode=2, extra=DROP) + a
 seeds["xbwd_bf16_dropout_atomic"] = head(XBWD, 8 | 32, 2) + ext(0, 3, DROP) + attn(qL=70, kL=33)
 seeds["xbwd_bad_p"] = head(XBWD) + ext(mode=4) + attn()
 seeds["xfwd_bad_dtype"] = head(XFWD) + bytes([0xF0, 1]) + attn()
+# the variants: window, sinks, d_sinks, value head dim (valid and refused)
+seeds["xfwd_f32_variants"] = head(XFWD) + ext(var=variants(9, 1, 0, 2, bytes([2]))) \
+    + attn(mask=1, causal=1, qL=50, kL=70)
+seeds["xbwd_f32_variants_chain_det"] = head(XBWD, 9, 3) \
+    + ext(var=variants(5, 1, 1, 2, bytes([0]))) + attn(mask=1, B=1, Hk=1, g=2)
+seeds["xbwd_bf16_variants_atomic"] = head(XBWD, 8 | 32, 2) \
+    + ext(0, 1, var=variants(0xFFFFFFFF, 1, 1, 1)) + attn(qL=70, kL=33, causal=1)
+seeds["xbwd_window_key_ranges"] = head(XBWD, 9, 2) + ext(mode=2, extra=DROP,
+                                                          var=variants(64, 1, 1)) \
+    + attn(mask=1, B=1, Hk=1, g=1, qL=30, kL=520, causal=1)
+seeds["xbwd_d_sinks_without_sinks"] = head(XBWD) + ext(var=variants(d_sinks=1)) + attn()
+seeds["xfwd_bad_v_head_dim"] = head(XFWD) + ext(var=variants(vdim_sel=3, vdim=bytes([1, 2]))) \
+    + attn()
 seeds["xcompute_d_f32"] = head(XCD) + ext() + attn(B=2, Hk=2, g=1, qL=33, kL=5, Dsel=4)
 
 # row kernels: rows, dim, eps choice, [eps], NULL selector

@@ -196,7 +196,11 @@ static inline int64_t tg_attn_bq(const tg_attn_problem *pr, const tg_isa_ops *op
                                                                      : ops->attn_bq;
 }
 static inline int64_t tg_attn_bk(const tg_attn_problem *pr, const tg_isa_ops *ops) {
-  return tg_attn_bf16_tiles(pr, ops) ? ops->attn_bk_bf16 : ops->attn_bk;
+  /* A window's two edges cross up to (BQ + BK) / W more rows than its band:
+   * with windows the plain key tile measured 8-13% faster in the bf16-mode
+   * backward on the 16-core Xeon (L 16384, W 512 and 1024, 2 threads; equal
+   * at 16 threads; bench/results/xeon16-amx/window/README.md). */
+  return tg_attn_bf16_tiles(pr, ops) && !pr->window ? ops->attn_bk_bf16 : ops->attn_bk;
 }
 
 /* TG_PRODUCTS_F32_ROUNDED: x [rows, cols] (stride ld) rounded to bf16 in place. */

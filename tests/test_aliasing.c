@@ -21,6 +21,9 @@
  *     an all -inf row, several chunks per row and the streaming path); the
  *     cast in place at 1, 2 and 3 threads, at sizes from 1 to many doubling
  *     rounds, odd ones included;
+ *     The attention variants' buffers are among them (tg_attn_train_fwd and
+ *     _bwd in f32 with a window, Dv != D, sinks an input and d_sinks an
+ *     output of the backward);
  *  4. the attention extents: inputs may overlap inputs (K == V; Q, K, V
  *     interleaved in one buffer give the bits of separate copies), an output
  *     interleaved with the inputs is refused (judged by extent);
@@ -48,7 +51,7 @@
 /* ------------------------------------------------------------------------------
  * Entry points as lists of buffers
  * ---------------------------------------------------------------------------- */
-enum { MAXB = 10 };
+enum { MAXB = 12 };
 
 typedef struct {
   const char *name;        /* the parameter's name (as the message gives it) */
@@ -115,6 +118,40 @@ static kcase make_attn_bwd(void) {
   IN(&k, "Q", 2 * 80), IN(&k, "K", 2 * 56), IN(&k, "V", 2 * 56), IN(&k, "L", 4 * 10);
   IN(&k, "dO", 2 * 80), IN(&k, "D_vec", 4 * 10), IN(&k, "mask", 2 * 70);
   OUT(&k, "dQ", 4 * 80), OUT(&k, "dK", 4 * 56), OUT(&k, "dV", 4 * 56);
+  return k;
+}
+
+/* the f32 entry points with every variant on: window 3, Dv 16 (V, O, dO
+ * [.., 16]), sinks [H] an input, d_sinks [H] an output of the backward */
+static void attn_variants_shape(kcase *k) {
+  attn_shape(k);
+  k->ap.V_strides[0] = k->ap.V_strides[1] = 7 * 16, k->ap.V_strides[2] = 16;
+  k->ap.O_strides[0] = 2 * 5 * 16, k->ap.O_strides[1] = 5 * 16, k->ap.O_strides[2] = 16;
+}
+static tg_status call_attn_fwd_variants(tg_ctx *c, const kcase *k, void **p) {
+  const tg_attn_options opt = {.window = 3, .v_head_dim = 16, .sinks = p[4]};
+  return tg_attn_train_fwd(c, TG_DTYPE_F32, p[0], p[1], p[2], p[5], p[6], &k->ap, &k->mp, p[3],
+                           1, &opt);
+}
+static kcase make_attn_fwd_variants(void) {
+  kcase k = {.fn = "tg_attn_train_fwd", .call = call_attn_fwd_variants};
+  attn_variants_shape(&k);
+  IN(&k, "Q", 4 * 80), IN(&k, "K", 4 * 56), IN(&k, "V", 4 * 112), IN(&k, "mask", 4 * 70);
+  IN(&k, "sinks", 4 * 2);
+  OUT(&k, "O", 4 * 160), OUT(&k, "L", 4 * 10);
+  return k;
+}
+static tg_status call_attn_bwd_variants(tg_ctx *c, const kcase *k, void **p) {
+  const tg_attn_options opt = {.window = 3, .v_head_dim = 16, .sinks = p[7], .d_sinks = p[11]};
+  return tg_attn_train_bwd(c, TG_DTYPE_F32, p[0], p[1], p[2], p[3], p[4], p[5], p[8], p[9],
+                           p[10], &k->ap, &k->mp, p[6], 1, &opt);
+}
+static kcase make_attn_bwd_variants(void) {
+  kcase k = {.fn = "tg_attn_train_bwd", .call = call_attn_bwd_variants};
+  attn_variants_shape(&k);
+  IN(&k, "Q", 4 * 80), IN(&k, "K", 4 * 56), IN(&k, "V", 4 * 112), IN(&k, "L", 4 * 10);
+  IN(&k, "dO", 4 * 160), IN(&k, "D_vec", 4 * 10), IN(&k, "mask", 4 * 70), IN(&k, "sinks", 4 * 2);
+  OUT(&k, "dQ", 4 * 80), OUT(&k, "dK", 4 * 56), OUT(&k, "dV", 4 * 112), OUT(&k, "d_sinks", 4 * 2);
   return k;
 }
 
@@ -395,7 +432,7 @@ static void test_forbidden_pairs(void **state) {
                    make_rms(1),             make_rms(2),         make_rms(3),
                    make_softmax(3, 16),     make_embedding(),    make_ce(4, 16),
                    make_transpose(3, 5),    make_causal(),       make_decode(0, 2, 8, 2),
-                   make_decode(1, 1, 256, 2)};
+                   make_decode(1, 1, 256, 2), make_attn_fwd_variants(), make_attn_bwd_variants()};
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
     int n = 0;
     for (int t = 1; t <= 3; t += 2) n += check_forbidden(&cases[c], t, tu_seed() + c);

@@ -10,7 +10,8 @@
  *     byte (accumulating outputs included) unchanged, and no allocation after
  *     the failed one (the hook's count). Then the same context must succeed.
  *     Runs under the sanitizers too (ASan checks that nothing leaks on the
- *     failure paths).
+ *     failure paths). The attention entry points run with the variants on
+ *     as well (window, Dv != D, sinks, d_sinks).
  *  2. Refused calls that the per-kernel suites do not cover: the attention
  *     forward's full params table (the backward's exists in test_attention.c)
  *     for both entry points in both modes (the backward on both dK/dV
@@ -110,6 +111,11 @@ typedef struct {
   float *L, *Dv, *dQ, *dK, *dV;
   int causal;
   int64_t nq, nk, nrow, nm;
+  /* the variants' calls: p with V, O, dO of Dv = D / 2 columns (inside the
+   * same buffers), a window, sinks [H] and d_sinks [H] */
+  tg_attn_params pv;
+  tg_attn_options opt;
+  float *sinks, *d_sinks;
 } attn_env;
 
 static void attn_env_make(attn_env *e, tu_rng *r, int B, int H, int Hkv, int qL, int kL,
@@ -144,11 +150,23 @@ static void attn_env_make(attn_env *e, tu_rng *r, int B, int H, int Hkv, int qL,
   tu_fill_f32(r, e->dQ, e->nq, -1, 1);
   tu_fill_f32(r, e->dK, e->nk, -1, 1);
   tu_fill_f32(r, e->dV, e->nk, -1, 1);
+  e->pv = e->p;
+  const int Dv = D / 2;
+  const int64_t vs[3] = {(int64_t)Hkv * kL * Dv, (int64_t)kL * Dv, Dv};
+  const int64_t os[3] = {(int64_t)H * qL * Dv, (int64_t)qL * Dv, Dv};
+  memcpy(e->pv.V_strides, vs, sizeof vs);
+  memcpy(e->pv.O_strides, os, sizeof os);
+  e->sinks = tu_alloc(sizeof(float) * H), e->d_sinks = tu_alloc(sizeof(float) * H);
+  tu_fill_f32(r, e->sinks, H, -2, 2);
+  tu_fill_f32(r, e->d_sinks, H, -1, 1);
+  e->opt = (tg_attn_options){.window = 100, .v_head_dim = (uint32_t)Dv, .sinks = e->sinks,
+                             .d_sinks = e->d_sinks};
 }
 
 static void attn_env_free(attn_env *e) {
   free(e->Q), free(e->K), free(e->V), free(e->dO), free(e->mask), free(e->O);
   free(e->L), free(e->Dv), free(e->dQ), free(e->dK), free(e->dV);
+  free(e->sinks), free(e->d_sinks);
 }
 
 static tg_status call_attn_bwd(tg_ctx *ctx, void *v) {
@@ -161,6 +179,17 @@ static tg_status call_attn_fwd(tg_ctx *ctx, void *v) {
   attn_env *e = v;
   return tg_flash_attn_train_fwd_bf16(ctx, e->Q, e->K, e->V, e->O, e->L, &e->p,
                                       e->mask ? &e->mp : NULL, e->mask, e->causal);
+}
+static tg_status call_attn_bwd_variants(tg_ctx *ctx, void *v) {
+  attn_env *e = v;
+  return tg_attn_train_bwd(ctx, TG_DTYPE_BF16, e->Q, e->K, e->V, e->L, e->dO, e->Dv, e->dQ,
+                           e->dK, e->dV, &e->pv, e->mask ? &e->mp : NULL, e->mask, e->causal,
+                           &e->opt);
+}
+static tg_status call_attn_fwd_variants(tg_ctx *ctx, void *v) {
+  attn_env *e = v;
+  return tg_attn_train_fwd(ctx, TG_DTYPE_BF16, e->Q, e->K, e->V, e->O, e->L, &e->pv,
+                           e->mask ? &e->mp : NULL, e->mask, e->causal, &e->opt);
 }
 static tg_status call_compute_d(tg_ctx *ctx, void *v) {
   attn_env *e = v;
@@ -275,6 +304,25 @@ static void test_no_memory_every_entry_point(void **state) {
         if (sched) continue;
         inj_case fwd = {"tg_flash_attn_train_fwd_bf16", threads, det, TG_ATTN_SCHEDULE_KV,
                         call_attn_fwd, &a, {OUT(a.O, 2 * a.nq), OUT(a.L, 4 * a.nrow)}, 2};
+        total += run_injected(&fwd);
+        free_case(&fwd);
+      }
+  /* the same with the variants on: window 100 (tiles skipped), Dv = D / 2,
+   * sinks and d_sinks (an accumulated output that must stay unchanged) */
+  for (int det = 0; det <= 1; det++)
+    for (int threads = 1; threads <= 3; threads += 2)
+      for (int sched = TG_ATTN_SCHEDULE_KV; sched <= TG_ATTN_SCHEDULE_ATOMIC; sched++) {
+        inj_case bwd = {"tg_attn_train_bwd (variants)", threads, det, (tg_attn_schedule)sched,
+                        call_attn_bwd_variants, &a,
+                        {OUT(a.dQ, 4 * a.nq), OUT(a.dK, 4 * a.nk), OUT(a.dV, 4 * a.nk),
+                         OUT(a.d_sinks, 4 * a.p.H)},
+                        4};
+        total += run_injected(&bwd);
+        free_case(&bwd);
+        if (sched) continue;
+        inj_case fwd = {"tg_attn_train_fwd (variants)", threads, det, TG_ATTN_SCHEDULE_KV,
+                        call_attn_fwd_variants, &a, {OUT(a.O, 2 * a.nq), OUT(a.L, 4 * a.nrow)},
+                        2};
         total += run_injected(&fwd);
         free_case(&fwd);
       }

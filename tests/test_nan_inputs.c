@@ -26,6 +26,10 @@
  * arithmetic (tu_check_ieee): NaN where it is NaN, the same infinity where it
  * is infinite, within the suite's bound where it is finite.
  *
+ * The attention backward runs with the variants too (tg_attn_train_bwd in
+ * f32 with a window, sinks and d_sinks, Dv != D; NaN, +inf, -inf in a sink
+ * among the planted values).
+ *
  * Attention backward and kernel 10 multiply whole tiles: a key the mask or
  * the causal limit hides from a row still meets it in the tile products with
  * P = 0 (and dS = 0), and 0 * NaN, 0 * inf are NaN, as in PyTorch's matmul.
@@ -214,6 +218,86 @@ static void test_attention_backward(void **state) {
     attn_destroy(&pb);
   }
   end_test("FA-2 backward");
+}
+
+/* The f32 backward (tg_attn_train_bwd) with the variants: a window, sinks
+ * (an input, and d_sinks accumulated) and a value head dim. The sinks enter
+ * d_sinks alone (L holds them): a NaN sink makes d_sinks[h] NaN, +inf gives
+ * it +-inf (or NaN where the rows' terms cancel), -inf is no sink. A key
+ * the window hides is no dependency of its row but for the tile products
+ * (the dense reference). */
+static const struct {
+  attn_cfg c;
+  attn_variants v;
+} variant_configs[] = {
+    {{"window sinks Dv causal mask", 1, 2, 1, 40, 60, 16, 1, 0, 1, ATTN_HEAD_MAJOR, 1.0f, 0},
+     {9, 24, ATTN_SINKS_RANDOM}},
+    {{"window sinks Dv softcap strided", 1, 4, 2, 30, 50, 8, 0, 0, 0, ATTN_STRIDED, 5.0f, 0},
+     {20, 8, ATTN_SINKS_EXTREME}},
+};
+static const attn_suite variant_suite = {.mask_ninf = 0.2, .mask_lo = -3, .mask_row0 = 5,
+                                         .mask_step = 40, .acc = ATTN_ACC_RANDOM,
+                                         .options = 1, .row = attn_bwd_row};
+
+static void test_attention_backward_variants(void **state) {
+  tu_rng r = tu_rng_make(tu_seed() + 1112);
+  failures = 0;
+  tg_isa isas[TU_MAX_ISAS];
+  const int nisa = tu_isas(isas);
+  for (size_t ci = 0; ci < sizeof variant_configs / sizeof variant_configs[0]; ci++) {
+    attn_problem pb;
+    attn_build_v(&pb, &variant_configs[ci].c, &variant_configs[ci].v, &variant_suite, &r);
+    const int64_t H = pb.p.H;
+    float *dQ = falloc(pb.nQ), *dK = falloc(pb.nKout), *dV = falloc(pb.nVout), *dsk = falloc(H);
+    double *mayQ = dalloc(pb.nQ), *mayK = dalloc(pb.nKout), *mayV = dalloc(pb.nVout);
+    const input ins[] = {{"Q", pb.Q, pb.nQ, 0},      {"K", pb.K, pb.nK, 0},
+                         {"V", pb.V, pb.nV, 0},      {"L", pb.L, pb.nL, 0},
+                         {"dO", pb.dO, pb.nO, 0},    {"D_vec", pb.Dv, pb.nL, 0},
+                         {"mask", pb.mask, pb.nM, 0}, {"sinks", pb.sinks, H, 0}};
+    for (size_t b = 0; b < sizeof ins / sizeof ins[0]; b++) {
+      if (!ins[b].p) continue; /* no mask */
+      for (int sv = 0; sv < N_SPECIAL; sv++) {
+        const int64_t at = random_at(&r, ins[b].n);
+        const uint32_t old = plant(&ins[b], at, sv);
+        attn_reference(&pb, attn_bwd_row_given, 1);
+        memcpy(mayQ, pb.dQr, sizeof(double) * pb.nQ);
+        memcpy(mayK, pb.dKr, sizeof(double) * pb.nKout);
+        memcpy(mayV, pb.dVr, sizeof(double) * pb.nVout);
+        attn_reference(&pb, attn_bwd_row_given, 0);
+        for (int ii = 0; ii < nisa; ii++)
+          for (int t = 0; t < N_THREADS; t++)
+            for (int sched = TG_ATTN_SCHEDULE_KV; sched <= TG_ATTN_SCHEDULE_ATOMIC; sched++) {
+              char kernel[128];
+              snprintf(kernel, sizeof kernel, "f32 backward (%s, %s schedule)", pb.c.name,
+                       sched == TG_ATTN_SCHEDULE_KV ? "KV" : "atomic");
+              const planted w = {kernel, ins[b].name, sv, at, isas[ii], nan_threads[t]};
+              tg_ctx *ctx = tu_ctx(w.threads, w.isa);
+              assert_int_equal(tg_ctx_set_attn_schedule(ctx, (tg_attn_schedule)sched), TG_OK);
+              fill_sentinel(dQ, pb.nQ);
+              memcpy(dK, pb.dK0, sizeof(float) * pb.nKout);
+              memcpy(dV, pb.dV0, sizeof(float) * pb.nVout);
+              memcpy(dsk, pb.d_sinks0, sizeof(float) * H);
+              tg_attn_options opt = pb.opt;
+              opt.d_sinks = dsk;
+              TU_EXPECT_STATUS(ctx,
+                               tg_attn_train_bwd(ctx, TG_DTYPE_F32, pb.Q, pb.K, pb.V, pb.L, pb.dO,
+                                                 pb.Dv, dQ, dK, dV, &pb.p,
+                                                 pb.mask ? &pb.mp : NULL, pb.mask, pb.c.causal,
+                                                 &opt),
+                               TG_OK);
+              expect(&w, "dQ", dQ, pb.dQr, pb.dQe, mayQ, pb.nQ);
+              expect(&w, "dK", dK, pb.dKr, pb.dKe, mayK, pb.nKout);
+              expect(&w, "dV", dV, pb.dVr, pb.dVe, mayV, pb.nVout);
+              expect(&w, "d_sinks", dsk, pb.dsr, pb.dse, NULL, H);
+              tg_ctx_destroy(ctx);
+            }
+        unplant(&ins[b], at, old);
+      }
+    }
+    free(dQ), free(dK), free(dV), free(dsk), free(mayQ), free(mayK), free(mayV);
+    attn_destroy(&pb);
+  }
+  end_test("f32 backward with variants");
 }
 
 /* --- 3. cast: every output bit as ref_bf16 says ------------------------------------------ */
@@ -684,6 +768,7 @@ int main(void) {
   tu_seed();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_compute_d),        cmocka_unit_test(test_attention_backward),
+      cmocka_unit_test(test_attention_backward_variants),
       cmocka_unit_test(test_cast),             cmocka_unit_test(test_rmsnorm),
       cmocka_unit_test(test_softmax_backward), cmocka_unit_test(test_embedding_backward),
       cmocka_unit_test(test_cross_entropy),    cmocka_unit_test(test_transpose),

@@ -34,6 +34,19 @@ attn_cfg attn_random_cfg(tu_rng *r, const attn_cfg_limits *lim) {
   return c;
 }
 
+attn_variants attn_random_variants(tu_rng *r, const attn_cfg *c) {
+  attn_variants v = {0};
+  const int w[4] = {1, tu_int(r, 2, 15), tu_int(r, 16, 200), c->kL + tu_int(r, 0, 20)};
+  v.window = tu_int(r, 0, 2) ? w[tu_int(r, 0, 3)] : 0;
+  v.Dv = tu_int(r, 0, 2) ? (tu_int(r, 0, 15) ? 8 * tu_int(r, 1, 40) : 512) : 0;
+  v.sinks = tu_int(r, 0, 2);
+  return v;
+}
+
+void attn_variants_str(const attn_variants *v, char *buf, size_t size) {
+  snprintf(buf, size, "W=%d Dv=%d sinks=%d", v->window, v->Dv, v->sinks);
+}
+
 void attn_cfg_str(const attn_cfg *c, char *buf, size_t size) {
   snprintf(buf, size,
            "B=%d H=%d H_kv=%d qL=%d kL=%d D=%d causal=%d off+%d mask=%d layout=%d softcap=%g "
@@ -78,7 +91,8 @@ static attn_key score(const attn_problem *pb, int64_t b, int64_t h, int64_t i, i
     s = p->softcapping * key.t;
   }
   double m = 0;
-  key.vis = !(pb->c.causal && k > i + p->qL_off);
+  key.vis = !(pb->c.causal && k > i + p->qL_off) &&
+            !(pb->v.window && k <= i + p->qL_off - pb->v.window);
   if (key.vis && pb->mask) {
     m = pb->mask[attn_off3(pb->mp.M_strides, b, h, i) + k];
     if (m == -INFINITY) key.vis = 0;
@@ -90,13 +104,16 @@ static attn_key score(const attn_problem *pb, int64_t b, int64_t h, int64_t i, i
 }
 
 /*
- * Forward reference for a row with score maximum mx: O = sum_k z_k exp(s_k -
- * mx) V_k / l, L = mx + log l, D_vec = O.dO. Bound of an f32 online softmax
- * over key tiles of at least 16 keys (T <= ceil(kL/16) tile steps): each
- * final weight exp(s_k - mx) carries a relative error of at most
- *   eps = 2E + 2u(T + 2) + 2uR + gamma(kL) + u_P
- * (E = max score bound, R = max |s - mx|; every rescale exp(m_old - m_new)
- * adds u|dm| + 2u and the dm add up to <= R; u_P the precision mode's).
+ * Forward reference for a row with score maximum mx (over the visible keys
+ * and the sink): O = sum_k z_k exp(s_k - mx) V_k / l with l = sum_k exp(s_k
+ * - mx) + exp(s_h - mx), L = mx + log l, D_vec = O.dO. Bound of an f32
+ * online softmax over key tiles of at least 16 keys (T <= ceil(kL/16) tile
+ * steps, one more for the sink, however the kernel folds it in): each final
+ * weight exp(s_k - mx) carries a relative error of at most
+ *   eps = 2E + 2u(T + 2) + 2uR + gamma(kL + n_sink) + u_P
+ * (E = max score bound, R = max |s - mx| over the keys and the sink; every
+ * rescale exp(m_old - m_new) adds u|dm| + 2u and the dm add up to <= R; u_P
+ * the precision mode's; n_sink = 1 with a sink, its e^{s_h} one more term).
  *   O: e_O = 2((eps + e_r)(sum_k w z|V| + |O|) + u|O|), e_r = 3u with
  *      dropout (1/(1-p) rounded in f32: 2u; O * it: u). Stored in bf16,
  *      plus its rounding, 2^-8 min(|O| + e_O, 2|O|): the rounding of a value
@@ -105,46 +122,82 @@ static attn_key score(const attn_problem *pb, int64_t b, int64_t h, int64_t i, i
  *      (tests/test_attn_ext.c's precision modes); both are bounds, the
  *      smaller is kept.
  *   L: e_L = 2(E + eps + u|L| + 2u|log l|).
- *   D_vec: e_D = sum_d e_O|dO| + gamma(D) sum_d (|O| + e_O)|dO|.
- * A row that sees no key has O = 0 and D_vec = 0 exactly and L = -inf.
+ *   D_vec: e_D = sum_d e_O|dO| + gamma(Dv) sum_d (|O| + e_O)|dO|.
+ * Underflow: a weight far below the row's largest term (a sink of 100
+ * against scores near 0: e^-100) is subnormal in f32, where a rounding is
+ * off by up to 2^-150 absolute, not u relative (errbound.h's ETA), and the
+ * bf16 dot units of the precision modes flush it to zero (2^-126). Each
+ * weight gets an absolute error tiny (attn_tiny: 2^-146, eight such
+ * roundings, or 2^-126 in a precision mode), and each product or sum that
+ * lands in the subnormal range one of eta (attn_eta: 2^-149, or 2^-126
+ * where the dot units flush results), so e_O gains 2 (tiny sum_k z_k
+ * max_d|V_k| + (n + T + 2) eta) over the n terms, D_vec Dv eta, and a bf16
+ * O half bf16's least subnormal, 2^-134; negligible beside any normal
+ * value's bound.
+ * A row that sees no key has O = 0 and D_vec = 0 exactly and L = -inf, or
+ * L = s_h (l = 1) with a finite sink. A NaN or +inf sink: L, O, D_vec NaN.
  */
+static double attn_tiny(const attn_problem *pb) { return pb->u_P > 0 ? 0x1.0p-126 : 0x1.0p-146; }
+static double attn_eta(const attn_problem *pb) { return pb->u_P > 0 ? 0x1.0p-126 : 0x1.0p-149; }
+/* The absolute error of the backward's P = exp(s - L) in f32 where it is
+ * subnormal (expf within 2 ulp, and the roundings around it: 8 of 2^-149). */
+static const double attn_P_tiny = 0x1.0p-146;
+
 static void forward_row(attn_problem *pb, const attn_row *r, double mx) {
   const tg_attn_params *p = &pb->p;
-  const int64_t D = p->D, kL = p->kL;
+  const int64_t Dv = pb->vdim, kL = p->kL;
   const attn_key *key = r->key;
-  double l = 0;
-  for (int64_t k = 0; k < kL; k++) l += key[k].vis ? exp(key[k].s - mx) : 0;
+  const double sink = pb->sinks ? pb->sinks[r->h] : -INFINITY;
+  const int has_sink = sink > -INFINITY && sink < INFINITY;
+  double *O = pb->Or + r->row * Dv, *Oe = pb->Oe + r->row * Dv;
+  double l = has_sink ? exp(sink - mx) : 0;
+  int seen = 0;
+  for (int64_t k = 0; k < kL; k++)
+    if (key[k].vis) l += exp(key[k].s - mx), seen = 1;
+  pb->empty[r->row] = !seen;
+  if (isnan(sink) || sink == INFINITY) { /* softmax of a NaN or +inf logit */
+    pb->Lr[r->row] = pb->Dr[r->row] = NAN;
+    for (int64_t d = 0; d < Dv; d++) O[d] = NAN;
+    return;
+  }
   if (!(l > 0)) {
     pb->Lr[r->row] = -INFINITY;
     return;
   }
-  double E = 0, R = 0;
+  double E = 0, R = has_sink ? mx - sink : 0;
   for (int64_t k = 0; k < kL; k++)
     if (key[k].vis) {
       E = fmax(E, key[k].err);
       R = fmax(R, mx - key[k].s);
     }
-  const double T = (double)((kL + 15) / 16);
-  const double eps = 2 * E + (T + 2) * 2 * U + 2 * U * R + gam(kL) + pb->u_P;
+  const double T = (double)((kL + 15) / 16 + has_sink);
+  const double eps = 2 * E + (T + 2) * 2 * U + 2 * U * R + gam((double)(kL + has_sink)) + pb->u_P;
   const double e_r = pb->keep ? 3 * U : 0;
-  double *O = pb->Or + r->row * D, *Oe = pb->Oe + r->row * D;
+  double underflow = 0; /* sum_k z_k max_d |V_k| */
+  int64_t terms = 0;
   for (int64_t k = 0; k < kL; k++) {
     if (!key[k].vis || r->z[k] == 0) continue;
+    terms++;
     const double wz = exp(key[k].s - mx) / l * r->z[k];
     const float *Vk = pb->V + attn_off3(p->V_strides, r->b, r->hk, k);
-    for (int64_t d = 0; d < D; d++) {
+    double vmax = 0;
+    for (int64_t d = 0; d < Dv; d++) {
       O[d] += wz * Vk[d];
       Oe[d] += wz * fabs(Vk[d]); /* sum w z |V|, turned into the bound below */
+      vmax = fmax(vmax, fabs(Vk[d]));
     }
+    underflow += r->z[k] * vmax;
   }
-  double Dv = 0, eD = 0;
-  for (int64_t d = 0; d < D; d++) {
-    const double e = 2 * ((eps + e_r) * (Oe[d] + fabs(O[d])) + U * fabs(O[d]));
-    Oe[d] = pb->bf16 ? e + BF16_U * fmin(fabs(O[d]) + e, 2 * fabs(O[d])) : e;
-    Dv += O[d] * r->dO[d];
-    eD += Oe[d] * fabs(r->dO[d]) + gam(D) * (fabs(O[d]) + Oe[d]) * fabs(r->dO[d]);
+  double Dvec = 0, eD = 0;
+  for (int64_t d = 0; d < Dv; d++) {
+    const double e = 2 * ((eps + e_r) * (Oe[d] + fabs(O[d])) + U * fabs(O[d]) +
+                          attn_tiny(pb) * underflow + (double)(terms + T + 2) * attn_eta(pb));
+    Oe[d] = pb->bf16 ? e + BF16_U * fmin(fabs(O[d]) + e, 2 * fabs(O[d])) + 0x1.0p-134 : e;
+    Dvec += O[d] * r->dO[d];
+    eD += Oe[d] * fabs(r->dO[d]) + gam(Dv) * (fabs(O[d]) + Oe[d]) * fabs(r->dO[d]) +
+          attn_eta(pb);
   }
-  pb->Dr[r->row] = Dv;
+  pb->Dr[r->row] = Dvec;
   pb->De[r->row] = eD;
   pb->Lr[r->row] = mx + log(l);
   pb->Le[r->row] = 2 * (E + eps + U * fabs(pb->Lr[r->row]) + 2 * U * fabs(log(l)));
@@ -157,17 +210,19 @@ static void forward_row(attn_problem *pb, const attn_row *r, double mx) {
  * (else e_P). In a precision mode P z and dS enter the products with u_P of
  * relative error more, and the bf16 dot units flush parts below 2^-126 to
  * zero: an absolute error of up to 2^-126 per P or dS operand, which a
- * relative bound does not cover (the forward's is left out: there P <= 1
- * and such weights are far below the bound's u|O| on these inputs). */
+ * relative bound does not cover; every product that lands in the subnormal
+ * range carries eta more (attn_eta, at the forward). A subnormal P (a sink
+ * far above the scores) carries its absolute 2^-146 in e_P (attn_P_tiny),
+ * and so into dS through e_P |z dP - D|. */
 static void accumulate_row(attn_problem *pb, const attn_row *r, double *sK, double *sV) {
   const tg_attn_params *p = &pb->p;
-  const int64_t D = p->D, kL = p->kL, Hk = p->H / p->gqa_factor;
-  const double tiny = pb->u_P > 0 ? 0x1.0p-126 : 0.0;
+  const int64_t D = p->D, Dv = pb->vdim, kL = p->kL, Hk = p->H / p->gqa_factor;
+  const double tiny = pb->u_P > 0 ? 0x1.0p-126 : 0.0, eta = attn_eta(pb);
   const float *Qi = pb->Q + attn_off3(p->Q_strides, r->b, r->h, r->i);
   for (int64_t k = 0; k < kL; k++) {
     if (!r->dense && r->P[k] == 0) continue; /* no term */
     const float *Kk = pb->K + attn_off3(p->K_strides, r->b, r->hk, k);
-    const int64_t ko = ((r->b * Hk + r->hk) * kL + k) * D;
+    const int64_t ko = ((r->b * Hk + r->hk) * kL + k) * D, vo = ko / D * Dv;
     const double dS = r->dS[k], Pz = r->P[k] * r->z[k];
     double dSe = r->dSe[k], Pze = r->z[k] * r->Pe[k] + (pb->keep ? 3 * U * Pz : 0);
     if (pb->u_P > 0) {
@@ -175,15 +230,18 @@ static void accumulate_row(attn_problem *pb, const attn_row *r, double *sK, doub
       dSe = dSe + pb->u_P * fabs(dS) + tiny; /* dS as a product operand */
     }
     for (int64_t d = 0; d < D; d++) {
-      const double kd = Kk[d], qd = Qi[d], od = r->dO[d];
+      const double kd = Kk[d], qd = Qi[d];
       pb->dQr[r->row * D + d] += dS * kd;
-      pb->dQe[r->row * D + d] += dSe * fabs(kd) + gam(kL) * fabs(dS * kd);
+      pb->dQe[r->row * D + d] += dSe * fabs(kd) + gam(kL) * fabs(dS * kd) + eta;
       pb->dKr[ko + d] += dS * qd;
-      pb->dKe[ko + d] += dSe * fabs(qd);
+      pb->dKe[ko + d] += dSe * fabs(qd) + eta;
       sK[ko + d] += fabs(dS * qd);
-      pb->dVr[ko + d] += Pz * od;
-      pb->dVe[ko + d] += Pze * fabs(od);
-      sV[ko + d] += fabs(Pz * od);
+    }
+    for (int64_t d = 0; d < Dv; d++) {
+      const double od = r->dO[d];
+      pb->dVr[vo + d] += Pz * od;
+      pb->dVe[vo + d] += Pze * fabs(od) + eta;
+      sV[vo + d] += fabs(Pz * od);
     }
   }
 }
@@ -191,6 +249,7 @@ static void accumulate_row(attn_problem *pb, const attn_row *r, double *sK, doub
 static void free_reference(attn_problem *pb) {
   free(pb->Lr), free(pb->Le), free(pb->Or), free(pb->Oe), free(pb->Dr), free(pb->De);
   free(pb->dQr), free(pb->dKr), free(pb->dVr), free(pb->dQe), free(pb->dKe), free(pb->dVe);
+  free(pb->dsr), free(pb->dse), free(pb->empty);
 }
 
 static double *zeros(int64_t n) {
@@ -203,25 +262,48 @@ static void widen(float *dst, const tg_bf16 *src, int64_t n) {
   for (int64_t e = 0; e < n; e++) dst[e] = tg_bf16_to_f32(src[e]);
 }
 
+/* d_sinks: each row's term t = e^{s_h - L} D_vec (from the L and D_vec the
+ * backward takes, bounds e_L, e_D) with e_t = e_P|D_vec| + P e_D + u|t| +
+ * 2^-146 (|D_vec| + 1) (subnormal P and t, as at the forward),
+ * e_P = P (e_L + u|s_h - L| + 2u) (expf within 2 ulp); summed with d_sinks0
+ * (n = B qL + 1 terms, any order): 2 (sum e_t + gamma(n) (|d0| + sum|t|)). A
+ * sink of -inf has no terms (P = 0, the contract); P = 0 (L = +inf) is an
+ * exact zero term. Otherwise IEEE arithmetic: a row handed L = -inf with a
+ * finite sink (no forward gives that: L >= s_h) has P = +inf. */
+static void sink_term(attn_problem *pb, const attn_row *r, double *abs_sum) {
+  const double sink = pb->sinks[r->h];
+  const double L = r->given[0], eL = r->given[1], Dvec = r->given[2], eD = r->given[3];
+  if (sink == -INFINITY) return;
+  const double P = exp(sink - L), t = P * Dvec;
+  if (P == 0) return;
+  pb->dsr[r->h] -= t;
+  pb->dse[r->h] += P * (eL + U * fabs(sink - L) + 2 * U) * fabs(Dvec) + P * eD + U * fabs(t) +
+                   0x1.0p-146 * (fabs(Dvec) + 1);
+  abs_sum[r->h] += fabs(t);
+}
+
 void attn_reference(attn_problem *pb, attn_row_fn *row_fn, int dense) {
   const tg_attn_params *p = &pb->p;
   const int64_t B = p->B, H = p->H, qL = p->qL, kL = p->kL;
   if (pb->bf16) {
-    widen(pb->Q, pb->Qb, pb->nQ), widen(pb->dO, pb->dOb, pb->nQ);
-    widen(pb->K, pb->Kb, pb->nK), widen(pb->V, pb->Vb, pb->nK);
+    widen(pb->Q, pb->Qb, pb->nQ), widen(pb->dO, pb->dOb, pb->nO);
+    widen(pb->K, pb->Kb, pb->nK), widen(pb->V, pb->Vb, pb->nV);
     if (pb->mask) widen(pb->mask, pb->maskb, pb->nM);
   }
   free_reference(pb);
   pb->Lr = zeros(pb->nL), pb->Le = zeros(pb->nL), pb->Dr = zeros(pb->nL);
   pb->De = zeros(pb->nL);
-  pb->Or = zeros(pb->nQ), pb->Oe = zeros(pb->nQ), pb->dQr = zeros(pb->nQ);
+  pb->Or = zeros(pb->nO), pb->Oe = zeros(pb->nO), pb->dQr = zeros(pb->nQ);
   pb->dQe = zeros(pb->nQ);
-  pb->dKr = zeros(pb->nKout), pb->dKe = zeros(pb->nKout), pb->dVr = zeros(pb->nKout);
-  pb->dVe = zeros(pb->nKout);
-  double *sK = zeros(pb->nKout), *sV = zeros(pb->nKout), *z = zeros(kL);
+  pb->dKr = zeros(pb->nKout), pb->dKe = zeros(pb->nKout), pb->dVr = zeros(pb->nVout);
+  pb->dVe = zeros(pb->nVout);
+  pb->dsr = zeros(H), pb->dse = zeros(H);
+  pb->empty = tu_alloc((size_t)pb->nL);
+  double *sK = zeros(pb->nKout), *sV = zeros(pb->nVout), *z = zeros(kL), *sS = zeros(H);
+  double given[4];
   attn_key *key = tu_alloc(sizeof(attn_key) * kL);
   attn_row r = {.key = key, .z = z, .P = zeros(kL), .Pe = zeros(kL), .dS = zeros(kL),
-                .dSe = zeros(kL), .dense = dense};
+                .dSe = zeros(kL), .given = given, .dense = dense};
   const double kept = 1.0 / (1.0 - (double)pb->c.dropout_p);
   for (r.b = 0; r.b < B; r.b++)
     for (r.h = 0; r.h < H; r.h++)
@@ -229,7 +311,7 @@ void attn_reference(attn_problem *pb, attn_row_fn *row_fn, int dense) {
         r.hk = r.h / p->gqa_factor;
         r.row = (r.b * H + r.h) * qL + r.i;
         r.dO = pb->dO + attn_off3(p->O_strides, r.b, r.h, r.i);
-        double mx = -INFINITY;
+        double mx = pb->sinks && pb->sinks[r.h] > -INFINITY ? pb->sinks[r.h] : -INFINITY;
         for (int64_t k = 0; k < kL; k++) {
           key[k] = score(pb, r.b, r.h, r.i, k);
           if (key[k].vis && key[k].s > mx) mx = key[k].s;
@@ -238,19 +320,30 @@ void attn_reference(attn_problem *pb, attn_row_fn *row_fn, int dense) {
         forward_row(pb, &r, mx);
         row_fn(pb, &r);
         accumulate_row(pb, &r, sK, sV);
+        if (pb->sinks) sink_term(pb, &r, sS);
       }
   /* dK, dV: sums over the gqa qL rows of a group, plus dK0, dV0 where the
    * backward accumulates onto them (one more term) */
   const double n = (double)p->gqa_factor * qL + (pb->dK0 != NULL);
   for (int64_t e = 0; e < pb->nKout; e++) {
-    const double k0 = pb->dK0 ? pb->dK0[e] : 0, v0 = pb->dV0 ? pb->dV0[e] : 0;
+    const double k0 = pb->dK0 ? pb->dK0[e] : 0;
     pb->dKr[e] += k0;
-    pb->dVr[e] += v0;
     pb->dKe[e] = 2 * (pb->dKe[e] + gam(n) * (fabs(k0) + sK[e]));
+  }
+  for (int64_t e = 0; e < pb->nVout; e++) {
+    const double v0 = pb->dV0 ? pb->dV0[e] : 0;
+    pb->dVr[e] += v0;
     pb->dVe[e] = 2 * (pb->dVe[e] + gam(n) * (fabs(v0) + sV[e]));
   }
   for (int64_t e = 0; e < pb->nQ; e++) pb->dQe[e] *= 2;
-  free(sK), free(sV), free(z), free(key), free(r.P), free(r.Pe), free(r.dS), free(r.dSe);
+  if (pb->sinks)
+    for (int64_t h = 0; h < H; h++) {
+      const double d0 = pb->d_sinks0[h];
+      pb->dsr[h] += d0;
+      pb->dse[h] = 2 * (pb->dse[h] + gam((double)(B * qL + 1)) * (fabs(d0) + sS[h]));
+    }
+  free(sK), free(sV), free(z), free(sS), free(key);
+  free(r.P), free(r.Pe), free(r.dS), free(r.dSe);
 }
 
 /* --- problems ------------------------------------------------------------------ */
@@ -274,8 +367,15 @@ static tg_bf16 *round_to_bf16(float *x, int64_t n) {
 }
 
 void attn_build(attn_problem *pb, const attn_cfg *c, const attn_suite *s, tu_rng *r) {
+  const attn_variants none = {0};
+  attn_build_v(pb, c, &none, s, r);
+}
+
+void attn_build_v(attn_problem *pb, const attn_cfg *c, const attn_variants *v,
+                  const attn_suite *s, tu_rng *r) {
   memset(pb, 0, sizeof *pb);
   pb->c = *c;
+  pb->v = *v;
   pb->bf16 = s->bf16;
   pb->u_P = s->u_P;
   tg_attn_params *p = &pb->p;
@@ -285,34 +385,45 @@ void attn_build(attn_problem *pb, const attn_cfg *c, const attn_suite *s, tu_rng
   p->qL_off += c->qL_off_delta;
   p->softcapping = c->softcap;
   const int64_t B = c->B, H = c->H, Hk = c->H_kv, qL = c->qL, kL = c->kL, D = c->D;
-  const int64_t Dk = c->layout == ATTN_STRIDED ? D + 8 : D; /* K, V row pitch */
-  if (c->layout != ATTN_HEAD_MAJOR) {
-    const int64_t qs[3] = {qL * H * D, D, H * D};
-    const int64_t ks[2][3] = {{Hk * kL * Dk, kL * Dk, Dk}, {kL * Hk * D, D, Hk * D}};
-    const int tok = c->layout == ATTN_TOKEN_MAJOR;
-    memcpy(p->Q_strides, qs, sizeof qs);
-    memcpy(p->O_strides, qs, sizeof qs);
-    memcpy(p->K_strides, ks[tok], sizeof ks[tok]);
-    memcpy(p->V_strides, ks[tok], sizeof ks[tok]);
+  const int64_t Dv = v->Dv ? v->Dv : D;
+  pb->vdim = Dv;
+  /* strides of a tensor with n columns (Q, K: D; O, dO, V: Dv) in the layout;
+   * K and V rows padded by 8 when strided */
+  for (int t = 0; t < 4; t++) { /* Q, O, K, V */
+    const int64_t n = t % 2 ? Dv : D, pitch = c->layout == ATTN_STRIDED ? n + 8 : n;
+    const int64_t heads = t < 2 ? H : Hk, len = t < 2 ? qL : kL;
+    const int64_t head_major[3] = {heads * len * n, len * n, n};
+    const int64_t token_major[3] = {len * heads * n, n, heads * n};
+    const int64_t padded[3] = {heads * len * pitch, len * pitch, pitch};
+    int64_t *dst = t == 0 ? p->Q_strides : t == 1 ? p->O_strides : t == 2 ? p->K_strides
+                                                                          : p->V_strides;
+    const int64_t *src = c->layout == ATTN_HEAD_MAJOR ? head_major
+                         : t < 2 || c->layout == ATTN_TOKEN_MAJOR ? token_major
+                                                                  : padded;
+    memcpy(dst, src, sizeof head_major);
   }
+  const int64_t pad = c->layout == ATTN_STRIDED ? 8 : 0; /* K, V row padding */
   pb->nQ = B * H * qL * D;
-  pb->nK = B * Hk * kL * Dk;
+  pb->nO = B * H * qL * Dv;
+  pb->nK = B * Hk * kL * (D + pad);
+  pb->nV = B * Hk * kL * (Dv + pad);
   pb->nKout = B * Hk * kL * D;
+  pb->nVout = B * Hk * kL * Dv;
   pb->nL = B * H * qL;
   pb->Q = tu_alloc(sizeof(float) * pb->nQ);
-  pb->dO = tu_alloc(sizeof(float) * pb->nQ);
+  pb->dO = tu_alloc(sizeof(float) * pb->nO);
   pb->K = tu_alloc(sizeof(float) * pb->nK);
-  pb->V = tu_alloc(sizeof(float) * pb->nK);
+  pb->V = tu_alloc(sizeof(float) * pb->nV);
   if (s->normal) {
     fill_normal(r, pb->Q, pb->nQ);
-    fill_normal(r, pb->dO, pb->nQ);
+    fill_normal(r, pb->dO, pb->nO);
     fill_normal(r, pb->K, pb->nK);
-    fill_normal(r, pb->V, pb->nK);
+    fill_normal(r, pb->V, pb->nV);
   } else {
     tu_fill_f32(r, pb->Q, pb->nQ, -2, 2);
-    tu_fill_f32(r, pb->dO, pb->nQ, -1, 1);
+    tu_fill_f32(r, pb->dO, pb->nO, -1, 1);
     tu_fill_f32(r, pb->K, pb->nK, -2, 2);
-    tu_fill_f32(r, pb->V, pb->nK, -1, 1);
+    tu_fill_f32(r, pb->V, pb->nV, -1, 1);
   }
   if (c->mask) {
     pb->mp.M_strides[2] = kL;
@@ -328,13 +439,13 @@ void attn_build(attn_problem *pb, const attn_cfg *c, const attn_suite *s, tu_rng
   }
   if (s->acc != ATTN_ACC_NONE) {
     pb->dK0 = tu_alloc(sizeof(float) * pb->nKout);
-    pb->dV0 = tu_alloc(sizeof(float) * pb->nKout);
+    pb->dV0 = tu_alloc(sizeof(float) * pb->nVout);
     if (s->acc == ATTN_ACC_RANDOM) {
       tu_fill_f32(r, pb->dK0, pb->nKout, -1, 1);
-      tu_fill_f32(r, pb->dV0, pb->nKout, -1, 1);
+      tu_fill_f32(r, pb->dV0, pb->nVout, -1, 1);
     } else {
       memset(pb->dK0, 0, sizeof(float) * pb->nKout);
-      memset(pb->dV0, 0, sizeof(float) * pb->nKout);
+      memset(pb->dV0, 0, sizeof(float) * pb->nVout);
     }
   }
   if (s->options) {
@@ -349,10 +460,25 @@ void attn_build(attn_problem *pb, const attn_cfg *c, const attn_suite *s, tu_rng
       TU_EXPECT_STATUS(ctx, tg_attn_dropout_keep(ctx, &pb->opt, B, H, qL, kL, pb->keep), TG_OK);
       tg_ctx_destroy(ctx);
     }
+    pb->opt.window = (uint32_t)v->window;
+    pb->opt.v_head_dim = (uint32_t)v->Dv;
+  } else if (v->window || v->Dv || v->sinks) {
+    fail_msg("attn_build: the variants need attn_suite.options");
+  }
+  if (v->sinks) {
+    static const float extreme[5] = {-INFINITY, 100, -100, 30, -30};
+    const int first = tu_int(r, 0, 4);
+    pb->sinks = tu_alloc(sizeof(float) * H);
+    pb->d_sinks0 = tu_alloc(sizeof(float) * H);
+    for (int64_t h = 0; h < H; h++)
+      pb->sinks[h] = v->sinks == ATTN_SINKS_EXTREME && h < 5 ? extreme[(first + h) % 5]
+                                                             : (float)tu_uniform(r, -3, 3);
+    tu_fill_f32(r, pb->d_sinks0, H, -1, 1);
+    pb->opt.sinks = pb->sinks;
   }
   if (s->bf16) {
-    pb->Qb = round_to_bf16(pb->Q, pb->nQ), pb->dOb = round_to_bf16(pb->dO, pb->nQ);
-    pb->Kb = round_to_bf16(pb->K, pb->nK), pb->Vb = round_to_bf16(pb->V, pb->nK);
+    pb->Qb = round_to_bf16(pb->Q, pb->nQ), pb->dOb = round_to_bf16(pb->dO, pb->nO);
+    pb->Kb = round_to_bf16(pb->K, pb->nK), pb->Vb = round_to_bf16(pb->V, pb->nV);
     if (pb->mask) pb->maskb = round_to_bf16(pb->mask, pb->nM);
   }
   pb->L = tu_alloc(sizeof(float) * pb->nL);
@@ -364,13 +490,15 @@ void attn_destroy(attn_problem *pb) {
   free(pb->Q), free(pb->K), free(pb->V), free(pb->dO), free(pb->mask);
   free(pb->Qb), free(pb->Kb), free(pb->Vb), free(pb->dOb), free(pb->maskb);
   free(pb->dK0), free(pb->dV0), free(pb->keep), free(pb->L), free(pb->Dv);
+  free(pb->sinks), free(pb->d_sinks0);
   free_reference(pb);
 }
 
 /* --- row functions ----------------------------------------------------------------- */
 
 /* P and its bound from pb->L (see attn_bwd_row_given). Bound: e_P = P (e_s
- * + u|s - L| + 2u) (expf is < 2 ulp). */
+ * + u|s - L| + 2u) (expf is < 2 ulp), + 2^-146 where P is subnormal in f32
+ * (attn_P_tiny). */
 static void bwd_probs(attn_problem *pb, const attn_row *r) {
   const int64_t kL = pb->p.kL;
   const double L = pb->L[r->row];
@@ -380,7 +508,7 @@ static void bwd_probs(attn_problem *pb, const attn_row *r) {
       r->P[k] = exp((key->vis ? key->s : -INFINITY) - (L == -INFINITY ? INFINITY : L));
     else
       r->P[k] = key->vis && L != -INFINITY ? exp(key->s - L) : 0;
-    r->Pe[k] = r->P[k] * (key->err + U * fabs(key->s - L) + 2 * U);
+    r->Pe[k] = r->P[k] * (key->err + U * fabs(key->s - L) + 2 * U) + attn_P_tiny;
   }
 }
 
@@ -388,7 +516,7 @@ static void bwd_probs(attn_problem *pb, const attn_row *r) {
  * u|dP - Dv|)) + 8u|dS|, e_dP = gamma(D) sum |dO V|. */
 static void bwd_ds(attn_problem *pb, const attn_row *r) {
   const tg_attn_params *p = &pb->p;
-  const int64_t D = p->D, kL = p->kL;
+  const int64_t D = pb->vdim, kL = p->kL; /* dP = dO.V: Dv terms */
   for (int64_t k = 0; k < kL; k++) {
     if (!r->dense && r->P[k] == 0) continue; /* no term */
     const float *Vk = pb->V + attn_off3(p->V_strides, r->b, r->hk, k);
@@ -405,11 +533,13 @@ static void bwd_ds(attn_problem *pb, const attn_row *r) {
 void attn_bwd_row_given(attn_problem *pb, const attn_row *r) {
   bwd_probs(pb, r);
   bwd_ds(pb, r);
+  r->given[0] = pb->L[r->row], r->given[2] = pb->Dv[r->row]; /* as given: exact */
+  r->given[1] = r->given[3] = 0;
 }
 
 void attn_bwd_row(attn_problem *pb, const attn_row *r) {
   const tg_attn_params *p = &pb->p;
-  const int64_t D = p->D, kL = p->kL;
+  const int64_t D = pb->vdim, kL = p->kL;
   pb->L[r->row] = (float)pb->Lr[r->row];
   bwd_probs(pb, r);
   double Dv = 0;
@@ -421,12 +551,15 @@ void attn_bwd_row(attn_problem *pb, const attn_row *r) {
   }
   pb->Dv[r->row] = (float)Dv;
   bwd_ds(pb, r);
+  r->given[0] = pb->L[r->row], r->given[2] = pb->Dv[r->row];
+  r->given[1] = r->given[3] = 0;
 }
 
 /*
  * P and dS of a training step, the backward fed the forward's L (bound e_L)
  * and D_vec (bound e_D, forward_row):
  *   P     e_P  = P (e_s + e_L + u|s - L| + 2u)           (exp within 2 ulp)
+ *                + 2^-146                        (subnormal P: attn_P_tiny)
  *   dP    e_dP = gamma(D) sum_d|dO V|, and with dropout z dP: + 3u z|dP|
  *   dS = scale P (z dP - D) c'   (c' = 1 - t^2 with softcap t, error e_c =
  *                                 2|t| e_t + u)
@@ -435,16 +568,17 @@ void attn_bwd_row(attn_problem *pb, const attn_row *r) {
  */
 void attn_step_row(attn_problem *pb, const attn_row *r) {
   const tg_attn_params *p = &pb->p;
-  const int64_t D = p->D, kL = p->kL;
+  const int64_t D = pb->vdim, kL = p->kL; /* dP = dO.V: Dv terms */
   const double L = pb->Lr[r->row], Le = pb->Le[r->row], Dv = pb->Dr[r->row];
   const double eD = pb->De[r->row];
+  r->given[0] = L, r->given[1] = Le, r->given[2] = Dv, r->given[3] = eD;
   const int soft = p->softcapping != 1.0f;
   for (int64_t k = 0; k < kL; k++) {
     const attn_key *key = &r->key[k];
     const double P = key->vis && L != -INFINITY ? exp(key->s - L) : 0;
     r->P[k] = P;
     if (P == 0) continue; /* no term */
-    r->Pe[k] = P * (key->err + Le + U * fabs(key->s - L) + 2 * U);
+    r->Pe[k] = P * (key->err + Le + U * fabs(key->s - L) + 2 * U) + attn_P_tiny;
     const float *Vk = pb->V + attn_off3(p->V_strides, r->b, r->hk, k);
     double adP;
     const double dP = attn_dot(r->dO, Vk, D, &adP), z = r->z[k];
@@ -461,13 +595,13 @@ void attn_step_row(attn_problem *pb, const attn_row *r) {
 
 /* --- outputs and checks ------------------------------------------------------------- */
 attn_outputs attn_alloc_outputs(const attn_problem *pb) {
-  attn_outputs o = {tu_alloc(2 * pb->nQ),
+  attn_outputs o = {tu_alloc(2 * pb->nO),
                     tu_alloc(sizeof(float) * pb->nL),
                     tu_alloc(sizeof(float) * pb->nL),
                     tu_alloc(sizeof(float) * pb->nL),
                     tu_alloc(sizeof(float) * pb->nQ),
                     tu_alloc(sizeof(float) * pb->nKout),
-                    tu_alloc(sizeof(float) * pb->nKout)};
+                    tu_alloc(sizeof(float) * pb->nVout)};
   return o;
 }
 
@@ -497,6 +631,10 @@ int attn_check_L(const attn_problem *pb, const float *L) {
 int attn_check_grads(const attn_problem *pb, const float *dQ, const float *dK, const float *dV) {
   const int q = tu_check_bound("dQ", dQ, pb->dQr, pb->dQe, pb->nQ);
   const int k = tu_check_bound("dK", dK, pb->dKr, pb->dKe, pb->nKout);
-  const int v = tu_check_bound("dV", dV, pb->dVr, pb->dVe, pb->nKout);
+  const int v = tu_check_bound("dV", dV, pb->dVr, pb->dVe, pb->nVout);
   return q && k && v;
+}
+
+int attn_check_d_sinks(const attn_problem *pb, const float *d_sinks) {
+  return !pb->sinks || tu_check_bound("d_sinks", d_sinks, pb->dsr, pb->dse, pb->p.H);
 }

@@ -3,11 +3,12 @@
  * (backward fed a reference L and D_vec, and the forward),
  * tests/train/test_attn_roundtrip.c (forward -> backward round trip),
  * tests/test_attn_ext.c (the f32 and bf16 entry points with dropout and the
- * precision modes) and tests/test_nan_inputs.c.
+ * precision modes), tests/test_attn_variants.c (window, sinks, Dv) and
+ * tests/test_nan_inputs.c.
  *
  * A problem: random Q, K, V, dO and an optional additive mask in one of
- * three layouts, with GQA, causal (qL_off), softcapping and dropout (keep
- * flags from tg_attn_dropout_keep); the reference reads them as f32 arrays
+ * three layouts, with GQA, causal (qL_off), softcapping, dropout (keep
+ * flags from tg_attn_dropout_keep) and the variants; the reference reads them as f32 arrays
  * (bf16 inputs widened, exactly), products of two f32 are exact in f64. With
  * it, per element, a first-order forward error bound of the f32 algorithm,
  * doubled for the neglected second-order terms (u = 2^-24, gamma(n) =
@@ -20,6 +21,15 @@
  * bounds. What differs (where the backward's L and D_vec come from, and so
  * the bounds of P and dS) is the row function: attn_bwd_row and
  * attn_bwd_row_given (a given L and D_vec), attn_step_row (the forward's).
+ *
+ * The attention variants (tg_attn_options: sliding window W, sinks s_h per
+ * query head, a value head dim Dv) are computed from their definition, not
+ * from the kernel's tiling: the window hides a key like the causal limit
+ * does (k <= i + qL_off - W), the sink is one more term e^{s_h} of every
+ * row's softmax denominator (no value), V, O, dO, dV have Dv columns, and
+ * d_sinks[h] = d_sinks0[h] - sum_{b,i} e^{s_h - L} D_vec. A row that sees no
+ * key has O = 0 and L = s_h (-inf without a sink); a NaN or +inf sink makes
+ * its head's L, O and D_vec NaN.
  *
  * Inputs may hold NaN or +-inf (tests/test_nan_inputs.c): the reference then
  * follows IEEE arithmetic. A pair (query row, key) enters the backward's sums
@@ -46,12 +56,21 @@ static inline int64_t attn_off3(const int64_t s[3], int64_t b, int64_t h, int64_
   return b * s[0] + h * s[1] + r * s[2];
 }
 
-/* Layouts of the inputs and O (through the strides). The reference and the
- * gradients dQ [B,H,qL,D], dK, dV [B,H_kv,kL,D] are always contiguous. */
+/* Layouts of the inputs and O (through the strides; O, dO and V have Dv
+ * columns where D is written, Dv = D without a value head dim). The
+ * reference and the gradients dQ [B,H,qL,D], dK [B,H_kv,kL,D], dV
+ * [B,H_kv,kL,Dv] are always contiguous. */
 enum {
   ATTN_HEAD_MAJOR,  /* Q, O, dO [B,H,qL,D]; K, V [B,H_kv,kL,D] */
   ATTN_STRIDED,     /* Q, O, dO [B,qL,H,D]; K, V [B,H_kv,kL,D + 8] (rows padded) */
   ATTN_TOKEN_MAJOR, /* Q, O, dO [B,qL,H,D]; K, V [B,kL,H_kv,D] (as examples/ use them) */
+};
+
+/* The sinks of a problem (attn_variants.sinks). */
+enum {
+  ATTN_SINKS_NONE,    /* opt.sinks NULL */
+  ATTN_SINKS_RANDOM,  /* s_h uniform in [-3, 3): the scores' own range */
+  ATTN_SINKS_EXTREME, /* head h: -inf, 100, -100, 30, -30, then uniform (as RANDOM) */
 };
 
 /* One test problem: sizes, layout and features. */
@@ -66,6 +85,14 @@ typedef struct {
   float dropout_p;  /* 0 = off */
 } attn_cfg;
 
+/* The attention variants of a problem (tg_attn_options; attn_build_v with
+ * attn_suite.options on). All zero: none. */
+typedef struct {
+  int window; /* W, 0 = none */
+  int Dv;     /* value head dim, 0 = D */
+  int sinks;  /* ATTN_SINKS_* */
+} attn_variants;
+
 /* Ranges attn_random_cfg draws from beyond the shared ones. */
 typedef struct {
   int long_lo, long_hi; /* a quarter of the qL and kL drawn from here, the rest 1..130 */
@@ -79,6 +106,12 @@ typedef struct {
 attn_cfg attn_random_cfg(tu_rng *r, const attn_cfg_limits *lim);
 /* "B=.. H=.. ..": the config for a failure message. */
 void attn_cfg_str(const attn_cfg *c, char *buf, size_t size);
+/* Fresh variants for config c: each on in about 2 draws of 3: window 1,
+ * 2-15, 16-200 or kL + 0..20 (no effect where qL_off <= kL - qL), Dv = 8 *
+ * (1..40) or 512 one time in 16, sinks random or extreme. */
+attn_variants attn_random_variants(tu_rng *r, const attn_cfg *c);
+/* "W=.. Dv=.. sinks=..": the variants for a failure message. */
+void attn_variants_str(const attn_variants *v, char *buf, size_t size);
 
 /* The ways the backward can run: both schedules, and deterministic mode. */
 typedef struct {
@@ -114,11 +147,14 @@ typedef struct {
  * and dS of every key are read). z is dropout's keep / (1 - p) (1 without). */
 typedef struct {
   int64_t b, h, i, hk, row;
-  const float *dO;           /* [D] */
+  const float *dO;           /* [Dv] */
   const attn_key *key;       /* [kL] */
   const double *z;           /* [kL] */
   double *P, *Pe, *dS, *dSe; /* [kL] */
-  int dense;                 /* every key enters (see the top) */
+  /* [4]: the L and D_vec the backward takes for this row and their bounds
+   * (L, e_L, D_vec, e_D; set by the row function): d_sinks' terms */
+  double *given;
+  int dense; /* every key enters (see the top) */
 } attn_row;
 
 typedef void attn_row_fn(attn_problem *pb, const attn_row *r);
@@ -147,11 +183,15 @@ typedef struct {
 
 struct attn_problem {
   attn_cfg c;
+  attn_variants v;
   tg_attn_params p;
   tg_attn_mask_params mp;
   tg_attn_options opt;
-  int64_t nQ, nK, nKout, nL, nM; /* Q/dO/O/dQ, K/V (padded), dK/dV, rows, mask */
+  int64_t nQ, nK, nKout, nL, nM; /* Q/dQ, K (padded), dK, rows, mask */
+  int64_t vdim, nO, nV, nVout;   /* value head dim Dv (D without one); O/dO, V (padded), dV */
   float *Q, *K, *V, *dO, *mask;  /* the reference's inputs (mask NULL without) */
+  float *sinks;                  /* [H] with attn_cfg.sinks (opt.sinks points here); else NULL */
+  float *d_sinks0;               /* [H] what d_sinks accumulates onto (uniform in [-1, 1)) */
   tg_bf16 *Qb, *Kb, *Vb, *dOb, *maskb; /* with attn_suite.bf16: the same values; else NULL */
   float *dK0, *dV0;              /* what dK, dV accumulate onto (ATTN_ACC_NONE: NULL) */
   uint8_t *keep;                 /* [B,H,qL,kL] with dropout; else NULL */
@@ -160,16 +200,23 @@ struct attn_problem {
   /* the backward's L and D_vec [B,H,qL] when attn_bwd_row sets them */
   float *L, *Dv;
   /* f64 reference and its error bound: forward L [B,H,qL] (-inf where the row
-   * sees no key), O [B,H,qL,D], D_vec = O.dO, gradients. */
+   * sees no key, s_h with a sink), O [B,H,qL,Dv], D_vec = O.dO, gradients;
+   * with sinks d_sinks [H] (from d_sinks0). empty [B,H,qL]: the row sees no
+   * key. */
   double *Lr, *Le, *Or, *Oe, *Dr, *De;
   double *dQr, *dKr, *dVr, *dQe, *dKe, *dVe;
+  double *dsr, *dse;
+  uint8_t *empty;
 };
 
 /* sum_d a[d] b[d] in f64 (exact products of f32), and sum_d |a[d] b[d]|. */
 double attn_dot(const float *a, const float *b, int64_t D, double *abs_sum);
 
-/* Draws Q, dO, K, V (then the mask, dK0, dV0, the options) from r and
- * computes the reference. Fails the test if the params are refused. */
+/* Draws Q, dO, K, V (then the mask, dK0, dV0, the options, the sinks and
+ * d_sinks0) from r and computes the reference. Fails the test if the params
+ * are refused. attn_build: without variants. */
+void attn_build_v(attn_problem *pb, const attn_cfg *c, const attn_variants *v,
+                  const attn_suite *s, tu_rng *r);
 void attn_build(attn_problem *pb, const attn_cfg *c, const attn_suite *s, tu_rng *r);
 void attn_destroy(attn_problem *pb);
 /* (Re)computes the reference (Lr .. dVe) from the current inputs with `row`
@@ -191,8 +238,9 @@ attn_row_fn attn_bwd_row, attn_bwd_row_given;
  * of tests/test_attn_ext.c and tests/train/test_attn_roundtrip.c. */
 attn_row_fn attn_step_row;
 
-/* Kernel outputs of the bf16 suites: O through O_strides [nQ]; L, D_vec [nL]
- * and D_vec over token-major rows [B,qL,H] (Dtok); dQ [nQ], dK, dV [nKout]. */
+/* Kernel outputs of the bf16 suites: O through O_strides [nO]; L, D_vec [nL]
+ * and D_vec over token-major rows [B,qL,H] (Dtok); dQ [nQ], dK [nKout], dV
+ * [nVout]. */
 typedef struct {
   tg_bf16 *O;
   float *L, *Dtok, *Dv, *dQ, *dK, *dV;
@@ -205,5 +253,7 @@ void attn_free_outputs(attn_outputs *o);
 int attn_check_L(const attn_problem *pb, const float *L);
 /* dQ, dK, dV against the reference bounds (all three, reporting each). */
 int attn_check_grads(const attn_problem *pb, const float *dQ, const float *dK, const float *dV);
+/* d_sinks [H] against the reference bound (without sinks: nothing to check). */
+int attn_check_d_sinks(const attn_problem *pb, const float *d_sinks);
 
 #endif
