@@ -333,13 +333,35 @@ static void range_tiles(const bwd_args *a, int64_t range, int64_t *first, int64_
 }
 
 /* KV schedule: the q units [*u0, *u1) of query group `group`. A kv head's
- * q units are its (query head, q-tile) pairs, u = (h - h_kv gqa) n_qtiles +
- * q-tile: gqa * n_qtiles of them, split into plan.n_qgroups runs of
- * (almost) equal length. */
+ * q units are its (query head, q-tile) pairs, q-tile major: u = q-tile * gqa
+ * + (h - h_kv gqa), gqa * n_qtiles of them, split into plan.n_qgroups runs of
+ * (almost) equal length. So a group is a band of q-tiles, which under
+ * causality or a window sees a band of keys (group_tiles). */
 static void query_units(const bwd_args *a, int64_t group, int64_t *u0, int64_t *u1) {
   const int64_t units = a->pr.gqa * a->plan.n_qtiles, G = a->plan.n_qgroups;
   *u0 = group * units / G;
   *u1 = (group + 1) * units / G;
+}
+
+/* Query head and first row of q unit u of kv head h_kv. */
+static void unit_rows(const bwd_args *a, int64_t h_kv, int64_t u, int64_t *h, int64_t *q0) {
+  *h = h_kv * a->pr.gqa + u % a->pr.gqa;
+  *q0 = u / a->pr.gqa * a->plan.BQ;
+}
+
+/* The key tiles [*first, *end) that any q unit of query group `group` can
+ * see (empty when *first >= *end): its parts of dK, dV cover these alone. */
+static void group_tiles(const bwd_args *a, int64_t group, int64_t *first, int64_t *end) {
+  int64_t u0, u1, h, qa, qb;
+  query_units(a, group, &u0, &u1);
+  if (u0 >= u1) {
+    *first = *end = 0;
+    return;
+  }
+  unit_rows(a, 0, u0, &h, &qa);
+  unit_rows(a, 0, u1 - 1, &h, &qb);
+  visible_tiles(a, qa, qb - qa + tile_rows(a->pr.qL, qb, a->plan.BQ), 0, a->plan.n_ktiles, first,
+                end);
 }
 
 /* KV schedule: the dK (which 0) or dV (which 1) rows from key k0 of kv head
@@ -376,7 +398,7 @@ static void bwd_group_kv(const void *vargs, int64_t x, int64_t b, int64_t range,
   const bwd_args *a = vargs;
   const tg_attn_problem *pr = &a->pr;
   const int64_t D = pr->D, BQ = a->plan.BQ, BK = a->plan.BK;
-  const int64_t Dv = pr->Dv, n_qt = a->plan.n_qtiles;
+  const int64_t Dv = pr->Dv;
   const int64_t h_kv = x / a->plan.n_qgroups, group = x % a->plan.n_qgroups;
   int64_t u0, u1; /* this item's q units: (query head, q-tile) pairs, query_units */
   query_units(a, group, &u0, &u1);
@@ -384,22 +406,27 @@ static void bwd_group_kv(const void *vargs, int64_t x, int64_t b, int64_t range,
                         a->plan.products);
   tg_attn_dot_begin(a->ops, a->plan.bf16_dot);
 
-  int64_t kt_first, kt_end;
+  int64_t kt_first, kt_end, g_first, g_end; /* the range's tiles, this group's */
   range_tiles(a, range, &kt_first, &kt_end);
+  group_tiles(a, group, &g_first, &g_end);
   /* Output rows no key of range 0 reaches are zeros (the other ranges'
    * partials are added to them); a partial's rows its range never reaches
    * stay unwritten, and the sum skips them. */
   if (range == 0)
     for (int64_t u = u0; u < u1; u++) {
-      const int64_t h = h_kv * pr->gqa + u / n_qt, q0 = u % n_qt * BQ;
+      int64_t h, q0;
+      unit_rows(a, h_kv, u, &h, &q0);
       const int64_t nq = tile_rows(pr->qL, q0, BQ);
       if (range_visible(a, 0, q0, nq)) continue;
       int64_t ld;
       float *dq = dq_rows(a, 0, b, h, q0, &ld);
       add_rows(dq, ld, NULL, nq, D, 0);
     }
-  for (int64_t c0 = kt_first; c0 < kt_end; c0 += a->plan.chunk_tiles) {
-    const int64_t nc = tile_rows(kt_end, c0, a->plan.chunk_tiles);
+  /* the key tiles of the range that the group sees: the others' dK, dV
+   * sums would be 0 */
+  const int64_t t0 = g_first > kt_first ? g_first : kt_first, t1 = g_end < kt_end ? g_end : kt_end;
+  for (int64_t c0 = t0; c0 < t1; c0 += a->plan.chunk_tiles) {
+    const int64_t nc = tile_rows(t1, c0, a->plan.chunk_tiles);
     for (int64_t j = 0; j < nc; j++) {
       const int64_t k0 = (c0 + j) * BK, nk = tile_rows(pr->kL, k0, BK);
       const size_t k_bytes = sizeof(float) * (size_t)(nk * D), v_bytes = sizeof(float) * (size_t)(nk * Dv);
@@ -413,7 +440,8 @@ static void bwd_group_kv(const void *vargs, int64_t x, int64_t b, int64_t range,
       }
     }
     for (int64_t u = u0; u < u1; u++) {
-      const int64_t h = h_kv * pr->gqa + u / n_qt, q0 = u % n_qt * BQ;
+      int64_t h, q0;
+      unit_rows(a, h_kv, u, &h, &q0);
       const int64_t nq = tile_rows(pr->qL, q0, BQ);
       int64_t first, end; /* the key tiles of the range this q-tile sees */
       visible_tiles(a, q0, nq, kt_first, kt_end, &first, &end);
@@ -460,6 +488,9 @@ static void bwd_group_sum_dkv(const void *vargs, int64_t kt, int64_t h_kv, int64
   float *dk = a->dK + tg_attn_offset(pr->dKs, b, h_kv, k0);
   float *dv = a->dV + tg_attn_offset(pr->dVs, b, h_kv, k0);
   for (int64_t g = 1; g < a->plan.n_qgroups; g++) {
+    int64_t first, end;
+    group_tiles(a, g, &first, &end);
+    if (kt < first || kt >= end) continue; /* the group wrote no part here */
     add_rows(dk, pr->dKs[2], dkv_part(a, g, b, h_kv, k0, 0), nk, pr->D, 0);
     add_rows(dv, pr->dVs[2], dkv_part(a, g, b, h_kv, k0, 1), nk, pr->Dv, 0);
   }
