@@ -82,6 +82,11 @@ enum { TG_ATTN_MAX_TILE = 128 };
  * TG_ATTN_PARTIALS_BUDGET bytes (a dQ larger than that gets one range). None
  * of this depends on the thread count (determinism). */
 enum { TG_ATTN_ITEMS_PER_CPU = 4, TG_ATTN_MIN_RANGE_TILES = 4, TG_ATTN_MAX_RANGES = 16 };
+/* When the ranges leave fewer items than that (few kv heads, short keys),
+ * the q units of a (range, kv head), its (query head, q-tile) pairs, split
+ * into query groups with dK, dV parts of their own: at least
+ * TG_ATTN_MIN_GROUP_UNITS units per group, at most TG_ATTN_MAX_QGROUPS. */
+enum { TG_ATTN_MIN_GROUP_UNITS = 4, TG_ATTN_MAX_QGROUPS = 16 };
 #define TG_ATTN_PARTIALS_BUDGET ((int64_t)1 << 30)
 
 /* Backward, KV schedule: the q-tiles stream past a chunk of up to

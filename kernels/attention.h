@@ -263,6 +263,8 @@ typedef struct {
   int64_t n_ranges, range_tiles; /* KV schedule: key ranges per kv head */
   int64_t chunk_tiles;           /* KV schedule: key tiles resident at once */
   int64_t dq_elems;              /* B * H * qL * D: one dQ partial */
+  int64_t n_qgroups;             /* KV schedule: query groups per (range, kv head) */
+  int64_t dk_elems, dv_elems;    /* B * H_kv * kL * D, * Dv: one group's dK, dV part */
 } tg_attn_bwd_plan;
 tg_attn_bwd_plan tg_attn_bwd_plan_make(const tg_attn_problem *pr, const tg_isa_ops *ops);
 

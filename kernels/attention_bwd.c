@@ -34,6 +34,15 @@
  * (and unread): the partials cost one write and one read of the rows that
  * matter, in a workspace the context keeps between calls.
  *
+ * Query groups: when the key ranges still leave fewer than 4 items per CPU
+ * (one batch, few kv heads, short keys), a (range, kv head)'s q-tiles are
+ * split into bands, each its own item summing its own dK, dV parts over
+ * the key tiles its band sees; group 0 adds its sums to dK, dV, the others
+ * store parts that a second pass adds in group order. On the 16-core Xeon
+ * (bench/results/xeon16-amx/groups/) this took the backward step of one
+ * batch with 6 query heads on 2 kv heads, L 1024, D 512, causal, from 32 to
+ * 13 ms (exact) and 25 to 7 ms (bf16 mode) at 16 threads.
+ *
  * Precision modes (tg_attn_products, kernels/attention.h): with bf16
  * inputs on a table with bf16 dot products, split and bf16 mode turn the
  * tile's dS and P into bf16 parts (dS rows for dQ, dS^T and P^T rows for
@@ -79,6 +88,8 @@ typedef struct {
   const tg_isa_ops *ops;
   tg_attn_bwd_plan plan;
   float *dQ_partial; /* KV schedule: [plan.n_ranges - 1][B, H, qL, D] */
+  float *dK_partial; /* KV schedule: [plan.n_qgroups - 1][B, H_kv, kL, D] */
+  float *dV_partial; /* KV schedule: [plan.n_qgroups - 1][B, H_kv, kL, Dv] */
 } bwd_args;
 
 /* Rows of the tile that starts at row `start` of `len`: `tile`, or fewer at
@@ -330,6 +341,48 @@ static void range_tiles(const bwd_args *a, int64_t range, int64_t *first, int64_
   *end = *first + tile_rows(a->plan.n_ktiles, *first, a->plan.range_tiles);
 }
 
+/* KV schedule: the q units [*u0, *u1) of query group `group`. A kv head's
+ * q units are its (query head, q-tile) pairs, q-tile major: u = q-tile * gqa
+ * + (h - h_kv gqa), gqa * n_qtiles of them, split into plan.n_qgroups runs of
+ * (almost) equal length. So a group is a band of q-tiles, which under
+ * causality or a window sees a band of keys (group_tiles). */
+static void query_units(const bwd_args *a, int64_t group, int64_t *u0, int64_t *u1) {
+  const int64_t units = a->pr.gqa * a->plan.n_qtiles, G = a->plan.n_qgroups;
+  *u0 = group * units / G;
+  *u1 = (group + 1) * units / G;
+}
+
+/* Query head and first row of q unit u of kv head h_kv. */
+static void unit_rows(const bwd_args *a, int64_t h_kv, int64_t u, int64_t *h, int64_t *q0) {
+  *h = h_kv * a->pr.gqa + u % a->pr.gqa;
+  *q0 = u / a->pr.gqa * a->plan.BQ;
+}
+
+/* The key tiles [*first, *end) that any q unit of query group `group` can
+ * see (empty when *first >= *end): its parts of dK, dV cover these alone. */
+static void group_tiles(const bwd_args *a, int64_t group, int64_t *first, int64_t *end) {
+  int64_t u0, u1, h, qa, qb;
+  query_units(a, group, &u0, &u1);
+  if (u0 >= u1) {
+    *first = *end = 0;
+    return;
+  }
+  unit_rows(a, 0, u0, &h, &qa);
+  unit_rows(a, 0, u1 - 1, &h, &qb);
+  visible_tiles(a, qa, qb - qa + tile_rows(a->pr.qL, qb, a->plan.BQ), 0, a->plan.n_ktiles, first,
+                end);
+}
+
+/* KV schedule: the dK (which 0) or dV (which 1) rows from key k0 of kv head
+ * h_kv that query group `group` >= 1 sums into (contiguous rows). */
+static float *dkv_part(const bwd_args *a, int64_t group, int64_t b, int64_t h_kv, int64_t k0,
+                       int which) {
+  const tg_attn_problem *pr = &a->pr;
+  const int64_t cols = which ? pr->Dv : pr->D;
+  const int64_t row = (((group - 1) * pr->B + b) * pr->H_kv + h_kv) * pr->kL + k0;
+  return (which ? a->dV_partial : a->dK_partial) + row * cols;
+}
+
 /* KV schedule: does the q-tile at q0 see any key of range `range`? */
 static int range_visible(const bwd_args *a, int64_t range, int64_t q0, int64_t nq) {
   int64_t kt_first, kt_end, first, end;
@@ -349,32 +402,40 @@ static int range_visible(const bwd_args *a, int64_t range, int64_t q0, int64_t n
  * order it would with chunks of one tile: dK, dV of a key tile over (query
  * head, q-tile) in order, dQ rows of a q-tile over the range's key tiles in
  * order. So the chunk changes where the operands are, not the bits. */
-static void bwd_group_kv(const void *vargs, int64_t h_kv, int64_t b, int64_t range,
+static void bwd_group_kv(const void *vargs, int64_t x, int64_t b, int64_t range,
                          void *scratch) {
   const bwd_args *a = vargs;
   const tg_attn_problem *pr = &a->pr;
-  const int64_t D = pr->D, gqa = pr->gqa, BQ = a->plan.BQ, BK = a->plan.BK;
+  const int64_t D = pr->D, BQ = a->plan.BQ, BK = a->plan.BK;
   const int64_t Dv = pr->Dv;
+  const int64_t h_kv = x / a->plan.n_qgroups, group = x % a->plan.n_qgroups;
+  int64_t u0, u1; /* this item's q units: (query head, q-tile) pairs, query_units */
+  query_units(a, group, &u0, &u1);
   bwd_scratch w = carve(scratch, D, Dv, BQ, BK, a->plan.chunk_tiles, pr->compensated,
                         a->plan.products);
   tg_attn_dot_begin(a->ops, a->plan.bf16_dot);
 
-  int64_t kt_first, kt_end;
+  int64_t kt_first, kt_end, g_first, g_end; /* the range's tiles, this group's */
   range_tiles(a, range, &kt_first, &kt_end);
+  group_tiles(a, group, &g_first, &g_end);
   /* Output rows no key of range 0 reaches are zeros (the other ranges'
    * partials are added to them); a partial's rows its range never reaches
    * stay unwritten, and the sum skips them. */
   if (range == 0)
-    for (int64_t h = h_kv * gqa; h < (h_kv + 1) * gqa; h++)
-      for (int64_t q0 = 0; q0 < pr->qL; q0 += BQ) {
-        const int64_t nq = tile_rows(pr->qL, q0, BQ);
-        if (range_visible(a, 0, q0, nq)) continue;
-        int64_t ld;
-        float *dq = dq_rows(a, 0, b, h, q0, &ld);
-        add_rows(dq, ld, NULL, nq, D, 0);
-      }
-  for (int64_t c0 = kt_first; c0 < kt_end; c0 += a->plan.chunk_tiles) {
-    const int64_t nc = tile_rows(kt_end, c0, a->plan.chunk_tiles);
+    for (int64_t u = u0; u < u1; u++) {
+      int64_t h, q0;
+      unit_rows(a, h_kv, u, &h, &q0);
+      const int64_t nq = tile_rows(pr->qL, q0, BQ);
+      if (range_visible(a, 0, q0, nq)) continue;
+      int64_t ld;
+      float *dq = dq_rows(a, 0, b, h, q0, &ld);
+      add_rows(dq, ld, NULL, nq, D, 0);
+    }
+  /* the key tiles of the range that the group sees: the others' dK, dV
+   * sums would be 0 */
+  const int64_t t0 = g_first > kt_first ? g_first : kt_first, t1 = g_end < kt_end ? g_end : kt_end;
+  for (int64_t c0 = t0; c0 < t1; c0 += a->plan.chunk_tiles) {
+    const int64_t nc = tile_rows(t1, c0, a->plan.chunk_tiles);
     for (int64_t j = 0; j < nc; j++) {
       const int64_t k0 = (c0 + j) * BK, nk = tile_rows(pr->kL, k0, BK);
       const size_t k_bytes = sizeof(float) * (size_t)(nk * D), v_bytes = sizeof(float) * (size_t)(nk * Dv);
@@ -387,36 +448,61 @@ static void bwd_group_kv(const void *vargs, int64_t h_kv, int64_t b, int64_t ran
         memset(t->dV_sum, 0, v_bytes), memset(t->dV_comp, 0, v_bytes);
       }
     }
-    for (int64_t h = h_kv * gqa; h < (h_kv + 1) * gqa; h++)
-      for (int64_t q0 = 0; q0 < pr->qL; q0 += BQ) {
-        const int64_t nq = tile_rows(pr->qL, q0, BQ);
-        int64_t first, end; /* the key tiles of the range this q-tile sees */
-        visible_tiles(a, q0, nq, kt_first, kt_end, &first, &end);
-        const int64_t j0 = first > c0 ? first - c0 : 0, j1 = end - c0 < nc ? end - c0 : nc;
-        if (j0 >= j1) continue; /* sees none of the chunk's keys */
-        int64_t ld;
-        float *dq = dq_rows(a, range, b, h, q0, &ld);
-        load_qtile(a, b, h, q0, nq, &w);
-        for (int64_t j = j0; j < j1; j++) {
-          const int64_t k0 = (c0 + j) * BK, nk = tile_rows(pr->kL, k0, BK);
-          ktile_scratch *t = &w.kt[j];
-          bwd_pair(a, b, h, q0, nq, k0, nk, dq, ld, c0 + j == first, t, &w);
-          if (pr->compensated) { /* this q-tile's part into the sums; t->dK, t->dV = 0 */
-            a->ops->add_compensated_f32(t->dK_sum, t->dK_comp, t->dK, nk * D);
-            a->ops->add_compensated_f32(t->dV_sum, t->dV_comp, t->dV, nk * Dv);
-          }
+    for (int64_t u = u0; u < u1; u++) {
+      int64_t h, q0;
+      unit_rows(a, h_kv, u, &h, &q0);
+      const int64_t nq = tile_rows(pr->qL, q0, BQ);
+      int64_t first, end; /* the key tiles of the range this q-tile sees */
+      visible_tiles(a, q0, nq, kt_first, kt_end, &first, &end);
+      const int64_t j0 = first > c0 ? first - c0 : 0, j1 = end - c0 < nc ? end - c0 : nc;
+      if (j0 >= j1) continue; /* sees none of the chunk's keys */
+      int64_t ld;
+      float *dq = dq_rows(a, range, b, h, q0, &ld);
+      load_qtile(a, b, h, q0, nq, &w);
+      for (int64_t j = j0; j < j1; j++) {
+        const int64_t k0 = (c0 + j) * BK, nk = tile_rows(pr->kL, k0, BK);
+        ktile_scratch *t = &w.kt[j];
+        bwd_pair(a, b, h, q0, nq, k0, nk, dq, ld, c0 + j == first, t, &w);
+        if (pr->compensated) { /* this q-tile's part into the sums; t->dK, t->dV = 0 */
+          a->ops->add_compensated_f32(t->dK_sum, t->dK_comp, t->dK, nk * D);
+          a->ops->add_compensated_f32(t->dV_sum, t->dV_comp, t->dV, nk * Dv);
         }
       }
-    for (int64_t j = 0; j < nc; j++) {
+    }
+    for (int64_t j = 0; j < nc; j++) { /* group 0 into dK, dV; the others' parts */
       const int64_t k0 = (c0 + j) * BK, nk = tile_rows(pr->kL, k0, BK);
       const ktile_scratch *t = &w.kt[j];
-      add_rows(a->dK + tg_attn_offset(pr->dKs, b, h_kv, k0), pr->dKs[2],
-               pr->compensated ? t->dK_sum : t->dK, nk, D, 0);
-      add_rows(a->dV + tg_attn_offset(pr->dVs, b, h_kv, k0), pr->dVs[2],
-               pr->compensated ? t->dV_sum : t->dV, nk, Dv, 0);
+      const float *dk = pr->compensated ? t->dK_sum : t->dK;
+      const float *dv = pr->compensated ? t->dV_sum : t->dV;
+      if (group == 0) {
+        add_rows(a->dK + tg_attn_offset(pr->dKs, b, h_kv, k0), pr->dKs[2], dk, nk, D, 0);
+        add_rows(a->dV + tg_attn_offset(pr->dVs, b, h_kv, k0), pr->dVs[2], dv, nk, Dv, 0);
+      } else {
+        memcpy(dkv_part(a, group, b, h_kv, k0, 0), dk, sizeof(float) * (size_t)(nk * D));
+        memcpy(dkv_part(a, group, b, h_kv, k0, 1), dv, sizeof(float) * (size_t)(nk * Dv));
+      }
     }
   }
   tg_attn_dot_end(a->ops, a->plan.bf16_dot);
+}
+
+/* KV schedule, second pass over the key tiles when there are several query
+ * groups: dK, dV (group 0's sums already added) += the parts of groups 1..
+ * in group order; x = key tile, y = kv head, z = batch. */
+static void bwd_group_sum_dkv(const void *vargs, int64_t kt, int64_t h_kv, int64_t b,
+                              void *scratch) {
+  const bwd_args *a = vargs;
+  const tg_attn_problem *pr = &a->pr;
+  const int64_t k0 = kt * a->plan.BK, nk = tile_rows(pr->kL, k0, a->plan.BK);
+  float *dk = a->dK + tg_attn_offset(pr->dKs, b, h_kv, k0);
+  float *dv = a->dV + tg_attn_offset(pr->dVs, b, h_kv, k0);
+  for (int64_t g = 1; g < a->plan.n_qgroups; g++) {
+    int64_t first, end;
+    group_tiles(a, g, &first, &end);
+    if (kt < first || kt >= end) continue; /* the group wrote no part here */
+    add_rows(dk, pr->dKs[2], dkv_part(a, g, b, h_kv, k0, 0), nk, pr->D, 0);
+    add_rows(dv, pr->dVs[2], dkv_part(a, g, b, h_kv, k0, 1), nk, pr->Dv, 0);
+  }
 }
 
 /* KV schedule, second pass: dQ += the partials of ranges 1.. in range order,
@@ -480,6 +566,31 @@ static void plan_ranges(tg_attn_bwd_plan *pl, const tg_attn_problem *pr) {
   pl->dq_elems = pr->B * pr->H * pr->qL * pr->D;
 }
 
+/* KV schedule: query groups per (key range, kv head) when the key ranges
+ * alone leave fewer than TG_ATTN_ITEMS_PER_CPU items per CPU (few kv heads,
+ * short keys: one batch of a GQA model with 2 kv heads and L 1024 had 8 items
+ * for 16 CPUs). Each group sums its own dK, dV parts over its q units; the
+ * parts are added in group order by a second pass. At least
+ * TG_ATTN_MIN_GROUP_UNITS q units per group, at most TG_ATTN_MAX_QGROUPS
+ * groups, and the parts ((groups - 1) copies of dK and dV) within what the
+ * dQ partials left of TG_ATTN_PARTIALS_BUDGET. Shape and machine only, never
+ * the thread count. Sets pl->n_qgroups, dk_elems, dv_elems. */
+static void plan_qgroups(tg_attn_bwd_plan *pl, const tg_attn_problem *pr) {
+  const int64_t items = pr->B * pr->H_kv * pl->n_ranges;
+  const int64_t want = (int64_t)TG_ATTN_ITEMS_PER_CPU * tg_plan_cpus();
+  const int64_t units = pr->gqa * pl->n_qtiles;
+  pl->dk_elems = pr->B * pr->H_kv * pr->kL * pr->D;
+  pl->dv_elems = pr->B * pr->H_kv * pr->kL * pr->Dv;
+  const int64_t part_bytes = (pl->dk_elems + pl->dv_elems) * (int64_t)sizeof(float);
+  const int64_t budget =
+      TG_ATTN_PARTIALS_BUDGET - (pl->n_ranges - 1) * pl->dq_elems * (int64_t)sizeof(float);
+  int64_t groups = (want + items - 1) / items;
+  if (groups > units / TG_ATTN_MIN_GROUP_UNITS) groups = units / TG_ATTN_MIN_GROUP_UNITS;
+  if (groups > TG_ATTN_MAX_QGROUPS) groups = TG_ATTN_MAX_QGROUPS;
+  if (groups > 1 + budget / part_bytes) groups = 1 + budget / part_bytes;
+  pl->n_qgroups = groups < 1 ? 1 : groups;
+}
+
 /* KV schedule: key tiles per chunk (see TG_ATTN_MAX_CHUNK_TILES): as many key
  * tiles' scratch (their packed K, K^T, V^T and dK, dV sums) as the L2 per
  * CPU holds (tg_plan_l2_bytes), at least one, at most the range. Any chunk
@@ -503,13 +614,17 @@ tg_attn_bwd_plan tg_attn_bwd_plan_make(const tg_attn_problem *pr, const tg_isa_o
   pl.n_qtiles = (pr->qL + pl.BQ - 1) / pl.BQ;
   pl.n_ktiles = (pr->kL + pl.BK - 1) / pl.BK;
   plan_ranges(&pl, pr);
+  plan_qgroups(&pl, pr);
   plan_chunk(&pl, pr);
   return pl;
 }
 
 size_t tg_attn_bwd_workspace_bytes(const tg_attn_bwd_plan *plan) {
-  /* (n_ranges - 1) partials <= TG_ATTN_PARTIALS_BUDGET bytes by plan_ranges' caps */
-  return (size_t)((plan->n_ranges - 1) * plan->dq_elems) * sizeof(float);
+  /* dQ partials and dK, dV parts together <= TG_ATTN_PARTIALS_BUDGET bytes
+   * by plan_ranges' and plan_qgroups' caps */
+  return (size_t)((plan->n_ranges - 1) * plan->dq_elems +
+                  (plan->n_qgroups - 1) * (plan->dk_elems + plan->dv_elems)) *
+         sizeof(float);
 }
 
 static bwd_args make_args(const tg_attn_problem *pr, const tg_isa_ops *ops,
@@ -524,15 +639,22 @@ tg_status tg_attn_backward_kv(tg_ctx *ctx, const tg_attn_problem *pr,
                               void *workspace) {
   bwd_args a = make_args(pr, ctx->ops, plan);
   a.Q = Q, a.K = K, a.V = V, a.dO = dO, a.mask = mask, a.L = L, a.D_vec = D_vec;
-  a.dQ = dQ, a.dK = dK, a.dV = dV, a.dQ_partial = workspace;
-  tg_status st = tg_dispatch(ctx, pr->H_kv, pr->B, a.plan.n_ranges,
+  a.dQ = dQ, a.dK = dK, a.dV = dV;
+  if (workspace) { /* dQ partials, then dK parts, then dV parts (NULL: none of them) */
+    a.dQ_partial = workspace;
+    a.dK_partial = a.dQ_partial + (a.plan.n_ranges - 1) * a.plan.dq_elems;
+    a.dV_partial = a.dK_partial + (a.plan.n_qgroups - 1) * a.plan.dk_elems;
+  }
+  tg_status st = tg_dispatch(ctx, pr->H_kv * a.plan.n_qgroups, pr->B, a.plan.n_ranges,
                              bwd_scratch_bytes(pr->D, pr->Dv, a.plan.BQ, a.plan.BK,
                                                a.plan.chunk_tiles, pr->compensated,
                                                a.plan.products),
                              bwd_group_kv, &a);
-  /* The second pass needs no scratch: it cannot fail once the first wrote. */
+  /* The second passes need no scratch: they cannot fail once the first wrote. */
   if (st == TG_OK && a.plan.n_ranges > 1)
     st = tg_dispatch(ctx, a.plan.n_qtiles, pr->H, pr->B, 0, bwd_group_sum_dq, &a);
+  if (st == TG_OK && a.plan.n_qgroups > 1)
+    st = tg_dispatch(ctx, a.plan.n_ktiles, pr->H_kv, pr->B, 0, bwd_group_sum_dkv, &a);
   return st;
 }
 
