@@ -29,10 +29,15 @@ timed in the forward by a wrapper, and in the backward between two identity
 autograd nodes around it; median of the per-step shares), peak RSS
 (ru_maxrss of the backend's process) and the RSS before training (model
 built), final loss. The loss curves are overlaid in a PNG (matplotlib; skipped
-with a note where it is missing) and must agree: the trailing moving average
-(window --smooth) of each backend's loss stays within --loss-rtol (relative)
-of the reference backend's (the first of --backends) at every step. The exit
-status is 1 where they do not, or where a backend failed.
+with a note where it is missing) and must agree within bf16 noise: the
+trailing moving average (window --smooth) of each backend's loss stays within
+--loss-rtol (default 1%, relative) of sdpa's (or, without sdpa, the first
+backend's) at every step. 1% is a few bf16 roundings of the loss (relative
+spacing 2^-8 = 0.39%): the two stock backends, eager and sdpa, differed by
+0.07% over 30 steps at seq 512 in bf16 (AMD EPYC, 2 threads), while a wrong
+mask or gradient moves the curve by far more within a few steps (a causal
+leak drops the loss at once). eager vs sdpa is printed as the yardstick. The
+exit status is 1 where a backend disagrees or failed.
 
   python bench/train_model.py --quick --threads 2 --backends sdpa,eager
   python bench/train_model.py --seq 2048,4096 --steps 30 --threads 16 \
@@ -399,9 +404,9 @@ def summarize(results, seq, batch, warmup, smooth, rtol):
     ok = [n for n in rows if "error" not in rows[n]]
     agreement = {}
     if len(ok) > 1:
-        ref = ok[0]
+        ref = "sdpa" if "sdpa" in ok else ok[0]
         ref_ma = moving_average(rows[ref]["losses"], smooth)
-        for name in ok[1:]:
+        for name in (n for n in ok if n != ref):
             ma = moving_average(rows[name]["losses"], smooth)
             worst = max(abs(a - b) / abs(b) for a, b in zip(ma, ref_ma))
             agreement[name] = {"vs": ref, "max_rel_diff": worst, "ok": worst <= rtol}
@@ -465,7 +470,7 @@ def parse_args(argv):
                     help="first steps left out of the timings (default 2)")
     ap.add_argument("--block", type=int, default=1, help="steps per turn (default 1)")
     ap.add_argument("--backends", default=",".join(BACKENDS),
-                    help="comma list of tilegrad, sdpa, eager; the first is the loss reference")
+                    help="comma list of tilegrad, sdpa, eager (default all three)")
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="threads (default: all CPUs)")
     ap.add_argument("--dtype", default="auto", choices=("auto", "bf16", "f32"),
                     help="bf16 autocast or float32 (default auto: bf16 where the CPU has a bf16 unit)")
@@ -478,8 +483,8 @@ def parse_args(argv):
     ap.add_argument("--text", default=None, help="train on this file's bytes instead of generated text")
     ap.add_argument("--smooth", type=int, default=None,
                     help="moving-average window of the loss check (default 5; --quick 3)")
-    ap.add_argument("--loss-rtol", type=float, default=0.02,
-                    help="allowed relative difference of the smoothed losses (default 0.02)")
+    ap.add_argument("--loss-rtol", type=float, default=0.01,
+                    help="allowed relative difference of the smoothed losses (default 0.01)")
     ap.add_argument("--png", default=None,
                     help="loss-curve plot (default: the --json path with .png, else train_model.png)")
     ap.add_argument("--json", default=None, help="write every figure and loss to this file")
@@ -531,9 +536,11 @@ def main(argv=None):
     params = next((r["params"] for rows in per_seq.values() for r in rows.values()
                    if "error" not in r), 0)
     hidden, layers, heads, kv_heads, mlp = args.model
-    print(f"CPU {cpu_model()}; torch ISA {info.get('isa')}; {info.get('threads')} threads; "
+    print(f"CPU {cpu_model()}; torch ISA {info.get('isa')}; {info.get('threads')} threads "
+          f"(OMP_WAIT_POLICY {os.environ.get('OMP_WAIT_POLICY', 'unset')}); "
           f"torch {info.get('torch')}; transformers {info.get('transformers')}"
-          + (f"; tilegrad ISA {info['tilegrad_isa']}" if "tilegrad_isa" in info else ""))
+          + (f"; tilegrad ISA {info['tilegrad_isa']} ({info['tilegrad_lib']})"
+             if "tilegrad_isa" in info else ""))
     print(f"model: Llama, hidden {hidden}, {layers} layers, {heads} heads / {kv_heads} KV heads "
           f"of {hidden // heads}, MLP {mlp}, vocab 256 (bytes): {params / 1e6:.1f}M parameters; "
           f"batch {args.batch}; {args.steps} steps ({args.warmup} warm-up); AdamW lr {args.lr}")
@@ -550,6 +557,7 @@ def main(argv=None):
     if args.json:
         report.update({
             "cpu": cpu_model(), "machine": platform.machine(), "info": info,
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
             "model": {"hidden": hidden, "layers": layers, "heads": heads, "kv_heads": kv_heads,
                       "mlp": mlp, "vocab": 256, "params": params},
             "dtype": dtype, "dtype_why": why, "threads": args.threads, "batch": args.batch,
