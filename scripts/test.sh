@@ -4,7 +4,8 @@
 # cross-built for aarch64 under qemu (scripts/test_aarch64.sh), the same
 # x86-64 suites under AddressSanitizer + UndefinedBehaviorSanitizer, the
 # PyTorch oracle and Python package suite (pytest; on Debian's torch 1.13, then on
-# torch 2.9.1 in a venv for the custom ops), the pip-install check, a short
+# torch 2.9.1 with transformers 5.17.0 in a venv for the custom ops and the
+# transformers backend), the pip-install check, a short
 # libFuzzer run, the ThreadSanitizer race check and the microkernel suite
 # built with clang. Installs what it needs first (scripts/setup.sh test).
 set -euo pipefail
@@ -38,17 +39,19 @@ TILEGRAD_LIB="$PWD/build/libtilegrad.so" /usr/bin/python3 -m pytest tests/python
 
 # The torch front's custom ops (torch.compile, torch.export, opcheck) need
 # torch >= 2.4: the whole suite again on torch 2.9.1 from the package index,
+# with transformers 5.17.0 for the attention backend (tilegrad.transformers),
 # in a venv that is created once and reused (TG_TORCH_VENV; the x86-64 torch
 # wheel pulls its CUDA runtime wheels, ~3-4 GB, to import).
-echo "== torch front on PyTorch 2.9.1 (pytest in a venv)"
+echo "== torch front on PyTorch 2.9.1 and transformers 5.17.0 (pytest in a venv)"
 tv="${TG_TORCH_VENV:-$PWD/build-torch-venv}"
-if ! "$tv/bin/python" -c 'import torch, numpy, pytest, hypothesis
-assert torch.__version__.split("+")[0] == "2.9.1"' 2>/dev/null; then
+if ! "$tv/bin/python" -c 'import torch, numpy, pytest, hypothesis, transformers
+assert torch.__version__.split("+")[0] == "2.9.1"
+assert transformers.__version__ == "5.17.0"' 2>/dev/null; then
   [ -x "$tv/bin/python" ] || python3 -m venv "$tv"
   "$tv/bin/python" -m pip install --disable-pip-version-check --no-cache-dir -q \
-    torch==2.9.1 numpy pytest hypothesis
+    torch==2.9.1 transformers==5.17.0 numpy pytest hypothesis
 fi
-TILEGRAD_LIB="$PWD/build/libtilegrad.so" TG_REQUIRE_CUSTOM_OPS=1 \
+TILEGRAD_LIB="$PWD/build/libtilegrad.so" TG_REQUIRE_CUSTOM_OPS=1 TG_REQUIRE_TRANSFORMERS=1 \
   "$tv/bin/python" -m pytest tests/python -q
 
 echo "== pip install ./python in a fresh venv, then import it from elsewhere"

@@ -10,6 +10,8 @@
   (``tilegrad::attn_fwd`` ...; PyTorch >= 2.4, autograd Functions on older
   torch), functions and ``nn.Module`` s (attention, RMSNorm); imported on
   first access;
+* :mod:`tilegrad.transformers` -- ``attn_implementation="tilegrad"`` for
+  Hugging Face transformers (registered on import; needs transformers >= 5);
 * :mod:`tilegrad.capi` -- the raw ctypes binding (params structs, Context.call);
 * :mod:`tilegrad.bf16` -- bfloat16 helpers (raw uint16 bits / ml_dtypes);
 * :mod:`tilegrad.errors` -- the exception per status code.
@@ -41,8 +43,9 @@ __all__ = [
 
 
 def __getattr__(name):
-    # `tilegrad.torch` without importing torch at `import tilegrad`
-    if name == "torch":
+    # `tilegrad.torch` / `tilegrad.transformers` without importing torch or
+    # transformers at `import tilegrad`
+    if name in ("torch", "transformers"):
         import importlib
         return importlib.import_module(".torch", __name__)
     raise AttributeError(f"module 'tilegrad' has no attribute {name!r}")
