@@ -174,7 +174,9 @@ def _worker(conn, cfg):
     if backend == "tilegrad":
         sys.path.insert(0, os.path.join(REPO, "python"))
         import tilegrad
-        import tilegrad.transformers  # noqa: F401  registers "tilegrad"
+        import tilegrad.transformers
+        tilegrad.transformers.register(attn_precision=cfg["tilegrad_precision"])
+        info["tilegrad_precision"] = cfg["tilegrad_precision"]
         info["tilegrad_isa"] = tilegrad.Context().isa
         info["tilegrad_lib"] = tilegrad.library().path
 
@@ -305,7 +307,7 @@ def run_seq(args, seq, model_shape, dtype):
     spawn = mp.get_context("spawn")
     cfg = {"seq": seq, "model": model_shape, "dtype": dtype, "threads": args.threads,
            "steps": args.steps, "batch": args.batch, "lr": args.lr, "seed": args.seed,
-           "text": args.text}
+           "text": args.text, "tilegrad_precision": args.tilegrad_precision}
     workers = {}
     for name in args.backends:
         here, there = spawn.Pipe()
@@ -462,9 +464,9 @@ def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
-                    help="a 2-layer model of 2.1M at seq 512 for 12 steps: about a minute on 2 cores")
+                    help="a 2-layer model of 2.1M at seq 1024 for 12 steps: about a minute on 2 cores")
     ap.add_argument("--seq", default=None,
-                    help="comma list of sequence lengths (default 2048,4096; --quick 512)")
+                    help="comma list of sequence lengths (default 2048,4096; --quick 1024)")
     ap.add_argument("--steps", type=int, default=None, help="steps per backend (default 20; --quick 12)")
     ap.add_argument("--warmup", type=int, default=None,
                     help="first steps left out of the timings (default 2)")
@@ -474,6 +476,9 @@ def parse_args(argv):
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="threads (default: all CPUs)")
     ap.add_argument("--dtype", default="auto", choices=("auto", "bf16", "f32"),
                     help="bf16 autocast or float32 (default auto: bf16 where the CPU has a bf16 unit)")
+    ap.add_argument("--tilegrad-precision", default="exact", choices=("exact", "split", "bf16"),
+                    help="tilegrad.transformers.register(attn_precision=): how tilegrad's bf16 "
+                    "kernels multiply by P and dS (default exact)")
     ap.add_argument("--model", default=None,
                     help="hidden,layers,heads,kv_heads,mlp (default %s; --quick %s)"
                     % (",".join(map(str, DEFAULT_MODEL)), ",".join(map(str, QUICK_MODEL))))
@@ -491,7 +496,7 @@ def parse_args(argv):
     args = ap.parse_args(argv)
 
     quick = args.quick
-    args.seq = [int(s) for s in (args.seq or ("512" if quick else "2048,4096")).split(",")]
+    args.seq = [int(s) for s in (args.seq or ("1024" if quick else "2048,4096")).split(",")]
     args.steps = args.steps if args.steps is not None else (12 if quick else 20)
     args.warmup = args.warmup if args.warmup is not None else 2
     args.smooth = args.smooth if args.smooth is not None else (3 if quick else 5)
@@ -539,7 +544,8 @@ def main(argv=None):
     print(f"CPU {cpu_model()}; torch ISA {info.get('isa')}; {info.get('threads')} threads "
           f"(OMP_WAIT_POLICY {os.environ.get('OMP_WAIT_POLICY', 'unset')}); "
           f"torch {info.get('torch')}; transformers {info.get('transformers')}"
-          + (f"; tilegrad ISA {info['tilegrad_isa']} ({info['tilegrad_lib']})"
+          + (f"; tilegrad ISA {info['tilegrad_isa']}, attn_precision "
+             f"{info['tilegrad_precision']} ({info['tilegrad_lib']})"
              if "tilegrad_isa" in info else ""))
     print(f"model: Llama, hidden {hidden}, {layers} layers, {heads} heads / {kv_heads} KV heads "
           f"of {hidden // heads}, MLP {mlp}, vocab 256 (bytes): {params / 1e6:.1f}M parameters; "
@@ -563,6 +569,7 @@ def main(argv=None):
             "dtype": dtype, "dtype_why": why, "threads": args.threads, "batch": args.batch,
             "steps": args.steps, "warmup": args.warmup, "block": args.block, "lr": args.lr,
             "seed": args.seed, "text": args.text, "smooth": args.smooth,
+            "tilegrad_precision": args.tilegrad_precision,
             "loss_rtol": args.loss_rtol, "png": png, "wall_s": wall,
             "ok": not failed and not disagree})
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
