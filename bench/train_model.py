@@ -442,6 +442,7 @@ def plot(path, per_seq, smooth):
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError:
         print(f"matplotlib is not importable: no PNG ({path})")
         return None
@@ -452,6 +453,7 @@ def plot(path, per_seq, smooth):
                     linewidth=2.5 - 0.7 * i, label=name)
         ax.set_title(f"seq {seq} (the check: {smooth}-step moving averages)")
         ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         ax.set_ylabel("loss (nats/byte)")
         ax.legend()
     fig.tight_layout()
@@ -506,8 +508,10 @@ def parse_args(argv):
     bad = [b for b in args.backends if b not in BACKENDS]
     if bad or not args.backends or len(set(args.backends)) != len(args.backends):
         ap.error(f"--backends: a comma list of distinct names from {', '.join(BACKENDS)}")
-    if len(args.model) != 5 or args.model[0] % args.model[2] or args.model[2] % args.model[3]:
-        ap.error("--model: hidden,layers,heads,kv_heads,mlp with heads | hidden and kv_heads | heads")
+    if len(args.model) != 5 or args.model[0] % args.model[2] or args.model[2] % args.model[3] \
+            or (args.model[0] // args.model[2]) % 2:
+        ap.error("--model: hidden,layers,heads,kv_heads,mlp with heads | hidden, kv_heads | heads "
+                 "and an even head dim (rotary embeddings)")
     if min(args.seq) < 2 or args.steps < 1 or args.batch < 1 or args.block < 1 \
             or args.threads < 1 or args.smooth < 1:
         ap.error("--seq (>= 2), --steps, --batch, --block, --threads and --smooth must be positive")
@@ -554,7 +558,8 @@ def main(argv=None):
     print(f"data: {'bytes of ' + args.text if args.text else 'generated text, seed %d' % args.seed}")
     for seq in args.seq:
         print_table(seq, per_seq[seq], agreements[seq], args.loss_rtol, args.smooth)
-    png = plot(args.png, per_seq, args.smooth)
+    ran = any("error" not in r for rows in per_seq.values() for r in rows.values())
+    png = plot(args.png, per_seq, args.smooth) if ran else None
     wall = time.perf_counter() - t0
     print(f"wall time {wall:.0f} s")
 
