@@ -402,7 +402,9 @@ def summarize(results, seq, batch, warmup, smooth, rtol):
             "attn_bwd_s": statistics.median(x["attn_bwd"] for x in timed),
             "peak_rss_mib": r["peak_rss"] / 2**20, "rss_before_mib": r["rss_before"] / 2**20,
             "final_loss": losses[-1], "final_loss_smoothed": moving_average(losses, smooth)[-1],
-            "losses": losses, "params": r["params"], "info": r["info"]}
+            "losses": losses, "step_seconds": [x["seconds"] for x in r["records"]],
+            "attn_seconds": [x["attn_fwd"] + x["attn_bwd"] for x in r["records"]],
+            "params": r["params"], "info": r["info"]}
     ok = [n for n in rows if "error" not in rows[n]]
     agreement = {}
     if len(ok) > 1:
