@@ -39,9 +39,8 @@ mask or gradient moves the curve by far more within a few steps (a causal
 leak drops the loss at once). eager vs sdpa is printed as the yardstick. The
 exit status is 1 where a backend disagrees or failed.
 
-  python bench/train_model.py --quick --threads 2 --backends sdpa,eager
-  python bench/train_model.py --seq 2048,4096 --steps 30 --threads 16 \
-      --json bench/results/train-xeon16.json --png bench/results/train-xeon16.png
+  python bench/train_model.py --quick --threads 2
+  python bench/train_model.py --seq 2048,4096 --threads 16 --json train-16t.json  # + .png
 """
 import argparse
 import hashlib
