@@ -546,6 +546,19 @@ PRECISIONS = ("f32", "bf16")
 # ATTN_PRECISIONS, the attn_precision= values: from _torch_common (ring takes them too)
 
 
+def _autocast_cast(*ts):
+    """Under CPU autocast, the floating tensors in autocast's dtype, as
+    autocast hands SDPA its inputs (so a model whose rotary step returns q
+    and k in float32 beside a bf16 v runs in bf16, as with SDPA)."""
+    if hasattr(torch, "get_autocast_dtype"):  # torch >= 2.4
+        on, dt = torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")
+    else:
+        on, dt = torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype()
+    if not on:
+        return ts
+    return tuple(t.to(dt) if t.is_floating_point() else t for t in ts)
+
+
 def _check_cpu(*ts):
     for t in ts:
         if t is not None and t.device.type != "cpu":
@@ -651,7 +664,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None,
     unit-variance inputs); float16 inputs in float32 (output cast back).
     ``precision="bf16"`` rounds other dtypes to bf16 (faster, bf16-accurate);
     ``precision="f32"`` computes in float32 (float64 inputs need one of the
-    two). q, k and v must have one dtype.
+    two). q, k and v must have one dtype; under CPU autocast they are first
+    cast to its dtype, as SDPA's inputs are.
 
     attn_precision: how the products that take the attention weights P or
     the score gradient dS (``O = P.V``; ``dQ = dS.K``, ``dK = dS^T.Q``,
@@ -671,6 +685,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None,
     identical results across runs and thread counts (in every mode).
     """
     _check_cpu(q, k, v)
+    q, k, v = _autocast_cast(q, k, v)
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError("attention takes 4-D [B, heads, L, D] tensors; got shapes "
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")

@@ -244,3 +244,19 @@ def test_ops_check_their_dtypes():
                                         0, False, bad)
     with pytest.raises(ValueError, match="rms_norm_fwd: x .* and weight"):
         torch.ops.tilegrad.rms_norm_fwd(torch.ones(3, 8), torch.ones(9), 1e-5, 0, False)
+
+
+def test_cpu_autocast_casts_the_inputs():
+    """Under CPU bf16 autocast, float32 q, k beside a bf16 v (what a rotary
+    step gives under autocast) are cast to bf16 as autocast casts SDPA's
+    inputs: the same bits as bf16 inputs, gradients in the inputs' dtypes."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 4, 19, 16, generator=g, requires_grad=True)
+    k = torch.randn(1, 2, 19, 16, generator=g, requires_grad=True)
+    v = torch.randn(1, 2, 19, 16, generator=g).bfloat16().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        o = tt.attention(q, k, v, causal=True)
+    ref = tt.attention(q.detach().bfloat16(), k.detach().bfloat16(), v.detach(), causal=True)
+    assert o.dtype == torch.bfloat16 and torch.equal(o, ref)
+    o.float().sum().backward()
+    assert q.grad.dtype == torch.float32 and v.grad.dtype == torch.bfloat16

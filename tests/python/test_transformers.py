@@ -297,6 +297,25 @@ def test_bfloat16_matches_sdpa(family, padding):
             2 * _norm_rel(ref[2][n], exact[2][n]) + BF16_FLOOR, n
 
 
+def test_bf16_autocast_matches_sdpa():
+    """Mixed precision as users train: float32 weights under CPU bf16
+    autocast, where Llama's rotary step hands attention float32 q, k beside
+    a bf16 v; tilegrad casts them as autocast casts SDPA's inputs. Same
+    bounds as the bf16 model."""
+    ids, am, labels = _batch("left")
+    runs = []
+    for attn in ("tilegrad", "sdpa"):
+        model = _model("llama", attn)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            runs.append(_run(model, ids, am, labels))
+    got, ref = runs
+    assert _max_rel(got[0], ref[0]) <= BF16_RTOL, "logits"
+    assert _max_rel(got[1], ref[1]) <= BF16_RTOL, "loss"
+    names = sorted(ref[2])
+    flat = [torch.cat([r[2][n].flatten() for n in names]) for r in (got, ref)]
+    assert _norm_rel(*flat) <= BF16_RTOL, "all gradients"
+
+
 # ---------------------------------------------------------------------------
 # masks
 
