@@ -76,6 +76,13 @@ LS, DS = (512, 1024, 2048, 4096), (64, 128, 256)
 HEADS = ((1, 8, 8), (2, 16, 4), (4, 8, 8), (1, 16, 4), (2, 8, 8), (4, 16, 16),
          (1, 8, 2), (2, 16, 16), (4, 8, 2), (1, 16, 16), (2, 8, 2), (4, 16, 4))
 MAX_GFLOP = 200.0
+# Shapes users train that the covering grid misses, appended to it as they
+# are (not lowered to MAX_GFLOP: their size is the point): head dims 96-512,
+# GQA up to 8 (16 query heads on 2 kv heads), one batch with few heads for
+# many cores, long context (16384 and 32768, causal).
+USER_SHAPES = ((1, 6, 2, 1024, 512, 1), (1, 8, 4, 1024, 256, 0), (1, 4, 4, 2560, 160, 0),
+               (1, 16, 2, 3072, 64, 1), (1, 8, 8, 2048, 96, 1), (1, 6, 2, 384, 128, 0),
+               (1, 8, 2, 16384, 128, 1), (1, 8, 2, 32768, 64, 1))
 QUICK = ((1, 8, 8, 512, 64, 0), (1, 8, 2, 512, 128, 1), (2, 8, 8, 1024, 64, 1))
 # --windowed: causal sliding windows W 512-4096 at L 8192-32768, and L 16384
 # with W 1024 (the case the window's cost is judged on). Heads are kept low:
@@ -123,7 +130,7 @@ def grid():
                     else:
                         H, Hkv = 8, max(1, Hkv // 2)
                 shapes.append((B, H, Hkv, L, D, causal))
-    return shapes
+    return shapes + list(USER_SHAPES)
 
 
 def parse_shapes(text):
