@@ -243,6 +243,33 @@ class TorchStep:
         return torch.autograd.grad(self.out, self.inputs, self.do, retain_graph=True)
 
 
+class TorchForward:
+    """PyTorch SDPA's forward alone (no graph: torch.no_grad), in `dtype`;
+    returns [O]."""
+
+    def __init__(self, q, k, v, causal, scale, dtype):
+        gqa = q.shape[1] // k.shape[1]
+        self.q, self.k, self.v = (t.to(dtype) for t in (q, k, v))
+        if gqa > 1:  # as TorchStep: SDPA's CPU kernels take no GQA
+            self.k, self.v = (t.repeat_interleave(gqa, 1) for t in (self.k, self.v))
+        self.causal, self.scale, self.backend = bool(causal), scale, "flash"
+
+    def _sdpa(self):
+        return F.scaled_dot_product_attention(self.q, self.k, self.v, is_causal=self.causal,
+                                              scale=self.scale)
+
+    def __call__(self):
+        with torch.no_grad():
+            if self.backend == "flash":
+                try:
+                    from torch.nn.attention import SDPBackend, sdpa_kernel
+                    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                        return [self._sdpa()]
+                except (ImportError, RuntimeError):
+                    self.backend = "sdpa-default"
+            return [self._sdpa()]
+
+
 def window_mask(L, causal, W, dtype):
     """The dense additive mask SDPA needs for a window: [L, L] of dtype, 0
     where key k is visible to query i (k > i - W, and k <= i when causal),
@@ -313,6 +340,7 @@ class TilegradStep:
         # opt None: tg_flash_attn_train_fwd_bf16, the same call
         self.ctx.call("tg_attn_train_fwd", BF16, self.q, self.k, self.v, self.o, self.L,
                       self.p, None, None, self.causal, self.opt)
+        return [self.o]
 
     def __call__(self):
         B, H, L, D = self.shape
@@ -337,7 +365,8 @@ def timed(fn):
 
 
 def max_rel_diff(ours, theirs):
-    """Largest |ours - theirs| over dQ, dK, dV, each relative to max |theirs|.
+    """Largest |ours - theirs| over dQ, dK, dV (O with --forward), each
+    relative to max |theirs|.
     Against torch bf16 (the same bf16 math) this should be a few bf16 ulps;
     against torch f32 it is mostly the rounding of tilegrad's bf16 outputs."""
     worst = 0.0
@@ -360,22 +389,29 @@ def check_agreement(tg_step, torch_steps):
     return diffs
 
 
-def run_shape(shape, threads, reps, ctx, seed, dtypes):
+def run_shape(shape, threads, reps, ctx, seed, dtypes, forward=False):
     B, H, Hkv, L, D, causal = shape[:6]
     window = shape[6] if len(shape) > 6 else 0
+    if forward and window:
+        sys.exit("vs_torch.py: --forward takes shapes without a window (a windowed row "
+                 "already times forward + backward)")
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(B, H, L, D, generator=g).bfloat16()
     k = torch.randn(B, Hkv, L, D, generator=g).bfloat16()
     v = torch.randn(B, Hkv, L, D, generator=g).bfloat16()
     do = torch.randn(B, H, L, D, generator=g).bfloat16()
     scale = 1.0 / math.sqrt(D)
-    if window:
+    if forward:
+        torch_steps = {name: TorchForward(q, k, v, causal, scale, TORCH_DTYPES[name])
+                       for name in dtypes}
+    elif window:
         torch_steps = {name: TorchWindowStep(q, k, v, do, causal, window, scale,
                                              TORCH_DTYPES[name]) for name in dtypes}
     else:
         torch_steps = {name: TorchStep(q, k, v, do, causal, scale, TORCH_DTYPES[name])
                        for name in dtypes}
-    tg_step = TilegradStep(ctx, q, k, v, do, causal, scale, window)
+    tilegrad = TilegradStep(ctx, q, k, v, do, causal, scale, window)
+    tg_step = tilegrad.forward if forward else tilegrad
     diffs = check_agreement(tg_step, torch_steps)
     t_torch, t_tg = {name: [] for name in dtypes}, []
     for _ in range(reps):
@@ -387,12 +423,12 @@ def run_shape(shape, threads, reps, ctx, seed, dtypes):
         t_tg.append(timed(tg_step))
 
     gflop = (window_flop(B, H, L, D, causal, window) if window else
-             flop(B, H, L, D, causal)) / 1e9
+             flop(B, H, L, D, causal) * (0.4 if forward else 1.0)) / 1e9  # forward: 4 of 10
     ms_tg = statistics.median(t_tg)
     ms = {name: statistics.median(t) for name, t in t_torch.items()}
     peer = min(ms, key=ms.get)  # the faster torch dtype on this shape
     r = {"B": B, "H": H, "Hkv": Hkv, "L": L, "D": D, "causal": bool(causal),
-         "window": window, "step": "fwd+bwd" if window else "bwd",
+         "window": window, "step": "fwd" if forward else "fwd+bwd" if window else "bwd",
          "threads": threads, "gflop": gflop, "tilegrad_isa": ctx.isa,
          "ms_tilegrad": ms_tg, "ms_tilegrad_reps": t_tg,
          "tilegrad_gflops": gflop / ms_tg * 1e3, "torch_dtypes": list(dtypes)}
@@ -498,6 +534,9 @@ def main():
     ap.add_argument("--shapes", type=parse_shapes,
                     help="'B,H,Hkv,L,D,causal[,W];...' instead of the grid (W: a sliding "
                     "window, timed as forward + backward)")
+    ap.add_argument("--forward", action="store_true",
+                    help="time the training forward alone on both sides (tg_attn_train_fwd: "
+                    "O and L; SDPA without a graph), FLOP = 4*B*H*L^2*D (x0.5 causal)")
     ap.add_argument("--isa", help="tilegrad's microkernel set: auto or one of the names "
                     "`tilegrad bench --help` lists (sets TG_ISA); default: the library's choice")
     ap.add_argument("--torch-dtypes", type=parse_dtypes, default=list(TORCH_DTYPES),
@@ -540,6 +579,9 @@ def main():
               f"{ceil:.1f} GFLOP/s; times in ms, speedup = faster torch / tilegrad "
               f"(medians; best: fastest runs), "
               f"diff = tilegrad's max rel gradient diff vs each torch dtype")
+        if args.forward:
+            print("forward alone (tilegrad O and L, torch SDPA without a graph); "
+                  "diff = max rel difference of O")
         if any(len(s) > 6 for s in shapes):
             print("shapes with a window W (7th field): forward + backward step, torch with "
                   "the dense [L, L] additive mask; GFLOP/s on the visible pairs "
@@ -547,7 +589,7 @@ def main():
         print(fmt_row([c[0] for c in COLS]))
         rows = []
         for si, shape in enumerate(shapes):
-            r = run_shape(shape, threads, args.reps, ctx, args.seed + si, dtypes)
+            r = run_shape(shape, threads, args.reps, ctx, args.seed + si, dtypes, args.forward)
             r["pct_fma_peak"] = 100 * r["tilegrad_gflops"] / fma
             r["pct_ceiling"] = 100 * r["tilegrad_gflops"] / ceil
             r["fma_peak_gflops"], r["ceiling_gflops"] = fma, ceil
