@@ -126,11 +126,15 @@ typedef struct {
  * others D); the first 5 always, the last 4 for compensated sums. */
 static const int ktile_has_dv[9] = {0, 0, 1, 0, 1, 0, 0, 1, 1};
 
+/* Bytes of the key tile's buffer i (carve's order). */
+static size_t ktile_buf_bytes(int i, int64_t D, int64_t Dv, int64_t BK) {
+  return tg_align64(sizeof(float) * BK * (size_t)(ktile_has_dv[i] ? Dv : D));
+}
+
 /* Bytes of one key tile's side of the scratch. */
 static size_t ktile_bytes(int64_t D, int64_t Dv, int64_t BK, int compensated) {
   size_t n = 0;
-  for (int i = 0; i < (compensated ? 9 : 5); i++)
-    n += tg_align64(sizeof(float) * BK * (size_t)(ktile_has_dv[i] ? Dv : D));
+  for (int i = 0; i < (compensated ? 9 : 5); i++) n += ktile_buf_bytes(i, D, Dv, BK);
   return n;
 }
 
@@ -166,7 +170,7 @@ static bwd_scratch carve(void *base, int64_t D, int64_t Dv, int64_t BQ, int64_t 
                       &t->dK_sum, &t->dK_comp, &t->dV_sum, &t->dV_comp};
     for (int i = 0; i < 9; i++) *bufs[i] = NULL;
     for (int i = 0; i < (compensated ? 9 : 5); i++)
-      *bufs[i] = (float *)p, p += tg_align64(sizeof(float) * BK * (size_t)(ktile_has_dv[i] ? Dv : D));
+      *bufs[i] = (float *)p, p += ktile_buf_bytes(i, D, Dv, BK);
   }
   return w;
 }
