@@ -20,7 +20,7 @@
  * 1 / (1 - p) is folded into the final scaling, O = (acc / l) / (1 - p).
  *
  * Variants (tg_attn_options): a sliding window W starts each q-tile's key
- * loop at the first key tile its first row can see (tg_attn_key_begin), so
+ * loop at the first key its first row can see (tg_attn_key_begin), so
  * a row costs about W keys, not kL; the keys of a tile left of a row's
  * window are -inf like causal ones. A sink s_h joins the row's state once,
  * after the last tile, as one more score with no value: m' = max(m, s_h),
