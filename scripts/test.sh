@@ -12,24 +12,32 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh test
 jobs=$(nproc)
+# Each stage prints its start and the seconds the previous one took, so a
+# slow CI run shows where its time went.
+t_stage=0 stage_name=setup
+stage() {
+  echo "== ($stage_name: $((SECONDS - t_stage)) s)"
+  t_stage=$SECONDS stage_name=$1
+  echo "== $1: $2"
+}
 
 # ctest runs as many suites at once as there are CPUs: the suites' f64
 # references are serial and dominate their time (a 2-core AMD EPYC of family
 # 23 ran the ASan suites' test_attention for about 3 minutes per table), and
 # every suite sets OMP_WAIT_POLICY=passive but the one that must spin
 # (tests/CMakeLists.txt), so oversubscribed threads sleep instead.
-echo "== build (Release) and ctest"
+stage release "build (Release) and ctest"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DTG_BUILD_TESTS=ON >/dev/null
 cmake --build build -j"$jobs" >/dev/null
 (cd build && ctest -j"$jobs" --output-on-failure)
 
-echo "== install: find_package and pkg-config consumers"
+stage consumers "install: find_package and pkg-config consumers"
 bash tests/consumer/check.sh
 
-echo "== aarch64: cross build, every C suite under qemu (neon, neonbf16, portable)"
+stage aarch64 "aarch64: cross build, every C suite under qemu (neon, neonbf16, portable)"
 bash scripts/test_aarch64.sh
 
-echo "== build (ASan + UBSan) and ctest"
+stage asan "build (ASan + UBSan) and ctest"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DTG_SANITIZE=ON >/dev/null
 cmake --build build-asan -j"$jobs" >/dev/null
 # TG_TEST_SHORT=1 (as under qemu): the sanitizers look for memory errors, and
@@ -37,7 +45,7 @@ cmake --build build-asan -j"$jobs" >/dev/null
 # longer random variant runs), which the Release run above covers.
 (cd build-asan && TG_TEST_SHORT=1 ASAN_OPTIONS=detect_leaks=1 ctest -j"$jobs" --output-on-failure)
 
-echo "== PyTorch oracle and Python package (pytest, Debian's torch 1.13)"
+stage pytest-1.13 "PyTorch oracle and Python package (pytest, Debian's torch 1.13)"
 TILEGRAD_LIB="$PWD/build/libtilegrad.so" /usr/bin/python3 -m pytest tests/python -q
 
 # The torch front's custom ops (torch.compile, torch.export, opcheck) need
@@ -45,7 +53,7 @@ TILEGRAD_LIB="$PWD/build/libtilegrad.so" /usr/bin/python3 -m pytest tests/python
 # with transformers 5.17.0 for the attention backend (tilegrad.transformers),
 # in a venv that is created once and reused (TG_TORCH_VENV; the x86-64 torch
 # wheel pulls its CUDA runtime wheels, ~3-4 GB, to import).
-echo "== torch front on PyTorch 2.9.1 and transformers 5.17.0 (pytest in a venv)"
+stage pytest-2.9 "torch front on PyTorch 2.9.1 and transformers 5.17.0 (pytest in a venv)"
 tv="${TG_TORCH_VENV:-$PWD/build-torch-venv}"
 if ! "$tv/bin/python" -c 'import torch, numpy, pytest, hypothesis, transformers
 assert torch.__version__.split("+")[0] == "2.9.1"
@@ -57,16 +65,17 @@ fi
 TILEGRAD_LIB="$PWD/build/libtilegrad.so" TG_REQUIRE_CUSTOM_OPS=1 TG_REQUIRE_TRANSFORMERS=1 \
   "$tv/bin/python" -m pytest tests/python -q
 
-echo "== pip install ./python in a fresh venv, then import it from elsewhere"
+stage pip-install "pip install ./python in a fresh venv, then import it from elsewhere"
 bash python/ci_install_check.sh --offline
 
-echo "== libFuzzer: replay fuzz/corpus, then 60 s of fuzzing (fuzz/README.md)"
+stage fuzz "libFuzzer: replay fuzz/corpus, then 60 s of fuzzing (fuzz/README.md)"
 bash fuzz/run.sh 60
 
-echo "== race check: ThreadSanitizer + Archer over every accumulating kernel"
+stage race "race check: ThreadSanitizer + Archer over every accumulating kernel"
 bash scripts/race_check.sh
 
-echo "== clang build: every table's microkernel suite (the row ops' bits under clang's pragmas)"
+stage clang "clang build: every table's microkernel suite (the row ops' bits under clang's pragmas)"
 CC=clang cmake -S . -B build-clang -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build-clang -j"$jobs" --target test_micro >/dev/null
 (cd build-clang && ctest -R '^test_micro\.' --output-on-failure)
+stage done "total $SECONDS s"
