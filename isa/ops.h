@@ -97,9 +97,10 @@ typedef struct {
    * exp_f32's polynomial in one pass), 0 for k >= n_vis or a mask of -inf. */
   void (*attn_prob_row)(float *s, int64_t n, int64_t n_vis, float scale, const void *mask,
                         tg_dtype mask_type, float shift);
-  /* Forward row: s[k] = exp(s[k] - shift) in place (exp_f32's polynomial);
-   * returns sum_k s[k] (LANES partials and a fixed tree, then the tail of
-   * n % LANES in order). */
+  /* Forward row: s[k] = exp(s[k] - shift) in place, where every s[k] <=
+   * shift (shift: the row's running max); returns sum_k s[k] (LANES
+   * partials and a fixed tree, then the tail of n % LANES in order).
+   * exp_f32's polynomial, except that e^x < 2^-126 (x <= -87.3) gives 0. */
   float (*attn_exp_sum_row)(float *s, int64_t n, float shift);
   /* attn_score_row with shift 0, returning max_k s[k]: -inf when every key
    * is masked, NaN when any visible s[k] is NaN (a NaN input reaches its

@@ -224,6 +224,66 @@ static void test_exp(void **state) {
   free(x), free(y);
 }
 
+/* attn_exp_sum_row: rows of s <= shift (the forward's running max) with
+ * -inf entries and scores from 0 to 110 below the shift, ragged lengths.
+ * Bounds (u = 2^-24): e[k] within 2 ulp of exp(f32(s[k] - shift)) where
+ * that is >= 2^-126 (x > -87.3), and 0 <= e[k] <= 2^-126 below (the op
+ * flushes there); the sum within (n/16 + 4) u S + 2 ulp per term (16 lane
+ * sums, a 4-level tree, the tail in order: 2 ulp <= 4u e), plus 2^-126
+ * per flushed term. A NaN or +inf shift (a NaN or
+ * overflowed score reached the row's max) makes the row and its sum NaN. */
+static void test_exp_sum_row(void **state) {
+  const tg_isa_ops *tabs[TU_MAX_ISAS];
+  const int nt = n_tables(tabs);
+  tu_rng r = tu_rng_make(tu_seed() + 14);
+  const int64_t lens[] = {1, 7, 16, 48, 77, 128, 1000};
+  enum { NMAX = 1000 };
+  float s0[NMAX], s[NMAX];
+  for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+    for (int fill = 0; fill < 3; fill++) { /* near the max, the whole range, -inf entries */
+      const int64_t n = lens[li];
+      const float shift = fill == 0 ? 1.5f : -3.25f;
+      tu_fill_f32(&r, s0, n, fill == 0 ? -8.0f : -110.0f, 0.0f);
+      for (int64_t k = 0; k < n; k++) s0[k] += shift;
+      s0[n / 2] = shift; /* the max itself */
+      if (fill == 2)
+        for (int64_t k = 0; k < n; k += 3) s0[k] = -INFINITY;
+      for (int t = 0; t < nt; t++) {
+        memcpy(s, s0, sizeof(float) * (size_t)n);
+        const float sum = tabs[t]->attn_exp_sum_row(s, n, shift);
+        double want_sum = 0;
+        for (int64_t k = 0; k < n; k++) {
+          const float x = s0[k] - shift;
+          const double e = exp((double)x);
+          want_sum += e;
+          if (x <= -87.3f) {
+            if (!(s[k] >= 0.0f && s[k] <= 0x1p-126f))
+              TU_FAIL("%s attn_exp_sum_row exp(%a) = %a", tabs[t]->name, (double)x, (double)s[k]);
+            continue;
+          }
+          const double ulp = e < 0x1p-126 ? 0x1p-149 : ldexp(1.0, ilogb(e) - 23);
+          if (fabs(s[k] - e) > 2 * ulp)
+            TU_FAIL("%s attn_exp_sum_row exp(%a) = %a, want %a", tabs[t]->name, (double)x,
+                    (double)s[k], e);
+        }
+        const double bound = ((double)n / 16 + 8) * U * want_sum + (double)n * 0x1p-126;
+        if (fabs(sum - want_sum) > bound)
+          TU_FAIL("%s attn_exp_sum_row n %lld: sum %g want %g", tabs[t]->name, (long long)n,
+                  (double)sum, want_sum);
+      }
+    }
+  for (int t = 0; t < nt; t++) /* a NaN or +inf max */
+    for (int which = 0; which < 2; which++) {
+      const int64_t n = 77;
+      tu_fill_f32(&r, s, n, -8.0f, 0.0f);
+      s[3] = which ? INFINITY : NAN;
+      const float sum = tabs[t]->attn_exp_sum_row(s, n, which ? INFINITY : NAN);
+      assert_true(isnan(sum));
+      assert_true(isnan(s[3]));
+      if (!which) assert_true(isnan(s[0]));
+    }
+}
+
 static void test_conversions_and_dot(void **state) {
   const tg_isa_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
@@ -816,6 +876,7 @@ int main(void) {
       cmocka_unit_test(test_gemms),
       cmocka_unit_test(test_bf16_dot_gemm),
       cmocka_unit_test(test_exp),
+      cmocka_unit_test(test_exp_sum_row),
       cmocka_unit_test(test_conversions_and_dot),
       cmocka_unit_test(test_attention_rows),
       cmocka_unit_test(test_dropout_keep),
