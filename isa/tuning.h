@@ -96,6 +96,17 @@ enum { TG_ATTN_MIN_GROUP_UNITS = 4, TG_ATTN_MAX_QGROUPS = 16 };
  * tile. */
 enum { TG_ATTN_MAX_CHUNK_TILES = 8 };
 
+/* Forward: key tiles of up to TG_ATTN_FWD_KEY_TILES of the table's attn_bk,
+ * as many as keep K^T's and V's f32 tiles within TG_ATTN_FWD_TILE_BYTES
+ * (half of a 512 KiB L2; a constant, not the machine's L2, because the tile
+ * sets the order of the softmax sums: kernels/attention_fwd.c, fwd_key_tile).
+ * Measured on the 2-core AMD EPYC (family 23, avx2, 1 thread, f32, medians
+ * of 3): 1,2,1,4096,64 causal 188 / 171 / 168 ms at 2 / 4 / 8 tiles; D 128
+ * full 320 / 316 / 314 ms; D 256 full 77 / 80 / 81 ms (the rule gives it 2),
+ * D 512 causal 86 / 84 / 95 ms (1). */
+enum { TG_ATTN_FWD_KEY_TILES = 4 };
+#define TG_ATTN_FWD_TILE_BYTES ((int64_t)256 * 1024)
+
 /* Backward pre-pass D = rowsum(O * dO): rows per work item. */
 enum { TG_ATTN_D_ROWS_PER_GROUP = 256 };
 

@@ -46,7 +46,7 @@ typedef struct {
   float *L;
   float *delta; /* with dO: rowsum(dO * O) */
   const tg_isa_ops *ops;
-  int64_t BQ, BK; /* the ISA's tiles (tg_attn_bq, tg_attn_bk) */
+  int64_t BQ, BK; /* tiles: tg_attn_bq, fwd_key_tile */
   int bf16_dot;   /* tg_attn_bf16_dot: S = Q.K^T on bf16 pairs, KT holds pairs */
   tg_attn_products products; /* of acc += P.V (precision mode) */
   int64_t n_qtiles;
@@ -120,18 +120,26 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
   const int64_t key_end = tg_attn_key_end(pr, q0, nq);
   for (int64_t k0 = tg_attn_key_begin(pr, q0); k0 < key_end; k0 += BK) {
     const int64_t nk = key_end - k0 < BK ? key_end - k0 : BK;
-    if (a->products == TG_PRODUCTS_BF16_DOT)
+    const float *V = w.V; /* [nk, Dv] at stride ldv */
+    int64_t ldv = Dv;
+    if (a->products == TG_PRODUCTS_BF16_DOT) {
       ops->pack_bf16_row_pairs(nk, Dv, (const tg_bf16 *)Vh + k0 * pr->Vs[2], pr->Vs[2],
                                (uint32_t *)w.V, Dv);
-    else
+    } else if (pr->in == TG_DTYPE_F32) { /* f32 rows in place */
+      V = (const float *)Vh + k0 * pr->Vs[2], ldv = pr->Vs[2];
+    } else {
       tg_attn_load_rows(ops, pr->in, Vh, pr->Vs[2], k0, nk, Dv, w.V, NULL, 0);
+    }
     if (a->bf16_dot) { /* Q's bf16 rows in place, K^T in pairs */
       tg_attn_pack_pairs(ops, Kh, pr->Ks[2], k0, nk, D, (uint32_t *)w.KT, BK);
       ops->mm_bf16_pairs((int)nq, (int)nk, (int)D,
                          (const tg_bf16 *)a->Q + tg_attn_offset(pr->Qs, b, h, q0), pr->Qs[2],
                          (const uint32_t *)w.KT, BK, w.S, BK, 0); /* Q.K^T */
     } else {
-      tg_attn_load_rows(ops, pr->in, Kh, pr->Ks[2], k0, nk, D, w.K, w.KT, BK);
+      if (pr->in == TG_DTYPE_F32) /* f32 rows transposed in place */
+        ops->transpose_f32(nk, D, (const float *)Kh + k0 * pr->Ks[2], pr->Ks[2], w.KT, BK, 0);
+      else
+        tg_attn_load_rows(ops, pr->in, Kh, pr->Ks[2], k0, nk, D, w.K, w.KT, BK);
       ops->mm_nn((int)nq, (int)nk, (int)D, w.Q, D, w.KT, BK, w.S, BK, 0); /* Q.K^T */
     }
 
@@ -184,7 +192,7 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
       continue;
     }
     if (a->products == TG_PRODUCTS_F32_ROUNDED) tg_attn_round_bf16(w.S, nq, nk, BK);
-    ops->mm_nn((int)nq, (int)Dv, (int)nk, w.S, BK, w.V, Dv, w.acc, Dv, 1); /* acc += P.V */
+    ops->mm_nn((int)nq, (int)Dv, (int)nk, w.S, BK, V, ldv, w.acc, Dv, 1); /* acc += P.V */
   }
 
   /* O = (acc / l) * keep_scale; delta = dO . O (one dO row at a time through
@@ -224,12 +232,25 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
   tg_attn_dot_end(ops, a->bf16_dot);
 }
 
+/* The forward's key tile: the table's (tg_attn_bk) times as many, up to
+ * TG_ATTN_FWD_KEY_TILES, as keep a key tile's K^T and V (f32) within
+ * TG_ATTN_FWD_TILE_BYTES. Longer key tiles run the online softmax's per-row
+ * work (a max, the rescale, each row op's set-up) once per more keys and
+ * give P.V a longer k loop. A function of the table and D, Dv only: the
+ * tile sets the order of the softmax sums, so O and L are the same bits on
+ * any machine with that table. */
+static int64_t fwd_key_tile(const tg_attn_problem *pr, const tg_isa_ops *ops) {
+  const int64_t bk = tg_attn_bk(pr, ops);
+  const int64_t fit = TG_ATTN_FWD_TILE_BYTES / ((int64_t)sizeof(float) * (pr->D + pr->Dv) * bk);
+  return bk * (fit < 1 ? 1 : fit > TG_ATTN_FWD_KEY_TILES ? TG_ATTN_FWD_KEY_TILES : fit);
+}
+
 tg_status tg_attn_forward(tg_ctx *ctx, const tg_attn_problem *pr, const void *Q,
                           const void *K, const void *V, const void *mask, void *O, float *L,
                           const void *dO, float *delta) {
   fwd_args a = {.pr = *pr, .Q = Q, .K = K, .V = V, .dO = dO, .mask = mask, .O = O, .L = L,
                 .delta = delta, .ops = ctx->ops, .BQ = tg_attn_bq(pr, ctx->ops),
-                .BK = tg_attn_bk(pr, ctx->ops), .bf16_dot = tg_attn_bf16_dot(pr, ctx->ops),
+                .BK = fwd_key_tile(pr, ctx->ops), .bf16_dot = tg_attn_bf16_dot(pr, ctx->ops),
                 .products = tg_attn_products_of(pr, ctx->ops)};
   a.n_qtiles = (pr->qL + a.BQ - 1) / a.BQ;
   return tg_dispatch(ctx, a.n_qtiles, pr->H, pr->B,
