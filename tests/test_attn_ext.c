@@ -7,7 +7,9 @@
  * Each problem is run as a training step runs it: forward (O, L) ->
  * compute_d (D_vec from that O) -> backward (dQ written, dK and dV
  * accumulated onto random values), with every output poisoned with NaN
- * first, at 1, 2 and 3 threads, both dK/dV schedules and deterministic mode.
+ * first, at 1, 2 and 3 threads, both dK/dV schedules and deterministic mode
+ * (with TG_TEST_SHORT each problem takes a few of these runs, and every run
+ * is taken across the problems: attn_runs_of in tests/common/attn_problem.h).
  * The reference (tests/common/attn_problem.c, shared with the other FA-2
  * suites) is the exact math in f64 from the same f32 inputs (products of two
  * f32 are exact in f64), with dropout's keep flags taken from
@@ -247,27 +249,22 @@ static const attn_cfg configs[] = {
 };
 enum { N_CONFIGS = sizeof configs / sizeof configs[0] };
 
-/* Every config, 1/2/3 threads, every run mode, on the ISA under test. */
+/* Every config, 1/2/3 threads, every run mode, on the ISA under test
+ * (TG_TEST_SHORT: a covering subset, attn_runs_of). */
 static void test_f32_against_reference(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 1);
-  tg_isa isas[TU_MAX_ISAS];
-  const int nisa = tu_isas(isas);
   int failures = 0;
   for (int ci = 0; ci < N_CONFIGS; ci++) {
     attn_problem pb;
     build(&pb, &configs[ci], &r, 0);
     ext_out o = alloc_out(&pb);
-    for (int ii = 0; ii < nisa; ii++)
-      for (int ti = 0; ti < tu_n_thread_counts; ti++)
-        for (int mi = 0; mi < ATTN_N_MODES; mi++) {
-          tg_ctx *ctx = attn_mode_ctx(tu_thread_counts[ti], isas[ii], &attn_modes[mi]);
-          run_step(ctx, &pb, &pb.opt, &o);
-          char what[160];
-          snprintf(what, sizeof what, "%s [%s, %d threads, %s]", pb.c.name,
-                   tg_isa_name(isas[ii]), tu_thread_counts[ti], attn_modes[mi].name);
-          failures += !check_step(&pb, &o, what);
-          tg_ctx_destroy(ctx);
-        }
+    attn_runs runs = attn_runs_of(ci, N_CONFIGS);
+    for (const attn_run *run; (run = attn_runs_next(&runs)) != NULL;) {
+      run_step(run->ctx, &pb, &pb.opt, &o);
+      char what[160];
+      snprintf(what, sizeof what, "%s %s", pb.c.name, run->what);
+      failures += !check_step(&pb, &o, what);
+    }
     free_out(&o);
     attn_destroy(&pb);
   }
@@ -558,8 +555,9 @@ static void test_bf16_f32_same_engine(void **state) {
 
 /* The precision modes (tg_ctx_set_attn_precision) on the bf16 pipeline:
  * every config, 1/2/3 threads, both schedules and deterministic mode, the
- * ISA under test, against the f64 reference with the mode's error per term
- * of the products that take P or dS: 0 (exact), 2^-16 (split: hi + lo
+ * ISA under test (TG_TEST_SHORT: a covering subset in each precision
+ * mode, attn_runs_of), against the f64 reference with the mode's error per
+ * term of the products that take P or dS: 0 (exact), 2^-16 (split: hi + lo
  * misses x by at most bf16's unit roundoff of x - hi, itself at most 2^-8
  * |x|) and 2^-8 (bf16: one rounding), besides the f32 bounds above, and
  * O's bf16 rounding. The measured max |err| of O, dQ, dK, dV over all runs
@@ -573,7 +571,7 @@ static void test_bf16_precision_modes(void **state) {
       {TG_ATTN_PRECISION_BF16, "bf16", BF16_U},
   };
   tg_isa isas[TU_MAX_ISAS];
-  const int nisa = tu_isas(isas);
+  tu_isas(isas); /* for the line of measured errors */
   int failures = 0;
   for (size_t mi = 0; mi < sizeof pm / sizeof pm[0]; mi++) {
     tu_rng r = tu_rng_make(tu_seed() + 11); /* the same problems in every mode */
@@ -582,33 +580,31 @@ static void test_bf16_precision_modes(void **state) {
       attn_problem pb;
       build_ex(&pb, &configs[ci], &r, 0, 1, pm[mi].u_P);
       ext_out o = alloc_out(&pb);
-      for (int ii = 0; ii < nisa; ii++)
-        for (int ti = 0; ti < tu_n_thread_counts; ti++)
-          for (int si = 0; si < ATTN_N_MODES; si++) {
-            tg_ctx *ctx = attn_mode_ctx(tu_thread_counts[ti], isas[ii], &attn_modes[si]);
-            assert_int_equal(tg_ctx_set_attn_precision(ctx, pm[mi].mode), TG_OK);
-            assert_int_equal(tg_ctx_get_attn_precision(ctx), pm[mi].mode);
-            run_step_bf16(ctx, &pb, &pb.opt, &o);
-            char what[160];
-            snprintf(what, sizeof what, "%s [%s, %d threads, %s, precision %s]", pb.c.name,
-                     tg_isa_name(isas[ii]), tu_thread_counts[ti], attn_modes[si].name, pm[mi].name);
-            failures += !check_step(&pb, &o, what);
-            for (int64_t j = 0; j < pb.nQ; j++) /* O: the forward's (bf16 output) */
-              worst[0] = fmax(worst[0], fabs(o.Oc[j] - pb.Or[j])), mag[0] = fmax(mag[0], fabs(pb.Or[j]));
-            run_bwd_bf16_exact_ld(ctx, &pb, &pb.opt, &o);
-            if (!attn_check_grads(&pb, o.dQ, o.dK, o.dV)) {
-              printf("  ^ in %s (backward from exact L, D_vec)\n", what);
-              failures++;
-            }
-            const struct { const float *got; const double *want; int64_t n; } outs[] = {
-                {o.dQ, pb.dQr, pb.nQ}, {o.dK, pb.dKr, pb.nKout}, {o.dV, pb.dVr, pb.nKout}};
-            for (int k = 0; k < 3; k++)
-              for (int64_t j = 0; j < outs[k].n; j++) {
-                worst[k + 1] = fmax(worst[k + 1], fabs(outs[k].got[j] - outs[k].want[j]));
-                mag[k + 1] = fmax(mag[k + 1], fabs(outs[k].want[j]));
-              }
-            tg_ctx_destroy(ctx);
+      /* numbered ci + mi: each precision mode's configs still take every
+       * run under TG_TEST_SHORT, and a config meets other runs in each */
+      attn_runs runs = attn_runs_of((ci + (int)mi) % N_CONFIGS, N_CONFIGS);
+      for (const attn_run *run; (run = attn_runs_next(&runs)) != NULL;) {
+        assert_int_equal(tg_ctx_set_attn_precision(run->ctx, pm[mi].mode), TG_OK);
+        assert_int_equal(tg_ctx_get_attn_precision(run->ctx), pm[mi].mode);
+        run_step_bf16(run->ctx, &pb, &pb.opt, &o);
+        char what[160];
+        snprintf(what, sizeof what, "%s %s, precision %s", pb.c.name, run->what, pm[mi].name);
+        failures += !check_step(&pb, &o, what);
+        for (int64_t j = 0; j < pb.nQ; j++) /* O: the forward's (bf16 output) */
+          worst[0] = fmax(worst[0], fabs(o.Oc[j] - pb.Or[j])), mag[0] = fmax(mag[0], fabs(pb.Or[j]));
+        run_bwd_bf16_exact_ld(run->ctx, &pb, &pb.opt, &o);
+        if (!attn_check_grads(&pb, o.dQ, o.dK, o.dV)) {
+          printf("  ^ in %s (backward from exact L, D_vec)\n", what);
+          failures++;
+        }
+        const struct { const float *got; const double *want; int64_t n; } outs[] = {
+            {o.dQ, pb.dQr, pb.nQ}, {o.dK, pb.dKr, pb.nKout}, {o.dV, pb.dVr, pb.nKout}};
+        for (int k = 0; k < 3; k++)
+          for (int64_t j = 0; j < outs[k].n; j++) {
+            worst[k + 1] = fmax(worst[k + 1], fabs(outs[k].got[j] - outs[k].want[j]));
+            mag[k + 1] = fmax(mag[k + 1], fabs(outs[k].want[j]));
           }
+      }
       free_out(&o);
       attn_destroy(&pb);
     }

@@ -4,7 +4,9 @@
  * value head dim Dv != D, alone and together, through tg_attn_train_fwd ->
  * tg_attn_train_bwd_compute_d -> tg_attn_train_bwd in f32 and in bf16 (each
  * precision mode), on the ISA table under test, at 1, 2 and 3 threads, on
- * both dK/dV schedules and in deterministic mode, against the float64
+ * both dK/dV schedules and in deterministic mode (with TG_TEST_SHORT each
+ * problem takes a few of these runs, and every run is taken across the
+ * problems: attn_runs_of in tests/common/attn_problem.h), against the float64
  * reference of tests/common/attn_problem.c. That reference computes the
  * math from its definition, dense over every key of every row: the window
  * hides key k from query i where k <= i + qL_off - W (a mask, as the causal
@@ -252,36 +254,33 @@ static const variant_cfg configs[] = {
 };
 enum { N_CONFIGS = sizeof configs / sizeof configs[0] };
 
-static void describe(char *what, size_t size, const attn_problem *pb, tg_isa isa, int threads,
-                     const char *mode, const char *precision) {
+/* "name (variants) [isa, N threads, mode]" and the precision mode (NULL:
+ * none) for a failure message. */
+static void describe(char *what, size_t size, const attn_problem *pb, const attn_run *run,
+                     const char *precision) {
   char v[64];
   attn_variants_str(&pb->v, v, sizeof v);
-  snprintf(what, size, "%s (%s) [%s, %d threads, %s%s%s]", pb->c.name, v, tg_isa_name(isa),
-           threads, mode, precision ? ", precision " : "", precision ? precision : "");
+  snprintf(what, size, "%s (%s) %s%s%s", pb->c.name, v, run->what,
+           precision ? ", precision " : "", precision ? precision : "");
 }
 
-/* Every config, f32, 1/2/3 threads, every run mode, the ISA under test. */
+/* Every config, f32, 1/2/3 threads, every run mode, the ISA under test
+ * (TG_TEST_SHORT: a covering subset, attn_runs_of). */
 static void test_f32_against_reference(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 1);
-  tg_isa isas[TU_MAX_ISAS];
-  const int nisa = tu_isas(isas);
   int failures = 0;
   for (int ci = 0; ci < N_CONFIGS; ci++) {
     attn_problem pb;
     build(&pb, &configs[ci].c, &configs[ci].v, &r, 0, 0.0);
     step_out o = alloc_out(&pb);
     const step_how how = own(&pb, 0);
-    for (int ii = 0; ii < nisa; ii++)
-      for (int ti = 0; ti < tu_n_thread_counts; ti++)
-        for (int mi = 0; mi < ATTN_N_MODES; mi++) {
-          tg_ctx *ctx = attn_mode_ctx(tu_thread_counts[ti], isas[ii], &attn_modes[mi]);
-          run_step(ctx, &pb, &how, &o);
-          char what[200];
-          describe(what, sizeof what, &pb, isas[ii], tu_thread_counts[ti], attn_modes[mi].name,
-                   NULL);
-          failures += !check_step(&pb, &o, what);
-          tg_ctx_destroy(ctx);
-        }
+    attn_runs runs = attn_runs_of(ci, N_CONFIGS);
+    for (const attn_run *run; (run = attn_runs_next(&runs)) != NULL;) {
+      run_step(run->ctx, &pb, &how, &o);
+      char what[200];
+      describe(what, sizeof what, &pb, run, NULL);
+      failures += !check_step(&pb, &o, what);
+    }
     free_out(&o);
     attn_destroy(&pb);
   }
@@ -291,16 +290,17 @@ static void test_f32_against_reference(void **state) {
 /* The backward alone, fed the reference's L and D_vec rounded to f32 (so
  * neither carries the forward's error: attn_bwd_row_given's bounds, with
  * e_L = e_D = 0), f32, every config without dropout (attn_bwd_row_given has
- * none), 1/2/3 threads, every run mode: the sharper check of dQ, dK, dV and
+ * none), 1/2/3 threads, every run mode (TG_TEST_SHORT: a covering subset
+ * over those configs): the sharper check of dQ, dK, dV and
  * above all d_sinks, whose bound in a training step is dominated by the
  * forward's e_L and e_D (a 0.1 % error of every d_sinks term passed the
  * training-step check of most configs; it fails here). */
 static void test_f32_backward_exact_l_d(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 8);
-  tg_isa isas[TU_MAX_ISAS];
-  const int nisa = tu_isas(isas);
+  int n_problems = 0; /* the configs without dropout, numbered in order */
+  for (int ci = 0; ci < N_CONFIGS; ci++) n_problems += configs[ci].c.dropout_p == 0;
   int failures = 0;
-  for (int ci = 0; ci < N_CONFIGS; ci++) {
+  for (int ci = 0, problem = 0; ci < N_CONFIGS; ci++) {
     if (configs[ci].c.dropout_p > 0) continue;
     attn_problem pb;
     build(&pb, &configs[ci].c, &configs[ci].v, &r, 0, 0.0);
@@ -309,30 +309,25 @@ static void test_f32_backward_exact_l_d(void **state) {
     step_out o = alloc_out(&pb);
     tg_attn_options opt = pb.opt;
     opt.d_sinks = pb.sinks ? o.d_sinks : NULL;
-    for (int ii = 0; ii < nisa; ii++)
-      for (int ti = 0; ti < tu_n_thread_counts; ti++)
-        for (int mi = 0; mi < ATTN_N_MODES; mi++) {
-          tg_ctx *ctx = attn_mode_ctx(tu_thread_counts[ti], isas[ii], &attn_modes[mi]);
-          tu_poison_f32(o.dQ, pb.nQ);
-          memcpy(o.dK, pb.dK0, 4 * pb.nKout);
-          memcpy(o.dV, pb.dV0, 4 * pb.nVout);
-          if (pb.sinks) memcpy(o.d_sinks, pb.d_sinks0, 4 * pb.p.H);
-          TU_EXPECT_STATUS(ctx,
-                           tg_attn_train_bwd(ctx, TG_DTYPE_F32, pb.Q, pb.K, pb.V, pb.L, pb.dO,
-                                             pb.Dv, o.dQ, o.dK, o.dV, &pb.p,
-                                             pb.mask ? &pb.mp : NULL, pb.mask, pb.c.causal,
-                                             &opt),
-                           TG_OK);
-          if (!attn_check_grads(&pb, o.dQ, o.dK, o.dV) || !attn_check_d_sinks(&pb, o.d_sinks)) {
-            char what[200];
-            describe(what, sizeof what, &pb, isas[ii], tu_thread_counts[ti],
-                     attn_modes[mi].name, NULL);
-            printf("  ^ in %s, backward from exact L, D_vec (TG_TEST_SEED=%llu)\n", what,
-                   (unsigned long long)tu_seed());
-            failures++;
-          }
-          tg_ctx_destroy(ctx);
-        }
+    attn_runs runs = attn_runs_of(problem++, n_problems);
+    for (const attn_run *run; (run = attn_runs_next(&runs)) != NULL;) {
+      tu_poison_f32(o.dQ, pb.nQ);
+      memcpy(o.dK, pb.dK0, 4 * pb.nKout);
+      memcpy(o.dV, pb.dV0, 4 * pb.nVout);
+      if (pb.sinks) memcpy(o.d_sinks, pb.d_sinks0, 4 * pb.p.H);
+      TU_EXPECT_STATUS(run->ctx,
+                       tg_attn_train_bwd(run->ctx, TG_DTYPE_F32, pb.Q, pb.K, pb.V, pb.L, pb.dO,
+                                         pb.Dv, o.dQ, o.dK, o.dV, &pb.p, pb.mask ? &pb.mp : NULL,
+                                         pb.mask, pb.c.causal, &opt),
+                       TG_OK);
+      if (!attn_check_grads(&pb, o.dQ, o.dK, o.dV) || !attn_check_d_sinks(&pb, o.d_sinks)) {
+        char what[200];
+        describe(what, sizeof what, &pb, run, NULL);
+        printf("  ^ in %s, backward from exact L, D_vec (TG_TEST_SEED=%llu)\n", what,
+               (unsigned long long)tu_seed());
+        failures++;
+      }
+    }
     free_out(&o);
     attn_destroy(&pb);
   }
@@ -341,15 +336,14 @@ static void test_f32_backward_exact_l_d(void **state) {
 
 /* bf16 inputs in each precision mode (the mode's error per term of the
  * products that take P or dS, as tests/test_attn_ext.c derives: 0, 2^-16,
- * 2^-8): every config, 1/2/3 threads, every run mode. */
+ * 2^-8): every config, 1/2/3 threads, every run mode (TG_TEST_SHORT: a
+ * covering subset in each precision mode). */
 static void test_bf16_precision_modes(void **state) {
   static const struct { tg_attn_precision mode; const char *name; double u_P; } pm[] = {
       {TG_ATTN_PRECISION_EXACT, "exact", 0.0},
       {TG_ATTN_PRECISION_SPLIT, "split", 0x1.0p-16},
       {TG_ATTN_PRECISION_BF16, "bf16", BF16_U},
   };
-  tg_isa isas[TU_MAX_ISAS];
-  const int nisa = tu_isas(isas);
   int failures = 0;
   for (size_t mi = 0; mi < sizeof pm / sizeof pm[0]; mi++) {
     tu_rng r = tu_rng_make(tu_seed() + 2); /* the same problems in every mode */
@@ -358,18 +352,16 @@ static void test_bf16_precision_modes(void **state) {
       build(&pb, &configs[ci].c, &configs[ci].v, &r, 1, pm[mi].u_P);
       step_out o = alloc_out(&pb);
       const step_how how = own(&pb, 1);
-      for (int ii = 0; ii < nisa; ii++)
-        for (int ti = 0; ti < tu_n_thread_counts; ti++)
-          for (int si = 0; si < ATTN_N_MODES; si++) {
-            tg_ctx *ctx = attn_mode_ctx(tu_thread_counts[ti], isas[ii], &attn_modes[si]);
-            assert_int_equal(tg_ctx_set_attn_precision(ctx, pm[mi].mode), TG_OK);
-            run_step(ctx, &pb, &how, &o);
-            char what[200];
-            describe(what, sizeof what, &pb, isas[ii], tu_thread_counts[ti],
-                     attn_modes[si].name, pm[mi].name);
-            failures += !check_step(&pb, &o, what);
-            tg_ctx_destroy(ctx);
-          }
+      /* numbered ci + mi: each precision mode's configs still take every
+       * run under TG_TEST_SHORT, and a config meets other runs in each */
+      attn_runs runs = attn_runs_of((ci + (int)mi) % N_CONFIGS, N_CONFIGS);
+      for (const attn_run *run; (run = attn_runs_next(&runs)) != NULL;) {
+        assert_int_equal(tg_ctx_set_attn_precision(run->ctx, pm[mi].mode), TG_OK);
+        run_step(run->ctx, &pb, &how, &o);
+        char what[200];
+        describe(what, sizeof what, &pb, run, pm[mi].name);
+        failures += !check_step(&pb, &o, what);
+      }
       free_out(&o);
       attn_destroy(&pb);
     }

@@ -68,6 +68,32 @@ tg_ctx *attn_mode_ctx(int threads, tg_isa isa, const attn_run_mode *m) {
   return ctx;
 }
 
+attn_runs attn_runs_of(int problem, int n_problems) {
+  attn_runs runs = {.step = 1};
+  runs.n_combos = tu_isas(runs.isas) * tu_n_thread_counts * ATTN_N_MODES;
+  if (tu_short()) {
+    runs.next = problem % runs.n_combos;
+    runs.step = n_problems;
+  }
+  return runs;
+}
+
+const attn_run *attn_runs_next(attn_runs *runs) {
+  attn_run *run = &runs->run;
+  tg_ctx_destroy(run->ctx);
+  run->ctx = NULL;
+  if (runs->next >= runs->n_combos) return NULL;
+  const int j = runs->next, per_isa = tu_n_thread_counts * ATTN_N_MODES;
+  runs->next += runs->step;
+  run->isa = runs->isas[j / per_isa];
+  run->threads = tu_thread_counts[j % per_isa / ATTN_N_MODES];
+  run->mode = &attn_modes[j % ATTN_N_MODES];
+  run->ctx = attn_mode_ctx(run->threads, run->isa, run->mode);
+  snprintf(run->what, sizeof run->what, "[%s, %d threads, %s]", tg_isa_name(run->isa),
+           run->threads, run->mode->name);
+  return run;
+}
+
 /* --- the reference ------------------------------------------------------------ */
 
 /* Score of (b, h, i, k) in f64 with its f32 error bound:

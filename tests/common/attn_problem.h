@@ -124,6 +124,47 @@ extern const attn_run_mode attn_modes[ATTN_N_MODES];
 /* A context at `threads` on `isa` (tu_ctx) in run mode m. */
 tg_ctx *attn_mode_ctx(int threads, tg_isa isa, const attn_run_mode *m);
 
+/* The runs of one problem: every ISA under test (tu_isas) x thread count
+ * (tu_thread_counts) x run mode (attn_modes), K combinations in all, each
+ * with its context:
+ *
+ *   attn_runs runs = attn_runs_of(ci, N_CONFIGS);
+ *   for (const attn_run *run; (run = attn_runs_next(&runs)) != NULL;)
+ *     ... run->ctx ... "%s %s", name, run->what ...
+ *
+ * attn_runs_next destroys the context of the run before (the body must not
+ * break out of the loop or destroy it). With T thread counts and M run
+ * modes, combination j (0 <= j < K) is ISA j / (T M), thread count
+ * j / M % T, run mode j % M.
+ *
+ * Without TG_TEST_SHORT a problem takes all K. With it (qemu and
+ * AddressSanitizer, where the full product took most of CI's time) problem p of the
+ * n_problems (numbered 0 .. n_problems - 1) takes the combinations p % K,
+ * p % K + n_problems, p % K + 2 n_problems, ... below K: one each when
+ * n_problems >= K, else at most ceil(K / n_problems). Every combination j
+ * is taken at least once across the problems, by problem j % n_problems
+ * (for n_problems > K that is problem j itself, whose start is j % K = j).
+ * Which problem takes which is fixed: the same every run. */
+typedef struct {
+  tg_ctx *ctx;
+  tg_isa isa;
+  int threads;
+  const attn_run_mode *mode;
+  char what[64]; /* "[isa, N threads, mode]" */
+} attn_run;
+
+typedef struct {
+  tg_isa isas[TU_MAX_ISAS];
+  int n_combos; /* K */
+  int next;     /* the next combination to take */
+  int step;     /* 1, or n_problems under TG_TEST_SHORT */
+  attn_run run; /* the current one (run.ctx NULL before the first) */
+} attn_runs;
+
+attn_runs attn_runs_of(int problem, int n_problems);
+/* The next run (its context made), or NULL after the last. */
+const attn_run *attn_runs_next(attn_runs *runs);
+
 /* How dK, dV start (attn_suite.acc). */
 enum {
   ATTN_ACC_NONE,   /* from 0: dK0, dV0 NULL, no term of their own */

@@ -54,9 +54,12 @@ enum { TU_PLAN_CPUS = 16 };
 void tu_plan_fixed(void);
 
 /* TG_TEST_SHORT=1 (scripts/test_aarch64.sh, where every floating-point
- * operation is emulated by qemu): suites leave out the cases that add only
- * size, not paths (each says what it left out), because their f64
- * references take many minutes there. */
+ * operation is emulated by qemu, and the AddressSanitizer stage of
+ * scripts/test.sh): suites leave out the cases that add only size, not
+ * paths (each says what it left out), because their f64 references take
+ * many minutes there; the attention suites run each problem at a few of
+ * their (ISA, threads, run mode) combinations, every combination still
+ * run by some problem (attn_runs_of, tests/common/attn_problem.h). */
 int tu_short(void);
 
 /* --- comparison ----------------------------------------------------------
