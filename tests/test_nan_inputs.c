@@ -166,55 +166,95 @@ static const attn_suite fa2_suite = {.bf16 = 1, .mask_ninf = 0.2, .mask_lo = -3,
                                      .mask_row0 = 5, .mask_step = 40, .acc = ATTN_ACC_RANDOM,
                                      .row = attn_bwd_row};
 
+/* The outputs of a backward entry point, and the entry point run on a
+ * problem (the FA-2 bf16 one, the f32 one with the variants). */
+typedef struct {
+  float *dQ, *dK, *dV, *d_sinks; /* d_sinks NULL: none */
+} bwd_out;
+
+typedef void bwd_entry(tg_ctx *ctx, const attn_problem *pb, const bwd_out *o);
+
+/* The dense references of a planted problem (every pair of a tile entering:
+ * where the kernel may also give NaN, tu_check_ieee's may) of dQ, dK, dV. */
+typedef struct {
+  double *dQ, *dK, *dV;
+} attn_may;
+
+/* special[0..2] in turn at a random element of `in` (a buffer of pb), the
+ * references from pb's planted inputs, then `entry` on every ISA, at 1 and 3
+ * threads, on both schedules, each output checked (dK, dV, d_sinks from
+ * their starting values). */
+static void plant_and_check_backward(const char *name, attn_problem *pb, const input *in,
+                                     tu_rng *r, bwd_entry *entry, const bwd_out *o,
+                                     const attn_may *may) {
+  tg_isa isas[TU_MAX_ISAS];
+  const int nisa = tu_isas(isas);
+  for (int sv = 0; sv < N_SPECIAL; sv++) {
+    const int64_t at = random_at(r, in->n);
+    const uint32_t old = plant(in, at, sv);
+    attn_reference(pb, attn_bwd_row_given, 1);
+    memcpy(may->dQ, pb->dQr, sizeof(double) * pb->nQ);
+    memcpy(may->dK, pb->dKr, sizeof(double) * pb->nKout);
+    memcpy(may->dV, pb->dVr, sizeof(double) * pb->nVout);
+    attn_reference(pb, attn_bwd_row_given, 0);
+    for (int ii = 0; ii < nisa; ii++)
+      for (int t = 0; t < N_THREADS; t++)
+        for (int sched = TG_ATTN_SCHEDULE_KV; sched <= TG_ATTN_SCHEDULE_ATOMIC; sched++) {
+          char kernel[128];
+          snprintf(kernel, sizeof kernel, "%s (%s, %s schedule)", name, pb->c.name,
+                   sched == TG_ATTN_SCHEDULE_KV ? "KV" : "atomic");
+          const planted w = {kernel, in->name, sv, at, isas[ii], nan_threads[t]};
+          tg_ctx *ctx = tu_ctx(w.threads, w.isa);
+          assert_int_equal(tg_ctx_set_attn_schedule(ctx, (tg_attn_schedule)sched), TG_OK);
+          fill_sentinel(o->dQ, pb->nQ);
+          memcpy(o->dK, pb->dK0, sizeof(float) * pb->nKout);
+          memcpy(o->dV, pb->dV0, sizeof(float) * pb->nVout);
+          if (o->d_sinks) memcpy(o->d_sinks, pb->d_sinks0, sizeof(float) * pb->p.H);
+          entry(ctx, pb, o);
+          expect(&w, "dQ", o->dQ, pb->dQr, pb->dQe, may->dQ, pb->nQ);
+          expect(&w, "dK", o->dK, pb->dKr, pb->dKe, may->dK, pb->nKout);
+          expect(&w, "dV", o->dV, pb->dVr, pb->dVe, may->dV, pb->nVout);
+          if (o->d_sinks) expect(&w, "d_sinks", o->d_sinks, pb->dsr, pb->dse, NULL, pb->p.H);
+          tg_ctx_destroy(ctx);
+        }
+    unplant(in, at, old);
+  }
+}
+
+/* Every input of the problem (those it has: inputs[i].p not NULL) in turn
+ * (plant_and_check_backward), with outputs and references of its sizes. */
+static void check_backward_inputs(const char *name, attn_problem *pb, const input *inputs,
+                                  size_t n_inputs, tu_rng *r, bwd_entry *entry) {
+  const bwd_out o = {falloc(pb->nQ), falloc(pb->nKout), falloc(pb->nVout),
+                     pb->sinks ? falloc(pb->p.H) : NULL};
+  const attn_may may = {dalloc(pb->nQ), dalloc(pb->nKout), dalloc(pb->nVout)};
+  for (size_t b = 0; b < n_inputs; b++)
+    if (inputs[b].p) plant_and_check_backward(name, pb, &inputs[b], r, entry, &o, &may);
+  free(o.dQ), free(o.dK), free(o.dV), free(o.d_sinks);
+  free(may.dQ), free(may.dK), free(may.dV);
+}
+
+static void fa2_backward_bf16(tg_ctx *ctx, const attn_problem *pb, const bwd_out *o) {
+  TU_EXPECT_STATUS(ctx,
+                   tg_flash_attn_train_bwd_bf16(ctx, pb->Qb, pb->Kb, pb->Vb, pb->L, pb->dOb,
+                                                pb->Dv, o->dQ, o->dK, o->dV, &pb->p,
+                                                pb->maskb ? &pb->mp : NULL, pb->maskb,
+                                                pb->c.causal),
+                   TG_OK);
+}
+
 static void test_attention_backward(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 1102);
   failures = 0;
-  tg_isa isas[TU_MAX_ISAS];
-  const int nisa = tu_isas(isas);
   for (size_t ci = 0; ci < sizeof fa2_configs / sizeof fa2_configs[0]; ci++) {
     attn_problem pb;
     attn_build(&pb, &fa2_configs[ci], &fa2_suite, &r);
-    attn_outputs o = attn_alloc_outputs(&pb);
-    double *mayQ = dalloc(pb.nQ), *mayK = dalloc(pb.nKout), *mayV = dalloc(pb.nKout);
     const input ins[] = {{"Q", pb.Qb, pb.nQ, 1},   {"K", pb.Kb, pb.nK, 1},
                          {"V", pb.Vb, pb.nK, 1},   {"L", pb.L, pb.nL, 0},
                          {"dO", pb.dOb, pb.nQ, 1}, {"D_vec", pb.Dv, pb.nL, 0},
                          {"mask", pb.maskb, pb.nM, 1}};
-    for (size_t b = 0; b < sizeof ins / sizeof ins[0]; b++)
-      for (int sv = 0; sv < N_SPECIAL; sv++) {
-        const int64_t at = random_at(&r, ins[b].n);
-        const uint32_t old = plant(&ins[b], at, sv);
-        attn_reference(&pb, attn_bwd_row_given, 1);
-        memcpy(mayQ, pb.dQr, sizeof(double) * pb.nQ);
-        memcpy(mayK, pb.dKr, sizeof(double) * pb.nKout);
-        memcpy(mayV, pb.dVr, sizeof(double) * pb.nKout);
-        attn_reference(&pb, attn_bwd_row_given, 0);
-        for (int ii = 0; ii < nisa; ii++)
-          for (int t = 0; t < N_THREADS; t++)
-            for (int sched = TG_ATTN_SCHEDULE_KV; sched <= TG_ATTN_SCHEDULE_ATOMIC; sched++) {
-              char kernel[96];
-              snprintf(kernel, sizeof kernel, "FA-2 backward (%s, %s schedule)", pb.c.name,
-                       sched == TG_ATTN_SCHEDULE_KV ? "KV" : "atomic");
-              const planted w = {kernel, ins[b].name, sv, at, isas[ii], nan_threads[t]};
-              tg_ctx *ctx = tu_ctx(w.threads, w.isa);
-              assert_int_equal(tg_ctx_set_attn_schedule(ctx, (tg_attn_schedule)sched), TG_OK);
-              fill_sentinel(o.dQ, pb.nQ);
-              memcpy(o.dK, pb.dK0, sizeof(float) * pb.nKout);
-              memcpy(o.dV, pb.dV0, sizeof(float) * pb.nKout);
-              TU_EXPECT_STATUS(ctx,
-                               tg_flash_attn_train_bwd_bf16(
-                                   ctx, pb.Qb, pb.Kb, pb.Vb, pb.L, pb.dOb, pb.Dv, o.dQ, o.dK, o.dV,
-                                   &pb.p, pb.maskb ? &pb.mp : NULL, pb.maskb, pb.c.causal),
-                               TG_OK);
-              expect(&w, "dQ", o.dQ, pb.dQr, pb.dQe, mayQ, pb.nQ);
-              expect(&w, "dK", o.dK, pb.dKr, pb.dKe, mayK, pb.nKout);
-              expect(&w, "dV", o.dV, pb.dVr, pb.dVe, mayV, pb.nKout);
-              tg_ctx_destroy(ctx);
-            }
-        unplant(&ins[b], at, old);
-      }
-    free(mayQ), free(mayK), free(mayV);
-    attn_free_outputs(&o);
+    check_backward_inputs("FA-2 backward", &pb, ins, sizeof ins / sizeof ins[0], &r,
+                          fa2_backward_bf16);
     attn_destroy(&pb);
   }
   end_test("FA-2 backward");
@@ -239,62 +279,28 @@ static const attn_suite variant_suite = {.mask_ninf = 0.2, .mask_lo = -3, .mask_
                                          .mask_step = 40, .acc = ATTN_ACC_RANDOM,
                                          .options = 1, .row = attn_bwd_row};
 
+static void backward_f32_variants(tg_ctx *ctx, const attn_problem *pb, const bwd_out *o) {
+  tg_attn_options opt = pb->opt;
+  opt.d_sinks = o->d_sinks;
+  TU_EXPECT_STATUS(ctx,
+                   tg_attn_train_bwd(ctx, TG_DTYPE_F32, pb->Q, pb->K, pb->V, pb->L, pb->dO,
+                                     pb->Dv, o->dQ, o->dK, o->dV, &pb->p,
+                                     pb->mask ? &pb->mp : NULL, pb->mask, pb->c.causal, &opt),
+                   TG_OK);
+}
+
 static void test_attention_backward_variants(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 1112);
   failures = 0;
-  tg_isa isas[TU_MAX_ISAS];
-  const int nisa = tu_isas(isas);
   for (size_t ci = 0; ci < sizeof variant_configs / sizeof variant_configs[0]; ci++) {
     attn_problem pb;
     attn_build_v(&pb, &variant_configs[ci].c, &variant_configs[ci].v, &variant_suite, &r);
-    const int64_t H = pb.p.H;
-    float *dQ = falloc(pb.nQ), *dK = falloc(pb.nKout), *dV = falloc(pb.nVout), *dsk = falloc(H);
-    double *mayQ = dalloc(pb.nQ), *mayK = dalloc(pb.nKout), *mayV = dalloc(pb.nVout);
     const input ins[] = {{"Q", pb.Q, pb.nQ, 0},      {"K", pb.K, pb.nK, 0},
                          {"V", pb.V, pb.nV, 0},      {"L", pb.L, pb.nL, 0},
                          {"dO", pb.dO, pb.nO, 0},    {"D_vec", pb.Dv, pb.nL, 0},
-                         {"mask", pb.mask, pb.nM, 0}, {"sinks", pb.sinks, H, 0}};
-    for (size_t b = 0; b < sizeof ins / sizeof ins[0]; b++) {
-      if (!ins[b].p) continue; /* no mask */
-      for (int sv = 0; sv < N_SPECIAL; sv++) {
-        const int64_t at = random_at(&r, ins[b].n);
-        const uint32_t old = plant(&ins[b], at, sv);
-        attn_reference(&pb, attn_bwd_row_given, 1);
-        memcpy(mayQ, pb.dQr, sizeof(double) * pb.nQ);
-        memcpy(mayK, pb.dKr, sizeof(double) * pb.nKout);
-        memcpy(mayV, pb.dVr, sizeof(double) * pb.nVout);
-        attn_reference(&pb, attn_bwd_row_given, 0);
-        for (int ii = 0; ii < nisa; ii++)
-          for (int t = 0; t < N_THREADS; t++)
-            for (int sched = TG_ATTN_SCHEDULE_KV; sched <= TG_ATTN_SCHEDULE_ATOMIC; sched++) {
-              char kernel[128];
-              snprintf(kernel, sizeof kernel, "f32 backward (%s, %s schedule)", pb.c.name,
-                       sched == TG_ATTN_SCHEDULE_KV ? "KV" : "atomic");
-              const planted w = {kernel, ins[b].name, sv, at, isas[ii], nan_threads[t]};
-              tg_ctx *ctx = tu_ctx(w.threads, w.isa);
-              assert_int_equal(tg_ctx_set_attn_schedule(ctx, (tg_attn_schedule)sched), TG_OK);
-              fill_sentinel(dQ, pb.nQ);
-              memcpy(dK, pb.dK0, sizeof(float) * pb.nKout);
-              memcpy(dV, pb.dV0, sizeof(float) * pb.nVout);
-              memcpy(dsk, pb.d_sinks0, sizeof(float) * H);
-              tg_attn_options opt = pb.opt;
-              opt.d_sinks = dsk;
-              TU_EXPECT_STATUS(ctx,
-                               tg_attn_train_bwd(ctx, TG_DTYPE_F32, pb.Q, pb.K, pb.V, pb.L, pb.dO,
-                                                 pb.Dv, dQ, dK, dV, &pb.p,
-                                                 pb.mask ? &pb.mp : NULL, pb.mask, pb.c.causal,
-                                                 &opt),
-                               TG_OK);
-              expect(&w, "dQ", dQ, pb.dQr, pb.dQe, mayQ, pb.nQ);
-              expect(&w, "dK", dK, pb.dKr, pb.dKe, mayK, pb.nKout);
-              expect(&w, "dV", dV, pb.dVr, pb.dVe, mayV, pb.nVout);
-              expect(&w, "d_sinks", dsk, pb.dsr, pb.dse, NULL, H);
-              tg_ctx_destroy(ctx);
-            }
-        unplant(&ins[b], at, old);
-      }
-    }
-    free(dQ), free(dK), free(dV), free(dsk), free(mayQ), free(mayK), free(mayV);
+                         {"mask", pb.mask, pb.nM, 0}, {"sinks", pb.sinks, pb.p.H, 0}};
+    check_backward_inputs("f32 backward", &pb, ins, sizeof ins / sizeof ins[0], &r,
+                          backward_f32_variants);
     attn_destroy(&pb);
   }
   end_test("f32 backward with variants");
