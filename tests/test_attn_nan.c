@@ -110,71 +110,79 @@ static void check(const char *what, bufs *b, const char expect[H][QL], int vd, i
   check_opt(what, b, expect, vd, threads, isa, NULL);
 }
 
-static void test_nan_and_inf(void **state) {
-  tu_rng r = tu_rng_make(tu_seed() + 101);
+/* The cases of a test on fresh problems from r, at one thread count and ISA. */
+typedef void nan_cases(bufs *b, tu_rng *r, int threads, tg_isa isa);
+
+/* cases at 1 and 3 threads on every ISA under test. */
+static void run_everywhere(uint64_t seed_offset, nan_cases *cases) {
+  tu_rng r = tu_rng_make(tu_seed() + seed_offset);
   bufs *b = tu_alloc(sizeof *b);
   tg_isa isas[TU_MAX_ISAS];
   const int nisa = tu_isas(isas);
   const int threads[] = {1, 3};
   for (int ii = 0; ii < nisa; ii++)
-    for (int t = 0; t < 2; t++) {
-      char ex[H][QL];
-      const int qi = 3, kj = 5, vd = 7;
-      /* the clean baseline: only the fully masked row is special */
-      fill(b, &r);
-      for (int h = 0; h < H; h++)
-        for (int i = 0; i < QL; i++) ex[h][i] = i == FULLY_MASKED_ROW ? 'z' : 'f';
-      check("no NaN", b, ex, -1, threads[t], isas[ii]);
-
-      /* NaN in Q[h=1, i=qi, d=2]: that row alone */
-      b->Q[(1 * QL + qi) * D + 2] = tg_f32_to_bf16(NAN);
-      ex[1][qi] = 'n';
-      check("NaN in Q", b, ex, -1, threads[t], isas[ii]);
-      ex[1][qi] = 'f';
-
-      /* +inf / -inf in Q[.., d = 2]: the row's score with key j is
-       * sign * inf * K[j, 2]: +inf where that product is positive, NaN where
-       * K[j, 2] = 0, -inf where negative. One +inf or NaN among the visible
-       * keys makes the row NaN (softmax of +inf); all -inf is a row that sees
-       * no key (O = 0, L = -inf, the contract). */
-      for (int sign = 1; sign >= -1; sign -= 2) {
-        b->Q[(1 * QL + qi) * D + 2] = tg_f32_to_bf16(sign * INFINITY);
-        int nan_row = 0;
-        for (int k = 0; k < KL; k++)
-          if (visible(qi, k, b)) nan_row |= sign * tg_bf16_to_f32(b->K[k * D + 2]) >= 0.0f;
-        ex[1][qi] = nan_row ? 'n' : 'z';
-        check(sign > 0 ? "+inf in Q" : "-inf in Q", b, ex, -1, threads[t], isas[ii]);
-      }
-      ex[1][qi] = 'f';
-
-      /* NaN in K[kj]: every row of both heads (GQA) that sees key kj */
-      fill(b, &r);
-      b->K[kj * D + 4] = tg_f32_to_bf16(NAN);
-      for (int h = 0; h < H; h++)
-        for (int i = 0; i < QL; i++)
-          ex[h][i] = i == FULLY_MASKED_ROW ? 'z' : visible(i, kj, b) ? 'n' : 'f';
-      check("NaN in K", b, ex, -1, threads[t], isas[ii]);
-
-      /* NaN in V[kj, vd]: column vd of the O rows that see kj; L unaffected.
-       * Rows that do not see kj ('w'): column vd is not checked (the P.V
-       * product may multiply the NaN by an exact 0 there, as PyTorch's
-       * matmul does), every other element must stay finite. */
-      fill(b, &r);
-      b->V[kj * D + vd] = tg_f32_to_bf16(NAN);
-      for (int h = 0; h < H; h++)
-        for (int i = 0; i < QL; i++)
-          ex[h][i] = i == FULLY_MASKED_ROW ? 'z' : visible(i, kj, b) ? 'v' : 'w';
-      check("NaN in V", b, ex, vd, threads[t], isas[ii]);
-
-      /* NaN in the mask at (row 2, key 4, visible): that row of both heads */
-      fill(b, &r);
-      b->M[2 * KL + 4] = tg_f32_to_bf16(NAN);
-      for (int h = 0; h < H; h++)
-        for (int i = 0; i < QL; i++) ex[h][i] = i == FULLY_MASKED_ROW ? 'z' : i == 2 ? 'n' : 'f';
-      check("NaN in mask", b, ex, -1, threads[t], isas[ii]);
-    }
+    for (int t = 0; t < 2; t++) cases(b, &r, threads[t], isas[ii]);
   free(b);
 }
+
+static void nan_and_inf_cases(bufs *b, tu_rng *r, int threads, tg_isa isa) {
+  char ex[H][QL];
+  const int qi = 3, kj = 5, vd = 7;
+  /* the clean baseline: only the fully masked row is special */
+  fill(b, r);
+  for (int h = 0; h < H; h++)
+    for (int i = 0; i < QL; i++) ex[h][i] = i == FULLY_MASKED_ROW ? 'z' : 'f';
+  check("no NaN", b, ex, -1, threads, isa);
+
+  /* NaN in Q[h=1, i=qi, d=2]: that row alone */
+  b->Q[(1 * QL + qi) * D + 2] = tg_f32_to_bf16(NAN);
+  ex[1][qi] = 'n';
+  check("NaN in Q", b, ex, -1, threads, isa);
+  ex[1][qi] = 'f';
+
+  /* +inf / -inf in Q[.., d = 2]: the row's score with key j is
+   * sign * inf * K[j, 2]: +inf where that product is positive, NaN where
+   * K[j, 2] = 0, -inf where negative. One +inf or NaN among the visible
+   * keys makes the row NaN (softmax of +inf); all -inf is a row that sees
+   * no key (O = 0, L = -inf, the contract). */
+  for (int sign = 1; sign >= -1; sign -= 2) {
+    b->Q[(1 * QL + qi) * D + 2] = tg_f32_to_bf16(sign * INFINITY);
+    int nan_row = 0;
+    for (int k = 0; k < KL; k++)
+      if (visible(qi, k, b)) nan_row |= sign * tg_bf16_to_f32(b->K[k * D + 2]) >= 0.0f;
+    ex[1][qi] = nan_row ? 'n' : 'z';
+    check(sign > 0 ? "+inf in Q" : "-inf in Q", b, ex, -1, threads, isa);
+  }
+  ex[1][qi] = 'f';
+
+  /* NaN in K[kj]: every row of both heads (GQA) that sees key kj */
+  fill(b, r);
+  b->K[kj * D + 4] = tg_f32_to_bf16(NAN);
+  for (int h = 0; h < H; h++)
+    for (int i = 0; i < QL; i++)
+      ex[h][i] = i == FULLY_MASKED_ROW ? 'z' : visible(i, kj, b) ? 'n' : 'f';
+  check("NaN in K", b, ex, -1, threads, isa);
+
+  /* NaN in V[kj, vd]: column vd of the O rows that see kj; L unaffected.
+   * Rows that do not see kj ('w'): column vd is not checked (the P.V
+   * product may multiply the NaN by an exact 0 there, as PyTorch's
+   * matmul does), every other element must stay finite. */
+  fill(b, r);
+  b->V[kj * D + vd] = tg_f32_to_bf16(NAN);
+  for (int h = 0; h < H; h++)
+    for (int i = 0; i < QL; i++)
+      ex[h][i] = i == FULLY_MASKED_ROW ? 'z' : visible(i, kj, b) ? 'v' : 'w';
+  check("NaN in V", b, ex, vd, threads, isa);
+
+  /* NaN in the mask at (row 2, key 4, visible): that row of both heads */
+  fill(b, r);
+  b->M[2 * KL + 4] = tg_f32_to_bf16(NAN);
+  for (int h = 0; h < H; h++)
+    for (int i = 0; i < QL; i++) ex[h][i] = i == FULLY_MASKED_ROW ? 'z' : i == 2 ? 'n' : 'f';
+  check("NaN in mask", b, ex, -1, threads, isa);
+}
+
+static void test_nan_and_inf(void **state) { run_everywhere(101, nan_and_inf_cases); }
 
 /* Expectations of the clean problem under the window and sinks: a row
  * that sees no key 'z', or 's' where its head has a finite sink. */
@@ -187,62 +195,55 @@ static void clean_expect(const bufs *b, const float sinks[H], char ex[H][QL]) {
     }
 }
 
-static void test_variants(void **state) {
-  tu_rng r = tu_rng_make(tu_seed() + 102);
-  bufs *b = tu_alloc(sizeof *b);
-  tg_isa isas[TU_MAX_ISAS];
-  const int nisa = tu_isas(isas);
-  const int threads[] = {1, 3};
-  for (int ii = 0; ii < nisa; ii++)
-    for (int t = 0; t < 2; t++) {
-      char ex[H][QL];
-      const int kj = 5, vd = 7;
-      float sinks[H] = {0.5f, -INFINITY};
-      tg_attn_options opt = {.sinks = sinks};
-      window = 0;
-      /* sinks: head 0 finite, head 1 none */
-      fill(b, &r);
-      clean_expect(b, sinks, ex);
-      check_opt("sinks 0.5, -inf", b, ex, -1, threads[t], isas[ii], &opt);
-      /* NaN and +inf sink of head 1: all of head 1, the fully masked row too */
-      const float bad[2] = {NAN, INFINITY};
-      for (int s = 0; s < 2; s++) {
-        sinks[1] = bad[s];
-        for (int i = 0; i < QL; i++) ex[1][i] = 'n';
-        check_opt(s ? "+inf sink" : "NaN sink", b, ex, -1, threads[t], isas[ii], &opt);
-      }
-      sinks[1] = -INFINITY;
+static void variants_cases(bufs *b, tu_rng *r, int threads, tg_isa isa) {
+  char ex[H][QL];
+  const int kj = 5, vd = 7;
+  float sinks[H] = {0.5f, -INFINITY};
+  tg_attn_options opt = {.sinks = sinks};
+  window = 0;
+  /* sinks: head 0 finite, head 1 none */
+  fill(b, r);
+  clean_expect(b, sinks, ex);
+  check_opt("sinks 0.5, -inf", b, ex, -1, threads, isa, &opt);
+  /* NaN and +inf sink of head 1: all of head 1, the fully masked row too */
+  const float bad[2] = {NAN, INFINITY};
+  for (int s = 0; s < 2; s++) {
+    sinks[1] = bad[s];
+    for (int i = 0; i < QL; i++) ex[1][i] = 'n';
+    check_opt(s ? "+inf sink" : "NaN sink", b, ex, -1, threads, isa, &opt);
+  }
+  sinks[1] = -INFINITY;
 
-      /* a window of 3 (rows see keys i + 2 .. i + 4 of the causal limit i + 4),
-       * with the sinks: NaN in K[kj] reaches the rows that see kj */
-      window = opt.window = 3;
-      fill(b, &r);
-      b->K[kj * D + 4] = tg_f32_to_bf16(NAN);
-      clean_expect(b, sinks, ex);
-      for (int h = 0; h < H; h++)
-        for (int i = 0; i < QL; i++)
-          if (visible(i, kj, b)) ex[h][i] = 'n';
-      check_opt("window, NaN in K", b, ex, -1, threads[t], isas[ii], &opt);
-      /* NaN in V[kj, vd]: column vd of the rows that see kj */
-      fill(b, &r);
-      b->V[kj * D + vd] = tg_f32_to_bf16(NAN);
-      clean_expect(b, sinks, ex);
-      for (int h = 0; h < H; h++)
-        for (int i = 0; i < QL; i++)
-          if (ex[h][i] == 'f') ex[h][i] = visible(i, kj, b) ? 'v' : 'w';
-      check_opt("window, NaN in V", b, ex, vd, threads[t], isas[ii], &opt);
-      /* window 1 without sinks: each row sees its diagonal key i + 4 alone,
-       * the fully masked row none ('z') */
-      window = opt.window = 1;
-      opt.sinks = NULL;
-      const float none[H] = {-INFINITY, -INFINITY};
-      fill(b, &r);
-      clean_expect(b, none, ex);
-      check_opt("window 1", b, ex, -1, threads[t], isas[ii], &opt);
-      window = 0;
-    }
-  free(b);
+  /* a window of 3 (rows see keys i + 2 .. i + 4 of the causal limit i + 4),
+   * with the sinks: NaN in K[kj] reaches the rows that see kj */
+  window = opt.window = 3;
+  fill(b, r);
+  b->K[kj * D + 4] = tg_f32_to_bf16(NAN);
+  clean_expect(b, sinks, ex);
+  for (int h = 0; h < H; h++)
+    for (int i = 0; i < QL; i++)
+      if (visible(i, kj, b)) ex[h][i] = 'n';
+  check_opt("window, NaN in K", b, ex, -1, threads, isa, &opt);
+  /* NaN in V[kj, vd]: column vd of the rows that see kj */
+  fill(b, r);
+  b->V[kj * D + vd] = tg_f32_to_bf16(NAN);
+  clean_expect(b, sinks, ex);
+  for (int h = 0; h < H; h++)
+    for (int i = 0; i < QL; i++)
+      if (ex[h][i] == 'f') ex[h][i] = visible(i, kj, b) ? 'v' : 'w';
+  check_opt("window, NaN in V", b, ex, vd, threads, isa, &opt);
+  /* window 1 without sinks: each row sees its diagonal key i + 4 alone,
+   * the fully masked row none ('z') */
+  window = opt.window = 1;
+  opt.sinks = NULL;
+  const float none[H] = {-INFINITY, -INFINITY};
+  fill(b, r);
+  clean_expect(b, none, ex);
+  check_opt("window 1", b, ex, -1, threads, isa, &opt);
+  window = 0;
 }
+
+static void test_variants(void **state) { run_everywhere(102, variants_cases); }
 
 int main(void) {
   tu_seed();
