@@ -17,6 +17,8 @@
 #ifndef TILEGRAD_TESTING_H
 #define TILEGRAD_TESTING_H
 
+#include "tilegrad.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -40,6 +42,15 @@ void tg_testing_plan_cpus(int n);
  * run the FA-2 backward's key-tile chunks (kernels/attention_bwd.c) at one
  * tile and at several. Set it between calls, not while one runs. */
 void tg_testing_plan_l2_bytes(long long bytes);
+
+/* How the attention's products that take P or dS (O += P.V; dQ, dK, dV)
+ * run with bf16 inputs of head dim D on table `isa` in `precision` mode,
+ * in the forward (backward = 0) or the backward: the number of bf16 parts
+ * each P or dS operand is split into on the table's bf16 dot unit (1 bf16
+ * mode, 2 split, 3 exact; the unit flushes subnormal parts to zero), or 0
+ * where they run on the f32 GEMM. -1: no such table in this build. The
+ * suites' f64 references size their bounds by it. */
+int tg_testing_attn_bf16_parts(tg_isa isa, tg_attn_precision precision, int D, int backward);
 
 #ifdef __cplusplus
 }

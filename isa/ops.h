@@ -30,6 +30,10 @@ typedef struct {
                          * token-major); attn_bk is a multiple of gemm_nr */
   int attn_bq_bf16, attn_bk_bf16; /* the tiles when all five products run on
                                    * mm_bf16_pairs (bf16 mode: tg_attn_bq, _bk) */
+  /* From this head dim on, exact mode's P, dS products run on
+   * mm_bf16_pairs as three bf16 parts, [0] in the forward, [1] in the
+   * backward; 0: never (tg_attn_products_of) */
+  int exact_parts_min_d[2];
 
   /* C[M,N] = A[M,K] . B[K,N]          (accumulate == 0)
    * C[M,N] += A[M,K] . B[K,N]         (accumulate != 0) */
@@ -62,12 +66,15 @@ typedef struct {
                           uint32_t *Bp, int64_t ldb);
   /* --- operands of the attention's precision modes (common/bf16_pack.c) ---------
    * The bf16 parts of an f32 block [rows, cols] (stride lds): hi = bf16(x)
-   * rounded to nearest even, lo = bf16(x - hi) (0 where hi is not finite);
-   * lo NULL: hi only. transpose == 0: hi[r * ldd + c], each row padded to an
-   * even length with a 0; transpose != 0: hi[c * ldd + r], the row count
-   * padded likewise (ldd > cols, resp. rows, when that is odd). */
+   * rounded to nearest even, lo = bf16(x - hi), lo2 = bf16(x - hi - lo) (lo,
+   * lo2 0 where hi is not finite; hi + lo + lo2 = x exactly unless lo2 is
+   * subnormal); lo NULL: hi only, lo2 NULL: hi and lo. transpose == 0:
+   * hi[r * ldd + c], each row padded to an even length with a 0; transpose
+   * != 0: hi[c * ldd + r], the row count padded likewise (ldd > cols, resp.
+   * rows, when that is odd). The same layout for lo and lo2. */
   void (*f32_to_bf16_split)(int64_t rows, int64_t cols, const float *src, int64_t lds,
-                            int transpose, uint16_t *hi, uint16_t *lo, int64_t ldd);
+                            int transpose, uint16_t *hi, uint16_t *lo, uint16_t *lo2,
+                            int64_t ldd);
   /* The pair layout of a bf16 matrix along its rows: X [nr, ncols] (stride
    * lds) -> Bp[p * ldb + j] = (X[2p, j], X[2p+1, j]) for p < ceil(nr / 2),
    * X[nr, j] read as 0 when nr is odd: B = X in mm_bf16_pairs' layout with

@@ -204,6 +204,25 @@ enum { ATTN_BQ_BF16 = 128, ATTN_BK_BF16 = 128 };
 #else
 enum { ATTN_BQ_BF16 = ATTN_BQ, ATTN_BK_BF16 = ATTN_BK };
 #endif
+/* EXACT_PARTS_MIN_D_FWD, _BWD: from this head dim D on, exact mode with
+ * bf16 inputs runs the products that take P or dS on the bf16 unit too, in
+ * the forward (O += P.V), resp. the backward (dQ, dK, dV), each f32 operand
+ * as three bf16 parts (hi + lo + lo2 = x exactly: f32_to_bf16_split), so
+ * only the order and rounding of the f32 sums differ from the f32 GEMM
+ * (docs/KERNELS.md, precision modes). 0: never (the f32 FMA GEMM). The amx
+ * table, on the lent Xeon (16 cores; the forward's and the backward step's
+ * times with three parts over those with the f32 GEMM, medians of 4
+ * rotating rounds, bench/results/xeon16-amx/README.md, "exact mode on
+ * AMX"): forward at 16 / 2 threads D 64 1.00-1.10 / 1.07, D 128 0.88 /
+ * 0.93, D 256 0.86 / 0.85, D 512 0.80 / 0.84; backward step D 64
+ * 0.94-1.17 / 1.13, D 128 0.98 / 1.30, D 256 0.83 / 0.84, D 512 0.78 /
+ * 0.81. Three passes of small tile products and the parts' packing cost
+ * more than they save below that. */
+#if defined(TG_ISA_WITH_AMX)
+enum { EXACT_PARTS_MIN_D_FWD = 128, EXACT_PARTS_MIN_D_BWD = 256 };
+#else
+enum { EXACT_PARTS_MIN_D_FWD = 0, EXACT_PARTS_MIN_D_BWD = 0 };
+#endif
 _Static_assert((int)ATTN_BQ <= (int)TG_ATTN_MAX_TILE && (int)ATTN_BK <= (int)TG_ATTN_MAX_TILE &&
                    (int)ATTN_BQ_BF16 <= (int)TG_ATTN_MAX_TILE &&
                    (int)ATTN_BK_BF16 <= (int)TG_ATTN_MAX_TILE,

@@ -166,21 +166,40 @@ static inline int tg_attn_bf16_dot(const tg_attn_problem *pr, const tg_isa_ops *
 
 /* How the products that take P or dS as an operand (O += P.V; dQ += dS.K,
  * dK += dS^T.Q, dV += P^T.dO) run, from the precision mode and the table:
- *   F32:         f32 P and dS, f32 GEMM (EXACT, float32 inputs, and SPLIT on
+ *   F32:         f32 P and dS, f32 GEMM (float32 inputs; EXACT, and SPLIT on
  *                tables without bf16 dot products: exact is within split);
  *   F32_ROUNDED: P and dS rounded to bf16 in place, then the f32 GEMM (BF16
  *                on tables without them: the same values as on the bf16
  *                units, products exact in f32 either way);
- *   BF16_DOT:    P and dS as bf16 rows (hi, and lo for SPLIT) on
- *                mm_bf16_pairs, the other operand packed in row pairs. */
+ *   BF16_DOT:    P and dS as bf16 rows on mm_bf16_pairs, the other operand
+ *                packed in row pairs: one part (hi) in BF16 mode, two (hi,
+ *                lo) in SPLIT, three (hi, lo, lo2: all of x) in EXACT where
+ *                the table's exact_parts_min_d says it is faster (by D, per
+ *                pass). */
 typedef enum { TG_PRODUCTS_F32, TG_PRODUCTS_F32_ROUNDED, TG_PRODUCTS_BF16_DOT } tg_attn_products;
+typedef enum { TG_ATTN_PASS_FWD, TG_ATTN_PASS_BWD } tg_attn_pass;
 
 static inline tg_attn_products tg_attn_products_of(const tg_attn_problem *pr,
-                                                   const tg_isa_ops *ops) {
-  if (pr->precision == TG_ATTN_PRECISION_EXACT || pr->in != TG_DTYPE_BF16)
-    return TG_PRODUCTS_F32;
+                                                   const tg_isa_ops *ops, tg_attn_pass pass) {
+  if (pr->in != TG_DTYPE_BF16) return TG_PRODUCTS_F32;
+  if (pr->precision == TG_ATTN_PRECISION_EXACT) {
+    const int min_d = ops->exact_parts_min_d[pass];
+    return tg_attn_bf16_dot(pr, ops) && min_d > 0 && pr->D >= min_d ? TG_PRODUCTS_BF16_DOT
+                                                                    : TG_PRODUCTS_F32;
+  }
   if (tg_attn_bf16_dot(pr, ops)) return TG_PRODUCTS_BF16_DOT;
   return pr->precision == TG_ATTN_PRECISION_BF16 ? TG_PRODUCTS_F32_ROUNDED : TG_PRODUCTS_F32;
+}
+
+/* TG_PRODUCTS_BF16_DOT: how many bf16 parts each P or dS operand takes. */
+static inline int tg_attn_parts(const tg_attn_problem *pr) {
+  return pr->precision == TG_ATTN_PRECISION_BF16    ? 1
+         : pr->precision == TG_ATTN_PRECISION_SPLIT ? 2
+                                                    : 3;
+}
+/* The bf16 part buffers per P or dS operand a work item's scratch holds. */
+static inline int tg_attn_part_buffers(const tg_attn_problem *pr, tg_attn_products products) {
+  return products == TG_PRODUCTS_BF16_DOT ? tg_attn_parts(pr) : 0;
 }
 
 /* The tiles of the forward and backward: the table's attn_bq x attn_bk, or
@@ -188,8 +207,8 @@ static inline tg_attn_products tg_attn_products_of(const tg_attn_problem *pr,
  * only where no causal diagonal or window edge crosses it (isa/tuning.h says
  * why the amx table doubles them and what was measured). */
 static inline int tg_attn_bf16_tiles(const tg_attn_problem *pr, const tg_isa_ops *ops) {
-  return tg_attn_products_of(pr, ops) == TG_PRODUCTS_BF16_DOT &&
-         pr->precision == TG_ATTN_PRECISION_BF16;
+  return pr->precision == TG_ATTN_PRECISION_BF16 &&
+         tg_attn_products_of(pr, ops, TG_ATTN_PASS_BWD) == TG_PRODUCTS_BF16_DOT;
 }
 static inline int64_t tg_attn_bq(const tg_attn_problem *pr, const tg_isa_ops *ops) {
   return tg_attn_bf16_tiles(pr, ops) && !pr->causal && !pr->window ? ops->attn_bq_bf16
@@ -209,16 +228,17 @@ static inline void tg_attn_round_bf16(float *x, int64_t rows, int64_t cols, int6
     for (int64_t c = 0; c < cols; c++) x[r * ld + c] = tg_bf16_to_f32(tg_f32_to_bf16(x[r * ld + c]));
 }
 
-/* TG_PRODUCTS_BF16_DOT: C [M, N] (ldc) (+)= X . Bp, X given as its bf16 hi
- * rows (and lo rows for SPLIT: C += lo . Bp after) of Kp (even) columns,
- * stride ldx; Bp [Kp/2, N] pairs (pack_bf16_row_pairs), stride ldb. */
+/* TG_PRODUCTS_BF16_DOT: C [M, N] (ldc) (+)= X . Bp, X given as its
+ * tg_attn_parts bf16 parts (hi, then lo, then lo2: one pass of C += part .
+ * Bp each), rows of Kp (even) columns, stride ldx; Bp [Kp/2, N] pairs
+ * (pack_bf16_row_pairs), stride ldb. */
 static inline void tg_attn_mm_parts(const tg_attn_problem *pr, const tg_isa_ops *ops, int64_t M,
-                                    int64_t N, int64_t Kp, const uint16_t *hi, const uint16_t *lo,
+                                    int64_t N, int64_t Kp, uint16_t *const parts[3],
                                     int64_t ldx, const uint32_t *Bp, int64_t ldb, float *C,
                                     int64_t ldc, int accumulate) {
-  ops->mm_bf16_pairs((int)M, (int)N, (int)Kp, hi, ldx, Bp, ldb, C, ldc, accumulate);
-  if (pr->precision == TG_ATTN_PRECISION_SPLIT)
-    ops->mm_bf16_pairs((int)M, (int)N, (int)Kp, lo, ldx, Bp, ldb, C, ldc, 1);
+  for (int i = 0; i < tg_attn_parts(pr); i++)
+    ops->mm_bf16_pairs((int)M, (int)N, (int)Kp, parts[i], ldx, Bp, ldb, C, ldc,
+                       accumulate || i);
 }
 
 /* A work item's mm_bf16_pairs calls in one bracket of the table's (the amx

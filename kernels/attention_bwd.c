@@ -115,10 +115,11 @@ typedef struct {
   float *Q, *dO, *dQ;  /* [BQ, D], [BQ, Dv], [BQ, D] */
   float *S, *dS;       /* [BQ, BK]: scores -> P, dP -> dS */
   uint8_t *keep;       /* [BQ, BK] dropout keep flags */
-  /* TG_PRODUCTS_BF16_DOT only: the bf16 parts (hi, lo) of dS [BQ, BK] and
-   * of dS^T, P^T [BK, BQ]; Q, dO and K then hold their bf16 rows in pairs
-   * (pack_bf16_row_pairs: [BQ/2, D], [BK/2, D] pairs) instead of f32 rows */
-  uint16_t *dS_hi, *dS_lo, *dSt_hi, *dSt_lo, *Pt_hi, *Pt_lo;
+  /* TG_PRODUCTS_BF16_DOT only: the bf16 parts (tg_attn_parts of hi, lo,
+   * lo2; the rest NULL) of dS [BQ, BK] and of dS^T, P^T [BK, BQ]; Q, dO and
+   * K then hold their bf16 rows in pairs (pack_bf16_row_pairs: [BQ/2, D],
+   * [BK/2, D] pairs) instead of f32 rows */
+  uint16_t *dS_parts[3], *dSt_parts[3], *Pt_parts[3];
   ktile_scratch kt[TG_ATTN_MAX_CHUNK_TILES];
 } bwd_scratch;
 
@@ -139,16 +140,16 @@ static size_t ktile_bytes(int64_t D, int64_t Dv, int64_t BK, int compensated) {
 }
 
 static size_t bwd_scratch_bytes(int64_t D, int64_t Dv, int64_t BQ, int64_t BK, int64_t chunk,
-                                 int compensated, tg_attn_products products) {
+                                 int compensated, int n_parts) {
   const size_t q = tg_align64(sizeof(float) * BQ * (size_t)D);
   const size_t s = tg_align64(sizeof(float) * BQ * BK);
-  const size_t parts = products == TG_PRODUCTS_BF16_DOT ? 6 * tg_align64(2 * BQ * BK) : 0;
+  const size_t parts = 3 * (size_t)n_parts * tg_align64(2 * BQ * BK);
   return 2 * q + tg_align64(sizeof(float) * BQ * (size_t)Dv) + 2 * s +
          tg_align64((size_t)(BQ * BK)) + parts + (size_t)chunk * ktile_bytes(D, Dv, BK, compensated);
 }
 
 static bwd_scratch carve(void *base, int64_t D, int64_t Dv, int64_t BQ, int64_t BK,
-                         int64_t chunk, int compensated, tg_attn_products products) {
+                         int64_t chunk, int compensated, int n_parts) {
   char *p = base;
   const size_t q = tg_align64(sizeof(float) * BQ * (size_t)D);
   const size_t s = tg_align64(sizeof(float) * BQ * BK);
@@ -159,11 +160,12 @@ static bwd_scratch carve(void *base, int64_t D, int64_t Dv, int64_t BQ, int64_t 
   w.S = (float *)p, p += s;
   w.dS = (float *)p, p += s;
   w.keep = (uint8_t *)p, p += tg_align64((size_t)(BQ * BK));
-  w.dS_hi = w.dS_lo = w.dSt_hi = w.dSt_lo = w.Pt_hi = w.Pt_lo = NULL;
-  if (products == TG_PRODUCTS_BF16_DOT) {
-    uint16_t **parts[] = {&w.dS_hi, &w.dS_lo, &w.dSt_hi, &w.dSt_lo, &w.Pt_hi, &w.Pt_lo};
-    for (int i = 0; i < 6; i++) *parts[i] = (uint16_t *)p, p += tg_align64(2 * BQ * BK);
-  }
+  uint16_t **parts[] = {w.dS_parts, w.dSt_parts, w.Pt_parts};
+  for (int o = 0; o < 3; o++)
+    for (int i = 0; i < 3; i++) {
+      parts[o][i] = i < n_parts ? (uint16_t *)p : NULL;
+      if (i < n_parts) p += tg_align64(2 * BQ * BK);
+    }
   for (int64_t j = 0; j < chunk; j++) {
     ktile_scratch *t = &w.kt[j];
     float **bufs[] = {&t->K, &t->KT, &t->VT, &t->dK, &t->dV,
@@ -277,18 +279,16 @@ static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_
 
   if (a->plan.products == TG_PRODUCTS_BF16_DOT) { /* dS, dS^T, P^T as bf16 parts (odd
                                                    * counts padded with a 0: nkp, nqp even) */
-    uint16_t *lo[3] = {NULL, NULL, NULL};
-    if (pr->precision == TG_ATTN_PRECISION_SPLIT)
-      lo[0] = w->dS_lo, lo[1] = w->dSt_lo, lo[2] = w->Pt_lo;
     const int64_t nkp = nk + nk % 2, nqp = nq + nq % 2, BQ = a->plan.BQ;
-    ops->f32_to_bf16_split(nq, nk, w->dS, BK, 0, w->dS_hi, lo[0], BK);
-    ops->f32_to_bf16_split(nq, nk, w->dS, BK, 1, w->dSt_hi, lo[1], BQ);
-    ops->f32_to_bf16_split(nq, nk, w->S, BK, 1, w->Pt_hi, lo[2], BQ);
-    tg_attn_mm_parts(pr, ops, nq, D, nkp, w->dS_hi, w->dS_lo, BK, (const uint32_t *)t->K, D, dQ,
-                     ldq, !dq_first);                                          /* dS.K   */
-    tg_attn_mm_parts(pr, ops, nk, D, nqp, w->dSt_hi, w->dSt_lo, BQ, (const uint32_t *)w->Q, D,
-                     t->dK, D, 1);                                             /* dS^T.Q */
-    tg_attn_mm_parts(pr, ops, nk, Dv, nqp, w->Pt_hi, w->Pt_lo, BQ, (const uint32_t *)w->dO, Dv,
+    uint16_t *const *dSp = w->dS_parts, *const *dStp = w->dSt_parts, *const *Ptp = w->Pt_parts;
+    ops->f32_to_bf16_split(nq, nk, w->dS, BK, 0, dSp[0], dSp[1], dSp[2], BK);
+    ops->f32_to_bf16_split(nq, nk, w->dS, BK, 1, dStp[0], dStp[1], dStp[2], BQ);
+    ops->f32_to_bf16_split(nq, nk, w->S, BK, 1, Ptp[0], Ptp[1], Ptp[2], BQ);
+    tg_attn_mm_parts(pr, ops, nq, D, nkp, w->dS_parts, BK, (const uint32_t *)t->K, D, dQ, ldq,
+                     !dq_first);                                               /* dS.K   */
+    tg_attn_mm_parts(pr, ops, nk, D, nqp, w->dSt_parts, BQ, (const uint32_t *)w->Q, D, t->dK,
+                     D, 1);                                                    /* dS^T.Q */
+    tg_attn_mm_parts(pr, ops, nk, Dv, nqp, w->Pt_parts, BQ, (const uint32_t *)w->dO, Dv,
                      t->dV, Dv, 1);                                            /* P^T.dO */
     return;
   }
@@ -416,7 +416,7 @@ static void bwd_group_kv(const void *vargs, int64_t x, int64_t b, int64_t range,
   int64_t u0, u1; /* this item's q units: (query head, q-tile) pairs, query_units */
   query_units(a, group, &u0, &u1);
   bwd_scratch w = carve(scratch, D, Dv, BQ, BK, a->plan.chunk_tiles, pr->compensated,
-                        a->plan.products);
+                        tg_attn_part_buffers(pr, a->plan.products));
   tg_attn_dot_begin(a->ops, a->plan.bf16_dot);
 
   int64_t kt_first, kt_end, g_first, g_end; /* the range's tiles, this group's */
@@ -529,7 +529,7 @@ static void bwd_group_atomic(const void *vargs, int64_t x, int64_t h, int64_t b,
   const bwd_args *a = vargs;
   const tg_attn_problem *pr = &a->pr;
   const int64_t D = pr->D, Dv = pr->Dv, h_kv = h / pr->gqa, BQ = a->plan.BQ, BK = a->plan.BK;
-  bwd_scratch w = carve(scratch, D, Dv, BQ, BK, 1, 0, a->plan.products);
+  bwd_scratch w = carve(scratch, D, Dv, BQ, BK, 1, 0, tg_attn_part_buffers(pr, a->plan.products));
   ktile_scratch *t = &w.kt[0];
   tg_attn_dot_begin(a->ops, a->plan.bf16_dot);
   const int64_t q0 = (a->plan.n_qtiles - 1 - x) * BQ, nq = tile_rows(pr->qL, q0, BQ);
@@ -614,7 +614,7 @@ tg_attn_bwd_plan tg_attn_bwd_plan_make(const tg_attn_problem *pr, const tg_isa_o
   tg_attn_bwd_plan pl = {.BQ = tg_attn_bq(pr, ops),
                          .BK = tg_attn_bk(pr, ops),
                          .bf16_dot = tg_attn_bf16_dot(pr, ops),
-                         .products = tg_attn_products_of(pr, ops)};
+                         .products = tg_attn_products_of(pr, ops, TG_ATTN_PASS_BWD)};
   pl.n_qtiles = (pr->qL + pl.BQ - 1) / pl.BQ;
   pl.n_ktiles = (pr->kL + pl.BK - 1) / pl.BK;
   plan_ranges(&pl, pr);
@@ -652,7 +652,7 @@ tg_status tg_attn_backward_kv(tg_ctx *ctx, const tg_attn_problem *pr,
   tg_status st = tg_dispatch(ctx, pr->H_kv * a.plan.n_qgroups, pr->B, a.plan.n_ranges,
                              bwd_scratch_bytes(pr->D, pr->Dv, a.plan.BQ, a.plan.BK,
                                                a.plan.chunk_tiles, pr->compensated,
-                                               a.plan.products),
+                                               tg_attn_part_buffers(pr, a.plan.products)),
                              bwd_group_kv, &a);
   /* The second passes need no scratch: they cannot fail once the first wrote. */
   if (st == TG_OK && a.plan.n_ranges > 1)
@@ -712,7 +712,8 @@ static tg_status train_bwd(tg_ctx *ctx, const char *fn, tg_dtype dtype, const vo
     a.Q = Q, a.K = K, a.V = V, a.dO = dO, a.mask = mask, a.L = L, a.D_vec = D_vec;
     a.dQ = dQ, a.dK = dK, a.dV = dV;
     st = tg_dispatch(ctx, a.plan.n_qtiles, pr.H, pr.B,
-                     bwd_scratch_bytes(pr.D, pr.Dv, a.plan.BQ, a.plan.BK, 1, 0, a.plan.products),
+                     bwd_scratch_bytes(pr.D, pr.Dv, a.plan.BQ, a.plan.BK, 1, 0,
+                                       tg_attn_part_buffers(&pr, a.plan.products)),
                      bwd_group_atomic, &a);
   } else {
     const size_t ws_bytes = tg_attn_bwd_workspace_bytes(&plan);

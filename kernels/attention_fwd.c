@@ -27,8 +27,10 @@
  * l' = l e^{m - m'} + e^{s_h - m'}, acc scaled by e^{m - m'}. V, O and the
  * accumulator have Dv columns (Q, K: D).
  *
- * Precision modes (tg_attn_products): split and bf16 mode run acc += P.V
- * on the bf16 parts of P against V's rows in pairs; l sums the f32 P.
+ * Precision modes (tg_attn_products): bf16 and split mode, and exact mode
+ * where the table's exact_parts_min_d says so, run acc += P.V on the bf16
+ * parts of P (1, 2 or 3: tg_attn_parts) against V's rows in pairs; l sums
+ * the f32 P.
  *
  * tg_attn_forward is the loop itself, on a validated problem with bf16 or
  * f32 inputs; kernel 10 (causal_attention.c) runs it on f32 token-major
@@ -59,14 +61,14 @@ typedef struct {
   float *S;        /* [BQ, BK] */
   float *m, *l;    /* [BQ] running max and sum */
   uint8_t *keep;   /* [BQ, BK] dropout keep flags */
-  /* TG_PRODUCTS_BF16_DOT: P's bf16 parts [BQ, BK]; V then holds V's bf16
-   * rows in pairs ([BK/2, D], pack_bf16_row_pairs) */
-  uint16_t *P_hi, *P_lo;
+  /* TG_PRODUCTS_BF16_DOT: P's bf16 parts [BQ, BK] (tg_attn_parts of them,
+   * the rest NULL); V then holds V's bf16 rows in pairs ([BK/2, D],
+   * pack_bf16_row_pairs) */
+  uint16_t *P_parts[3];
 } fwd_scratch;
 
-static size_t fwd_scratch_bytes(int64_t D, int64_t Dv, int64_t BQ, int64_t BK,
-                                tg_attn_products products) {
-  const size_t parts = products == TG_PRODUCTS_BF16_DOT ? 2 * tg_align64(2 * BQ * BK) : 0;
+static size_t fwd_scratch_bytes(int64_t D, int64_t Dv, int64_t BQ, int64_t BK, int n_parts) {
+  const size_t parts = (size_t)n_parts * tg_align64(2 * BQ * BK);
   return tg_align64(sizeof(float) * BQ * (size_t)D) + tg_align64(sizeof(float) * BQ * (size_t)Dv) +
          2 * tg_align64(sizeof(float) * BK * (size_t)D) +
          tg_align64(sizeof(float) * BK * (size_t)Dv) +
@@ -75,7 +77,7 @@ static size_t fwd_scratch_bytes(int64_t D, int64_t Dv, int64_t BQ, int64_t BK,
 }
 
 static fwd_scratch fwd_carve(void *base, int64_t D, int64_t Dv, int64_t BQ, int64_t BK,
-                             tg_attn_products products) {
+                             int n_parts) {
   char *p = base;
   const size_t k = tg_align64(sizeof(float) * BK * (size_t)D);
   fwd_scratch w;
@@ -88,11 +90,8 @@ static fwd_scratch fwd_carve(void *base, int64_t D, int64_t Dv, int64_t BQ, int6
   w.m = (float *)p, p += tg_align64(sizeof(float) * BQ);
   w.l = (float *)p, p += tg_align64(sizeof(float) * BQ);
   w.keep = (uint8_t *)p, p += tg_align64((size_t)(BQ * BK));
-  w.P_hi = w.P_lo = NULL;
-  if (products == TG_PRODUCTS_BF16_DOT) {
-    w.P_hi = (uint16_t *)p, p += tg_align64(2 * BQ * BK);
-    w.P_lo = (uint16_t *)p;
-  }
+  for (int i = 0; i < 3; i++)
+    w.P_parts[i] = i < n_parts ? (uint16_t *)(p + (size_t)i * tg_align64(2 * BQ * BK)) : NULL;
   return w;
 }
 
@@ -101,7 +100,8 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
   const tg_attn_problem *pr = &a->pr;
   const tg_isa_ops *ops = a->ops;
   const int64_t BQ = a->BQ, BK = a->BK;
-  fwd_scratch w = fwd_carve(scratch, pr->D, pr->Dv, BQ, BK, a->products);
+  fwd_scratch w = fwd_carve(scratch, pr->D, pr->Dv, BQ, BK,
+                            tg_attn_part_buffers(pr, a->products));
   tg_attn_dot_begin(ops, a->bf16_dot);
   const int64_t D = pr->D, Dv = pr->Dv, h_kv = h / pr->gqa, qt = a->n_qtiles - 1 - x;
   const int64_t q0 = qt * BQ, nq = pr->qL - q0 < BQ ? pr->qL - q0 : BQ;
@@ -185,9 +185,8 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
       tg_attn_dropout_apply(w.keep, BK, w.S, BK, nq, nk, 1.0f);
     }
     if (a->products == TG_PRODUCTS_BF16_DOT) { /* P's bf16 parts, nk padded to even */
-      ops->f32_to_bf16_split(nq, nk, w.S, BK, 0, w.P_hi,
-                             pr->precision == TG_ATTN_PRECISION_SPLIT ? w.P_lo : NULL, BK);
-      tg_attn_mm_parts(pr, ops, nq, Dv, nk + nk % 2, w.P_hi, w.P_lo, BK, (const uint32_t *)w.V,
+      ops->f32_to_bf16_split(nq, nk, w.S, BK, 0, w.P_parts[0], w.P_parts[1], w.P_parts[2], BK);
+      tg_attn_mm_parts(pr, ops, nq, Dv, nk + nk % 2, w.P_parts, BK, (const uint32_t *)w.V,
                        Dv, w.acc, Dv, 1); /* acc += P.V */
       continue;
     }
@@ -251,10 +250,12 @@ tg_status tg_attn_forward(tg_ctx *ctx, const tg_attn_problem *pr, const void *Q,
   fwd_args a = {.pr = *pr, .Q = Q, .K = K, .V = V, .dO = dO, .mask = mask, .O = O, .L = L,
                 .delta = delta, .ops = ctx->ops, .BQ = tg_attn_bq(pr, ctx->ops),
                 .BK = fwd_key_tile(pr, ctx->ops), .bf16_dot = tg_attn_bf16_dot(pr, ctx->ops),
-                .products = tg_attn_products_of(pr, ctx->ops)};
+                .products = tg_attn_products_of(pr, ctx->ops, TG_ATTN_PASS_FWD)};
   a.n_qtiles = (pr->qL + a.BQ - 1) / a.BQ;
   return tg_dispatch(ctx, a.n_qtiles, pr->H, pr->B,
-                     fwd_scratch_bytes(pr->D, pr->Dv, a.BQ, a.BK, a.products), fwd_group, &a);
+                     fwd_scratch_bytes(pr->D, pr->Dv, a.BQ, a.BK,
+                                       tg_attn_part_buffers(pr, a.products)),
+                     fwd_group, &a);
 }
 
 /* The entry points' shared body; fn names the public function in messages. */

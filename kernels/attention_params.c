@@ -3,6 +3,7 @@
 #include <stddef.h>
 
 #include "attention.h"
+#include "tilegrad_testing.h"
 
 /* The struct is shared byte for byte with the Metal kernels. */
 _Static_assert(sizeof(tg_attn_params) == 160, "tg_attn_params must be 160 bytes");
@@ -220,4 +221,12 @@ tg_status tg_attn_check_alias_bwd(tg_ctx *ctx, const char *fn, const tg_attn_pro
       tg_attn_buf("dV", dV, pr->dVs, B, H_kv, kL, Dv, sizeof(float), 1),
       sinks_buf("d_sinks", d_sinks, pr, 1)};
   return tg_check_alias(ctx, fn, bufs, TG_LEN(bufs));
+}
+
+int tg_testing_attn_bf16_parts(tg_isa isa, tg_attn_precision precision, int D, int backward) {
+  const tg_isa_ops *ops = tg_isa_table(isa);
+  if (!ops) return -1;
+  const tg_attn_problem pr = {.in = TG_DTYPE_BF16, .precision = precision, .D = D};
+  return tg_attn_part_buffers(
+      &pr, tg_attn_products_of(&pr, ops, backward ? TG_ATTN_PASS_BWD : TG_ATTN_PASS_FWD));
 }

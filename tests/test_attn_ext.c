@@ -43,6 +43,16 @@
  *   dK       2 (sum_i e_dS|Q| + gamma(n) (|dK0| + sum_i|dS Q|))   n = gqa qL + 1
  *   dV       2 (sum_i e_Pz|dO| + gamma(n) (|dV0| + sum_i|P z dO|))
  *
+ * With bf16 inputs, where a table runs the products that take P or dS
+ * (O += P.V; dQ, dK, dV) on its bf16 unit as p bf16 parts of each f32
+ * operand (tg_testing_attn_bf16_parts: p = 3 in exact mode on amx from some
+ * head dim on, hi + lo + lo2 = P exactly; 2 in split mode; 1 in bf16 mode),
+ * every such sum adds p passes of its terms: kL, n become p kL, p n in the
+ * gammas above (a bound on the f32 GEMM too, so the reference takes the
+ * largest p of the tables under test), and the unit flushes subnormal parts
+ * and results to zero: 2^-126 absolute per operand and per product (the
+ * f32 GEMM's subnormal roundings: 2^-149).
+ *
  * The bounds scale with the magnitude of the summed terms, not the result
  * (dQ and dK cancel towards 0), and they are first order in u: a missing,
  * duplicated, wrongly dropped or bf16-rounded term is far outside them.
@@ -75,18 +85,18 @@
  * reference (tests/common/attn_problem.c, attn_step_row). bf16 (the bf16
  * pipeline of test_bf16_precision_modes): Q, K, V, dO and the mask rounded
  * to bf16 before the reference, O's bf16 rounding and the precision mode's
- * u_P in its bounds. */
+ * error in its bounds (attn_suite.precision). */
 static void build_ex(attn_problem *pb, const attn_cfg *c, tu_rng *r, int zero_acc, int bf16,
-                     double u_P) {
+                     tg_attn_precision precision) {
   const attn_suite s = {.normal = 1, .bf16 = bf16, .mask_ninf = 0.2, .mask_lo = -3,
                         .mask_row0 = 0, .mask_step = 3,
                         .acc = zero_acc ? ATTN_ACC_ZERO : ATTN_ACC_RANDOM, .options = 1,
-                        .u_P = u_P, .row = attn_step_row};
+                        .precision = precision, .row = attn_step_row};
   attn_build(pb, c, &s, r);
 }
 
 static void build(attn_problem *pb, const attn_cfg *c, tu_rng *r, int zero_acc) {
-  build_ex(pb, c, r, zero_acc, 0, 0.0);
+  build_ex(pb, c, r, zero_acc, 0, TG_ATTN_PRECISION_EXACT);
 }
 
 /* --- running the kernels --------------------------------------------------- */
@@ -565,10 +575,10 @@ static void test_bf16_f32_same_engine(void **state) {
  * from tilegrad bench --section precision). Also: exact-mode bits do not
  * change when a context was in another mode before; bad modes refused. */
 static void test_bf16_precision_modes(void **state) {
-  static const struct { tg_attn_precision mode; const char *name; double u_P; } pm[] = {
-      {TG_ATTN_PRECISION_EXACT, "exact", 0.0},
-      {TG_ATTN_PRECISION_SPLIT, "split", 0x1.0p-16},
-      {TG_ATTN_PRECISION_BF16, "bf16", BF16_U},
+  static const struct { tg_attn_precision mode; const char *name; } pm[] = {
+      {TG_ATTN_PRECISION_EXACT, "exact"},
+      {TG_ATTN_PRECISION_SPLIT, "split"},
+      {TG_ATTN_PRECISION_BF16, "bf16"},
   };
   tg_isa isas[TU_MAX_ISAS];
   tu_isas(isas); /* for the line of measured errors */
@@ -578,7 +588,7 @@ static void test_bf16_precision_modes(void **state) {
     double worst[4] = {0, 0, 0, 0}, mag[4] = {0, 0, 0, 0};
     for (int ci = 0; ci < N_CONFIGS; ci++) {
       attn_problem pb;
-      build_ex(&pb, &configs[ci], &r, 0, 1, pm[mi].u_P);
+      build_ex(&pb, &configs[ci], &r, 0, 1, pm[mi].mode);
       ext_out o = alloc_out(&pb);
       /* numbered ci + mi: each precision mode's configs still take every
        * run under TG_TEST_SHORT, and a config meets other runs in each */

@@ -55,12 +55,12 @@
  * uniform in [-3, 1), every third mask row all -inf (rows that see no key);
  * dK0, dV0, d_sinks0 uniform in [-1, 1); the reference of a training step
  * (attn_step_row). bf16: inputs rounded to bf16, O's rounding and the
- * precision mode's u_P in the bounds. */
+ * precision mode's error in the bounds (attn_suite.precision). */
 static void build(attn_problem *pb, const attn_cfg *c, const attn_variants *v, tu_rng *r,
-                  int bf16, double u_P) {
+                  int bf16, tg_attn_precision precision) {
   const attn_suite s = {.normal = 1, .bf16 = bf16, .mask_ninf = 0.2, .mask_lo = -3,
                         .mask_row0 = 0, .mask_step = 3, .acc = ATTN_ACC_RANDOM, .options = 1,
-                        .u_P = u_P, .row = attn_step_row};
+                        .precision = precision, .row = attn_step_row};
   attn_build_v(pb, c, v, &s, r);
 }
 
@@ -271,7 +271,7 @@ static void test_f32_against_reference(void **state) {
   int failures = 0;
   for (int ci = 0; ci < N_CONFIGS; ci++) {
     attn_problem pb;
-    build(&pb, &configs[ci].c, &configs[ci].v, &r, 0, 0.0);
+    build(&pb, &configs[ci].c, &configs[ci].v, &r, 0, TG_ATTN_PRECISION_EXACT);
     step_out o = alloc_out(&pb);
     const step_how how = own(&pb, 0);
     attn_runs runs = attn_runs_of(ci, N_CONFIGS);
@@ -303,7 +303,7 @@ static void test_f32_backward_exact_l_d(void **state) {
   for (int ci = 0, problem = 0; ci < N_CONFIGS; ci++) {
     if (configs[ci].c.dropout_p > 0) continue;
     attn_problem pb;
-    build(&pb, &configs[ci].c, &configs[ci].v, &r, 0, 0.0);
+    build(&pb, &configs[ci].c, &configs[ci].v, &r, 0, TG_ATTN_PRECISION_EXACT);
     for (int64_t e = 0; e < pb.nL; e++) pb.L[e] = (float)pb.Lr[e], pb.Dv[e] = (float)pb.Dr[e];
     attn_reference(&pb, attn_bwd_row_given, 0);
     step_out o = alloc_out(&pb);
@@ -339,17 +339,17 @@ static void test_f32_backward_exact_l_d(void **state) {
  * 2^-8): every config, 1/2/3 threads, every run mode (TG_TEST_SHORT: a
  * covering subset in each precision mode). */
 static void test_bf16_precision_modes(void **state) {
-  static const struct { tg_attn_precision mode; const char *name; double u_P; } pm[] = {
-      {TG_ATTN_PRECISION_EXACT, "exact", 0.0},
-      {TG_ATTN_PRECISION_SPLIT, "split", 0x1.0p-16},
-      {TG_ATTN_PRECISION_BF16, "bf16", BF16_U},
+  static const struct { tg_attn_precision mode; const char *name; } pm[] = {
+      {TG_ATTN_PRECISION_EXACT, "exact"},
+      {TG_ATTN_PRECISION_SPLIT, "split"},
+      {TG_ATTN_PRECISION_BF16, "bf16"},
   };
   int failures = 0;
   for (size_t mi = 0; mi < sizeof pm / sizeof pm[0]; mi++) {
     tu_rng r = tu_rng_make(tu_seed() + 2); /* the same problems in every mode */
     for (int ci = 0; ci < N_CONFIGS; ci++) {
       attn_problem pb;
-      build(&pb, &configs[ci].c, &configs[ci].v, &r, 1, pm[mi].u_P);
+      build(&pb, &configs[ci].c, &configs[ci].v, &r, 1, pm[mi].mode);
       step_out o = alloc_out(&pb);
       const step_how how = own(&pb, 1);
       /* numbered ci + mi: each precision mode's configs still take every
@@ -382,9 +382,8 @@ static void test_random_configs(void **state) {
     const int bf16 = tu_int(&r, 0, 1);
     const tg_attn_precision prec = bf16 ? (tg_attn_precision)tu_int(&r, 0, 2)
                                         : TG_ATTN_PRECISION_EXACT;
-    const double u_P[3] = {0.0, 0x1.0p-16, BF16_U};
     attn_problem pb;
-    build(&pb, &c, &v, &r, bf16, u_P[prec]);
+    build(&pb, &c, &v, &r, bf16, prec);
     step_out o = alloc_out(&pb);
     const attn_run_mode *m = &attn_modes[tu_int(&r, 0, ATTN_N_MODES - 1)];
     const int threads = tu_int(&r, 1, 3);
@@ -426,7 +425,7 @@ static void test_window_equals_mask(void **state) {
   for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
     for (int bf16 = 0; bf16 < 2; bf16++) {
       attn_problem pb;
-      build(&pb, &cases[ci].c, &cases[ci].v, &r, bf16, 0.0);
+      build(&pb, &cases[ci].c, &cases[ci].v, &r, bf16, TG_ATTN_PRECISION_EXACT);
       const int64_t qL = pb.p.qL, kL = pb.p.kL, W = pb.v.window;
       for (int64_t row = 0; row < pb.nM / kL; row++) { /* full mask: [B,H,qL] rows */
         const int64_t i = row % qL;
@@ -472,7 +471,7 @@ static void test_no_effect_settings_same_bits(void **state) {
   for (size_t ci = 0; ci < sizeof shapes / sizeof shapes[0]; ci++) {
     const attn_variants with_sinks = {0, 0, RAND};
     attn_problem pb;
-    build(&pb, &shapes[ci], &with_sinks, &r, 0, 0.0);
+    build(&pb, &shapes[ci], &with_sinks, &r, 0, TG_ATTN_PRECISION_EXACT);
     float *no_sinks = tu_alloc(4 * pb.p.H);
     for (int64_t h = 0; h < pb.p.H; h++) no_sinks[h] = -INFINITY;
     step_out a = alloc_out(&pb), b = alloc_out(&pb);
@@ -519,7 +518,7 @@ static void test_deterministic(void **state) {
   const attn_cfg c = {"det", 2, 4, 2, 150, 530, 32, 1, 0, 1, 0, 1.0f, 0.3f};
   const attn_variants v = {70, 40, RAND};
   attn_problem pb;
-  build(&pb, &c, &v, &r, 0, 0.0);
+  build(&pb, &c, &v, &r, 0, TG_ATTN_PRECISION_EXACT);
   step_out first = alloc_out(&pb), o = alloc_out(&pb);
   const int threads[] = {1, 2, 3, 5, 2};
   for (int variant = 0; variant < 4; variant++) { /* f32, bf16 exact, split, bf16 */
@@ -546,7 +545,7 @@ static void test_bad_variants_write_nothing(void **state) {
   const attn_cfg c = {"bad", 1, 2, 1, 20, 17, 16, 1, 0, 1, 0, 1.0f, 0};
   const attn_variants v = {0, 0, RAND};
   attn_problem pb;
-  build(&pb, &c, &v, &r, 0, 0.0);
+  build(&pb, &c, &v, &r, 0, TG_ATTN_PRECISION_EXACT);
   /* outputs sized for the largest Dv tried (520), filled with a pattern */
   const int64_t nbig = pb.nL * 520;
   float *O = tu_alloc(4 * nbig), *L = tu_alloc(4 * pb.nL), *Dv = tu_alloc(4 * pb.nL);

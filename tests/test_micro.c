@@ -805,9 +805,12 @@ static void test_rms_fused_rows(void **state) {
 }
 
 /* The precision modes' operand packing, bit for bit against the scalar
- * definition on every table: f32_to_bf16_split (hi = RNE, lo = RNE of the
- * exact remainder, 0 where hi is not finite; both layouts, odd counts padded
- * with 0, NaN / inf / subnormal / overflowing inputs) and
+ * definition on every table: f32_to_bf16_split with one, two and three
+ * parts (hi = RNE, lo = RNE of the exact remainder x - hi, lo2 = RNE of
+ * x - hi - lo, lo and lo2 0 where hi is not finite; both layouts, odd counts
+ * padded with 0, NaN / inf / subnormal / overflowing inputs), and
+ * hi + lo + lo2 == x exactly wherever |x| >= 2^-103 (so that no part is
+ * subnormal: the bf16 units flush those); and
  * pack_bf16_row_pairs (odd row counts padded with 0); nothing outside the
  * destination's rows and columns is written. */
 static void test_bf16_split_and_row_pairs(void **state) {
@@ -825,28 +828,36 @@ static void test_bf16_split_and_row_pairs(void **state) {
       tu_fill_f32(&r, x, (int64_t)rows * lds, -3, 3);
       for (int e = 0; e < rows * lds; e += 7) x[e] = specials[(e / 7) % 9];
       for (int transpose = 0; transpose < 2; transpose++)
-        for (int with_lo = 0; with_lo < 2; with_lo++) {
+        for (int n_parts = 1; n_parts <= 3; n_parts++) {
           const int dr = transpose ? cols : rows, dc = transpose ? rows : cols;
           const int ldd = dc + 1 + (dc + 1) % 2 + 2; /* room for the pad, and a gap */
-          uint16_t *hi = tu_alloc(2 * dr * ldd), *lo = tu_alloc(2 * dr * ldd);
-          memset(hi, 0xA5, 2 * dr * ldd), memset(lo, 0xA5, 2 * dr * ldd);
-          o->f32_to_bf16_split(rows, cols, x, lds, transpose, hi, with_lo ? lo : NULL, ldd);
+          uint16_t *part[3];
+          for (int k = 0; k < 3; k++) part[k] = tu_alloc(2 * dr * ldd), memset(part[k], 0xA5, 2 * dr * ldd);
+          o->f32_to_bf16_split(rows, cols, x, lds, transpose, part[0], n_parts > 1 ? part[1] : NULL,
+                               n_parts > 2 ? part[2] : NULL, ldd);
           for (int i = 0; i < dr; i++)
             for (int j = 0; j < ldd; j++) {
               const int in = j < dc, pad = j == dc && dc % 2;
               const float v = !in ? 0.0f : transpose ? x[j * lds + i] : x[i * lds + j];
               const uint16_t h = tg_f32_to_bf16(v);
               const int finite = (h & 0x7F80) != 0x7F80;
-              const uint16_t l = finite ? tg_f32_to_bf16(v - tg_bf16_to_f32(h)) : 0;
-              const uint16_t want_hi = in ? h : pad ? 0 : 0xA5A5;
-              const uint16_t want_lo = !with_lo ? 0xA5A5 : in ? l : pad ? 0 : 0xA5A5;
-              if (hi[i * ldd + j] != want_hi || lo[i * ldd + j] != want_lo)
-                TU_FAIL("%s split %dx%d transpose %d lo %d at (%d, %d): hi %04x want %04x, lo "
-                        "%04x want %04x (x = %a)",
-                        o->name, rows, cols, transpose, with_lo, i, j, hi[i * ldd + j], want_hi,
-                        lo[i * ldd + j], want_lo, (double)v);
+              const float r1 = finite ? v - tg_bf16_to_f32(h) : 0.0f;
+              const uint16_t l = tg_f32_to_bf16(r1);
+              const uint16_t want[3] = {h, l, tg_f32_to_bf16(r1 - tg_bf16_to_f32(l))};
+              for (int k = 0; k < 3; k++) {
+                const uint16_t w = k >= n_parts ? 0xA5A5 : in ? want[k] : pad ? 0 : 0xA5A5;
+                if (part[k][i * ldd + j] != w)
+                  TU_FAIL("%s split %dx%d transpose %d parts %d at (%d, %d): part %d %04x want "
+                          "%04x (x = %a)",
+                          o->name, rows, cols, transpose, n_parts, i, j, k, part[k][i * ldd + j],
+                          w, (double)v);
+              }
+              const float p2 = tg_bf16_to_f32(want[2]);
+              if (in && finite && fabsf(v) >= 0x1p-103f &&
+                  (double)tg_bf16_to_f32(h) + tg_bf16_to_f32(l) + p2 != (double)v)
+                TU_FAIL("%s split: hi + lo + lo2 != x = %a", o->name, (double)v);
             }
-          free(hi), free(lo);
+          for (int k = 0; k < 3; k++) free(part[k]);
         }
       /* row pairs of a bf16 matrix [rows, cols] */
       tg_bf16 *X = tu_alloc(2 * rows * lds);

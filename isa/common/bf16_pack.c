@@ -9,64 +9,89 @@
  */
 #include "build.h"
 
-/* hi = bf16(x); lo = bf16(x - hi), and 0 where hi is not finite (x - hi
- * would be NaN for x = inf, and inf - inf for an x that rounds up to inf).
- * lo NULL: hi only. */
+/* hi = bf16(x); lo = bf16(x - hi); lo2 = bf16(x - hi - lo); lo and lo2 0
+ * where hi is not finite (x - hi would be NaN for x = inf, and inf - inf
+ * for an x that rounds up to inf). Each remainder is exact in f32, and
+ * three parts hold every f32 exactly: x - hi has at most 16 significant
+ * bits, x - hi - lo at most 8, which lo2 holds (bf16's 8), except where it
+ * is subnormal. lo NULL: hi only; lo2 NULL: hi and lo. */
 #if defined(__AVX512F__)
 /* On 16 lanes (those of `m`) of a register, with the rounding of
  * simd_avx512.h's bf16_rne_lanes. */
 static inline void split_lanes(__m512 v, __mmask16 m, uint16_t *restrict hi,
-                               uint16_t *restrict lo) {
+                               uint16_t *restrict lo, uint16_t *restrict lo2) {
   const __m512i h = bf16_rne_lanes(v);
   _mm256_mask_storeu_epi16(hi, m, _mm512_cvtepi32_epi16(h));
   if (!lo) return;
   const __m512 hf = _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
   const __mmask16 finite = _mm512_cmpneq_epi32_mask(
       _mm512_and_si512(h, _mm512_set1_epi32(0x7F80)), _mm512_set1_epi32(0x7F80));
-  const __m512i l = bf16_rne_lanes(_mm512_maskz_sub_ps(finite, v, hf)); /* v - hf is exact */
+  const __m512 r1 = _mm512_maskz_sub_ps(finite, v, hf); /* v - hf is exact */
+  const __m512i l = bf16_rne_lanes(r1);
   _mm256_mask_storeu_epi16(lo, m, _mm512_cvtepi32_epi16(l));
+  if (!lo2) return;
+  const __m512 lf = _mm512_castsi512_ps(_mm512_slli_epi32(l, 16));
+  _mm256_mask_storeu_epi16(lo2, m, _mm512_cvtepi32_epi16(bf16_rne_lanes(_mm512_sub_ps(r1, lf))));
 }
 
 static inline __mmask16 first_lanes(int64_t n) {
   return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
 }
 #else
-/* On a row of n. (Two loops: a test of lo inside one keeps it scalar.) */
+/* On a row of n. (One loop per part count: a test of lo inside one keeps it
+ * scalar.) */
 static inline __attribute__((always_inline)) void split_row(const float *restrict x, int64_t n,
                                                             uint16_t *restrict hi,
-                                                            uint16_t *restrict lo) {
+                                                            uint16_t *restrict lo,
+                                                            uint16_t *restrict lo2) {
   if (!lo) {
 #pragma omp simd
     for (int64_t i = 0; i < n; i++) hi[i] = bf16_rne(x[i]);
     return;
   }
+  if (!lo2) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+      const uint16_t h = bf16_rne(x[i]); /* build.h's element conversions */
+      const uint16_t l = bf16_rne(x[i] - bf16_widen(h)); /* x - hi is exact */
+      hi[i] = h;
+      lo[i] = (uint16_t)((h & 0x7F80u) == 0x7F80u ? 0u : l);
+    }
+    return;
+  }
 #pragma omp simd
   for (int64_t i = 0; i < n; i++) {
-    const uint16_t h = bf16_rne(x[i]); /* build.h's element conversions */
-    const uint16_t l = bf16_rne(x[i] - bf16_widen(h)); /* x - hi is exact */
+    const uint16_t h = bf16_rne(x[i]);
+    const int finite = (h & 0x7F80u) != 0x7F80u;
+    const float r1 = finite ? x[i] - bf16_widen(h) : 0.0f;
+    const uint16_t l = bf16_rne(r1);
     hi[i] = h;
-    lo[i] = (uint16_t)((h & 0x7F80u) == 0x7F80u ? 0u : l);
+    lo[i] = l;
+    lo2[i] = bf16_rne(r1 - bf16_widen(l));
   }
 }
 #endif
 
 void TG_NAME(f32_to_bf16_split)(int64_t rows, int64_t cols, const float *restrict src,
                                 int64_t lds, int transpose, uint16_t *restrict hi,
-                                uint16_t *restrict lo, int64_t ldd) {
+                                uint16_t *restrict lo, uint16_t *restrict lo2, int64_t ldd) {
+  if (!lo) lo2 = NULL;
   if (!transpose) {
     for (int64_t r = 0; r < rows; r++) {
 #if defined(__AVX512F__)
       for (int64_t c = 0; c < cols; c += 16) {
         const __mmask16 m = first_lanes(cols - c);
         split_lanes(_mm512_maskz_loadu_ps(m, src + r * lds + c), m, hi + r * ldd + c,
-                    lo ? lo + r * ldd + c : NULL);
+                    lo ? lo + r * ldd + c : NULL, lo2 ? lo2 + r * ldd + c : NULL);
       }
 #else
-      split_row(src + r * lds, cols, hi + r * ldd, lo ? lo + r * ldd : NULL);
+      split_row(src + r * lds, cols, hi + r * ldd, lo ? lo + r * ldd : NULL,
+                lo2 ? lo2 + r * ldd : NULL);
 #endif
       if (cols % 2) {
         hi[r * ldd + cols] = 0;
         if (lo) lo[r * ldd + cols] = 0;
+        if (lo2) lo2[r * ldd + cols] = 0;
       }
     }
     return;
@@ -85,7 +110,7 @@ void TG_NAME(f32_to_bf16_split)(int64_t rows, int64_t cols, const float *restric
       transpose16_regs(t);
       for (int c = 0; c < nc; c++) {
         const int64_t d = (c0 + c) * ldd + r0;
-        split_lanes(t[c], rm, hi + d, lo ? lo + d : NULL);
+        split_lanes(t[c], rm, hi + d, lo ? lo + d : NULL, lo2 ? lo2 + d : NULL);
       }
 #else
       float t[16][16];
@@ -94,7 +119,7 @@ void TG_NAME(f32_to_bf16_split)(int64_t rows, int64_t cols, const float *restric
           t[c][r] = r < nr && c < nc ? src[(r0 + r) * lds + c0 + c] : 0.0f;
       for (int c = 0; c < nc; c++) {
         const int64_t d = (c0 + c) * ldd + r0;
-        split_row(t[c], n, hi + d, lo ? lo + d : NULL);
+        split_row(t[c], n, hi + d, lo ? lo + d : NULL, lo2 ? lo2 + d : NULL);
       }
 #endif
     }

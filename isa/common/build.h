@@ -75,7 +75,7 @@ void TG_NAME(mm_tn_acc)(int M, int N, int K, const float *restrict A, int64_t ld
 /* common/bf16_pack.c */
 void TG_NAME(f32_to_bf16_split)(int64_t rows, int64_t cols, const float *restrict src,
                                 int64_t lds, int transpose, uint16_t *restrict hi,
-                                uint16_t *restrict lo, int64_t ldd);
+                                uint16_t *restrict lo, uint16_t *restrict lo2, int64_t ldd);
 void TG_NAME(pack_bf16_row_pairs)(int64_t nr, int64_t ncols, const uint16_t *restrict X,
                                   int64_t lds, uint32_t *restrict Bp, int64_t ldb);
 /* common/rows.c */

@@ -1,4 +1,5 @@
 #include "attn_problem.h"
+#include "tilegrad_testing.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -136,10 +137,12 @@ static attn_key score(const attn_problem *pb, int64_t b, int64_t h, int64_t i, i
  * online softmax over key tiles of at least 16 keys (T <= ceil(kL/16) tile
  * steps, one more for the sink, however the kernel folds it in): each final
  * weight exp(s_k - mx) carries a relative error of at most
- *   eps = 2E + 2u(T + 2) + 2uR + gamma(kL + n_sink) + u_P
+ *   eps = 2E + 2u(T + 2) + 2uR + gamma(passes kL + n_sink) + u_P
  * (E = max score bound, R = max |s - mx| over the keys and the sink; every
  * rescale exp(m_old - m_new) adds u|dm| + 2u and the dm add up to <= R; u_P
- * the precision mode's; n_sink = 1 with a sink, its e^{s_h} one more term).
+ * the precision mode's; n_sink = 1 with a sink, its e^{s_h} one more term;
+ * passes = the bf16 parts P.V runs in, each pass over the keys adding kL
+ * terms to the f32 sums, 1 on the f32 GEMM).
  *   O: e_O = 2((eps + e_r)(sum_k w z|V| + |O|) + u|O|), e_r = 3u with
  *      dropout (1/(1-p) rounded in f32: 2u; O * it: u). Stored in bf16,
  *      plus its rounding, 2^-8 min(|O| + e_O, 2|O|): the rounding of a value
@@ -163,8 +166,20 @@ static attn_key score(const attn_problem *pb, int64_t b, int64_t h, int64_t i, i
  * A row that sees no key has O = 0 and D_vec = 0 exactly and L = -inf, or
  * L = s_h (l = 1) with a finite sink. A NaN or +inf sink: L, O, D_vec NaN.
  */
-static double attn_tiny(const attn_problem *pb) { return pb->u_P > 0 ? 0x1.0p-126 : 0x1.0p-146; }
-static double attn_eta(const attn_problem *pb) { return pb->u_P > 0 ? 0x1.0p-126 : 0x1.0p-149; }
+/* Whether the pass's products may flush subnormal operands and results (a
+ * precision mode, or parts on a bf16 unit). */
+static int attn_flushes(const attn_problem *pb, int backward) {
+  return pb->u_P > 0 || (backward ? pb->parts_bwd : pb->parts_fwd) > 0;
+}
+/* How many times its K terms a sum of the pass's products adds (parts). */
+static double attn_passes(const attn_problem *pb, int backward) {
+  const int parts = backward ? pb->parts_bwd : pb->parts_fwd;
+  return parts > 1 ? parts : 1;
+}
+static double attn_tiny(const attn_problem *pb) { return attn_flushes(pb, 0) ? 0x1.0p-126 : 0x1.0p-146; }
+static double attn_eta(const attn_problem *pb, int backward) {
+  return attn_flushes(pb, backward) ? 0x1.0p-126 : 0x1.0p-149;
+}
 /* The absolute error of the backward's P = exp(s - L) in f32 where it is
  * subnormal (expf within 2 ulp, and the roundings around it: 8 of 2^-149). */
 static const double attn_P_tiny = 0x1.0p-146;
@@ -197,7 +212,8 @@ static void forward_row(attn_problem *pb, const attn_row *r, double mx) {
       R = fmax(R, mx - key[k].s);
     }
   const double T = (double)((kL + 15) / 16 + has_sink);
-  const double eps = 2 * E + (T + 2) * 2 * U + 2 * U * R + gam((double)(kL + has_sink)) + pb->u_P;
+  const double eps = 2 * E + (T + 2) * 2 * U + 2 * U * R +
+                     gam(attn_passes(pb, 0) * (double)kL + has_sink) + pb->u_P;
   const double e_r = pb->keep ? 3 * U : 0;
   double underflow = 0; /* sum_k z_k max_d |V_k| */
   int64_t terms = 0;
@@ -217,11 +233,11 @@ static void forward_row(attn_problem *pb, const attn_row *r, double mx) {
   double Dvec = 0, eD = 0;
   for (int64_t d = 0; d < Dv; d++) {
     const double e = 2 * ((eps + e_r) * (Oe[d] + fabs(O[d])) + U * fabs(O[d]) +
-                          attn_tiny(pb) * underflow + (double)(terms + T + 2) * attn_eta(pb));
+                          attn_tiny(pb) * underflow + (double)(terms + T + 2) * attn_eta(pb, 0));
     Oe[d] = pb->bf16 ? e + BF16_U * fmin(fabs(O[d]) + e, 2 * fabs(O[d])) + 0x1.0p-134 : e;
     Dvec += O[d] * r->dO[d];
     eD += Oe[d] * fabs(r->dO[d]) + gam(Dv) * (fabs(O[d]) + Oe[d]) * fabs(r->dO[d]) +
-          attn_eta(pb);
+          attn_eta(pb, 0);
   }
   pb->Dr[r->row] = Dvec;
   pb->De[r->row] = eD;
@@ -243,7 +259,9 @@ static void forward_row(attn_problem *pb, const attn_row *r, double mx) {
 static void accumulate_row(attn_problem *pb, const attn_row *r, double *sK, double *sV) {
   const tg_attn_params *p = &pb->p;
   const int64_t D = p->D, Dv = pb->vdim, kL = p->kL, Hk = p->H / p->gqa_factor;
-  const double tiny = pb->u_P > 0 ? 0x1.0p-126 : 0.0, eta = attn_eta(pb);
+  const int flush = attn_flushes(pb, 1);
+  const double tiny = flush ? 0x1.0p-126 : 0.0, eta = attn_eta(pb, 1);
+  const double gam_q = gam(attn_passes(pb, 1) * (double)kL); /* dQ's sum over the keys */
   const float *Qi = pb->Q + attn_off3(p->Q_strides, r->b, r->h, r->i);
   for (int64_t k = 0; k < kL; k++) {
     if (!r->dense && r->P[k] == 0) continue; /* no term */
@@ -251,14 +269,14 @@ static void accumulate_row(attn_problem *pb, const attn_row *r, double *sK, doub
     const int64_t ko = ((r->b * Hk + r->hk) * kL + k) * D, vo = ko / D * Dv;
     const double dS = r->dS[k], Pz = r->P[k] * r->z[k];
     double dSe = r->dSe[k], Pze = r->z[k] * r->Pe[k] + (pb->keep ? 3 * U * Pz : 0);
-    if (pb->u_P > 0) {
+    if (flush) {
       Pze = Pze + pb->u_P * Pz + tiny;
       dSe = dSe + pb->u_P * fabs(dS) + tiny; /* dS as a product operand */
     }
     for (int64_t d = 0; d < D; d++) {
       const double kd = Kk[d], qd = Qi[d];
       pb->dQr[r->row * D + d] += dS * kd;
-      pb->dQe[r->row * D + d] += dSe * fabs(kd) + gam(kL) * fabs(dS * kd) + eta;
+      pb->dQe[r->row * D + d] += dSe * fabs(kd) + gam_q * fabs(dS * kd) + eta;
       pb->dKr[ko + d] += dS * qd;
       pb->dKe[ko + d] += dSe * fabs(qd) + eta;
       sK[ko + d] += fabs(dS * qd);
@@ -350,7 +368,7 @@ void attn_reference(attn_problem *pb, attn_row_fn *row_fn, int dense) {
       }
   /* dK, dV: sums over the gqa qL rows of a group, plus dK0, dV0 where the
    * backward accumulates onto them (one more term) */
-  const double n = (double)p->gqa_factor * qL + (pb->dK0 != NULL);
+  const double n = attn_passes(pb, 1) * (double)p->gqa_factor * qL + (pb->dK0 != NULL);
   for (int64_t e = 0; e < pb->nKout; e++) {
     const double k0 = pb->dK0 ? pb->dK0[e] : 0;
     pb->dKr[e] += k0;
@@ -403,7 +421,20 @@ void attn_build_v(attn_problem *pb, const attn_cfg *c, const attn_variants *v,
   pb->c = *c;
   pb->v = *v;
   pb->bf16 = s->bf16;
-  pb->u_P = s->u_P;
+  pb->u_P = !s->bf16                                       ? 0.0
+            : s->precision == TG_ATTN_PRECISION_SPLIT ? 0x1.0p-16
+            : s->precision == TG_ATTN_PRECISION_BF16  ? BF16_U
+                                                      : 0.0;
+  if (s->bf16) {
+    tg_isa isas[TU_MAX_ISAS];
+    const int nisa = tu_isas(isas);
+    for (int i = 0; i < nisa; i++) {
+      const int f = tg_testing_attn_bf16_parts(isas[i], s->precision, c->D, 0);
+      const int b = tg_testing_attn_bf16_parts(isas[i], s->precision, c->D, 1);
+      pb->parts_fwd = f > pb->parts_fwd ? f : pb->parts_fwd;
+      pb->parts_bwd = b > pb->parts_bwd ? b : pb->parts_bwd;
+    }
+  }
   tg_attn_params *p = &pb->p;
   assert_int_equal(tg_attn_params_init(p, c->B, c->H, c->H_kv, c->qL, c->kL, c->D,
                                        (float)(1.0 / sqrt(c->D))),

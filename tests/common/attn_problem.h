@@ -216,9 +216,11 @@ typedef struct {
   /* draw tg_attn_options: dropout_p from the config, a seed and an offset
    * (near 2^64 half the time: the counter's carry); keep flags when p > 0 */
   int options;
-  /* the precision mode's relative error per term of the products that take
-   * P or dS (tests/test_attn_ext.c) */
-  double u_P;
+  /* the precision mode of the bf16 runs (tg_ctx_set_attn_precision; 0:
+   * exact): the reference's bounds take its relative error per term of the
+   * products that take P or dS (u_P below) and how the tables under test
+   * run those products (bf16 parts, attn_problem.parts) */
+  tg_attn_precision precision;
   attn_row_fn *row;
 } attn_suite;
 
@@ -237,7 +239,16 @@ struct attn_problem {
   float *dK0, *dV0;              /* what dK, dV accumulate onto (ATTN_ACC_NONE: NULL) */
   uint8_t *keep;                 /* [B,H,qL,kL] with dropout; else NULL */
   int bf16;                      /* attn_suite.bf16 */
-  double u_P;                    /* attn_suite.u_P */
+  /* the precision mode's relative error per term of the products that take
+   * P or dS: 0 exact, 2^-16 split (hi + lo misses x by at most bf16's unit
+   * roundoff of x - hi, itself at most 2^-8 |x|), 2^-8 bf16 (one rounding) */
+  double u_P;
+  /* With bf16 inputs, the most bf16 parts per P or dS operand any table
+   * under test splits those products into, in the forward and the backward
+   * (tg_testing_attn_bf16_parts; 0: all run them on the f32 GEMM). parts
+   * passes over K add parts K terms to each f32 sum, and the bf16 units
+   * flush subnormal parts to zero. */
+  int parts_fwd, parts_bwd;
   /* the backward's L and D_vec [B,H,qL] when attn_bwd_row sets them */
   float *L, *Dv;
   /* f64 reference and its error bound: forward L [B,H,qL] (-inf where the row
