@@ -34,7 +34,7 @@ cmake --build build -j"$jobs" >/dev/null
 stage consumers "install: find_package and pkg-config consumers"
 bash tests/consumer/check.sh
 
-stage aarch64 "aarch64: cross build, every C suite under qemu (neon, neonbf16, portable)"
+stage aarch64 "aarch64: cross build, the C suites under qemu (neon, neonbf16; portable: its own)"
 bash scripts/test_aarch64.sh
 
 stage asan "build (ASan + UBSan) and ctest"
@@ -42,7 +42,9 @@ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DTG_SANITIZE=ON >/dev/null
 cmake --build build-asan -j"$jobs" >/dev/null
 # TG_TEST_SHORT=1 (as under qemu): the sanitizers look for memory errors, and
 # the cases it leaves out add only size (L = 4096 accuracy targets, the
-# longer random variant runs), which the Release run above covers.
+# longer random variant runs) or repeat a problem on every ISA x threads x
+# run mode (the attention suites take a covering subset: attn_runs_of),
+# which the Release run above covers.
 (cd build-asan && TG_TEST_SHORT=1 ASAN_OPTIONS=detect_leaks=1 ctest -j"$jobs" --output-on-failure)
 
 stage pytest-1.13 "PyTorch oracle and Python package (pytest, Debian's torch 1.13)"

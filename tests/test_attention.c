@@ -75,30 +75,25 @@ static const attn_cfg configs[] = {
     {"key ranges causal qL>kL",1, 1, 1, 700, 530, 16, 1, 0, 0, ATTN_STRIDED, 1.0f, 0},
 };
 
-/* Every config, at 1/2/3 threads, on every ISA, in every run mode. */
+/* Every config, at 1/2/3 threads, on every ISA, in every run mode (with
+ * TG_TEST_SHORT a few of these per config, each taken across the configs:
+ * attn_runs_of). */
 static void test_bwd_against_reference(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 1);
-  tg_isa isas[TU_MAX_ISAS];
-  const int nisa = tu_isas(isas);
+  enum { N_CONFIGS = sizeof configs / sizeof configs[0] };
   int failures = 0;
-  for (size_t ci = 0; ci < sizeof configs / sizeof configs[0]; ci++) {
+  for (int ci = 0; ci < N_CONFIGS; ci++) {
     attn_problem pb;
     attn_build(&pb, &configs[ci], &suite, &r);
     attn_outputs o = attn_alloc_outputs(&pb);
-    for (int ii = 0; ii < nisa; ii++)
-      for (int ti = 0; ti < tu_n_thread_counts; ti++)
-        for (int mi = 0; mi < ATTN_N_MODES; mi++) {
-          tg_ctx *ctx = attn_mode_ctx(tu_thread_counts[ti], isas[ii], &attn_modes[mi]);
-          TU_EXPECT_STATUS(ctx, run_bwd(ctx, &pb, &o), TG_OK);
-          char what[160];
-          snprintf(what, sizeof what, "%s [%s, %d threads, %s]", pb.c.name,
-                   tg_isa_name(isas[ii]), tu_thread_counts[ti], attn_modes[mi].name);
-          if (!attn_check_grads(&pb, o.dQ, o.dK, o.dV)) {
-            printf("  ^ in %s\n", what);
-            failures++;
-          }
-          tg_ctx_destroy(ctx);
-        }
+    attn_runs runs = attn_runs_of(ci, N_CONFIGS);
+    for (const attn_run *run; (run = attn_runs_next(&runs)) != NULL;) {
+      TU_EXPECT_STATUS(run->ctx, run_bwd(run->ctx, &pb, &o), TG_OK);
+      if (!attn_check_grads(&pb, o.dQ, o.dK, o.dV)) {
+        printf("  ^ in %s %s\n", pb.c.name, run->what);
+        failures++;
+      }
+    }
     attn_free_outputs(&o);
     attn_destroy(&pb);
   }
