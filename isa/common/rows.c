@@ -55,17 +55,16 @@ float TG_NAME(dot_bf16)(const uint16_t *restrict a, const uint16_t *restrict b,
 /*
  * exp(x), one lane: x = n ln2 + r with |r| <= ln2/2 (ln2 split in two for an
  * exact n ln2), e^r by a degree-7 polynomial (the Cephes expf minimax
- * coefficients), 2^n applied as two exponent-field scalings so results down
- * to the subnormal range stay right; measured within 1 ulp. The range
- * handling is selects, which gcc turns into vector blends on every ISA (the
- * tables are built with -fno-trapping-math, isa/isa.cmake): every loop that
- * calls it vectorizes. The one exp of the attention rows and exp_f32.
+ * coefficients; exp_reduced), 2^n applied as two exponent-field scalings so
+ * results down to the subnormal range stay right; measured within 1 ulp.
+ * The range handling is selects, which gcc turns into vector blends on
+ * every ISA (the tables are built with -fno-trapping-math, isa/isa.cmake):
+ * every loop that calls it vectorizes. The one exp of the attention rows
+ * and exp_f32 (the forward's exp-sum rows: exp_nonpos_lane).
  */
-static inline float exp_lane(float v) {
+static inline __attribute__((always_inline)) float exp_reduced(float xc, float *n) {
   const float log2e = 1.44269504088896341f, ln2_hi = 0.693359375f,
               ln2_lo = -2.12194440e-4f, round_magic = 12582912.0f; /* 1.5 * 2^23 */
-  float xc = v > 89.0f ? 89.0f : v;
-  xc = xc >= -104.0f ? xc : -104.0f; /* NaN too (float->int of NaN is UB); restored below */
   const float k = (xc * log2e + round_magic) - round_magic; /* nearest integer */
   float r = xc - k * ln2_hi;
   r = r - k * ln2_lo;
@@ -75,7 +74,15 @@ static inline float exp_lane(float v) {
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  const float er = p * (r * r) + r + 1.0f;
+  *n = k;
+  return p * (r * r) + r + 1.0f;
+}
+
+static inline float exp_lane(float v) {
+  float xc = v > 89.0f ? 89.0f : v;
+  xc = xc >= -104.0f ? xc : -104.0f; /* NaN too (float->int of NaN is UB); restored below */
+  float k;
+  const float er = exp_reduced(xc, &k);
   const int32_t ki = (int32_t)k, k1 = ki / 2, k2 = ki - k1; /* each in [-75, 64] */
   const uint32_t b1 = (uint32_t)(k1 + 127) << 23, b2 = (uint32_t)(k2 + 127) << 23;
   float s1, s2;
@@ -85,6 +92,23 @@ static inline float exp_lane(float v) {
   out = v > 88.7228394f ? __builtin_inff() : out;
   out = v < -103.972084f ? 0.0f : out;
   return v == v ? out : v;
+}
+
+/*
+ * exp(x) for x <= 0 that is not NaN (-inf included): exp_lane without its
+ * range and NaN selects. x <= -87.3 (e^x below 2^-126 + a little: n =
+ * round(x log2e) >= -126 down to there) gives 0, so 2^n is one exponent
+ * field. 13 vector operations fewer than exp_lane: the forward's exp-sum
+ * rows, whose every x = s - m' is <= 0, measured about a third faster.
+ */
+static inline float exp_nonpos_lane(float x) {
+  const float xc = x > -87.3f ? x : -87.3f;
+  float k;
+  const float er = exp_reduced(xc, &k);
+  const uint32_t b = (uint32_t)((int32_t)k + 127) << 23; /* 2^k, k in [-126, 0] */
+  float s;
+  memcpy(&s, &b, sizeof s);
+  return x > -87.3f ? er * s : 0.0f;
 }
 
 /* y[i] = exp(x[i]); y may alias x */
@@ -175,38 +199,6 @@ static inline float lanes_sum(const lanes_v *px) { /* by pointer: no vector ABI 
   const lanes_v q = h + __builtin_shufflevector(h, h, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0,
                                                 1, 2, 3); /* l + 4 */
   return (q[0] + q[2]) + (q[1] + q[3]);
-}
-
-/*
- * exp(x) for x <= 0 that is not NaN (-inf included): exp_lane's reduction
- * and polynomial without its range and NaN selects. x <= -87.3 (e^x below
- * 2^-126 + a little: k = round(x log2e) >= -126 down to there) gives 0, so
- * 2^k is one exponent field, taken from the integer that the round-to-
- * nearest addition leaves in the low bits of k + 1.5 * 2^23. 13 vector
- * operations fewer than exp_lane: the forward's exp-sum rows, whose every
- * x = s - m' is <= 0, measured about a third faster with it.
- */
-static inline float exp_nonpos_lane(float x) {
-  const float log2e = 1.44269504088896341f, ln2_hi = 0.693359375f,
-              ln2_lo = -2.12194440e-4f, round_magic = 12582912.0f; /* 1.5 * 2^23 */
-  const float xc = x > -87.3f ? x : -87.3f;
-  const float km = xc * log2e + round_magic; /* bits: 0x4b400000 + k */
-  const float k = km - round_magic;
-  float r = xc - k * ln2_hi;
-  r = r - k * ln2_lo;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float er = p * (r * r) + r + 1.0f;
-  uint32_t kb;
-  memcpy(&kb, &km, sizeof kb);
-  const uint32_t b = (kb - 0x4b400000u + 127u) << 23; /* 2^k, k in [-126, 0] */
-  float s;
-  memcpy(&s, &b, sizeof s);
-  return x > -87.3f ? er * s : 0.0f;
 }
 
 /* attn_exp_sum_row's loops, exp_nonpos_lane (nonpos) or exp_lane: the sum
