@@ -143,6 +143,14 @@ enum { LANES = 16 };
  * 8 x 32 vs 8 x 16 / 4 x 32 at 1 thread, L = 1024 (Xeon, AVX-512): D = 64
  * 123 -> 157, D = 256 85 -> 164 GFLOP/s. */
 enum { MR = 8, NR = 32, ATTN_BQ = 64, ATTN_BK = 64 };
+/* Smaller backward tiles where D is large (the f32 working set of a 64 x 64
+ * pair at D 512 is ~1 MiB) did not pay: lent Xeon, amx table, exact mode,
+ * step time over 64 x 64's, medians of 3 rotating rounds (bench/results/
+ * xeon16-amx/bwd-tiles-by-d/): BQ x BK 64 x 32, 32 x 32, 32 x 64 at 1
+ * thread D 256 full 1.26 / 1.27 / 1.21, D 512 causal 1.01 / 1.29 / 1.15,
+ * D 512 full 1.01 / 1.36 / 1.85; at 16 threads 0.85 / 1.00 / 0.91, 0.94 /
+ * 1.05 / 1.01, 1.02 / 1.17 / 1.16 (there more key tiles mean more work
+ * items, which the query groups give instead). 64 x 64 stays at every D. */
 
 #elif defined(__AVX2__) && defined(__FMA__)
 /* 16 ymm: a 6 x 16 block is 12 accumulators + 2 B vectors + 1 broadcast
