@@ -30,7 +30,8 @@
  * Each test skips (with a message) when the mapping is refused. Under
  * AddressSanitizer the mappings work too (ASan's shadow of an untouched range
  * is never touched either); only the compute_d case, which streams 8 GiB
- * through instrumented loads, is skipped there for time.
+ * through instrumented loads, is skipped there for time, and with
+ * TG_TEST_SHORT (qemu, ASan).
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -358,6 +359,9 @@ static void test_compute_d_past_2_31(void **state) {
     SKIP_MSG("compute_d: streams 2 x 4 GiB through instrumented loads (slow under ASan; "
              "TG_TEST_BIG_UNDER_ASAN=1 runs it)");
 #endif
+  if (tu_short())
+    SKIP_MSG("compute_d: streams 2 x 4 GiB (most of the suite's minute under qemu; "
+             "TG_TEST_SHORT; the Release run runs it)");
   enum { D = 512 };
   const int64_t qL = G / D + 3, n = qL * D;
   sparse mo = {0}, mg = {0};
