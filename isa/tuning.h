@@ -103,7 +103,7 @@ enum { TG_ATTN_MAX_CHUNK_TILES = 8 };
  * Measured on the 2-core AMD EPYC (family 23, avx2, 1 thread, f32, medians
  * of 3): 1,2,1,4096,64 causal 188 / 171 / 168 ms at 2 / 4 / 8 tiles; D 128
  * full 320 / 316 / 314 ms; D 256 full 77 / 80 / 81 ms (the rule gives it 2),
- * D 512 causal 86 / 84 / 95 ms (1). */
+ * D 512 causal 86 / 84 / 95 ms (the rule gives it 1, not timed there). */
 enum { TG_ATTN_FWD_KEY_TILES = 4 };
 #define TG_ATTN_FWD_TILE_BYTES ((int64_t)256 * 1024)
 
@@ -149,8 +149,7 @@ enum { MR = 8, NR = 32, ATTN_BQ = 64, ATTN_BK = 64 };
  * xeon16-amx/bwd-tiles-by-d/): BQ x BK 64 x 32, 32 x 32, 32 x 64 at 1
  * thread D 256 full 1.26 / 1.27 / 1.21, D 512 causal 1.01 / 1.29 / 1.15,
  * D 512 full 1.01 / 1.36 / 1.85; at 16 threads 0.85 / 1.00 / 0.91, 0.94 /
- * 1.05 / 1.01, 1.02 / 1.17 / 1.16 (there more key tiles mean more work
- * items, which the query groups give instead). 64 x 64 stays at every D. */
+ * 1.05 / 1.01, 1.02 / 1.17 / 1.16. 64 x 64 stays at every D. */
 
 #elif defined(__AVX2__) && defined(__FMA__)
 /* 16 ymm: a 6 x 16 block is 12 accumulators + 2 B vectors + 1 broadcast
@@ -220,8 +219,8 @@ enum { ATTN_BQ_BF16 = ATTN_BQ, ATTN_BK_BF16 = ATTN_BK };
  * (docs/KERNELS.md, precision modes). 0: never (the f32 FMA GEMM). The amx
  * table, on the lent Xeon (16 cores; the forward's and the backward step's
  * times with three parts over those with the f32 GEMM, medians of 4
- * rotating rounds, bench/results/xeon16-amx/README.md, "exact mode on
- * AMX"): forward at 16 / 2 threads D 64 1.00-1.10 / 1.07, D 128 0.88 /
+ * rotating rounds, bench/results/xeon16-amx/README.md, "Exact mode on
+ * AMX, and the forward's key tiles"): forward at 16 / 2 threads D 64 1.00-1.10 / 1.07, D 128 0.88 /
  * 0.93, D 256 0.86 / 0.85, D 512 0.80 / 0.84; backward step D 64
  * 0.94-1.17 / 1.13, D 128 0.98 / 1.30, D 256 0.83 / 0.84, D 512 0.78 /
  * 0.81. Three passes of small tile products and the parts' packing cost

@@ -98,8 +98,9 @@ static inline float exp_lane(float v) {
  * exp(x) for x <= 0 that is not NaN (-inf included): exp_lane without its
  * range and NaN selects. x <= -87.3 (e^x below 2^-126 + a little: n =
  * round(x log2e) >= -126 down to there) gives 0, so 2^n is one exponent
- * field. 13 vector operations fewer than exp_lane: the forward's exp-sum
- * rows, whose every x = s - m' is <= 0, measured about a third faster.
+ * field. For the forward's exp-sum rows, whose every x = s - m' is <= 0:
+ * with it the forward ran 6% faster (AMD EPYC family 23, avx2, 1 thread,
+ * 1,2,1,4096,64 causal, alternating runs).
  */
 static inline float exp_nonpos_lane(float x) {
   const float xc = x > -87.3f ? x : -87.3f;
