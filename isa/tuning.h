@@ -107,6 +107,17 @@ enum { TG_ATTN_MAX_CHUNK_TILES = 8 };
 enum { TG_ATTN_FWD_KEY_TILES = 4 };
 #define TG_ATTN_FWD_TILE_BYTES ((int64_t)256 * 1024)
 
+/* Forward: q-tiles per work item (kernels/attention_fwd.c, fwd_q_tiles),
+ * which share each key tile's load: K transposed or packed in pairs, V
+ * widened or packed. With one q-tile per item those loads took 10-26% of
+ * the forward's time on the lent Xeon (amx table, bf16 inputs, 2 and 16
+ * threads, D 64-512; a temporary cycle-counter build) and 9% on the AVX2
+ * EPYC (family 23, D 64). 2 against 1 on the EPYC (avx2, 2 threads, bf16
+ * inputs, exact, 3 alternating rounds): 0.94-0.96x the time on
+ * 1,8,8,1024,64 full, 1,8,8,2048,128 causal, 2,8,4,1024,256 full and
+ * 1,4,4,2560,160 full; 4 was no faster than 2 (two rounds, within noise). */
+enum { TG_ATTN_FWD_Q_TILES = 2 };
+
 /* Backward pre-pass D = rowsum(O * dO): rows per work item. */
 enum { TG_ATTN_D_ROWS_PER_GROUP = 256 };
 

@@ -3,8 +3,10 @@
  * logsumexp L that the backward consumes, with the score S exactly as the
  * backward defines it (tg_attn_score: scale, softcap, causal qL_off, mask).
  *
- * One work item per (q-tile, query head, batch), as the backward's Metal
- * grid. Each item streams the visible key tiles with an online softmax:
+ * One work item per (q-tiles, query head, batch): up to fwd_q_tiles
+ * consecutive q-tiles, which share each key tile's load (K transposed or
+ * packed, V widened or packed) and keep their own state. Each q-tile
+ * streams its visible key tiles with an online softmax:
  *
  *   S = Q . K^T                              [nq, nk]
  *   m' = max(m, rowmax S);  alpha = exp(m - m');  P = exp(S - m')
@@ -49,17 +51,24 @@ typedef struct {
   float *delta; /* with dO: rowsum(dO * O) */
   const tg_isa_ops *ops;
   int64_t BQ, BK; /* tiles: tg_attn_bq, fwd_key_tile */
+  int64_t FQ;     /* q-tiles per work item: fwd_q_tiles */
   int bf16_dot;   /* tg_attn_bf16_dot: S = Q.K^T on bf16 pairs, KT holds pairs */
   tg_attn_products products; /* of acc += P.V (precision mode) */
   int64_t n_qtiles;
 } fwd_args;
 
+/* One q-tile's rows of a work item and their online-softmax state. */
 typedef struct {
-  float *Q, *acc;  /* [BQ, D], [BQ, Dv] */
+  int64_t q0, nq, key_end; /* rows [q0, q0 + nq), keys [.., key_end) */
+  float *Q, *acc;          /* [BQ, D], [BQ, Dv] */
+  float *m, *l;            /* [BQ] running max and sum */
+} fwd_qtile;
+
+typedef struct {
+  fwd_qtile q[TG_ATTN_FWD_Q_TILES];
   float *K, *V;    /* [BK, D], [BK, Dv] */
   float *KT;       /* [D, BK] */
   float *S;        /* [BQ, BK] */
-  float *m, *l;    /* [BQ] running max and sum */
   uint8_t *keep;   /* [BQ, BK] dropout keep flags */
   /* TG_PRODUCTS_BF16_DOT: P's bf16 parts [BQ, BK] (tg_attn_parts of them,
    * the rest NULL); V then holds V's bf16 rows in pairs ([BK/2, D],
@@ -67,142 +76,101 @@ typedef struct {
   uint16_t *P_parts[3];
 } fwd_scratch;
 
-static size_t fwd_scratch_bytes(int64_t D, int64_t Dv, int64_t BQ, int64_t BK, int n_parts) {
-  const size_t parts = (size_t)n_parts * tg_align64(2 * BQ * BK);
+/* Bytes of one q-tile's state. */
+static size_t fwd_qtile_bytes(int64_t D, int64_t Dv, int64_t BQ) {
   return tg_align64(sizeof(float) * BQ * (size_t)D) + tg_align64(sizeof(float) * BQ * (size_t)Dv) +
-         2 * tg_align64(sizeof(float) * BK * (size_t)D) +
-         tg_align64(sizeof(float) * BK * (size_t)Dv) +
-         tg_align64(sizeof(float) * BQ * BK) + 2 * tg_align64(sizeof(float) * BQ) +
+         2 * tg_align64(sizeof(float) * BQ);
+}
+
+static size_t fwd_scratch_bytes(int64_t D, int64_t Dv, int64_t BQ, int64_t BK, int64_t FQ,
+                                int n_parts) {
+  const size_t parts = (size_t)n_parts * tg_align64(2 * BQ * BK);
+  return (size_t)FQ * fwd_qtile_bytes(D, Dv, BQ) + 2 * tg_align64(sizeof(float) * BK * (size_t)D) +
+         tg_align64(sizeof(float) * BK * (size_t)Dv) + tg_align64(sizeof(float) * BQ * BK) +
          tg_align64((size_t)(BQ * BK)) + parts;
 }
 
 static fwd_scratch fwd_carve(void *base, int64_t D, int64_t Dv, int64_t BQ, int64_t BK,
-                             int n_parts) {
+                             int64_t FQ, int n_parts) {
   char *p = base;
   const size_t k = tg_align64(sizeof(float) * BK * (size_t)D);
   fwd_scratch w;
-  w.Q = (float *)p, p += tg_align64(sizeof(float) * BQ * (size_t)D);
-  w.acc = (float *)p, p += tg_align64(sizeof(float) * BQ * (size_t)Dv);
+  for (int64_t s = 0; s < FQ; s++) {
+    fwd_qtile *t = &w.q[s];
+    t->Q = (float *)p, p += tg_align64(sizeof(float) * BQ * (size_t)D);
+    t->acc = (float *)p, p += tg_align64(sizeof(float) * BQ * (size_t)Dv);
+    t->m = (float *)p, p += tg_align64(sizeof(float) * BQ);
+    t->l = (float *)p, p += tg_align64(sizeof(float) * BQ);
+  }
   w.K = (float *)p, p += k;
   w.KT = (float *)p, p += k;
   w.V = (float *)p, p += tg_align64(sizeof(float) * BK * (size_t)Dv);
   w.S = (float *)p, p += tg_align64(sizeof(float) * BQ * BK);
-  w.m = (float *)p, p += tg_align64(sizeof(float) * BQ);
-  w.l = (float *)p, p += tg_align64(sizeof(float) * BQ);
   w.keep = (uint8_t *)p, p += tg_align64((size_t)(BQ * BK));
   for (int i = 0; i < 3; i++)
     w.P_parts[i] = i < n_parts ? (uint16_t *)(p + (size_t)i * tg_align64(2 * BQ * BK)) : NULL;
   return w;
 }
 
-static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *scratch) {
-  const fwd_args *a = vargs;
+/* The scores of q-tile t against the key tile [k0, k0 + nk) in w.S become
+ * P = exp(S - m') (rows' new running max m'), with l and acc rescaled. */
+static void fwd_softmax_tile(const fwd_args *a, fwd_qtile *t, float *S, int64_t b, int64_t h,
+                             int64_t k0, int64_t nk) {
   const tg_attn_problem *pr = &a->pr;
   const tg_isa_ops *ops = a->ops;
-  const int64_t BQ = a->BQ, BK = a->BK;
-  fwd_scratch w = fwd_carve(scratch, pr->D, pr->Dv, BQ, BK,
-                            tg_attn_part_buffers(pr, a->products));
-  tg_attn_dot_begin(ops, a->bf16_dot);
-  const int64_t D = pr->D, Dv = pr->Dv, h_kv = h / pr->gqa, qt = a->n_qtiles - 1 - x;
-  const int64_t q0 = qt * BQ, nq = pr->qL - q0 < BQ ? pr->qL - q0 : BQ;
-
-  if (!a->bf16_dot) /* (the bf16 dot reads Q's rows in place) */
-    tg_attn_load_rows(ops, pr->in, tg_attn_at(pr->in, a->Q, tg_attn_offset(pr->Qs, b, h, 0)),
-                      pr->Qs[2], q0, nq, D, w.Q, NULL, 0);
-  for (int64_t i = 0; i < nq; i++) {
-    w.m[i] = -INFINITY;
-    w.l[i] = 0.0f;
-  }
-  memset(w.acc, 0, sizeof(float) * (size_t)(nq * Dv));
-
-  const void *Kh = tg_attn_at(pr->in, a->K, tg_attn_offset(pr->Ks, b, h_kv, 0));
-  const void *Vh = tg_attn_at(pr->in, a->V, tg_attn_offset(pr->Vs, b, h_kv, 0));
-  const int64_t key_end = tg_attn_key_end(pr, q0, nq);
-  for (int64_t k0 = tg_attn_key_begin(pr, q0); k0 < key_end; k0 += BK) {
-    const int64_t nk = key_end - k0 < BK ? key_end - k0 : BK;
-    const float *V = w.V; /* [nk, Dv] at stride ldv */
-    int64_t ldv = Dv;
-    if (a->products == TG_PRODUCTS_BF16_DOT) {
-      ops->pack_bf16_row_pairs(nk, Dv, (const tg_bf16 *)Vh + k0 * pr->Vs[2], pr->Vs[2],
-                               (uint32_t *)w.V, Dv);
-    } else if (pr->in == TG_DTYPE_F32) { /* f32 rows in place */
-      V = (const float *)Vh + k0 * pr->Vs[2], ldv = pr->Vs[2];
-    } else {
-      tg_attn_load_rows(ops, pr->in, Vh, pr->Vs[2], k0, nk, Dv, w.V, NULL, 0);
-    }
-    if (a->bf16_dot) { /* Q's bf16 rows in place, K^T in pairs */
-      tg_attn_pack_pairs(ops, Kh, pr->Ks[2], k0, nk, D, (uint32_t *)w.KT, BK);
-      ops->mm_bf16_pairs((int)nq, (int)nk, (int)D,
-                         (const tg_bf16 *)a->Q + tg_attn_offset(pr->Qs, b, h, q0), pr->Qs[2],
-                         (const uint32_t *)w.KT, BK, w.S, BK, 0); /* Q.K^T */
-    } else {
-      if (pr->in == TG_DTYPE_F32) /* f32 rows transposed in place */
-        ops->transpose_f32(nk, D, (const float *)Kh + k0 * pr->Ks[2], pr->Ks[2], w.KT, BK, 0);
-      else
-        tg_attn_load_rows(ops, pr->in, Kh, pr->Ks[2], k0, nk, D, w.K, w.KT, BK);
-      ops->mm_nn((int)nq, (int)nk, (int)D, w.Q, D, w.KT, BK, w.S, BK, 0); /* Q.K^T */
-    }
-
-    for (int64_t i = 0; i < nq; i++) {
-      const int64_t qi = q0 + i;
-      const void *mrow = pr->Ms ? tg_attn_at(pr->in, a->mask, tg_attn_offset(pr->Ms, b, h, qi))
-                                : NULL;
-      float *P = w.S + i * BK, unused, tile_max;
-      if (pr->softcap == 0.0f) {
-        /* keys [0, lo) left of the window, [n_vis, nk) right of the diagonal */
-        const int64_t lo = tg_attn_hidden_left(pr, qi, k0, nk);
-        const int64_t n_vis = tg_attn_visible(pr, qi, k0, nk);
-        if (lo >= n_vis) { /* none visible */
-          for (int64_t k = 0; k < nk; k++) P[k] = -INFINITY;
-          tile_max = -INFINITY;
-        } else {
-          for (int64_t k = 0; k < lo; k++) P[k] = -INFINITY;
-          tile_max = ops->attn_score_max_row(P + lo, nk - lo, n_vis - lo, pr->scale,
-                                             mrow ? tg_attn_at(pr->in, mrow, k0 + lo) : NULL,
-                                             pr->in);
-        }
+  const int64_t BK = a->BK, Dv = pr->Dv;
+  for (int64_t i = 0; i < t->nq; i++) {
+    const int64_t qi = t->q0 + i;
+    const void *mrow = pr->Ms ? tg_attn_at(pr->in, a->mask, tg_attn_offset(pr->Ms, b, h, qi))
+                              : NULL;
+    float *P = S + i * BK, unused, tile_max;
+    if (pr->softcap == 0.0f) {
+      /* keys [0, lo) left of the window, [n_vis, nk) right of the diagonal */
+      const int64_t lo = tg_attn_hidden_left(pr, qi, k0, nk);
+      const int64_t n_vis = tg_attn_visible(pr, qi, k0, nk);
+      if (lo >= n_vis) { /* none visible */
+        for (int64_t k = 0; k < nk; k++) P[k] = -INFINITY;
+        tile_max = -INFINITY;
       } else {
-        for (int64_t k = 0; k < nk; k++) P[k] = tg_attn_score(pr, P[k], qi, k0 + k, mrow, &unused);
-        tile_max = ops->max_f32(P, nk); /* skips NaN: */
-        for (int64_t k = 0; k < nk; k++) tile_max = P[k] != P[k] ? P[k] : tile_max;
+        for (int64_t k = 0; k < lo; k++) P[k] = -INFINITY;
+        tile_max = ops->attn_score_max_row(P + lo, nk - lo, n_vis - lo, pr->scale,
+                                           mrow ? tg_attn_at(pr->in, mrow, k0 + lo) : NULL,
+                                           pr->in);
       }
-      /* NaN-propagating max: once a score of the row is NaN, so are its
-       * running max, P, sum, O row and L (PyTorch's and IEEE's semantics) */
-      const float m_new = tile_max > w.m[i] || tile_max != tile_max ? tile_max : w.m[i];
-      if (m_new == -INFINITY) { /* nothing visible yet: P = 0, state unchanged */
-        memset(P, 0, sizeof(float) * (size_t)nk);
-        continue;
-      }
-      const float alpha = w.m[i] == m_new ? 1.0f /* the usual case, after a few tiles */
-                          : w.m[i] == -INFINITY ? 0.0f : expf(w.m[i] - m_new);
-      const float sum = ops->attn_exp_sum_row(P, nk, m_new); /* P = exp(S - m') */
-      w.l[i] = alpha * w.l[i] + sum;
-      w.m[i] = m_new;
-      if (alpha != 1.0f) ops->scale2_f32(w.acc + i * Dv, Dv, alpha, 1.0f);
+    } else {
+      for (int64_t k = 0; k < nk; k++) P[k] = tg_attn_score(pr, P[k], qi, k0 + k, mrow, &unused);
+      tile_max = ops->max_f32(P, nk); /* skips NaN: */
+      for (int64_t k = 0; k < nk; k++) tile_max = P[k] != P[k] ? P[k] : tile_max;
     }
-    if (pr->drop.threshold) { /* P -> P o keep; l and m keep the dropped weights */
-      tg_attn_dropout_tile(ops, &pr->drop, pr, b, h, q0, nq, k0, nk, w.keep, BK);
-      tg_attn_dropout_apply(w.keep, BK, w.S, BK, nq, nk, 1.0f);
-    }
-    if (a->products == TG_PRODUCTS_BF16_DOT) { /* P's bf16 parts, nk padded to even */
-      ops->f32_to_bf16_split(nq, nk, w.S, BK, 0, w.P_parts[0], w.P_parts[1], w.P_parts[2], BK);
-      tg_attn_mm_parts(pr, ops, nq, Dv, nk + nk % 2, w.P_parts, BK, (const uint32_t *)w.V,
-                       Dv, w.acc, Dv, 1); /* acc += P.V */
+    /* NaN-propagating max: once a score of the row is NaN, so are its
+     * running max, P, sum, O row and L (PyTorch's and IEEE's semantics) */
+    const float m_new = tile_max > t->m[i] || tile_max != tile_max ? tile_max : t->m[i];
+    if (m_new == -INFINITY) { /* nothing visible yet: P = 0, state unchanged */
+      memset(P, 0, sizeof(float) * (size_t)nk);
       continue;
     }
-    if (a->products == TG_PRODUCTS_F32_ROUNDED) tg_attn_round_bf16(w.S, nq, nk, BK);
-    ops->mm_nn((int)nq, (int)Dv, (int)nk, w.S, BK, V, ldv, w.acc, Dv, 1); /* acc += P.V */
+    const float alpha = t->m[i] == m_new ? 1.0f /* the usual case, after a few tiles */
+                        : t->m[i] == -INFINITY ? 0.0f : expf(t->m[i] - m_new);
+    const float sum = ops->attn_exp_sum_row(P, nk, m_new); /* P = exp(S - m') */
+    t->l[i] = alpha * t->l[i] + sum;
+    t->m[i] = m_new;
+    if (alpha != 1.0f) ops->scale2_f32(t->acc + i * Dv, Dv, alpha, 1.0f);
   }
+}
 
-  /* O = (acc / l) * keep_scale; delta = dO . O (one dO row at a time through
-   * w.V, free now) */
+/* q-tile t's O = (acc / l) * keep_scale, L and, with dO, delta = dO . O
+ * (one dO row at a time through `row`, [Dv] floats). */
+static void fwd_finish(const fwd_args *a, const fwd_qtile *t, int64_t b, int64_t h, float *row) {
+  const tg_attn_problem *pr = &a->pr;
+  const tg_isa_ops *ops = a->ops;
+  const int64_t Dv = pr->Dv;
   const float keep_scale = pr->drop.threshold ? pr->drop.scale : 1.0f;
   const float sink = pr->sinks ? pr->sinks[h] : -INFINITY; /* -inf: no sink */
-  const int64_t row0 = (b * pr->H + h) * pr->qL + q0;
+  const int64_t row0 = (b * pr->H + h) * pr->qL + t->q0;
   const void *dOh = a->dO ? tg_attn_at(pr->in, a->dO, tg_attn_offset(pr->Os, b, h, 0)) : NULL;
-  for (int64_t i = 0; i < nq; i++) {
-    float l = w.l[i], m = w.m[i];
-    float *o = w.acc + i * Dv;
+  for (int64_t i = 0; i < t->nq; i++) {
+    float l = t->l[i], m = t->m[i];
+    float *o = t->acc + i * Dv;
     /* l == 0: the row sees no key: O = 0 (the contract), also when V holds
      * a NaN that P = 0 multiplied; L = -inf, or the sink's s_h. l NaN: a NaN
      * reached the row's scores (O and L NaN) */
@@ -216,19 +184,109 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
     }
     if (l != 0.0f) ops->scale2_f32(o, Dv, l > 0.0f ? 1.0f / l : l, keep_scale);
     if (a->O) {
-      const int64_t off = tg_attn_offset(pr->Os, b, h, q0 + i);
+      const int64_t off = tg_attn_offset(pr->Os, b, h, t->q0 + i);
       if (pr->in == TG_DTYPE_F32 || pr->o_f32) /* o_f32: TG_ATTN_OPT_O_F32 */
         memcpy((float *)a->O + off, o, sizeof(float) * (size_t)Dv);
       else
         ops->f32_to_bf16(o, (tg_bf16 *)a->O + off, Dv);
     }
     if (dOh) {
-      tg_attn_load_rows(ops, pr->in, dOh, pr->Os[2], q0 + i, 1, Dv, w.V, NULL, 0);
-      a->delta[row0 + i] = ops->dot_f32(w.V, o, Dv);
+      tg_attn_load_rows(ops, pr->in, dOh, pr->Os[2], t->q0 + i, 1, Dv, row, NULL, 0);
+      a->delta[row0 + i] = ops->dot_f32(row, o, Dv);
     }
     a->L[row0 + i] = l == 0.0f ? -INFINITY : m + logf(l);
   }
+}
+
+static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *scratch) {
+  const fwd_args *a = vargs;
+  const tg_attn_problem *pr = &a->pr;
+  const tg_isa_ops *ops = a->ops;
+  const int64_t BQ = a->BQ, BK = a->BK;
+  fwd_scratch w = fwd_carve(scratch, pr->D, pr->Dv, BQ, BK, a->FQ,
+                            tg_attn_part_buffers(pr, a->products));
+  tg_attn_dot_begin(ops, a->bf16_dot);
+  const int64_t D = pr->D, Dv = pr->Dv, h_kv = h / pr->gqa;
+  /* the item's q-tiles (the last items, the heaviest under causality, first) */
+  const int64_t n_items = (a->n_qtiles + a->FQ - 1) / a->FQ, qt0 = (n_items - 1 - x) * a->FQ;
+  int64_t n_tiles = 0, key_end = 0;
+  for (int64_t qt = qt0; qt < a->n_qtiles && qt < qt0 + a->FQ; qt++, n_tiles++) {
+    fwd_qtile *t = &w.q[n_tiles];
+    t->q0 = qt * BQ;
+    t->nq = pr->qL - t->q0 < BQ ? pr->qL - t->q0 : BQ;
+    t->key_end = tg_attn_key_end(pr, t->q0, t->nq);
+    key_end = t->key_end > key_end ? t->key_end : key_end;
+    if (!a->bf16_dot) /* (the bf16 dot reads Q's rows in place) */
+      tg_attn_load_rows(ops, pr->in, tg_attn_at(pr->in, a->Q, tg_attn_offset(pr->Qs, b, h, 0)),
+                        pr->Qs[2], t->q0, t->nq, D, t->Q, NULL, 0);
+    for (int64_t i = 0; i < t->nq; i++) {
+      t->m[i] = -INFINITY;
+      t->l[i] = 0.0f;
+    }
+    memset(t->acc, 0, sizeof(float) * (size_t)(t->nq * Dv));
+  }
+
+  const void *Kh = tg_attn_at(pr->in, a->K, tg_attn_offset(pr->Ks, b, h_kv, 0));
+  const void *Vh = tg_attn_at(pr->in, a->V, tg_attn_offset(pr->Vs, b, h_kv, 0));
+  /* (fwd_q_tiles: several q-tiles only without a window, so every one
+   * starts at the same key) */
+  for (int64_t k0 = tg_attn_key_begin(pr, w.q[0].q0); k0 < key_end; k0 += BK) {
+    const int64_t nk = key_end - k0 < BK ? key_end - k0 : BK;
+    const float *V = w.V; /* [nk, Dv] at stride ldv */
+    int64_t ldv = Dv;
+    if (a->products == TG_PRODUCTS_BF16_DOT) {
+      ops->pack_bf16_row_pairs(nk, Dv, (const tg_bf16 *)Vh + k0 * pr->Vs[2], pr->Vs[2],
+                               (uint32_t *)w.V, Dv);
+    } else if (pr->in == TG_DTYPE_F32) { /* f32 rows in place */
+      V = (const float *)Vh + k0 * pr->Vs[2], ldv = pr->Vs[2];
+    } else {
+      tg_attn_load_rows(ops, pr->in, Vh, pr->Vs[2], k0, nk, Dv, w.V, NULL, 0);
+    }
+    if (a->bf16_dot) /* K^T in pairs */
+      tg_attn_pack_pairs(ops, Kh, pr->Ks[2], k0, nk, D, (uint32_t *)w.KT, BK);
+    else if (pr->in == TG_DTYPE_F32) /* f32 rows transposed in place */
+      ops->transpose_f32(nk, D, (const float *)Kh + k0 * pr->Ks[2], pr->Ks[2], w.KT, BK, 0);
+    else
+      tg_attn_load_rows(ops, pr->in, Kh, pr->Ks[2], k0, nk, D, w.K, w.KT, BK);
+
+    for (int64_t s = 0; s < n_tiles; s++) {
+      fwd_qtile *t = &w.q[s];
+      if (k0 >= t->key_end) continue; /* (causal: the q-tile sees no key of this tile) */
+      const int64_t nq = t->nq, nkt = t->key_end - k0 < nk ? t->key_end - k0 : nk;
+      if (a->bf16_dot) /* Q's bf16 rows in place */
+        ops->mm_bf16_pairs((int)nq, (int)nkt, (int)D,
+                           (const tg_bf16 *)a->Q + tg_attn_offset(pr->Qs, b, h, t->q0), pr->Qs[2],
+                           (const uint32_t *)w.KT, BK, w.S, BK, 0); /* Q.K^T */
+      else
+        ops->mm_nn((int)nq, (int)nkt, (int)D, t->Q, D, w.KT, BK, w.S, BK, 0); /* Q.K^T */
+      fwd_softmax_tile(a, t, w.S, b, h, k0, nkt);
+      if (pr->drop.threshold) { /* P -> P o keep; l and m keep the dropped weights */
+        tg_attn_dropout_tile(ops, &pr->drop, pr, b, h, t->q0, nq, k0, nkt, w.keep, BK);
+        tg_attn_dropout_apply(w.keep, BK, w.S, BK, nq, nkt, 1.0f);
+      }
+      if (a->products == TG_PRODUCTS_BF16_DOT) { /* P's bf16 parts, nkt padded to even */
+        ops->f32_to_bf16_split(nq, nkt, w.S, BK, 0, w.P_parts[0], w.P_parts[1], w.P_parts[2],
+                               BK);
+        tg_attn_mm_parts(pr, ops, nq, Dv, nkt + nkt % 2, w.P_parts, BK, (const uint32_t *)w.V,
+                         Dv, t->acc, Dv, 1); /* acc += P.V */
+        continue;
+      }
+      if (a->products == TG_PRODUCTS_F32_ROUNDED) tg_attn_round_bf16(w.S, nq, nkt, BK);
+      ops->mm_nn((int)nq, (int)Dv, (int)nkt, w.S, BK, V, ldv, t->acc, Dv, 1); /* acc += P.V */
+    }
+  }
+  for (int64_t s = 0; s < n_tiles; s++) fwd_finish(a, &w.q[s], b, h, w.V); /* (w.V free now) */
   tg_attn_dot_end(ops, a->bf16_dot);
+}
+
+/* q-tiles per forward work item: TG_ATTN_FWD_Q_TILES where that leaves at
+ * least TG_ATTN_ITEMS_PER_CPU items per CPU of the machine, else 1; 1 with
+ * a window (its q-tiles start at different keys). Each q-tile's sums run in
+ * the same order whatever this is: it changes the loads, not the bits. */
+static int64_t fwd_q_tiles(const tg_attn_problem *pr, int64_t n_qtiles) {
+  const int64_t fq = TG_ATTN_FWD_Q_TILES;
+  const int64_t items = pr->B * pr->H * ((n_qtiles + fq - 1) / fq);
+  return !pr->window && items >= (int64_t)TG_ATTN_ITEMS_PER_CPU * tg_plan_cpus() ? fq : 1;
 }
 
 /* The forward's key tile: the table's (tg_attn_bk) times as many, up to
@@ -252,8 +310,9 @@ tg_status tg_attn_forward(tg_ctx *ctx, const tg_attn_problem *pr, const void *Q,
                 .BK = fwd_key_tile(pr, ctx->ops), .bf16_dot = tg_attn_bf16_dot(pr, ctx->ops),
                 .products = tg_attn_products_of(pr, ctx->ops, TG_ATTN_PASS_FWD)};
   a.n_qtiles = (pr->qL + a.BQ - 1) / a.BQ;
-  return tg_dispatch(ctx, a.n_qtiles, pr->H, pr->B,
-                     fwd_scratch_bytes(pr->D, pr->Dv, a.BQ, a.BK,
+  a.FQ = fwd_q_tiles(pr, a.n_qtiles);
+  return tg_dispatch(ctx, (a.n_qtiles + a.FQ - 1) / a.FQ, pr->H, pr->B,
+                     fwd_scratch_bytes(pr->D, pr->Dv, a.BQ, a.BK, a.FQ,
                                        tg_attn_part_buffers(pr, a.products)),
                      fwd_group, &a);
 }

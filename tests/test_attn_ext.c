@@ -415,6 +415,46 @@ static void test_key_chunks_same_bits(void **state) {
   attn_destroy(&pb);
 }
 
+/* The forward's q-tiles per work item (several where the plan leaves
+ * enough items: planned for 1 CPU; one for 1024) share each key tile's
+ * load, never a sum: O and L are the same bits either way, at 1 and 3
+ * threads, f32 and bf16 in each precision mode. Causal with qL < kL and an
+ * odd qL_off, so a q-tile's last key tile ends short of its neighbour's
+ * (the bf16 pairs then hold a key the q-tile does not see); a mask with
+ * -inf rows, dropout, gqa 2, D 128 (exact mode's three bf16 parts in the
+ * forward where the table has them). */
+static void test_fwd_q_tiles_same_bits(void **state) {
+  tu_rng r = tu_rng_make(tu_seed() + 13);
+  const attn_cfg c = {"q-tiles", 1, 4, 2, 150, 531, 128, 1, 0, 1, 0, 1.0f, 0.2f};
+  attn_problem pb;
+  build(&pb, &c, &r, 0);
+  ext_out first = alloc_out(&pb), o = alloc_out(&pb);
+  const tg_attn_precision precisions[] = {TG_ATTN_PRECISION_EXACT, TG_ATTN_PRECISION_SPLIT,
+                                          TG_ATTN_PRECISION_BF16};
+  const int plans[] = {1, 1024, 1};
+  for (int v = 0; v < 4; v++) { /* 0: f32; 1-3: bf16 in each precision mode */
+    for (int pi = 0; pi < 3; pi++) {
+      tg_testing_plan_cpus(plans[pi]);
+      tg_ctx *ctx = tu_ctx(pi == 2 ? 3 : 1, TG_ISA_AUTO);
+      tg_ctx_set_deterministic(ctx, 1);
+      if (v) assert_int_equal(tg_ctx_set_attn_precision(ctx, precisions[v - 1]), TG_OK);
+      ext_out *out = pi ? &o : &first;
+      if (v)
+        run_step_bf16(ctx, &pb, &pb.opt, out);
+      else
+        run_step(ctx, &pb, &pb.opt, out);
+      if (pi) {
+        assert_true(same_bits(first.O, o.O, sizeof(float) * pb.nQ));
+        assert_true(same_bits(first.L, o.L, sizeof(float) * pb.nL));
+      }
+      tg_ctx_destroy(ctx);
+    }
+  }
+  tu_plan_fixed();
+  free_out(&first), free_out(&o);
+  attn_destroy(&pb);
+}
+
 /* p = 0 (any seed and offset) gives the bits of opt == NULL, in f32 and bf16;
  * bf16 with opt NULL gives the bits of the tg_flash_attn_*_bf16 entry points. */
 static void test_p0_bitwise_equals_no_options(void **state) {
@@ -868,6 +908,7 @@ int main(void) {
       cmocka_unit_test(test_f32_random_configs),
       cmocka_unit_test(test_p0_bitwise_equals_no_options),
       cmocka_unit_test(test_key_chunks_same_bits),
+      cmocka_unit_test(test_fwd_q_tiles_same_bits),
       cmocka_unit_test(test_bf16_f32_same_engine),
       cmocka_unit_test(test_dropout_deterministic),
       cmocka_unit_test(test_bf16_precision_modes),
