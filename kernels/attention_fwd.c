@@ -280,13 +280,14 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
 }
 
 /* q-tiles per forward work item: TG_ATTN_FWD_Q_TILES where that leaves at
- * least TG_ATTN_ITEMS_PER_CPU items per CPU of the machine, else 1; 1 with
- * a window (its q-tiles start at different keys). Each q-tile's sums run in
- * the same order whatever this is: it changes the loads, not the bits. */
-static int64_t fwd_q_tiles(const tg_attn_problem *pr, int64_t n_qtiles) {
+ * least TG_ATTN_ITEMS_PER_CPU items per thread, else 1; 1 with a window
+ * (its q-tiles start at different keys). Each q-tile's sums run in the same
+ * order whatever this is (it changes the loads, not the bits), so unlike
+ * the backward's plan it may follow the thread count. */
+static int64_t fwd_q_tiles(const tg_attn_problem *pr, int64_t n_qtiles, int threads) {
   const int64_t fq = TG_ATTN_FWD_Q_TILES;
   const int64_t items = pr->B * pr->H * ((n_qtiles + fq - 1) / fq);
-  return !pr->window && items >= (int64_t)TG_ATTN_ITEMS_PER_CPU * tg_plan_cpus() ? fq : 1;
+  return !pr->window && items >= (int64_t)TG_ATTN_ITEMS_PER_CPU * threads ? fq : 1;
 }
 
 /* The forward's key tile: the table's (tg_attn_bk) times as many, up to
@@ -310,7 +311,7 @@ tg_status tg_attn_forward(tg_ctx *ctx, const tg_attn_problem *pr, const void *Q,
                 .BK = fwd_key_tile(pr, ctx->ops), .bf16_dot = tg_attn_bf16_dot(pr, ctx->ops),
                 .products = tg_attn_products_of(pr, ctx->ops, TG_ATTN_PASS_FWD)};
   a.n_qtiles = (pr->qL + a.BQ - 1) / a.BQ;
-  a.FQ = fwd_q_tiles(pr, a.n_qtiles);
+  a.FQ = fwd_q_tiles(pr, a.n_qtiles, tg_threads(ctx));
   return tg_dispatch(ctx, (a.n_qtiles + a.FQ - 1) / a.FQ, pr->H, pr->B,
                      fwd_scratch_bytes(pr->D, pr->Dv, a.BQ, a.BK, a.FQ,
                                        tg_attn_part_buffers(pr, a.products)),
