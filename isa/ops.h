@@ -52,6 +52,14 @@ typedef struct {
   void (*mm_bf16_pairs)(int M, int N, int K, const uint16_t *A, int64_t lda,
                         const uint32_t *Bp, int64_t ldb, float *C, int64_t ldc,
                         int accumulate);
+  /* Optional (NULL: n_parts calls of mm_bf16_pairs do the same): C (+)=
+   * A[0] . B + ... + A[n_parts-1] . B (n_parts 1-3, each part as mm_bf16_pairs'
+   * A), with the bits of those n_parts calls in part order, the first with
+   * `accumulate` and the rest accumulating. The amx table loads and stores
+   * each block of C once for all parts. */
+  void (*mm_bf16_parts)(int n_parts, int M, int N, int K, const uint16_t *const *A,
+                        int64_t lda, const uint32_t *Bp, int64_t ldb, float *C, int64_t ldc,
+                        int accumulate);
   /* Optional (NULL where not needed): bracket a work item's run of
    * mm_bf16_pairs calls on one thread. The amx table loads its tile
    * configuration once at begin and releases the tiles at end (its calls

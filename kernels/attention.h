@@ -229,14 +229,21 @@ static inline void tg_attn_round_bf16(float *x, int64_t rows, int64_t cols, int6
 }
 
 /* TG_PRODUCTS_BF16_DOT: C [M, N] (ldc) (+)= X . Bp, X given as its
- * tg_attn_parts bf16 parts (hi, then lo, then lo2: one pass of C += part .
- * Bp each), rows of Kp (even) columns, stride ldx; Bp [Kp/2, N] pairs
+ * tg_attn_parts bf16 parts (hi, then lo, then lo2: the bits of one pass of
+ * C += part . Bp each, in one call where the table has mm_bf16_parts),
+ * rows of Kp (even) columns, stride ldx; Bp [Kp/2, N] pairs
  * (pack_bf16_row_pairs), stride ldb. */
 static inline void tg_attn_mm_parts(const tg_attn_problem *pr, const tg_isa_ops *ops, int64_t M,
                                     int64_t N, int64_t Kp, uint16_t *const parts[3],
                                     int64_t ldx, const uint32_t *Bp, int64_t ldb, float *C,
                                     int64_t ldc, int accumulate) {
-  for (int i = 0; i < tg_attn_parts(pr); i++)
+  const int n = tg_attn_parts(pr);
+  if (ops->mm_bf16_parts && n > 1) {
+    const uint16_t *const A[3] = {parts[0], parts[1], parts[2]};
+    ops->mm_bf16_parts(n, (int)M, (int)N, (int)Kp, A, ldx, Bp, ldb, C, ldc, accumulate);
+    return;
+  }
+  for (int i = 0; i < n; i++)
     ops->mm_bf16_pairs((int)M, (int)N, (int)Kp, parts[i], ldx, Bp, ldb, C, ldc,
                        accumulate || i);
 }

@@ -190,6 +190,58 @@ static void test_bf16_dot_gemm(void **state) {
   printf("  bf16 dot GEMM checked on %d table(s)\n", tested);
 }
 
+/* mm_bf16_parts, where a table has it (amx): the bits of its n_parts
+ * calls of mm_bf16_pairs in part order (first with accumulate, the rest
+ * accumulating), for 1-3 parts on ragged sizes (edge tiles, K % 32, a
+ * partial 32 x 32 block), and nothing of C outside [M, N] written (NaN
+ * there must come back bit for bit). The parts are a f32 block's hi, lo,
+ * lo2, as the attention passes them. */
+static void test_bf16_parts_gemm(void **state) {
+  tu_rng r = tu_rng_make(tu_seed() + 13);
+  const tg_isa_ops *tabs[TU_MAX_ISAS];
+  const int nt = n_tables(tabs);
+  int tested = 0;
+  const int sizes[][3] = {{64, 64, 128}, {9, 33, 66}, {48, 256, 64}, {128, 128, 128},
+                          {17, 15, 40},  {33, 47, 80}, {1, 1, 2},     {0, 8, 32}};
+  for (int t = 0; t < nt; t++) {
+    const tg_isa_ops *o = tabs[t];
+    if (!o->mm_bf16_parts) continue;
+    tested++;
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+      const int M = sizes[si][0], N = sizes[si][1], K = sizes[si][2];
+      const int64_t lda = K + 4, ldx = K + 2, ldb = N + 3, ldc = N + 5, nc = (M + 1) * ldc;
+      float *X32 = tu_alloc(sizeof(float) * (M * lda + 1));
+      uint16_t *parts[3];
+      for (int p = 0; p < 3; p++) parts[p] = tu_alloc(2 * (M * lda + 1));
+      tg_bf16 *X = tu_alloc(2 * N * ldx);
+      uint32_t *Bp = tu_alloc(4 * (K / 2 + 1) * ldb);
+      float *C0 = tu_alloc(sizeof(float) * nc), *want = tu_alloc(sizeof(float) * nc),
+            *got = tu_alloc(sizeof(float) * nc);
+      tu_fill_f32(&r, X32, M * lda, -2, 2);
+      o->f32_to_bf16_split(M, lda, X32, lda, 0, parts[0], parts[1], parts[2], lda);
+      tu_fill_bf16(&r, X, N * ldx, -2, 2);
+      o->pack_bf16_pairs(N, K, X, ldx, Bp, ldb);
+      tu_poison_f32(C0, nc);
+      for (int i = 0; i < M; i++) tu_fill_f32(&r, C0 + i * ldc, N, -1, 1);
+      for (int n = 1; n <= 3; n++)
+        for (int acc = 0; acc < 2; acc++) {
+          memcpy(want, C0, sizeof(float) * nc);
+          for (int p = 0; p < n; p++)
+            o->mm_bf16_pairs(M, N, K, parts[p], lda, Bp, ldb, want, ldc, acc || p);
+          memcpy(got, C0, sizeof(float) * nc);
+          const uint16_t *const A[3] = {parts[0], parts[1], parts[2]};
+          o->mm_bf16_parts(n, M, N, K, A, lda, Bp, ldb, got, ldc, acc);
+          if (memcmp(got, want, sizeof(float) * nc))
+            TU_FAIL("%s parts %d accumulate %d M=%d N=%d K=%d: not the bits of %d calls",
+                    o->name, n, acc, M, N, K, n);
+        }
+      for (int p = 0; p < 3; p++) free(parts[p]);
+      free(X32), free(X), free(Bp), free(C0), free(want), free(got);
+    }
+  }
+  printf("  bf16 parts GEMM checked on %d table(s)\n", tested);
+}
+
 static void test_exp(void **state) {
   const tg_isa_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
@@ -886,6 +938,7 @@ int main(void) {
       cmocka_unit_test(test_blocking),
       cmocka_unit_test(test_gemms),
       cmocka_unit_test(test_bf16_dot_gemm),
+      cmocka_unit_test(test_bf16_parts_gemm),
       cmocka_unit_test(test_exp),
       cmocka_unit_test(test_exp_sum_row),
       cmocka_unit_test(test_conversions_and_dot),

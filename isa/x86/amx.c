@@ -108,9 +108,10 @@ static inline void amx_stage_b(uint32_t *restrict buf, int ncb, const uint32_t *
   for (int p = 0; p < np; p++) memcpy(buf + p * ncb, Bp + p * ldb, sizeof(uint32_t) * cols);
 }
 
-/* A 32 x 32 block of C, wholly inside it: tmm0-3. */
-static void amx_block32(int K, const uint16_t *A, int64_t lda, const uint32_t *Bp, int64_t ldb,
-                        float *C, int64_t ldc, int accumulate) {
+/* A 32 x 32 block of C, wholly inside it: tmm0-3; C (+)= A[0] . B + ...
+ * + A[n-1] . B, the parts' k loops one after the other. */
+static void amx_block32(int n, int K, const uint16_t *const *Ap, int64_t lda, const uint32_t *Bp,
+                        int64_t ldb, float *C, int64_t ldc, int accumulate) {
   const int64_t sa = 2 * lda, sb = 4 * ldb, sc = 4 * ldc; /* byte strides */
   if (accumulate) {
     AMX_LOAD(0, C, sc);
@@ -123,31 +124,34 @@ static void amx_block32(int K, const uint16_t *A, int64_t lda, const uint32_t *B
     _tile_zero(2);
     _tile_zero(3);
   }
-  int k = 0;
-  for (; k + AMX_KC <= K; k += AMX_KC) {
-    const uint32_t *b = Bp + (int64_t)(k / 2) * ldb;
-    AMX_LOAD(4, A + k, sa);
-    AMX_LOAD(5, A + 16 * lda + k, sa);
-    AMX_LOAD(6, b, sb);
-    AMX_LOAD(7, b + 16, sb);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_dpbf16ps(3, 5, 7);
-  }
-  if (k < K) { /* the last K % 32: both sides zero-padded along k */
-    _Alignas(64) uint16_t a[2 * AMX_R * AMX_KC];
-    _Alignas(64) uint32_t b[AMX_R * 32];
-    amx_stage_a(a, 2 * AMX_R, A + k, lda, 2 * AMX_R, K - k);
-    amx_stage_b(b, 32, Bp + (int64_t)(k / 2) * ldb, ldb, (K - k) / 2, 32);
-    AMX_LOAD(4, a, 2 * AMX_KC);
-    AMX_LOAD(5, a + AMX_R * AMX_KC, 2 * AMX_KC);
-    AMX_LOAD(6, b, 4 * 32);
-    AMX_LOAD(7, b + 16, 4 * 32);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_dpbf16ps(3, 5, 7);
+  for (int part = 0; part < n; part++) {
+    const uint16_t *A = Ap[part];
+    int k = 0;
+    for (; k + AMX_KC <= K; k += AMX_KC) {
+      const uint32_t *b = Bp + (int64_t)(k / 2) * ldb;
+      AMX_LOAD(4, A + k, sa);
+      AMX_LOAD(5, A + 16 * lda + k, sa);
+      AMX_LOAD(6, b, sb);
+      AMX_LOAD(7, b + 16, sb);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+    if (k < K) { /* the last K % 32: both sides zero-padded along k */
+      _Alignas(64) uint16_t a[2 * AMX_R * AMX_KC];
+      _Alignas(64) uint32_t b[AMX_R * 32];
+      amx_stage_a(a, 2 * AMX_R, A + k, lda, 2 * AMX_R, K - k);
+      amx_stage_b(b, 32, Bp + (int64_t)(k / 2) * ldb, ldb, (K - k) / 2, 32);
+      AMX_LOAD(4, a, 2 * AMX_KC);
+      AMX_LOAD(5, a + AMX_R * AMX_KC, 2 * AMX_KC);
+      AMX_LOAD(6, b, 4 * 32);
+      AMX_LOAD(7, b + 16, 4 * 32);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
   }
   _tile_stored(0, C, sc);
   _tile_stored(1, C + 16, sc);
@@ -156,8 +160,8 @@ static void amx_block32(int K, const uint16_t *A, int64_t lda, const uint32_t *B
 }
 
 /* One tile of C, rows x cols (1..16 each; tmm0, tmm4, tmm6): in place where
- * whole, else through zero-padded copies. */
-static void amx_tile1(int rows, int cols, int K, const uint16_t *A, int64_t lda,
+ * whole, else through zero-padded copies; the n parts as amx_block32's. */
+static void amx_tile1(int rows, int cols, int n, int K, const uint16_t *const *Ap, int64_t lda,
                       const uint32_t *Bp, int64_t ldb, float *C, int64_t ldc, int accumulate) {
   const int whole = rows == AMX_R && cols == AMX_R;
   _Alignas(64) float c[AMX_R * AMX_R];
@@ -172,23 +176,24 @@ static void amx_tile1(int rows, int cols, int K, const uint16_t *A, int64_t lda,
     for (int r = 0; r < rows; r++) memcpy(c + r * AMX_R, C + r * ldc, sizeof(float) * cols);
     AMX_LOAD(0, c, 4 * AMX_R);
   }
-  for (int k = 0; k < K; k += AMX_KC) {
-    const int kc = K - k < AMX_KC ? K - k : AMX_KC;
-    const uint32_t *bk = Bp + (int64_t)(k / 2) * ldb;
-    if (rows == AMX_R && kc == AMX_KC) {
-      AMX_LOAD(4, A + k, 2 * lda);
-    } else {
-      amx_stage_a(a, AMX_R, A + k, lda, rows, kc);
-      AMX_LOAD(4, a, 2 * AMX_KC);
+  for (int part = 0; part < n; part++)
+    for (int k = 0; k < K; k += AMX_KC) {
+      const int kc = K - k < AMX_KC ? K - k : AMX_KC;
+      const uint32_t *bk = Bp + (int64_t)(k / 2) * ldb;
+      if (rows == AMX_R && kc == AMX_KC) {
+        AMX_LOAD(4, Ap[part] + k, 2 * lda);
+      } else {
+        amx_stage_a(a, AMX_R, Ap[part] + k, lda, rows, kc);
+        AMX_LOAD(4, a, 2 * AMX_KC);
+      }
+      if (cols == AMX_R && kc == AMX_KC) {
+        AMX_LOAD(6, bk, 4 * ldb);
+      } else {
+        amx_stage_b(b, AMX_R, bk, ldb, kc / 2, cols);
+        AMX_LOAD(6, b, 4 * AMX_R);
+      }
+      _tile_dpbf16ps(0, 4, 6);
     }
-    if (cols == AMX_R && kc == AMX_KC) {
-      AMX_LOAD(6, bk, 4 * ldb);
-    } else {
-      amx_stage_b(b, AMX_R, bk, ldb, kc / 2, cols);
-      AMX_LOAD(6, b, 4 * AMX_R);
-    }
-    _tile_dpbf16ps(0, 4, 6);
-  }
   if (whole) {
     _tile_stored(0, C, 4 * ldc);
   } else {
@@ -212,26 +217,45 @@ void TG_NAME(bf16_dot_end_amx)(void) {
   amx_bracket = 0;
 }
 
-void TG_NAME(mm_bf16_pairs_amx)(int M, int N, int K, const uint16_t *A, int64_t lda,
-                                const uint32_t *Bp, int64_t ldb, float *C, int64_t ldc,
-                                int accumulate) {
+/* C (+)= A[0] . B + ... + A[n-1] . B, block by block: each 32 x 32 block
+ * of C is loaded (or zeroed) once and stored once, its parts' k loops run
+ * in part order between (the TDPBF16PS sequence of n calls of
+ * mm_bf16_pairs_amx, so the same bits: C's f32 values go to memory and
+ * back unchanged between those calls). */
+static void amx_gemm(int n, int M, int N, int K, const uint16_t *const *A, int64_t lda,
+                     const uint32_t *Bp, int64_t ldb, float *C, int64_t ldc, int accumulate) {
   if (M <= 0 || N <= 0) return;
   if (!amx_bracket) amx_configure();
   for (int i = 0; i < M; i += 32)
     for (int j = 0; j < N; j += 32) {
-      const uint16_t *Ai = A + (int64_t)i * lda;
+      const uint16_t *Ai[3];
+      for (int part = 0; part < n; part++) Ai[part] = A[part] + (int64_t)i * lda;
       float *Cij = C + (int64_t)i * ldc + j;
       if (i + 32 <= M && j + 32 <= N) {
-        amx_block32(K, Ai, lda, Bp + j, ldb, Cij, ldc, accumulate);
+        amx_block32(n, K, Ai, lda, Bp + j, ldb, Cij, ldc, accumulate);
         continue;
       }
       for (int ii = 0; ii < 32 && i + ii < M; ii += AMX_R)
         for (int jj = 0; jj < 32 && j + jj < N; jj += AMX_R) {
           const int rows = M - i - ii < AMX_R ? M - i - ii : AMX_R;
           const int cols = N - j - jj < AMX_R ? N - j - jj : AMX_R;
-          amx_tile1(rows, cols, K, Ai + (int64_t)ii * lda, lda, Bp + j + jj, ldb,
-                    Cij + (int64_t)ii * ldc + jj, ldc, accumulate);
+          const uint16_t *At[3];
+          for (int part = 0; part < n; part++) At[part] = Ai[part] + (int64_t)ii * lda;
+          amx_tile1(rows, cols, n, K, At, lda, Bp + j + jj, ldb, Cij + (int64_t)ii * ldc + jj,
+                    ldc, accumulate);
         }
     }
   if (!amx_bracket) _tile_release();
+}
+
+void TG_NAME(mm_bf16_pairs_amx)(int M, int N, int K, const uint16_t *A, int64_t lda,
+                                const uint32_t *Bp, int64_t ldb, float *C, int64_t ldc,
+                                int accumulate) {
+  amx_gemm(1, M, N, K, &A, lda, Bp, ldb, C, ldc, accumulate);
+}
+
+void TG_NAME(mm_bf16_parts_amx)(int n_parts, int M, int N, int K, const uint16_t *const *A,
+                                int64_t lda, const uint32_t *Bp, int64_t ldb, float *C,
+                                int64_t ldc, int accumulate) {
+  amx_gemm(n_parts < 3 ? n_parts : 3, M, N, K, A, lda, Bp, ldb, C, ldc, accumulate);
 }
