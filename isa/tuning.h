@@ -234,10 +234,18 @@ enum { ATTN_BQ_BF16 = ATTN_BQ, ATTN_BK_BF16 = ATTN_BK };
  * AMX, and the forward's key tiles"): forward at 16 / 2 threads D 64 1.00-1.10 / 1.07, D 128 0.88 /
  * 0.93, D 256 0.86 / 0.85, D 512 0.80 / 0.84; backward step D 64
  * 0.94-1.17 / 1.13, D 128 0.98 / 1.30, D 256 0.83 / 0.84, D 512 0.78 /
- * 0.81. Three passes of small tile products and the parts' packing cost
- * more than they save below that. */
+ * 0.81. Since the parts run in one call (mm_bf16_parts: each block of C
+ * loaded and stored once, not once per part), the backward gains from D
+ * 128 too: step time with three parts from D 128 over from D 256, paired
+ * in each of 5 rotating rounds, medians (bench/results/xeon16-amx/
+ * README.md, "Three parts in one call"): D 128 causal 0.82 / 0.87, D 128
+ * full (L 384) 0.92 / 0.86, D 160 full 0.83 / 0.76 at 16 / 2 threads;
+ * from D 64 on, both passes, the D 64 step was 0.85-1.04 / 1.04-1.24 and
+ * the D 64 forward 0.97-1.06 / 0.91-1.11: no gain below 128. Three passes
+ * of small tile products and the parts' packing cost more than they save
+ * below that. */
 #if defined(TG_ISA_WITH_AMX)
-enum { EXACT_PARTS_MIN_D_FWD = 128, EXACT_PARTS_MIN_D_BWD = 256 };
+enum { EXACT_PARTS_MIN_D_FWD = 128, EXACT_PARTS_MIN_D_BWD = 128 };
 #else
 enum { EXACT_PARTS_MIN_D_FWD = 0, EXACT_PARTS_MIN_D_BWD = 0 };
 #endif
