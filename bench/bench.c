@@ -39,6 +39,7 @@
 #include "outfile.h" /* write_json's atomic output */
 #include "peak.h"
 #include "tilegrad.h"
+#include "tilegrad_testing.h" /* tg_testing_attn_bf16_parts: where exact mode runs three parts */
 
 /* ------------------------------------------------------------------------ */
 /* small helpers                                                              */
@@ -855,9 +856,22 @@ static double lw_share(double ms_window, const tg_bench_shape *w, double ms_caus
 
 /* Written to a temporary next to path and renamed over it when complete
  * (cli/outfile.h): a failed or interrupted write leaves path as it was. */
+/* The step's ceilings: `base`, and from head dim parts_min_d on (0: none)
+ * `parts`, where exact mode runs its P and dS products as three bf16 parts
+ * on the table's bf16 unit. */
+typedef struct {
+  double base, parts;
+  int parts_min_d;
+} step_ceilings;
+
+static double ceiling_at(const step_ceilings *c, int64_t D) {
+  return c->parts_min_d > 0 && D >= c->parts_min_d ? c->parts : c->base;
+}
+
 static int write_json(const char *path, const tg_bench_opts *o, const char *cpu,
-                      const char *isa, int threads, const tg_peaks *pk, double ceil,
-                      const attn_result *ar, int na, const mem_result *mr, int nm) {
+                      const char *isa, int threads, const tg_peaks *pk,
+                      const step_ceilings *ceil, const attn_result *ar, int na,
+                      const mem_result *mr, int nm) {
   tg_outset out;
   char err[NPY_ERR_LEN];
   tg_outset_init(&out);
@@ -907,7 +921,10 @@ static int write_json(const char *path, const tg_bench_opts *o, const char *cpu,
   fprintf(f, ",\n    \"triad_streams\": 3,\n    \"triad_array_mib\": %zu,\n",
           pk->triad_array_bytes >> 20);
   fprintf(f, "    \"attn_ceiling_gflops\": ");
-  json_num(f, ceil);
+  json_num(f, ceil->base);
+  fprintf(f, ",\n    \"attn_parts_min_d\": %d,\n    \"attn_ceiling_parts_gflops\": ",
+          ceil->parts_min_d);
+  json_num(f, ceil->parts_min_d > 0 ? ceil->parts : 0.0);
   fprintf(f, ",\n    \"attn_ceiling_def\": \"%s\"\n  },\n",
           o->precision == TG_ATTN_PRECISION_BF16    ? "unit (all products at the table's bf16 unit)"
           : o->precision == TG_ATTN_PRECISION_SPLIT ? "unit / 1.6 (split: 0.4 + 2 x 0.6 of F)"
@@ -1152,7 +1169,12 @@ int tg_bench_main(const tg_bench_opts *o) {
   const int bf16_dot_table =
       tg_ctx_get_isa(ctx) == TG_ISA_AVX512_BF16 || tg_ctx_get_isa(ctx) == TG_ISA_NEON_BF16;
   unit.bf16_gflops = amx_table ? pk.amx_gflops : bf16_dot_table ? pk.bf16_gflops : 0.0;
-  const double ceil = tg_peaks_attn_ceiling(&unit, o->precision);
+  step_ceilings ceil = {tg_peaks_attn_ceiling(&unit, o->precision, 0),
+                        tg_peaks_attn_ceiling(&unit, o->precision, 1), 0};
+  if (o->precision == TG_ATTN_PRECISION_EXACT && unit.bf16_gflops > 0)
+    for (int D = 8; D <= 512 && !ceil.parts_min_d; D += 8) /* the library's own rule */
+      if (tg_testing_attn_bf16_parts(tg_ctx_get_isa(ctx), o->precision, D, 1) == 3)
+        ceil.parts_min_d = D;
 
   printf("tilegrad bench %d.%d.%d\n", TG_VERSION_MAJOR, TG_VERSION_MINOR, TG_VERSION_PATCH);
   printf("cpu:      %s    (work plans sized for %d CPUs: tg_plan_cpus)\n", cpu, tg_plan_cpus());
@@ -1183,8 +1205,11 @@ int tg_bench_main(const tg_bench_opts *o) {
       "all F at the bf16 unit"};
   printf("  %s-mode ceil %*s%8.1f GFLOP/s  (FA-2 step: %s, %s)\n",
          tg_attn_precision_name(o->precision), 5 - (int)strlen(tg_attn_precision_name(o->precision)),
-         "", ceil, unit.bf16_gflops > 0 ? ceil_how[o->precision] : "all F at FMA",
+         "", ceil.base, unit.bf16_gflops > 0 ? ceil_how[o->precision] : "all F at FMA",
          unit.bf16_gflops > 0 ? (amx_table ? "AMX" : pk.bf16_instr) : "no bf16 unit in this table");
+  if (ceil.parts_min_d)
+    printf("  from D %-3d ceil  %8.1f GFLOP/s  (exact mode's three bf16 parts: 0.4 F + 3 x 0.6 F "
+           "at the bf16 unit)\n", ceil.parts_min_d, ceil.parts);
   fflush(stdout);
 
   /* --- attention backward -------------------------------------------------- */
@@ -1216,7 +1241,8 @@ int tg_bench_main(const tg_bench_opts *o) {
       } else {
         r->pct_fma = pk.fma_gflops > 0 ? 100.0 * r->gflops / pk.fma_gflops : 0.0;
         r->pct_fma_fwd = pk.fma_gflops > 0 ? 100.0 * r->gflops_fwd / pk.fma_gflops : 0.0;
-        r->pct_ceil = ceil > 0 ? 100.0 * r->gflops / ceil : 0.0;
+        const double c = ceiling_at(&ceil, r->s.D);
+        r->pct_ceil = c > 0 ? 100.0 * r->gflops / c : 0.0;
         printf("%-3d %-30s %9.2f %10.2f %10.2f %9.1f %7.1f %7.1f%s\n", i + 1, sh, r->gflop,
                r->ms_med, r->ms_min, r->gflops, r->pct_fma, r->pct_ceil,
                r->finite ? "" : "  [non-finite output]");
@@ -1279,7 +1305,7 @@ int tg_bench_main(const tg_bench_opts *o) {
   }
 
   if (o->json) {
-    if (write_json(o->json, o, cpu, isa, threads, &pk, ceil, ar, na, mr, nm) != 0) {
+    if (write_json(o->json, o, cpu, isa, threads, &pk, &ceil, ar, na, mr, nm) != 0) {
       fprintf(stderr, "tilegrad bench: cannot write %s\n", o->json);
       rc = 1;
     } else {

@@ -424,13 +424,15 @@ int tg_peaks_measure(tg_peaks *p, int threads, size_t triad_array_bytes) {
   return t > 0 ? 0 : -1;
 }
 
-double tg_peaks_attn_ceiling(const tg_peaks *p, tg_attn_precision mode) {
+double tg_peaks_attn_ceiling(const tg_peaks *p, tg_attn_precision mode, int exact_parts) {
   if (p->fma_gflops <= 0) return 0.0;
   if (p->bf16_gflops <= 0) return p->fma_gflops;
   /* of the step's products, 2/5 (Q.K^T, dO.V^T) always run on the bf16
    * unit; the 3/5 that take P or dS run there too in bf16 mode, twice
-   * (hi and lo) in split mode, and on the FMA units in exact mode */
+   * (hi and lo) in split mode, and in exact mode on the FMA units or
+   * three times (hi, lo, lo2) on the bf16 unit */
   if (mode == TG_ATTN_PRECISION_BF16) return p->bf16_gflops;
   if (mode == TG_ATTN_PRECISION_SPLIT) return p->bf16_gflops / 1.6;
+  if (exact_parts) return p->bf16_gflops / 2.2;
   return 1.0 / (0.4 / p->bf16_gflops + 0.6 / p->fma_gflops);
 }

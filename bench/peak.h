@@ -63,9 +63,13 @@ double tg_peak_triad(int threads, size_t array_bytes, double seconds);
  * allocated (triad_gbs is then 0, everything else is filled). */
 int tg_peaks_measure(tg_peaks *out, int threads, size_t triad_array_bytes);
 
-/* The "exact-mode ceiling" of the FA-2 backward in GFLOP/s: 2/5 of the FLOPs
- * at the bf16 dot peak, 3/5 at the f32 FMA peak (time-weighted:
- * 1 / (0.4/bf16 + 0.6/fma)); the FMA peak alone when there is no bf16 unit. */
-double tg_peaks_attn_ceiling(const tg_peaks *p, tg_attn_precision mode);
+/* The ceiling of the FA-2 backward step in GFLOP/s for a precision mode:
+ * exact, 2/5 of the FLOPs at the bf16 unit's peak, 3/5 at the f32 FMA
+ * peak (time-weighted: 1 / (0.4/bf16 + 0.6/fma)), or, with exact_parts
+ * (the table runs those 3/5 as three bf16 parts at that D), all at the
+ * bf16 unit with the 3/5 three times (bf16 / 2.2); split, the 3/5 twice
+ * there (bf16 / 1.6); bf16, all once (bf16). The FMA peak alone when there
+ * is no bf16 unit. */
+double tg_peaks_attn_ceiling(const tg_peaks *p, tg_attn_precision mode, int exact_parts);
 
 #endif /* TG_BENCH_PEAK_H */

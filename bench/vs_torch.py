@@ -160,7 +160,9 @@ def parse_dtypes(text):
 def measure_peaks(threads, isa, precision):
     """The CLI's ceilings at `threads` (GFLOP/s): the f32 FMA peak and the
     FA-2 step's ceiling for tilegrad's table `isa` in `precision` mode (the
-    table's bf16 unit, if any, for the products the mode puts there)."""
+    table's bf16 unit, if any, for the products the mode puts there), as a
+    function of the head dim D (exact mode's three bf16 parts from some D
+    on, where the table has them)."""
     exe = os.environ.get("TILEGRAD_CLI") or os.path.join(REPO, "build", "tilegrad")
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         subprocess.run([exe, "bench", "--section", "peaks", "--threads", str(threads),
@@ -168,7 +170,9 @@ def measure_peaks(threads, isa, precision):
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         with open(f.name) as jf:
             peaks = json.load(jf)["peaks"]
-    return peaks["fma_f32_gflops"], peaks["attn_ceiling_gflops"]
+    base, min_d = peaks["attn_ceiling_gflops"], peaks.get("attn_parts_min_d", 0)
+    parts = peaks.get("attn_ceiling_parts_gflops", 0)
+    return peaks["fma_f32_gflops"], lambda D: parts if min_d and D >= min_d else base
 
 
 def cpu_name():
@@ -574,9 +578,11 @@ def main():
     for threads in thread_counts:
         torch.set_num_threads(threads)
         ctx.threads = threads
-        fma, ceil = measure_peaks(threads, ctx.isa, args.precision)
+        fma, ceil_at = measure_peaks(threads, ctx.isa, args.precision)
+        ceils = sorted({ceil_at(s[4]) for s in shapes})
         print(f"\n{threads} thread(s): f32 FMA peak {fma:.1f} GFLOP/s, {args.precision}-mode ceiling "
-              f"{ceil:.1f} GFLOP/s; times in ms, speedup = faster torch / tilegrad "
+              f"{' / '.join(f'{c:.1f}' for c in ceils)} GFLOP/s (by D); "
+              f"times in ms, speedup = faster torch / tilegrad "
               f"(medians; best: fastest runs), "
               f"diff = tilegrad's max rel gradient diff vs each torch dtype")
         if args.forward:
@@ -591,6 +597,7 @@ def main():
         for si, shape in enumerate(shapes):
             r = run_shape(shape, threads, args.reps, ctx, args.seed + si, dtypes, args.forward)
             r["pct_fma_peak"] = 100 * r["tilegrad_gflops"] / fma
+            ceil = ceil_at(shape[4])
             r["pct_ceiling"] = 100 * r["tilegrad_gflops"] / ceil
             r["fma_peak_gflops"], r["ceiling_gflops"] = fma, ceil
             rows.append(r)

@@ -1,6 +1,7 @@
 /*
  * tilegrad test hooks: for the project's own tests (tests/test_hardening.c,
- * the attention suites).
+ * the attention suites) and its bench (bench/bench.c reads
+ * tg_testing_attn_bf16_parts for the step's ceiling).
  * NOT part of the API: no ABI or behaviour promise, may change or go away in
  * any release (the Python package ships tilegrad.h only). libtilegrad
  * exports these symbols so that a test linked against the shared library
