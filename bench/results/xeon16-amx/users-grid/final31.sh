@@ -17,6 +17,7 @@ TILEGRAD_LIB=$PWD/build-dev/libtilegrad.so TG_REQUIRE_CUSTOM_OPS=1 timeout 200 p
 echo "pytest rc=$? $(( $(date +%s) - t0 )) s: $(tail -1 "$o/pytest.log")"
 exit 0
 fi
+[ -x build-dev/tilegrad ] || { cmake -S . -B build-dev -DCMAKE_BUILD_TYPE=Release -DTG_BUILD_TESTS=OFF && cmake --build build-dev -j; } > /tmp/build.log 2>&1 || exit 1
 export TILEGRAD_LIB=$PWD/build-dev/libtilegrad.so TILEGRAD_CLI=$PWD/build-dev/tilegrad
 S='1,8,8,1024,64,0;1,8,8,2048,128,1;2,8,4,1024,256,0;4,16,16,512,64,1;1,6,2,1024,512,1;1,8,4,1024,256,0;1,4,4,2560,160,0;1,16,2,3072,64,1;1,8,8,2048,96,1;1,6,2,384,128,0'
 for th in 16 2; do for pass in bwd fwd; do
