@@ -115,12 +115,8 @@ typedef struct {
   /* Forward row: s[k] = exp(s[k] - shift) in place, where every s[k] <=
    * shift (shift: the row's running max); returns sum_k s[k] (LANES
    * partials and a fixed tree, then the tail of n % LANES in order).
-   * exp_f32's polynomial, except that e^x < 2^-126 (x <= -87.3) gives 0.
-   * hi non-NULL: also the bf16 parts of each s[k] into hi, lo, lo2 [0, n +
-   * n % 2), the bits f32_to_bf16_split gives the row (lo NULL: hi only;
-   * lo2 NULL: hi and lo; the pad of an odd n 0). */
-  float (*attn_exp_sum_row)(float *s, int64_t n, float shift, uint16_t *hi, uint16_t *lo,
-                            uint16_t *lo2);
+   * exp_f32's polynomial, except that e^x < 2^-126 (x <= -87.3) gives 0. */
+  float (*attn_exp_sum_row)(float *s, int64_t n, float shift);
   /* attn_score_row with shift 0, returning max_k s[k]: -inf when every key
    * is masked, NaN when any visible s[k] is NaN (a NaN input reaches its
    * row's max, so the softmax of that row is NaN, as in IEEE arithmetic). */

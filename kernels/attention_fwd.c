@@ -112,12 +112,10 @@ static fwd_scratch fwd_carve(void *base, int64_t D, int64_t Dv, int64_t BQ, int6
   return w;
 }
 
-/* The scores of q-tile t against the key tile [k0, k0 + nk) in S become
- * P = exp(S - m') (rows' new running max m'), with l and acc rescaled.
- * parts[0] non-NULL: P's bf16 parts too (parts[1], [2] as
- * f32_to_bf16_split takes them; rows at stride BK, nk padded to even). */
+/* The scores of q-tile t against the key tile [k0, k0 + nk) in w.S become
+ * P = exp(S - m') (rows' new running max m'), with l and acc rescaled. */
 static void fwd_softmax_tile(const fwd_args *a, fwd_qtile *t, float *S, int64_t b, int64_t h,
-                             int64_t k0, int64_t nk, uint16_t *const parts[3]) {
+                             int64_t k0, int64_t nk) {
   const tg_attn_problem *pr = &a->pr;
   const tg_isa_ops *ops = a->ops;
   const int64_t BK = a->BK, Dv = pr->Dv;
@@ -149,15 +147,11 @@ static void fwd_softmax_tile(const fwd_args *a, fwd_qtile *t, float *S, int64_t 
     const float m_new = tile_max > t->m[i] || tile_max != tile_max ? tile_max : t->m[i];
     if (m_new == -INFINITY) { /* nothing visible yet: P = 0, state unchanged */
       memset(P, 0, sizeof(float) * (size_t)nk);
-      for (int p = 0; p < 3 && parts[p]; p++)
-        memset(parts[p] + i * BK, 0, sizeof(uint16_t) * (size_t)(nk + nk % 2));
       continue;
     }
     const float alpha = t->m[i] == m_new ? 1.0f /* the usual case, after a few tiles */
                         : t->m[i] == -INFINITY ? 0.0f : expf(t->m[i] - m_new);
-    uint16_t *row[3] = {NULL, NULL, NULL};
-    for (int p = 0; p < 3 && parts[p]; p++) row[p] = parts[p] + i * BK;
-    const float sum = ops->attn_exp_sum_row(P, nk, m_new, row[0], row[1], row[2]); /* exp(S - m') */
+    const float sum = ops->attn_exp_sum_row(P, nk, m_new); /* P = exp(S - m') */
     t->l[i] = alpha * t->l[i] + sum;
     t->m[i] = m_new;
     if (alpha != 1.0f) ops->scale2_f32(t->acc + i * Dv, Dv, alpha, 1.0f);
@@ -265,19 +259,14 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
                            (const uint32_t *)w.KT, BK, w.S, BK, 0); /* Q.K^T */
       else
         ops->mm_nn((int)nq, (int)nkt, (int)D, t->Q, D, w.KT, BK, w.S, BK, 0); /* Q.K^T */
-      /* P's bf16 parts (nkt padded to even): with the exps where no dropout
-       * comes between */
-      const int parts = a->products == TG_PRODUCTS_BF16_DOT;
-      uint16_t *const none[3] = {NULL, NULL, NULL};
-      fwd_softmax_tile(a, t, w.S, b, h, k0, nkt, parts && !pr->drop.threshold ? w.P_parts : none);
+      fwd_softmax_tile(a, t, w.S, b, h, k0, nkt);
       if (pr->drop.threshold) { /* P -> P o keep; l and m keep the dropped weights */
         tg_attn_dropout_tile(ops, &pr->drop, pr, b, h, t->q0, nq, k0, nkt, w.keep, BK);
         tg_attn_dropout_apply(w.keep, BK, w.S, BK, nq, nkt, 1.0f);
       }
-      if (parts) {
-        if (pr->drop.threshold)
-          ops->f32_to_bf16_split(nq, nkt, w.S, BK, 0, w.P_parts[0], w.P_parts[1], w.P_parts[2],
-                                 BK);
+      if (a->products == TG_PRODUCTS_BF16_DOT) { /* P's bf16 parts, nkt padded to even */
+        ops->f32_to_bf16_split(nq, nkt, w.S, BK, 0, w.P_parts[0], w.P_parts[1], w.P_parts[2],
+                               BK);
         tg_attn_mm_parts(pr, ops, nq, Dv, nkt + nkt % 2, w.P_parts, BK, (const uint32_t *)w.V,
                          Dv, t->acc, Dv, 1); /* acc += P.V */
         continue;

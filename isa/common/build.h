@@ -89,9 +89,7 @@ void TG_NAME(attn_ds_row)(float *restrict dp, const float *restrict p, int64_t n
                           float scale);
 void TG_NAME(attn_prob_row)(float *restrict s, int64_t n, int64_t n_vis, float scale,
                             const void *restrict mask, tg_dtype mask_type, float shift);
-float TG_NAME(attn_exp_sum_row)(float *restrict s, int64_t n, float shift,
-                                uint16_t *restrict hi, uint16_t *restrict lo,
-                                uint16_t *restrict lo2);
+float TG_NAME(attn_exp_sum_row)(float *restrict s, int64_t n, float shift);
 float TG_NAME(attn_score_max_row)(float *restrict s, int64_t n, int64_t n_vis, float scale,
                                   const void *restrict mask, tg_dtype mask_type);
 void TG_NAME(dropout_keep)(uint8_t *restrict keep, int64_t n, uint64_t n0, uint64_t seed,

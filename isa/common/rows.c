@@ -202,31 +202,12 @@ static inline float lanes_sum(const lanes_v *px) { /* by pointer: no vector ABI 
   return (q[0] + q[2]) + (q[1] + q[3]);
 }
 
-/* The bf16 parts of e (f32_to_bf16_split's, element by element: hi =
- * bf16(e), lo = bf16(e - hi), lo2 = bf16(e - hi - lo); lo, lo2 0 where hi
- * is not finite) into part k of the `parts` (1-3) rows. */
-static inline __attribute__((always_inline)) void split_elem(float e, int64_t k,
-                                                             uint16_t *restrict hi,
-                                                             uint16_t *restrict lo,
-                                                             uint16_t *restrict lo2,
-                                                             const int parts) {
-  const uint16_t h = bf16_rne(e);
-  hi[k] = h;
-  if (parts < 2) return;
-  const float r1 = (h & 0x7F80u) != 0x7F80u ? e - bf16_widen(h) : 0.0f; /* exact */
-  const uint16_t l = bf16_rne(r1);
-  lo[k] = l;
-  if (parts > 2) lo2[k] = bf16_rne(r1 - bf16_widen(l));
-}
-
 /* attn_exp_sum_row's loops, exp_nonpos_lane (nonpos) or exp_lane: the sum
  * is taken as the exps are, LANES at a time into LANES partials held in
  * registers (the earlier second pass over s read its partials through the
- * stack on avx2: a quarter of the row's time), then the tail in order.
- * parts 1-3: also each e's bf16 parts, in the same pass. */
-static inline __attribute__((always_inline)) float exp_sum_row(
-    float *restrict s, int64_t n, float shift, const int nonpos, uint16_t *restrict hi,
-    uint16_t *restrict lo, uint16_t *restrict lo2, const int parts) {
+ * stack on avx2: a quarter of the row's time), then the tail in order. */
+static inline __attribute__((always_inline)) float exp_sum_row(float *restrict s, int64_t n,
+                                                               float shift, const int nonpos) {
   float acc[LANES] = {0};
   int64_t i = 0;
   for (; i + LANES <= n; i += LANES) {
@@ -236,16 +217,10 @@ static inline __attribute__((always_inline)) float exp_sum_row(
       const float e = nonpos ? exp_nonpos_lane(x) : exp_lane(x);
       s[i + l] = e;
       acc[l] += e;
-      if (parts) split_elem(e, i + l, hi, lo, lo2, parts);
     }
   }
 #pragma omp simd
-  for (int64_t k = i; k < n; k++) {
-    const float e = nonpos ? exp_nonpos_lane(s[k] - shift) : exp_lane(s[k] - shift);
-    s[k] = e;
-    if (parts) split_elem(e, k, hi, lo, lo2, parts);
-  }
-  if (parts && n % 2) split_elem(0.0f, n, hi, lo, lo2, parts); /* the pad of an odd row */
+  for (int64_t k = i; k < n; k++) s[k] = nonpos ? exp_nonpos_lane(s[k] - shift) : exp_lane(s[k] - shift);
   lanes_v v;
   memcpy(&v, acc, sizeof v);
   float sum = lanes_sum(&v);
@@ -253,24 +228,10 @@ static inline __attribute__((always_inline)) float exp_sum_row(
   return sum;
 }
 
-/* One exp_sum_row per part count (a test of the pointers inside the loop
- * would keep it scalar). */
-static inline __attribute__((always_inline)) float exp_sum_row_parts(
-    float *restrict s, int64_t n, float shift, const int nonpos, uint16_t *restrict hi,
-    uint16_t *restrict lo, uint16_t *restrict lo2) {
-  if (!hi) return exp_sum_row(s, n, shift, nonpos, NULL, NULL, NULL, 0);
-  if (!lo) return exp_sum_row(s, n, shift, nonpos, hi, NULL, NULL, 1);
-  if (!lo2) return exp_sum_row(s, n, shift, nonpos, hi, lo, NULL, 2);
-  return exp_sum_row(s, n, shift, nonpos, hi, lo, lo2, 3);
-}
-
-float TG_NAME(attn_exp_sum_row)(float *restrict s, int64_t n, float shift,
-                                uint16_t *restrict hi, uint16_t *restrict lo,
-                                uint16_t *restrict lo2) {
+float TG_NAME(attn_exp_sum_row)(float *restrict s, int64_t n, float shift) {
   /* shift +inf or NaN (a score overflowed or is NaN): exp_lane's NaN and
    * overflow; else every s - shift is <= 0 or -inf */
-  return shift < __builtin_inff() ? exp_sum_row_parts(s, n, shift, 1, hi, lo, lo2)
-                                  : exp_sum_row_parts(s, n, shift, 0, hi, lo, lo2);
+  return shift < __builtin_inff() ? exp_sum_row(s, n, shift, 1) : exp_sum_row(s, n, shift, 0);
 }
 
 /* The masked loop of attn_score_max_row; *nan gets whether a score is NaN. */
