@@ -376,6 +376,21 @@ static void assert_same_step(const attn_problem *pb, const ext_out *a, const ext
   assert_same_grads(pb, a, b);
 }
 
+/* The step on a deterministic context of `threads` threads, as variant v:
+ * 0 f32; 1-3 bf16 in exact, split and bf16 precision mode. */
+static void run_step_variant(int threads, const attn_problem *pb, int v, ext_out *out) {
+  static const tg_attn_precision precisions[] = {TG_ATTN_PRECISION_EXACT,
+                                                 TG_ATTN_PRECISION_SPLIT, TG_ATTN_PRECISION_BF16};
+  tg_ctx *ctx = tu_ctx(threads, TG_ISA_AUTO);
+  tg_ctx_set_deterministic(ctx, 1);
+  if (v) assert_int_equal(tg_ctx_set_attn_precision(ctx, precisions[v - 1]), TG_OK);
+  if (v)
+    run_step_bf16(ctx, pb, &pb->opt, out);
+  else
+    run_step(ctx, pb, &pb->opt, out);
+  tg_ctx_destroy(ctx);
+}
+
 /* The KV schedule's key-tile chunks (kernels/attention_bwd.c, plan_chunk:
  * from the L2 per CPU) change where the operands sit, not the order of any
  * sum: with the L2 planned at 0 (one key tile at a time), 300 KiB and 1 GiB
@@ -390,23 +405,12 @@ static void test_key_chunks_same_bits(void **state) {
   build(&pb, &c, &r, 0);
   ext_out first = alloc_out(&pb), o = alloc_out(&pb);
   const long long l2[] = {0, 300 << 10, 1LL << 30};
-  const tg_attn_precision precisions[] = {TG_ATTN_PRECISION_EXACT, TG_ATTN_PRECISION_SPLIT,
-                                          TG_ATTN_PRECISION_BF16};
-  for (int v = 0; v < 4; v++) { /* 0: f32; 1-3: bf16 in each precision mode */
+  for (int v = 0; v < 4; v++) /* f32; bf16 in each precision mode */
     for (int li = 0; li < 3; li++) {
       tg_testing_plan_l2_bytes(l2[li]);
-      tg_ctx *ctx = tu_ctx(li + 1, TG_ISA_AUTO);
-      tg_ctx_set_deterministic(ctx, 1);
-      if (v) assert_int_equal(tg_ctx_set_attn_precision(ctx, precisions[v - 1]), TG_OK);
-      ext_out *out = li ? &o : &first;
-      if (v)
-        run_step_bf16(ctx, &pb, &pb.opt, out);
-      else
-        run_step(ctx, &pb, &pb.opt, out);
+      run_step_variant(li + 1, &pb, v, li ? &o : &first);
       if (li) assert_same_grads(&pb, &first, &o);
-      tg_ctx_destroy(ctx);
     }
-  }
   tg_testing_plan_l2_bytes(12345);
   assert_true(tg_plan_l2_bytes() == 12345);
   tg_testing_plan_l2_bytes(-1); /* the machine's: sysfs, sysconf or the default */
@@ -418,36 +422,25 @@ static void test_key_chunks_same_bits(void **state) {
 /* The forward's q-tiles per work item (several where that leaves 4 items
  * per thread: at 1 thread here; one at 3) share each key tile's load,
  * never a sum: O and L are the same bits either way, f32 and bf16 in each
- * precision mode. Causal with qL < kL and an
- * odd qL_off, so a q-tile's last key tile ends short of its neighbour's
- * (the bf16 pairs then hold a key the q-tile does not see); a mask with
- * -inf rows, dropout, gqa 2, D 128 (exact mode's three bf16 parts in the
- * forward where the table has them). */
+ * precision mode. Causal with qL < kL and an odd qL_off, so a q-tile's
+ * last key tile ends short of its neighbour's (the bf16 pairs then hold a
+ * key the q-tile does not see); a mask with -inf rows, dropout, gqa 2, D
+ * 128 (exact mode's three bf16 parts in the forward where the table has
+ * them). */
 static void test_fwd_q_tiles_same_bits(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 13);
   const attn_cfg c = {"q-tiles", 1, 4, 2, 150, 531, 128, 1, 0, 1, 0, 1.0f, 0.2f};
   attn_problem pb;
   build(&pb, &c, &r, 0);
   ext_out first = alloc_out(&pb), o = alloc_out(&pb);
-  const tg_attn_precision precisions[] = {TG_ATTN_PRECISION_EXACT, TG_ATTN_PRECISION_SPLIT,
-                                          TG_ATTN_PRECISION_BF16};
-  for (int v = 0; v < 4; v++) { /* 0: f32; 1-3: bf16 in each precision mode */
+  for (int v = 0; v < 4; v++) /* f32; bf16 in each precision mode */
     for (int pi = 0; pi < 2; pi++) { /* 1 thread: 2 q-tiles an item (8 items); 3: one */
-      tg_ctx *ctx = tu_ctx(pi ? 3 : 1, TG_ISA_AUTO);
-      tg_ctx_set_deterministic(ctx, 1);
-      if (v) assert_int_equal(tg_ctx_set_attn_precision(ctx, precisions[v - 1]), TG_OK);
-      ext_out *out = pi ? &o : &first;
-      if (v)
-        run_step_bf16(ctx, &pb, &pb.opt, out);
-      else
-        run_step(ctx, &pb, &pb.opt, out);
+      run_step_variant(pi ? 3 : 1, &pb, v, pi ? &o : &first);
       if (pi) {
         assert_true(same_bits(first.O, o.O, sizeof(float) * pb.nQ));
         assert_true(same_bits(first.L, o.L, sizeof(float) * pb.nL));
       }
-      tg_ctx_destroy(ctx);
     }
-  }
   free_out(&first), free_out(&o);
   attn_destroy(&pb);
 }
