@@ -160,7 +160,16 @@ enum { MR = 8, NR = 32, ATTN_BQ = 64, ATTN_BK = 64 };
  * xeon16-amx/bwd-tiles-by-d/): BQ x BK 64 x 32, 32 x 32, 32 x 64 at 1
  * thread D 256 full 1.26 / 1.27 / 1.21, D 512 causal 1.01 / 1.29 / 1.15,
  * D 512 full 1.01 / 1.36 / 1.85; at 16 threads 0.85 / 1.00 / 0.91, 0.94 /
- * 1.05 / 1.01, 1.02 / 1.17 / 1.16. 64 x 64 stays at every D. */
+ * 1.05 / 1.01, 1.02 / 1.17 / 1.16. 64 x 64 stays at every D.
+ * k-blocking of the f32 GEMM (BLIS's KC: the k loop in chunks of KC, the
+ * chunk's B panel kept in L1 across the row blocks; the same bits) did not
+ * pay either: avx512 table, all five products in f32, step and forward
+ * time with KC 64 or 128 over none, 2 rotating rounds (bench/results/
+ * xeon16-amx/README.md, "Three parts in one call"): 0.82-0.95 at 1 thread
+ * on the D 256 (two heads) and D 512 backward and the D 512 forward, but
+ * 1.03-1.14 on D 128 and 1,8,4,1024,256, and 0.93-1.25 at 16 threads; on
+ * the AVX2 EPYC, where the 1-thread step runs at 66-76% of the FMA peak
+ * from D 64 to 512, KC 64-256 was within noise. */
 
 #elif defined(__AVX2__) && defined(__FMA__)
 /* 16 ymm: a 6 x 16 block is 12 accumulators + 2 B vectors + 1 broadcast
@@ -243,7 +252,13 @@ enum { ATTN_BQ_BF16 = ATTN_BQ, ATTN_BK_BF16 = ATTN_BK };
  * from D 64 on, both passes, the D 64 step was 0.85-1.04 / 1.04-1.24 and
  * the D 64 forward 0.97-1.06 / 0.91-1.11: no gain below 128. Three passes
  * of small tile products and the parts' packing cost more than they save
- * below that. */
+ * below that.
+ * The avx512bf16 table keeps the FMA GEMM at every D: three parts on its
+ * vdpbf16ps took 2.1-3.7x the backward's and 2.0-3.2x the forward's time
+ * (lent Xeon, D 64-512, 2 and 16 threads, 3 rounds), where vdpbf16ps
+ * peaks at half the FMA rate: three bf16 products per f32 product at half
+ * the rate cannot win (where vdpbf16ps reached twice the FMA's FLOP rate,
+ * three parts would still take 1.5x the FMA GEMM's instructions). */
 #if defined(TG_ISA_WITH_AMX)
 enum { EXACT_PARTS_MIN_D_FWD = 128, EXACT_PARTS_MIN_D_BWD = 128 };
 #else
