@@ -112,7 +112,7 @@ static fwd_scratch fwd_carve(void *base, int64_t D, int64_t Dv, int64_t BQ, int6
   return w;
 }
 
-/* The scores of q-tile t against the key tile [k0, k0 + nk) in w.S become
+/* The scores of q-tile t against the key tile [k0, k0 + nk) in S become
  * P = exp(S - m') (rows' new running max m'), with l and acc rescaled. */
 static void fwd_softmax_tile(const fwd_args *a, fwd_qtile *t, float *S, int64_t b, int64_t h,
                              int64_t k0, int64_t nk) {
