@@ -157,9 +157,10 @@ tg_isa tg_isa_at(int i);
  * studies with the GPU; slower on x86, where an f32 atomic add is a
  * compare-exchange loop). Deterministic mode always uses TG_ATTN_SCHEDULE_KV. */
 typedef enum { TG_ATTN_SCHEDULE_KV = 0, TG_ATTN_SCHEDULE_ATOMIC = 1 } tg_attn_schedule;
-/* The CPUs the work plans are sized for: this process's affinity mask
- * (CPU_COUNT of sched_getaffinity on Linux, else the online CPUs), capped by
- * the cgroup CPU quota; read once per process, >= 1. The KV schedule aims
+/* The CPUs the work plans are sized for: OpenMP's omp_get_num_procs (the
+ * affinity mask the process started with, whether or not OMP_PROC_BIND has
+ * bound the calling thread to one place), capped by the cgroup CPU quota;
+ * read once per process, >= 1. The KV schedule aims
  * for 4 work items per such CPU, so its bits depend on this count (as on the
  * ISA table), never on the thread count of a call. */
 int tg_plan_cpus(void);

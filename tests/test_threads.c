@@ -8,7 +8,9 @@
  *    TG_ERR_BUSY with its outputs untouched, and the first call's result is
  *    the serial one;
  *  - several contexts in several threads at once give the same bits as
- *    serial runs.
+ *    serial runs;
+ *  - the work plans count the process's CPUs even where OpenMP has bound
+ *    the initial thread to one place (ctest's test_threads.bound).
  */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
 #include <stdio.h>
@@ -99,6 +101,22 @@ static void test_default_within_openmp(void **state) {
   assert_int_equal(tg_ctx_set_threads(ctx, 5), TG_OK);
   assert_int_equal(tg_threads(ctx), 5); /* an explicit count is kept */
   tg_ctx_destroy(ctx);
+}
+
+/* With OMP_PLACES and OMP_PROC_BIND set (test_threads.bound), the runtime
+ * binds the initial thread to its first place before main: the plans must
+ * still count every place's CPUs (capped by the cgroup quota), not the
+ * bound thread's own mask. Without places this only checks the bounds. */
+static void test_plan_cpus_all_places(void **state) {
+  int place_cpus = 0;
+  for (int p = 0; p < omp_get_num_places(); p++) place_cpus += omp_get_place_num_procs(p);
+  const int quota = tg_cgroup_cpu_limit("/sys/fs/cgroup", "/proc/self/cgroup");
+  const int plan = tg_plan_cpus();
+  printf("  plan CPUs: %d (places %d with %d CPUs, quota %d)\n", plan, omp_get_num_places(),
+         place_cpus, quota);
+  assert_true(plan >= 1 && plan <= omp_get_num_procs());
+  if (place_cpus > 0)
+    assert_int_equal(plan, quota > 0 && quota < place_cpus ? quota : place_cpus);
 }
 
 /* A transpose big enough to take a while (tens of ms), on a given context. */
@@ -222,6 +240,7 @@ int main(void) {
       cmocka_unit_test(test_v1),
       cmocka_unit_test(test_unreadable),
       cmocka_unit_test(test_default_within_openmp),
+      cmocka_unit_test(test_plan_cpus_all_places),
       cmocka_unit_test(test_context_busy),
       cmocka_unit_test(test_contexts_in_parallel),
   };
