@@ -86,6 +86,11 @@ enum { TG_ATTN_ITEMS_PER_CPU = 4, TG_ATTN_MIN_RANGE_TILES = 4, TG_ATTN_MAX_RANGE
  * the q units of a (range, kv head), its (query head, q-tile) pairs, split
  * into query groups with dK, dV parts of their own: at least
  * TG_ATTN_MIN_GROUP_UNITS units per group, at most TG_ATTN_MAX_QGROUPS. */
+/* Lower minimums did not pay (lent Xeon, amx, 16 planned CPUs, bench/
+ * results/xeon16-amx/README.md, "Few-item shapes"): on 1,6,2,384,128 full
+ * (8 items in exact mode) 2 units per group took 0.77x the step time at 16
+ * threads but 1.13x at 1; 1 unit and ranges of 1 key tile 0.66x and 1.23x
+ * (bf16 mode 0.68x, 1.36x); no consistent sign on the rest of the grid. */
 enum { TG_ATTN_MIN_GROUP_UNITS = 4, TG_ATTN_MAX_QGROUPS = 16 };
 #define TG_ATTN_PARTIALS_BUDGET ((int64_t)1 << 30)
 
