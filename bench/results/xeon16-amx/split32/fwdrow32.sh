@@ -9,7 +9,7 @@ t0=$(date +%s)
 { cmake -S . -B build-dev -DCMAKE_BUILD_TYPE=Release -DTG_BUILD_TESTS=OFF && cmake --build build-dev -j16 --target tilegrad &&
   cmake -S build-fbase -B build-fbase/b -DCMAKE_BUILD_TYPE=Release -DTG_BUILD_TESTS=OFF && cmake --build build-fbase/b -j16 --target tilegrad; } > /tmp/build.log 2>&1 || { tail -30 /tmp/build.log; exit 1; }
 for c in new base; do L=build-dev; [ $c = base ] && L=build-fbase/b
-  gcc -O2 -fopenmp -Iinclude build-device/fwdbench.c -L$L -Wl,-rpath,$PWD/$L -ltilegrad -lm -o /tmp/fwdb-$c || exit 1; done
+  gcc -O2 -fopenmp -Iinclude bench/results/xeon16-amx/exact-parts/fwdbench.c -L$L -Wl,-rpath,$PWD/$L -ltilegrad -lm -o /tmp/fwdb-$c || exit 1; done
 for r in 1 2 3 4 5 6 7 8; do for th in 16 2; do for pr in exact bf16; do for s in 1,8,8,1024,64,0 1,8,8,2048,128,1 1,4,4,2560,160,0 2,8,4,1024,256,0 1,6,2,384,128,0; do for c in base new; do
   [ $(( $(date +%s) - t0 )) -lt 560 ] || break 5
   /tmp/fwdb-$c ${s//,/ } 20 $th b $pr | awk -v r=$r -v c=$c -v p=$pr '{print r, c, p, $2, $4, $6, $9}'
