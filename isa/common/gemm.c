@@ -62,6 +62,10 @@ static void block_edge(int rows, int cols, int K, const float *restrict A, int64
   }
 }
 
+/* Row blocks outside, column panels inside. The other order (each K x NR
+ * panel of B read from L2 once, then from L1 by every row block) measured
+ * the same: 0.98-1.02x the backward step and the forward on six shapes, D
+ * 64-512 (AMD EPYC family 23, avx2, 2 threads, 3 alternating rounds). */
 static void gemm(int M, int N, int K, const float *A, int64_t a_rs, int64_t a_ks,
                  const float *B, int64_t ldb, float *C, int64_t ldc, int accumulate) {
   for (int i = 0; i < M; i += MR) {
