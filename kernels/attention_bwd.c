@@ -38,7 +38,8 @@
  * (one batch, few kv heads, short keys), a (range, kv head)'s q-tiles are
  * split into bands, each its own item summing its own dK, dV parts over
  * the key tiles its band sees; group 0 adds its sums to dK, dV, the others
- * store parts that a second pass adds in group order. On the 16-core Xeon
+ * sum in their parts in place, and a second pass adds the parts in group
+ * order. On the 16-core Xeon
  * (bench/results/xeon16-amx/groups/) this took the backward step of one
  * batch with 6 query heads on 2 kv heads, L 1024, D 512, causal, from 32 to
  * 13 ms (exact) and 25 to 7 ms (bf16 mode) at 16 threads.
@@ -220,10 +221,11 @@ static void load_ktile(const bwd_args *a, int64_t b, int64_t h_kv, int64_t k0, i
 /* The pair body for loaded tiles (the key tile's side in t, the q-tile's in
  * w): dQ [nq, D] (leading dim ldq) += dS . K; t->dK [nk, D], t->dV [nk, Dv]
  * += dS^T . Q, P^T . dO. With dq_first the dQ rows are written (= dS . K)
- * instead. */
+ * instead, with dkv_first t->dK and t->dV (only for TG_PRODUCTS_BF16_DOT,
+ * whose products can start a sum: the same bits as adding to zeros). */
 static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_t nq,
                      int64_t k0, int64_t nk, float *dQ, int64_t ldq, int dq_first,
-                     const ktile_scratch *t, bwd_scratch *w) {
+                     int dkv_first, const ktile_scratch *t, bwd_scratch *w) {
   const tg_attn_problem *pr = &a->pr;
   const tg_isa_ops *ops = a->ops;
   const int64_t D = pr->D, Dv = pr->Dv, bh = b * pr->H + h, BK = a->plan.BK;
@@ -287,9 +289,9 @@ static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_
     tg_attn_mm_parts(pr, ops, nq, D, nkp, w->dS_parts, BK, (const uint32_t *)t->K, D, dQ, ldq,
                      !dq_first);                                               /* dS.K   */
     tg_attn_mm_parts(pr, ops, nk, D, nqp, w->dSt_parts, BQ, (const uint32_t *)w->Q, D, t->dK,
-                     D, 1);                                                    /* dS^T.Q */
+                     D, !dkv_first);                                           /* dS^T.Q */
     tg_attn_mm_parts(pr, ops, nk, Dv, nqp, w->Pt_parts, BQ, (const uint32_t *)w->dO, Dv,
-                     t->dV, Dv, 1);                                            /* P^T.dO */
+                     t->dV, Dv, !dkv_first);                                   /* P^T.dO */
     return;
   }
   if (a->plan.products == TG_PRODUCTS_F32_ROUNDED) {
@@ -438,15 +440,27 @@ static void bwd_group_kv(const void *vargs, int64_t x, int64_t b, int64_t range,
   /* the key tiles of the range that the group sees: the others' dK, dV
    * sums would be 0 */
   const int64_t t0 = g_first > kt_first ? g_first : kt_first, t1 = g_end < kt_end ? g_end : kt_end;
+  /* The bf16 dot products write a key tile's dK, dV with its first q unit
+   * instead of adding to zeros (a tile no unit reaches is zeroed at the
+   * end); a group other than 0 sums them in its part, in place. */
+  const int write_first = a->plan.products == TG_PRODUCTS_BF16_DOT;
+  const int in_part = group > 0 && !pr->compensated;
   for (int64_t c0 = t0; c0 < t1; c0 += a->plan.chunk_tiles) {
     const int64_t nc = tile_rows(t1, c0, a->plan.chunk_tiles);
+    int written[TG_ATTN_MAX_CHUNK_TILES] = {0}; /* has a unit written tile j's dK, dV? */
     for (int64_t j = 0; j < nc; j++) {
       const int64_t k0 = (c0 + j) * BK, nk = tile_rows(pr->kL, k0, BK);
       const size_t k_bytes = sizeof(float) * (size_t)(nk * D), v_bytes = sizeof(float) * (size_t)(nk * Dv);
       ktile_scratch *t = &w.kt[j];
+      if (in_part) { /* (before load_ktile, which may use t->dV as its buffer) */
+        t->dK = dkv_part(a, group, b, h_kv, k0, 0);
+        t->dV = dkv_part(a, group, b, h_kv, k0, 1);
+      }
       load_ktile(a, b, h_kv, k0, nk, t);
-      memset(t->dK, 0, k_bytes);
-      memset(t->dV, 0, v_bytes);
+      if (!write_first) {
+        memset(t->dK, 0, k_bytes);
+        memset(t->dV, 0, v_bytes);
+      }
       if (pr->compensated) {
         memset(t->dK_sum, 0, k_bytes), memset(t->dK_comp, 0, k_bytes);
         memset(t->dV_sum, 0, v_bytes), memset(t->dV_comp, 0, v_bytes);
@@ -466,7 +480,9 @@ static void bwd_group_kv(const void *vargs, int64_t x, int64_t b, int64_t range,
       for (int64_t j = j0; j < j1; j++) {
         const int64_t k0 = (c0 + j) * BK, nk = tile_rows(pr->kL, k0, BK);
         ktile_scratch *t = &w.kt[j];
-        bwd_pair(a, b, h, q0, nq, k0, nk, dq, ld, c0 + j == first, t, &w);
+        bwd_pair(a, b, h, q0, nq, k0, nk, dq, ld, c0 + j == first, write_first && !written[j], t,
+                 &w);
+        written[j] = 1;
         if (pr->compensated) { /* this q-tile's part into the sums; t->dK, t->dV = 0 */
           a->ops->add_compensated_f32(t->dK_sum, t->dK_comp, t->dK, nk * D);
           a->ops->add_compensated_f32(t->dV_sum, t->dV_comp, t->dV, nk * Dv);
@@ -476,12 +492,16 @@ static void bwd_group_kv(const void *vargs, int64_t x, int64_t b, int64_t range,
     for (int64_t j = 0; j < nc; j++) { /* group 0 into dK, dV; the others' parts */
       const int64_t k0 = (c0 + j) * BK, nk = tile_rows(pr->kL, k0, BK);
       const ktile_scratch *t = &w.kt[j];
+      if (write_first && !written[j]) {
+        memset(t->dK, 0, sizeof(float) * (size_t)(nk * D));
+        memset(t->dV, 0, sizeof(float) * (size_t)(nk * Dv));
+      }
       const float *dk = pr->compensated ? t->dK_sum : t->dK;
       const float *dv = pr->compensated ? t->dV_sum : t->dV;
       if (group == 0) {
         add_rows(a->dK + tg_attn_offset(pr->dKs, b, h_kv, k0), pr->dKs[2], dk, nk, D, 0);
         add_rows(a->dV + tg_attn_offset(pr->dVs, b, h_kv, k0), pr->dVs[2], dv, nk, Dv, 0);
-      } else {
+      } else if (!in_part) {
         memcpy(dkv_part(a, group, b, h_kv, k0, 0), dk, sizeof(float) * (size_t)(nk * D));
         memcpy(dkv_part(a, group, b, h_kv, k0, 1), dv, sizeof(float) * (size_t)(nk * Dv));
       }
@@ -540,9 +560,12 @@ static void bwd_group_atomic(const void *vargs, int64_t x, int64_t h, int64_t b,
   for (int64_t k0 = tg_attn_key_begin(pr, q0); k0 < key_end; k0 += BK) {
     const int64_t nk = tile_rows(key_end, k0, BK);
     load_ktile(a, b, h_kv, k0, nk, t);
-    memset(t->dK, 0, sizeof(float) * (size_t)(nk * D));
-    memset(t->dV, 0, sizeof(float) * (size_t)(nk * Dv));
-    bwd_pair(a, b, h, q0, nq, k0, nk, w.dQ, D, 0, t, &w);
+    const int write_first = a->plan.products == TG_PRODUCTS_BF16_DOT;
+    if (!write_first) {
+      memset(t->dK, 0, sizeof(float) * (size_t)(nk * D));
+      memset(t->dV, 0, sizeof(float) * (size_t)(nk * Dv));
+    }
+    bwd_pair(a, b, h, q0, nq, k0, nk, w.dQ, D, 0, write_first, t, &w);
     add_rows(a->dK + tg_attn_offset(pr->dKs, b, h_kv, k0), pr->dKs[2], t->dK, nk, D, 1);
     add_rows(a->dV + tg_attn_offset(pr->dVs, b, h_kv, k0), pr->dVs[2], t->dV, nk, Dv, 1);
   }
