@@ -50,8 +50,13 @@ tg_status tg_dispatch(tg_ctx *ctx, int64_t nx, int64_t ny, int64_t nz,
     return tg_fail(ctx, TG_ERR_OVERFLOW, "engine: grid %lld x %lld x %lld overflows",
                    (long long)nx, (long long)ny, (long long)nz);
   if (groups == 0) return TG_OK;
-  int nthreads = tg_threads(ctx);
-  if ((int64_t)nthreads > groups) nthreads = (int)groups;
+  /* The team is the thread count whatever the grid (its extra threads find
+   * no group): calls with grids of different sizes then keep libgomp's
+   * team size, whose changes are dear. On the lent 16-core Xeon a pair of
+   * empty regions of 8 and 16 threads took 0.38-0.48 ms against 8-9 us for
+   * two of 16 (bench/results/xeon16-amx/README.md, "one team size"). One
+   * group, or one thread, runs on the calling thread. */
+  const int nthreads = groups == 1 ? 1 : tg_threads(ctx);
   const size_t stride = tg_align64(scratch_bytes);
   size_t total;
   if (__builtin_mul_overflow(stride, (size_t)nthreads, &total))
@@ -59,6 +64,10 @@ tg_status tg_dispatch(tg_ctx *ctx, int64_t nx, int64_t ny, int64_t nz,
   tg_status st = reserve_scratch(ctx, total);
   if (st != TG_OK) return st;
   char *const base = ctx->scratch;
+  if (nthreads == 1) {
+    for (int64_t g = 0; g < groups; g++) fn(args, g % nx, (g / nx) % ny, g / nx / ny, base);
+    return TG_OK;
+  }
 
 #pragma omp parallel num_threads(nthreads)
   {
