@@ -854,8 +854,6 @@ static double lw_share(double ms_window, const tg_bench_shape *w, double ms_caus
   return ms_window / (ms_causal * visible_pairs(w) / visible_pairs(c));
 }
 
-/* Written to a temporary next to path and renamed over it when complete
- * (cli/outfile.h): a failed or interrupted write leaves path as it was. */
 /* The step's ceilings: `base`, and from head dim parts_min_d on (0: none)
  * `parts`, where exact mode runs its P and dS products as three bf16 parts
  * on the table's bf16 unit. */
@@ -868,6 +866,8 @@ static double ceiling_at(const step_ceilings *c, int64_t D) {
   return c->parts_min_d > 0 && D >= c->parts_min_d ? c->parts : c->base;
 }
 
+/* Written to a temporary next to path and renamed over it when complete
+ * (cli/outfile.h): a failed or interrupted write leaves path as it was. */
 static int write_json(const char *path, const tg_bench_opts *o, const char *cpu,
                       const char *isa, int threads, const tg_peaks *pk,
                       const step_ceilings *ceil, const attn_result *ar, int na,

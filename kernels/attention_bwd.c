@@ -556,11 +556,12 @@ static void bwd_group_atomic(const void *vargs, int64_t x, int64_t h, int64_t b,
 
   load_qtile(a, b, h, q0, nq, &w);
   memset(w.dQ, 0, sizeof(float) * (size_t)(nq * D));
+  /* (as in bwd_group_kv: the bf16 dot products write dK, dV, no zero-fill) */
+  const int write_first = a->plan.products == TG_PRODUCTS_BF16_DOT;
   const int64_t key_end = tg_attn_key_end(pr, q0, nq);
   for (int64_t k0 = tg_attn_key_begin(pr, q0); k0 < key_end; k0 += BK) {
     const int64_t nk = tile_rows(key_end, k0, BK);
     load_ktile(a, b, h_kv, k0, nk, t);
-    const int write_first = a->plan.products == TG_PRODUCTS_BF16_DOT;
     if (!write_first) {
       memset(t->dK, 0, sizeof(float) * (size_t)(nk * D));
       memset(t->dV, 0, sizeof(float) * (size_t)(nk * Dv));
