@@ -123,6 +123,29 @@ enum { TG_ATTN_FWD_KEY_TILES = 4 };
  * 1,4,4,2560,160 full; 4 was no faster than 2 (two rounds, within noise). */
 enum { TG_ATTN_FWD_Q_TILES = 2 };
 
+/* Backward, KV schedule, bf16 dot products: a key tile's dK += dS^T . Q and
+ * dV += P^T . dO run over several q units of a work item at once (their
+ * rows side by side along k), not one q-tile's BQ rows: as many units as
+ * make k TG_ATTN_DKV_K bf16 rows, each P or dS part counted (bf16 mode 1,
+ * split 2, exact 3 parts), at most TG_ATTN_MAX_DKV_UNITS (a work item's
+ * scratch holds them); from head dim TG_ATTN_DKV_MIN_D on. Each block of
+ * the f32 dK, dV tile is then loaded and stored once per product instead
+ * of once per unit: at BK 128 and D 256 the tile is 128 KiB, out of L1,
+ * and with k 64-128 those loads and stores bound the AMX tile GEMM (one
+ * core of the lent Xeon: 690-860 GFLOP/s at k 64-128 against 1150 at
+ * 256 and 2600-2800 for the tile unit alone; M 128, N 256). bf16 mode
+ * gives the same bits as one unit per product; with parts, all units' hi
+ * terms now come before their lo terms.
+ * Lent Xeon, amx, backward step over one unit per product, medians of the
+ * per-round ratios of 10 rotating rounds (bench/results/xeon16-amx/
+ * dkv-units/), k 128 / 256 / 512 bf16 rows per product, 2 threads: bf16
+ * mode 1,6,2,1024,512 causal 0.88 / 0.90 / 0.92, 1,8,4,1024,256 full
+ * 1.00 (one unit) / 0.96 / 0.99, 1,8,8,2048,128 causal 0.94 / 0.92 / 0.93,
+ * 4,16,16,512,64 causal 1.09 / 1.06 / 1.08 (hence the minimum D);
+ * exact mode (three parts: k 384 / 768 / 1536) D 512 causal 0.95 / 0.99
+ * / 1.10, D 256 full 0.99 / 0.97 / 1.07. */
+enum { TG_ATTN_DKV_K = 256, TG_ATTN_DKV_MIN_D = 128, TG_ATTN_MAX_DKV_UNITS = 8 };
+
 /* Backward pre-pass D = rowsum(O * dO): rows per work item. */
 enum { TG_ATTN_D_ROWS_PER_GROUP = 256 };
 

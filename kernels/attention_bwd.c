@@ -117,9 +117,11 @@ typedef struct {
   float *S, *dS;       /* [BQ, BK]: scores -> P, dP -> dS */
   uint8_t *keep;       /* [BQ, BK] dropout keep flags */
   /* TG_PRODUCTS_BF16_DOT only: the bf16 parts (tg_attn_parts of hi, lo,
-   * lo2; the rest NULL) of dS [BQ, BK] and of dS^T, P^T [BK, BQ]; Q, dO and
-   * K then hold their bf16 rows in pairs (pack_bf16_row_pairs: [BQ/2, D],
-   * [BK/2, D] pairs) instead of f32 rows */
+   * lo2; the rest NULL) of dS [BQ, BK] and of dS^T, P^T [BK, U BQ] (U =
+   * plan.dkv_units q units side by side, unit s in columns s BQ..); Q and
+   * dO then hold U units' bf16 rows in pairs (pack_bf16_row_pairs: unit s
+   * at pair row s BQ / 2 of [U BQ / 2, D] and [U BQ / 2, Dv]) instead of
+   * f32 rows, and K its bf16 rows in pairs ([BK / 2, D]) */
   uint16_t *dS_parts[3], *dSt_parts[3], *Pt_parts[3];
   ktile_scratch kt[TG_ATTN_MAX_CHUNK_TILES];
 } bwd_scratch;
@@ -140,54 +142,61 @@ static size_t ktile_bytes(int64_t D, int64_t Dv, int64_t BK, int compensated) {
   return n;
 }
 
-static size_t bwd_scratch_bytes(int64_t D, int64_t Dv, int64_t BQ, int64_t BK, int64_t chunk,
-                                 int compensated, int n_parts) {
-  const size_t q = tg_align64(sizeof(float) * BQ * (size_t)D);
-  const size_t s = tg_align64(sizeof(float) * BQ * BK);
-  const size_t parts = 3 * (size_t)n_parts * tg_align64(2 * BQ * BK);
-  return 2 * q + tg_align64(sizeof(float) * BQ * (size_t)Dv) + 2 * s +
-         tg_align64((size_t)(BQ * BK)) + parts + (size_t)chunk * ktile_bytes(D, Dv, BK, compensated);
-}
-
-static bwd_scratch carve(void *base, int64_t D, int64_t Dv, int64_t BQ, int64_t BK,
-                         int64_t chunk, int compensated, int n_parts) {
-  char *p = base;
-  const size_t q = tg_align64(sizeof(float) * BQ * (size_t)D);
-  const size_t s = tg_align64(sizeof(float) * BQ * BK);
-  bwd_scratch w;
-  w.Q = (float *)p, p += q;
-  w.dO = (float *)p, p += tg_align64(sizeof(float) * BQ * (size_t)Dv);
-  w.dQ = (float *)p, p += q;
-  w.S = (float *)p, p += s;
-  w.dS = (float *)p, p += s;
-  w.keep = (uint8_t *)p, p += tg_align64((size_t)(BQ * BK));
-  uint16_t **parts[] = {w.dS_parts, w.dSt_parts, w.Pt_parts};
-  for (int o = 0; o < 3; o++)
-    for (int i = 0; i < 3; i++) {
-      parts[o][i] = i < n_parts ? (uint16_t *)p : NULL;
-      if (i < n_parts) p += tg_align64(2 * BQ * BK);
-    }
+/* A work item's scratch for `chunk` key tiles: carved from base into *w
+ * (base NULL: nothing is set); returns its bytes. */
+static size_t carve(void *base, const tg_attn_problem *pr, const tg_attn_bwd_plan *plan,
+                    int64_t chunk, int compensated, bwd_scratch *w) {
+  const int64_t D = pr->D, Dv = pr->Dv, BQ = plan->BQ, BK = plan->BK;
+  const int n_parts = tg_attn_part_buffers(pr, plan->products);
+  const int64_t U = plan->dkv_units;
+  size_t off = 0;
+  *w = (bwd_scratch){0}; /* the buffers a work item does not use stay NULL */
+#define TG_CARVE(ptr, type, bytes)                                  \
+  do {                                                              \
+    if (base) (ptr) = (type *)(void *)((char *)base + off);         \
+    off += tg_align64(bytes);                                       \
+  } while (0)
+  /* f32 rows, or U units' bf16 rows in pairs */
+  const size_t q_row = n_parts ? 2 * (size_t)U : 4;
+  TG_CARVE(w->Q, float, q_row * BQ * (size_t)D);
+  TG_CARVE(w->dO, float, q_row * BQ * (size_t)Dv);
+  TG_CARVE(w->dQ, float, sizeof(float) * BQ * (size_t)D);
+  TG_CARVE(w->S, float, sizeof(float) * BQ * BK);
+  TG_CARVE(w->dS, float, sizeof(float) * BQ * BK);
+  TG_CARVE(w->keep, uint8_t, (size_t)(BQ * BK));
+  for (int i = 0; i < n_parts; i++) {
+    TG_CARVE(w->dS_parts[i], uint16_t, 2 * (size_t)(BQ * BK));
+    TG_CARVE(w->dSt_parts[i], uint16_t, 2 * (size_t)(U * BQ * BK));
+    TG_CARVE(w->Pt_parts[i], uint16_t, 2 * (size_t)(U * BQ * BK));
+  }
   for (int64_t j = 0; j < chunk; j++) {
-    ktile_scratch *t = &w.kt[j];
+    ktile_scratch *t = &w->kt[j];
     float **bufs[] = {&t->K, &t->KT, &t->VT, &t->dK, &t->dV,
                       &t->dK_sum, &t->dK_comp, &t->dV_sum, &t->dV_comp};
-    for (int i = 0; i < 9; i++) *bufs[i] = NULL;
     for (int i = 0; i < (compensated ? 9 : 5); i++)
-      *bufs[i] = (float *)p, p += ktile_buf_bytes(i, D, Dv, BK);
+      TG_CARVE(*bufs[i], float, ktile_buf_bytes(i, D, Dv, BK));
   }
-  return w;
+#undef TG_CARVE
+  return off;
+}
+
+static size_t bwd_scratch_bytes(const tg_attn_problem *pr, const tg_attn_bwd_plan *plan,
+                                int64_t chunk, int compensated) {
+  bwd_scratch unused;
+  return carve(NULL, pr, plan, chunk, compensated, &unused);
 }
 
 /* Rows [q0, q0 + nq) of query head h in batch b -> w->Q, w->dO (f32, or
- * bf16 row pairs for TG_PRODUCTS_BF16_DOT). */
+ * bf16 row pairs in unit slot `slot` for TG_PRODUCTS_BF16_DOT). */
 static void load_qtile(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_t nq,
-                       bwd_scratch *w) {
+                       int64_t slot, bwd_scratch *w) {
   const tg_attn_problem *pr = &a->pr;
   if (a->plan.products == TG_PRODUCTS_BF16_DOT) {
+    const int64_t pair_row = slot * a->plan.BQ / 2;
     a->ops->pack_bf16_row_pairs(nq, pr->D, (const tg_bf16 *)a->Q + tg_attn_offset(pr->Qs, b, h, q0),
-                                pr->Qs[2], (uint32_t *)w->Q, pr->D);
+                                pr->Qs[2], (uint32_t *)w->Q + pair_row * pr->D, pr->D);
     a->ops->pack_bf16_row_pairs(nq, pr->Dv, (const tg_bf16 *)a->dO + tg_attn_offset(pr->Os, b, h, q0),
-                                pr->Os[2], (uint32_t *)w->dO, pr->Dv);
+                                pr->Os[2], (uint32_t *)w->dO + pair_row * pr->Dv, pr->Dv);
     return;
   }
   tg_attn_load_rows(a->ops, pr->in, tg_attn_at(pr->in, a->Q, tg_attn_offset(pr->Qs, b, h, 0)),
@@ -221,11 +230,11 @@ static void load_ktile(const bwd_args *a, int64_t b, int64_t h_kv, int64_t k0, i
 /* The pair body for loaded tiles (the key tile's side in t, the q-tile's in
  * w): dQ [nq, D] (leading dim ldq) += dS . K; t->dK [nk, D], t->dV [nk, Dv]
  * += dS^T . Q, P^T . dO. With dq_first the dQ rows are written (= dS . K)
- * instead, with dkv_first t->dK and t->dV (only for TG_PRODUCTS_BF16_DOT,
- * whose products can start a sum: the same bits as adding to zeros). */
+ * instead. TG_PRODUCTS_BF16_DOT leaves dK, dV to bwd_dkv_bf16: the pair's
+ * dS^T and P^T go to unit slot `slot` of their part buffers instead. */
 static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_t nq,
                      int64_t k0, int64_t nk, float *dQ, int64_t ldq, int dq_first,
-                     int dkv_first, const ktile_scratch *t, bwd_scratch *w) {
+                     int64_t slot, const ktile_scratch *t, bwd_scratch *w) {
   const tg_attn_problem *pr = &a->pr;
   const tg_isa_ops *ops = a->ops;
   const int64_t D = pr->D, Dv = pr->Dv, bh = b * pr->H + h, BK = a->plan.BK;
@@ -280,18 +289,17 @@ static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_
     tg_attn_dropout_apply(w->keep, BK, w->S, BK, nq, nk, pr->drop.scale);
 
   if (a->plan.products == TG_PRODUCTS_BF16_DOT) { /* dS, dS^T, P^T as bf16 parts (odd
-                                                   * counts padded with a 0: nkp, nqp even) */
-    const int64_t nkp = nk + nk % 2, nqp = nq + nq % 2, BQ = a->plan.BQ;
+                                                   * counts padded with a 0: nkp even) */
+    const int64_t nkp = nk + nk % 2, ldt = a->plan.dkv_units * a->plan.BQ;
+    const int64_t col = slot * a->plan.BQ; /* the slot's columns of dS^T, P^T */
     uint16_t *const *dSp = w->dS_parts, *const *dStp = w->dSt_parts, *const *Ptp = w->Pt_parts;
     ops->f32_to_bf16_split(nq, nk, w->dS, BK, 0, dSp[0], dSp[1], dSp[2], BK);
-    ops->f32_to_bf16_split(nq, nk, w->dS, BK, 1, dStp[0], dStp[1], dStp[2], BQ);
-    ops->f32_to_bf16_split(nq, nk, w->S, BK, 1, Ptp[0], Ptp[1], Ptp[2], BQ);
+    ops->f32_to_bf16_split(nq, nk, w->dS, BK, 1, dStp[0] + col, dStp[1] ? dStp[1] + col : NULL,
+                           dStp[2] ? dStp[2] + col : NULL, ldt);
+    ops->f32_to_bf16_split(nq, nk, w->S, BK, 1, Ptp[0] + col, Ptp[1] ? Ptp[1] + col : NULL,
+                           Ptp[2] ? Ptp[2] + col : NULL, ldt);
     tg_attn_mm_parts(pr, ops, nq, D, nkp, w->dS_parts, BK, (const uint32_t *)t->K, D, dQ, ldq,
                      !dq_first);                                               /* dS.K   */
-    tg_attn_mm_parts(pr, ops, nk, D, nqp, w->dSt_parts, BQ, (const uint32_t *)w->Q, D, t->dK,
-                     D, !dkv_first);                                           /* dS^T.Q */
-    tg_attn_mm_parts(pr, ops, nk, Dv, nqp, w->Pt_parts, BQ, (const uint32_t *)w->dO, Dv,
-                     t->dV, Dv, !dkv_first);                                   /* P^T.dO */
     return;
   }
   if (a->plan.products == TG_PRODUCTS_F32_ROUNDED) {
@@ -301,6 +309,33 @@ static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_
   ops->mm_nn((int)nq, (int)D, (int)nk, w->dS, BK, t->K, D, dQ, ldq, !dq_first); /* dS.K */
   ops->mm_tn_acc((int)nk, (int)D, (int)nq, w->dS, BK, w->Q, D, t->dK, D); /* dS^T.Q */
   ops->mm_tn_acc((int)nk, (int)Dv, (int)nq, w->S, BK, w->dO, Dv, t->dV, Dv); /* P^T.dO */
+}
+
+/* TG_PRODUCTS_BF16_DOT: t->dK [nk, D], t->dV [nk, Dv] (+)= dS^T . Q, P^T . dO
+ * over unit slots [s0, s1) of w at once (bwd_pair put their dS^T, P^T
+ * there, load_qtile their Q, dO): K = the slots' q rows, those of slot
+ * s1 - 1 (nq_last of them) padded to even. With one part (bf16 mode) the
+ * terms meet the sums in the order of one product per slot (a slot's rows
+ * are BQ, even, so every slot starts a k pair), and so do the bits: the
+ * tile GEMMs add along k in order; with two or three parts every slot's hi
+ * terms come first, then the lo terms. With first the products write dK,
+ * dV instead. */
+static void bwd_dkv_bf16(const bwd_args *a, int64_t nk, int64_t s0, int64_t s1,
+                         int64_t nq_last, int first, ktile_scratch *t, bwd_scratch *w) {
+  const tg_attn_problem *pr = &a->pr;
+  const int64_t BQ = a->plan.BQ, ldt = a->plan.dkv_units * BQ, col = s0 * BQ;
+  const int64_t rows = (s1 - 1 - s0) * BQ + nq_last + nq_last % 2;
+  uint16_t *dSt[3], *Pt[3];
+  for (int i = 0; i < 3; i++) {
+    dSt[i] = w->dSt_parts[i] ? w->dSt_parts[i] + col : NULL;
+    Pt[i] = w->Pt_parts[i] ? w->Pt_parts[i] + col : NULL;
+  }
+  tg_attn_mm_parts(pr, a->ops, nk, pr->D, rows, dSt, ldt,
+                   (const uint32_t *)w->Q + col / 2 * pr->D, pr->D, t->dK, pr->D,
+                   !first); /* dS^T.Q */
+  tg_attn_mm_parts(pr, a->ops, nk, pr->Dv, rows, Pt, ldt,
+                   (const uint32_t *)w->dO + col / 2 * pr->Dv, pr->Dv, t->dV, pr->Dv,
+                   !first); /* P^T.dO */
 }
 
 /* KV schedule: the dQ rows [nq, D] of query head h, q-tile at q0, that key
@@ -397,6 +432,14 @@ static int range_visible(const bwd_args *a, int64_t range, int64_t q0, int64_t n
   return first < end;
 }
 
+/* KV schedule: a q unit of a batch (bwd_group_kv): its query head, rows
+ * [q0, q0 + nq), the chunk's key tiles [j0, j1) it sees (j_first: the
+ * range's first it sees, relative to the chunk), its dQ rows (row stride ld). */
+typedef struct {
+  int64_t h, q0, nq, j0, j1, j_first, ld;
+  float *dq;
+} q_slot;
+
 /* KV schedule: x = kv head, y = batch, z = key range. The range varies
  * slowest, so every kv head's range 0 is handed out first: under causality
  * the early keys are seen by the most queries, and the heaviest items
@@ -417,8 +460,8 @@ static void bwd_group_kv(const void *vargs, int64_t x, int64_t b, int64_t range,
   const int64_t h_kv = x / a->plan.n_qgroups, group = x % a->plan.n_qgroups;
   int64_t u0, u1; /* this item's q units: (query head, q-tile) pairs, query_units */
   query_units(a, group, &u0, &u1);
-  bwd_scratch w = carve(scratch, D, Dv, BQ, BK, a->plan.chunk_tiles, pr->compensated,
-                        tg_attn_part_buffers(pr, a->plan.products));
+  bwd_scratch w;
+  carve(scratch, pr, &a->plan, a->plan.chunk_tiles, pr->compensated, &w);
   tg_attn_dot_begin(a->ops, a->plan.bf16_dot);
 
   int64_t kt_first, kt_end, g_first, g_end; /* the range's tiles, this group's */
@@ -466,26 +509,49 @@ static void bwd_group_kv(const void *vargs, int64_t x, int64_t b, int64_t range,
         memset(t->dV_sum, 0, v_bytes), memset(t->dV_comp, 0, v_bytes);
       }
     }
-    for (int64_t u = u0; u < u1; u++) {
-      int64_t h, q0;
-      unit_rows(a, h_kv, u, &h, &q0);
-      const int64_t nq = tile_rows(pr->qL, q0, BQ);
-      int64_t first, end; /* the key tiles of the range this q-tile sees */
-      visible_tiles(a, q0, nq, kt_first, kt_end, &first, &end);
-      const int64_t j0 = first > c0 ? first - c0 : 0, j1 = end - c0 < nc ? end - c0 : nc;
-      if (j0 >= j1) continue; /* sees none of the chunk's keys */
-      int64_t ld;
-      float *dq = dq_rows(a, range, b, h, q0, &ld);
-      load_qtile(a, b, h, q0, nq, &w);
-      for (int64_t j = j0; j < j1; j++) {
+    /* The q units a batch at a time: up to plan.dkv_units of them, one per
+     * slot of w, each meeting the chunk's key tiles in key order; a tile's
+     * dK, dV products then run over the batch's slots that see it (one run:
+     * visibility is monotone in the q-tile). A short q-tile (the last) ends
+     * its batch, so only a batch's last slot has fewer than BQ rows. */
+    for (int64_t ub = u0, ue; ub < u1; ub = ue) {
+      q_slot sl[TG_ATTN_MAX_DKV_UNITS];
+      int64_t ns = 0;
+      for (ue = ub; ue < u1 && ns < a->plan.dkv_units;) {
+        q_slot *q = &sl[ns++];
+        unit_rows(a, h_kv, ue++, &q->h, &q->q0);
+        q->nq = tile_rows(pr->qL, q->q0, BQ);
+        int64_t first, end; /* the key tiles of the range this q-tile sees */
+        visible_tiles(a, q->q0, q->nq, kt_first, kt_end, &first, &end);
+        q->j0 = first > c0 ? first - c0 : 0;
+        q->j1 = end - c0 < nc ? end - c0 : nc;
+        q->j_first = first - c0;
+        if (q->j0 < q->j1) { /* sees some of the chunk's keys */
+          q->dq = dq_rows(a, range, b, q->h, q->q0, &q->ld);
+          load_qtile(a, b, q->h, q->q0, q->nq, ns - 1, &w);
+        }
+        if (q->nq < BQ) break;
+      }
+      for (int64_t j = 0; j < nc; j++) {
         const int64_t k0 = (c0 + j) * BK, nk = tile_rows(pr->kL, k0, BK);
         ktile_scratch *t = &w.kt[j];
-        bwd_pair(a, b, h, q0, nq, k0, nk, dq, ld, c0 + j == first, write_first && !written[j], t,
-                 &w);
-        written[j] = 1;
-        if (pr->compensated) { /* this q-tile's part into the sums; t->dK, t->dV = 0 */
-          a->ops->add_compensated_f32(t->dK_sum, t->dK_comp, t->dK, nk * D);
-          a->ops->add_compensated_f32(t->dV_sum, t->dV_comp, t->dV, nk * Dv);
+        int64_t run = -1; /* first slot of the run that sees tile j */
+        for (int64_t s = 0; s <= ns; s++) {
+          if (s < ns && sl[s].j0 <= j && j < sl[s].j1) {
+            bwd_pair(a, b, sl[s].h, sl[s].q0, sl[s].nq, k0, nk, sl[s].dq, sl[s].ld,
+                     j == sl[s].j_first, s, t, &w);
+            if (pr->compensated) { /* this q-tile's part into the sums; t->dK, t->dV = 0 */
+              a->ops->add_compensated_f32(t->dK_sum, t->dK_comp, t->dK, nk * D);
+              a->ops->add_compensated_f32(t->dV_sum, t->dV_comp, t->dV, nk * Dv);
+            }
+            if (run < 0) run = s;
+            continue;
+          }
+          if (run >= 0 && write_first) {
+            bwd_dkv_bf16(a, nk, run, s, sl[s - 1].nq, !written[j], t, &w);
+            written[j] = 1;
+          }
+          run = -1;
         }
       }
     }
@@ -549,12 +615,13 @@ static void bwd_group_atomic(const void *vargs, int64_t x, int64_t h, int64_t b,
   const bwd_args *a = vargs;
   const tg_attn_problem *pr = &a->pr;
   const int64_t D = pr->D, Dv = pr->Dv, h_kv = h / pr->gqa, BQ = a->plan.BQ, BK = a->plan.BK;
-  bwd_scratch w = carve(scratch, D, Dv, BQ, BK, 1, 0, tg_attn_part_buffers(pr, a->plan.products));
+  bwd_scratch w;
+  carve(scratch, pr, &a->plan, 1, 0, &w);
   ktile_scratch *t = &w.kt[0];
   tg_attn_dot_begin(a->ops, a->plan.bf16_dot);
   const int64_t q0 = (a->plan.n_qtiles - 1 - x) * BQ, nq = tile_rows(pr->qL, q0, BQ);
 
-  load_qtile(a, b, h, q0, nq, &w);
+  load_qtile(a, b, h, q0, nq, 0, &w);
   memset(w.dQ, 0, sizeof(float) * (size_t)(nq * D));
   /* (as in bwd_group_kv: the bf16 dot products write dK, dV, no zero-fill) */
   const int write_first = a->plan.products == TG_PRODUCTS_BF16_DOT;
@@ -566,7 +633,8 @@ static void bwd_group_atomic(const void *vargs, int64_t x, int64_t h, int64_t b,
       memset(t->dK, 0, sizeof(float) * (size_t)(nk * D));
       memset(t->dV, 0, sizeof(float) * (size_t)(nk * Dv));
     }
-    bwd_pair(a, b, h, q0, nq, k0, nk, w.dQ, D, 0, write_first, t, &w);
+    bwd_pair(a, b, h, q0, nq, k0, nk, w.dQ, D, 0, 0, t, &w);
+    if (write_first) bwd_dkv_bf16(a, nk, 0, 1, nq, 1, t, &w);
     add_rows(a->dK + tg_attn_offset(pr->dKs, b, h_kv, k0), pr->dKs[2], t->dK, nk, D, 1);
     add_rows(a->dV + tg_attn_offset(pr->dVs, b, h_kv, k0), pr->dVs[2], t->dV, nk, Dv, 1);
   }
@@ -634,6 +702,17 @@ static void plan_chunk(tg_attn_bwd_plan *pl, const tg_attn_problem *pr) {
   pl->chunk_tiles = chunk < 1 ? 1 : chunk;
 }
 
+/* KV schedule: q units per dK, dV product (TG_ATTN_DKV_K, _MIN_D): enough
+ * that the product's k runs TG_ATTN_DKV_K bf16 rows, parts included, at
+ * least one. Sets pl->dkv_units. */
+static void plan_dkv_units(tg_attn_bwd_plan *pl, const tg_attn_problem *pr) {
+  pl->dkv_units = 1;
+  if (pl->products != TG_PRODUCTS_BF16_DOT || pr->D < TG_ATTN_DKV_MIN_D) return;
+  const int64_t unit_k = pl->BQ * tg_attn_parts(pr);
+  const int64_t units = (TG_ATTN_DKV_K + unit_k - 1) / unit_k;
+  pl->dkv_units = units < TG_ATTN_MAX_DKV_UNITS ? units : TG_ATTN_MAX_DKV_UNITS;
+}
+
 tg_attn_bwd_plan tg_attn_bwd_plan_make(const tg_attn_problem *pr, const tg_isa_ops *ops) {
   tg_attn_bwd_plan pl = {.BQ = tg_attn_bq(pr, ops),
                          .BK = tg_attn_bk(pr, ops),
@@ -644,6 +723,7 @@ tg_attn_bwd_plan tg_attn_bwd_plan_make(const tg_attn_problem *pr, const tg_isa_o
   plan_ranges(&pl, pr);
   plan_qgroups(&pl, pr);
   plan_chunk(&pl, pr);
+  plan_dkv_units(&pl, pr);
   return pl;
 }
 
@@ -674,9 +754,7 @@ tg_status tg_attn_backward_kv(tg_ctx *ctx, const tg_attn_problem *pr,
     a.dV_partial = a.dK_partial + (a.plan.n_qgroups - 1) * a.plan.dk_elems;
   }
   tg_status st = tg_dispatch(ctx, pr->H_kv * a.plan.n_qgroups, pr->B, a.plan.n_ranges,
-                             bwd_scratch_bytes(pr->D, pr->Dv, a.plan.BQ, a.plan.BK,
-                                               a.plan.chunk_tiles, pr->compensated,
-                                               tg_attn_part_buffers(pr, a.plan.products)),
+                             bwd_scratch_bytes(pr, &a.plan, a.plan.chunk_tiles, pr->compensated),
                              bwd_group_kv, &a);
   /* The second passes need no scratch: they cannot fail once the first wrote. */
   if (st == TG_OK && a.plan.n_ranges > 1)
@@ -736,8 +814,7 @@ static tg_status train_bwd(tg_ctx *ctx, const char *fn, tg_dtype dtype, const vo
     a.Q = Q, a.K = K, a.V = V, a.dO = dO, a.mask = mask, a.L = L, a.D_vec = D_vec;
     a.dQ = dQ, a.dK = dK, a.dV = dV;
     st = tg_dispatch(ctx, a.plan.n_qtiles, pr.H, pr.B,
-                     bwd_scratch_bytes(pr.D, pr.Dv, a.plan.BQ, a.plan.BK, 1, 0,
-                                       tg_attn_part_buffers(&pr, a.plan.products)),
+                     bwd_scratch_bytes(&pr, &a.plan, 1, 0),
                      bwd_group_atomic, &a);
   } else {
     const size_t ws_bytes = tg_attn_bwd_workspace_bytes(&plan);
