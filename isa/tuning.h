@@ -108,7 +108,14 @@ enum { TG_ATTN_MAX_CHUNK_TILES = 8 };
  * Measured on the 2-core AMD EPYC (family 23, avx2, 1 thread, f32, medians
  * of 3): 1,2,1,4096,64 causal 188 / 171 / 168 ms at 2 / 4 / 8 tiles; D 128
  * full 320 / 316 / 314 ms; D 256 full 77 / 80 / 81 ms (the rule gives it 2),
- * D 512 causal 86 / 84 / 95 ms (the rule gives it 1, not timed there). */
+ * D 512 causal 86 / 84 / 95 ms (the rule gives it 1, not timed there).
+ * Where K^T, resp. V, is packed as bf16 pairs for the bf16 unit, it counts
+ * 2 bytes an element, not 4: on the lent Xeon (amx, 2 threads, 13-14
+ * rotating rounds, forward time over f32-counted tiles, medians of the
+ * per-round ratios; bench/results/xeon16-amx/dkv-units/) exact mode D 512
+ * causal (64 -> 128 keys) 0.78, D 256 full (128 -> 256) 0.75, bf16 mode
+ * D 256 full (128 -> 256) 0.91, 2048,128 causal (256 -> 512) 1.00; at 16
+ * threads 0.92-1.00. */
 enum { TG_ATTN_FWD_KEY_TILES = 4 };
 #define TG_ATTN_FWD_TILE_BYTES ((int64_t)256 * 1024)
 

@@ -291,15 +291,18 @@ static int64_t fwd_q_tiles(const tg_attn_problem *pr, int64_t n_qtiles, int thre
 }
 
 /* The forward's key tile: the table's (tg_attn_bk) times as many, up to
- * TG_ATTN_FWD_KEY_TILES, as keep a key tile's K^T and V (f32) within
- * TG_ATTN_FWD_TILE_BYTES. Longer key tiles run the online softmax's per-row
- * work (a max, the rescale, each row op's set-up) once per more keys and
- * give P.V a longer k loop. A function of the table and D, Dv only: the
- * tile sets the order of the softmax sums, so O and L are the same bits on
- * any machine with that table. */
+ * TG_ATTN_FWD_KEY_TILES, as keep a key tile's K^T and V within
+ * TG_ATTN_FWD_TILE_BYTES (f32, or bf16 pairs where the products that take
+ * them run on the bf16 unit). Longer key tiles run the online softmax's
+ * per-row work (a max, the rescale, each row op's set-up) once per more
+ * keys and give P.V a longer k loop. A function of the table, the
+ * precision mode and D, Dv only: the tile sets the order of the softmax
+ * sums, so O and L are the same bits on any machine with that table. */
 static int64_t fwd_key_tile(const tg_attn_problem *pr, const tg_isa_ops *ops) {
   const int64_t bk = tg_attn_bk(pr, ops);
-  const int64_t fit = TG_ATTN_FWD_TILE_BYTES / ((int64_t)sizeof(float) * (pr->D + pr->Dv) * bk);
+  const int64_t k_bytes = tg_attn_bf16_dot(pr, ops) ? 2 : 4;
+  const int64_t v_bytes = tg_attn_products_of(pr, ops, TG_ATTN_PASS_FWD) == TG_PRODUCTS_BF16_DOT ? 2 : 4;
+  const int64_t fit = TG_ATTN_FWD_TILE_BYTES / ((k_bytes * pr->D + v_bytes * pr->Dv) * bk);
   return bk * (fit < 1 ? 1 : fit > TG_ATTN_FWD_KEY_TILES ? TG_ATTN_FWD_KEY_TILES : fit);
 }
 
