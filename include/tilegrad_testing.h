@@ -44,6 +44,14 @@ void tg_testing_plan_cpus(int n);
  * tile and at several. Set it between calls, not while one runs. */
 void tg_testing_plan_l2_bytes(long long bytes);
 
+/* The FA-2 backward's KV schedule as if its plan took `units` q units per
+ * dK, dV product (1..8) wherever all its products run on the bf16 unit,
+ * whatever the head dim; units <= 0 restores the plan's own
+ * (kernels/attention_bwd.c, plan_dkv_units). The suites use it to check
+ * that bf16 mode's bits do not depend on it. Set it between calls, not
+ * while one runs. */
+void tg_testing_attn_dkv_units(int units);
+
 /* How the attention's products that take P or dS (O += P.V; dQ, dK, dV)
  * run with bf16 inputs of head dim D on table `isa` in `precision` mode,
  * in the forward (backward = 0) or the backward: the number of bf16 parts

@@ -71,11 +71,13 @@
  * per-pair parts meet in the output through atomic adds.
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "attention.h"
+#include "tilegrad_testing.h"
 
 /* The KV schedule's plan (TG_ATTN_ITEMS_PER_CPU, _MIN_RANGE_TILES,
  * _MAX_RANGES, _PARTIALS_BUDGET, _MAX_CHUNK_TILES) and the pre-pass's
@@ -702,12 +704,26 @@ static void plan_chunk(tg_attn_bwd_plan *pl, const tg_attn_problem *pr) {
   pl->chunk_tiles = chunk < 1 ? 1 : chunk;
 }
 
+static atomic_int testing_dkv_units; /* tg_testing_attn_dkv_units; 0: off */
+
+void tg_testing_attn_dkv_units(int units) {
+  if (units < 0) units = 0;
+  if (units > TG_ATTN_MAX_DKV_UNITS) units = TG_ATTN_MAX_DKV_UNITS;
+  atomic_store(&testing_dkv_units, units);
+}
+
 /* KV schedule: q units per dK, dV product (TG_ATTN_DKV_K, _MIN_D): enough
  * that the product's k runs TG_ATTN_DKV_K bf16 rows, parts included, at
  * least one. Sets pl->dkv_units. */
 static void plan_dkv_units(tg_attn_bwd_plan *pl, const tg_attn_problem *pr) {
   pl->dkv_units = 1;
-  if (pl->products != TG_PRODUCTS_BF16_DOT || pr->D < TG_ATTN_DKV_MIN_D) return;
+  if (pl->products != TG_PRODUCTS_BF16_DOT) return;
+  const int forced = atomic_load(&testing_dkv_units);
+  if (forced > 0) {
+    pl->dkv_units = forced;
+    return;
+  }
+  if (pr->D < TG_ATTN_DKV_MIN_D) return;
   const int64_t unit_k = pl->BQ * tg_attn_parts(pr);
   const int64_t units = (TG_ATTN_DKV_K + unit_k - 1) / unit_k;
   pl->dkv_units = units < TG_ATTN_MAX_DKV_UNITS ? units : TG_ATTN_MAX_DKV_UNITS;

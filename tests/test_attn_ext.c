@@ -419,6 +419,31 @@ static void test_key_chunks_same_bits(void **state) {
   attn_destroy(&pb);
 }
 
+/* The backward's dK, dV products over several q units (kernels/
+ * attention_bwd.c, plan_dkv_units) sum in the order of one unit at a time:
+ * bf16 mode (one part) gives the same bits with 1, 2, 3 and 8 units per
+ * product, at 1 and 3 threads. The "chunks" problem: 150 q rows (a short
+ * last q-tile, which ends its batch), causal with qL < kL (runs of units
+ * that see a key tile end mid-batch), gqa 2, dropout, -inf mask rows. On a
+ * table without the bf16 unit it checks only that the hook changes
+ * nothing. */
+static void test_dkv_units_same_bits(void **state) {
+  tu_rng r = tu_rng_make(tu_seed() + 14);
+  const attn_cfg c = {"dkv-units", 1, 4, 2, 150, 530, 32, 1, 0, 1, 0, 1.0f, 0.2f};
+  attn_problem pb;
+  build(&pb, &c, &r, 0);
+  ext_out first = alloc_out(&pb), o = alloc_out(&pb);
+  const int units[] = {1, 2, 3, 8};
+  for (int ui = 0; ui < 4; ui++) {
+    tg_testing_attn_dkv_units(units[ui]);
+    run_step_variant(ui % 2 ? 3 : 1, &pb, 3, ui ? &o : &first);
+    if (ui) assert_same_grads(&pb, &first, &o);
+  }
+  tg_testing_attn_dkv_units(0);
+  free_out(&first), free_out(&o);
+  attn_destroy(&pb);
+}
+
 /* The forward's q-tiles per work item (several where that leaves 4 items
  * per thread: at 1 thread here; one at 3) share each key tile's load,
  * never a sum: O and L are the same bits either way, f32 and bf16 in each
@@ -898,6 +923,7 @@ int main(void) {
       cmocka_unit_test(test_f32_random_configs),
       cmocka_unit_test(test_p0_bitwise_equals_no_options),
       cmocka_unit_test(test_key_chunks_same_bits),
+      cmocka_unit_test(test_dkv_units_same_bits),
       cmocka_unit_test(test_fwd_q_tiles_same_bits),
       cmocka_unit_test(test_bf16_f32_same_engine),
       cmocka_unit_test(test_dropout_deterministic),
