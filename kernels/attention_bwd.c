@@ -485,10 +485,11 @@ static void bwd_group_kv(const void *vargs, int64_t x, int64_t b, int64_t range,
   /* the key tiles of the range that the group sees: the others' dK, dV
    * sums would be 0 */
   const int64_t t0 = g_first > kt_first ? g_first : kt_first, t1 = g_end < kt_end ? g_end : kt_end;
-  /* The bf16 dot products write a key tile's dK, dV with its first q unit
+  /* The bf16 dot products run dK, dV's products a batch of q units at a
+   * time (bwd_dkv_bf16) and write a key tile's dK, dV with its first
    * instead of adding to zeros (a tile no unit reaches is zeroed at the
    * end); a group other than 0 sums them in its part, in place. */
-  const int write_first = a->plan.products == TG_PRODUCTS_BF16_DOT;
+  const int bf16_products = a->plan.products == TG_PRODUCTS_BF16_DOT;
   const int in_part = group > 0 && !pr->compensated;
   for (int64_t c0 = t0; c0 < t1; c0 += a->plan.chunk_tiles) {
     const int64_t nc = tile_rows(t1, c0, a->plan.chunk_tiles);
@@ -502,7 +503,7 @@ static void bwd_group_kv(const void *vargs, int64_t x, int64_t b, int64_t range,
         t->dV = dkv_part(a, group, b, h_kv, k0, 1);
       }
       load_ktile(a, b, h_kv, k0, nk, t);
-      if (!write_first) {
+      if (!bf16_products) {
         memset(t->dK, 0, k_bytes);
         memset(t->dV, 0, v_bytes);
       }
@@ -549,7 +550,7 @@ static void bwd_group_kv(const void *vargs, int64_t x, int64_t b, int64_t range,
             if (run < 0) run = s;
             continue;
           }
-          if (run >= 0 && write_first) {
+          if (run >= 0 && bf16_products) {
             bwd_dkv_bf16(a, nk, run, s, sl[s - 1].nq, !written[j], t, &w);
             written[j] = 1;
           }
@@ -560,7 +561,7 @@ static void bwd_group_kv(const void *vargs, int64_t x, int64_t b, int64_t range,
     for (int64_t j = 0; j < nc; j++) { /* group 0 into dK, dV; the others' parts */
       const int64_t k0 = (c0 + j) * BK, nk = tile_rows(pr->kL, k0, BK);
       const ktile_scratch *t = &w.kt[j];
-      if (write_first && !written[j]) {
+      if (bf16_products && !written[j]) {
         memset(t->dK, 0, sizeof(float) * (size_t)(nk * D));
         memset(t->dV, 0, sizeof(float) * (size_t)(nk * Dv));
       }
@@ -626,17 +627,17 @@ static void bwd_group_atomic(const void *vargs, int64_t x, int64_t h, int64_t b,
   load_qtile(a, b, h, q0, nq, 0, &w);
   memset(w.dQ, 0, sizeof(float) * (size_t)(nq * D));
   /* (as in bwd_group_kv: the bf16 dot products write dK, dV, no zero-fill) */
-  const int write_first = a->plan.products == TG_PRODUCTS_BF16_DOT;
+  const int bf16_products = a->plan.products == TG_PRODUCTS_BF16_DOT;
   const int64_t key_end = tg_attn_key_end(pr, q0, nq);
   for (int64_t k0 = tg_attn_key_begin(pr, q0); k0 < key_end; k0 += BK) {
     const int64_t nk = tile_rows(key_end, k0, BK);
     load_ktile(a, b, h_kv, k0, nk, t);
-    if (!write_first) {
+    if (!bf16_products) {
       memset(t->dK, 0, sizeof(float) * (size_t)(nk * D));
       memset(t->dV, 0, sizeof(float) * (size_t)(nk * Dv));
     }
     bwd_pair(a, b, h, q0, nq, k0, nk, w.dQ, D, 0, 0, t, &w);
-    if (write_first) bwd_dkv_bf16(a, nk, 0, 1, nq, 1, t, &w);
+    if (bf16_products) bwd_dkv_bf16(a, nk, 0, 1, nq, 1, t, &w);
     add_rows(a->dK + tg_attn_offset(pr->dKs, b, h_kv, k0), pr->dKs[2], t->dK, nk, D, 1);
     add_rows(a->dV + tg_attn_offset(pr->dVs, b, h_kv, k0), pr->dVs[2], t->dV, nk, Dv, 1);
   }

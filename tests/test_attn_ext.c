@@ -423,8 +423,9 @@ static void test_key_chunks_same_bits(void **state) {
  * attention_bwd.c, plan_dkv_units) sum in the order of one unit at a time:
  * bf16 mode (one part) gives the same bits with 1, 2, 3 and 8 units per
  * product, at 1 and 3 threads. The "chunks" problem: 150 q rows (a short
- * last q-tile, which ends its batch), causal with qL < kL (runs of units
- * that see a key tile end mid-batch), gqa 2, dropout, -inf mask rows. On a
+ * last q-tile, which ends its batch), causal with qL < kL (a key tile near
+ * the diagonal is seen by a batch's later units only: the product's run
+ * starts mid-batch), gqa 2, dropout, -inf mask rows. On a
  * table without the bf16 unit it checks only that the hook changes
  * nothing. */
 static void test_dkv_units_same_bits(void **state) {
