@@ -229,6 +229,11 @@ static void load_ktile(const bwd_args *a, int64_t b, int64_t h_kv, int64_t k0, i
   tg_attn_load_rows(a->ops, pr->in, Vh, pr->Vs[2], k0, nk, pr->Dv, t->dV, t->VT, a->plan.BK);
 }
 
+/* The bf16 parts buffers[i] (NULL past the part count) from column col on. */
+static void parts_at(uint16_t *const buffers[3], int64_t col, uint16_t *out[3]) {
+  for (int i = 0; i < 3; i++) out[i] = buffers[i] ? buffers[i] + col : NULL;
+}
+
 /* The pair body for loaded tiles (the key tile's side in t, the q-tile's in
  * w): dQ [nq, D] (leading dim ldq) += dS . K; t->dK [nk, D], t->dV [nk, Dv]
  * += dS^T . Q, P^T . dO. With dq_first the dQ rows are written (= dS . K)
@@ -293,13 +298,12 @@ static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_
   if (a->plan.products == TG_PRODUCTS_BF16_DOT) { /* dS, dS^T, P^T as bf16 parts (odd
                                                    * counts padded with a 0: nkp even) */
     const int64_t nkp = nk + nk % 2, ldt = a->plan.dkv_units * a->plan.BQ;
-    const int64_t col = slot * a->plan.BQ; /* the slot's columns of dS^T, P^T */
-    uint16_t *const *dSp = w->dS_parts, *const *dStp = w->dSt_parts, *const *Ptp = w->Pt_parts;
+    uint16_t *const *dSp = w->dS_parts, *dSt[3], *Pt[3]; /* the slot's columns of dS^T, P^T */
+    parts_at(w->dSt_parts, slot * a->plan.BQ, dSt);
+    parts_at(w->Pt_parts, slot * a->plan.BQ, Pt);
     ops->f32_to_bf16_split(nq, nk, w->dS, BK, 0, dSp[0], dSp[1], dSp[2], BK);
-    ops->f32_to_bf16_split(nq, nk, w->dS, BK, 1, dStp[0] + col, dStp[1] ? dStp[1] + col : NULL,
-                           dStp[2] ? dStp[2] + col : NULL, ldt);
-    ops->f32_to_bf16_split(nq, nk, w->S, BK, 1, Ptp[0] + col, Ptp[1] ? Ptp[1] + col : NULL,
-                           Ptp[2] ? Ptp[2] + col : NULL, ldt);
+    ops->f32_to_bf16_split(nq, nk, w->dS, BK, 1, dSt[0], dSt[1], dSt[2], ldt);
+    ops->f32_to_bf16_split(nq, nk, w->S, BK, 1, Pt[0], Pt[1], Pt[2], ldt);
     tg_attn_mm_parts(pr, ops, nq, D, nkp, w->dS_parts, BK, (const uint32_t *)t->K, D, dQ, ldq,
                      !dq_first);                                               /* dS.K   */
     return;
@@ -328,10 +332,8 @@ static void bwd_dkv_bf16(const bwd_args *a, int64_t nk, int64_t s0, int64_t s1,
   const int64_t BQ = a->plan.BQ, ldt = a->plan.dkv_units * BQ, col = s0 * BQ;
   const int64_t rows = (s1 - 1 - s0) * BQ + nq_last + nq_last % 2;
   uint16_t *dSt[3], *Pt[3];
-  for (int i = 0; i < 3; i++) {
-    dSt[i] = w->dSt_parts[i] ? w->dSt_parts[i] + col : NULL;
-    Pt[i] = w->Pt_parts[i] ? w->Pt_parts[i] + col : NULL;
-  }
+  parts_at(w->dSt_parts, col, dSt);
+  parts_at(w->Pt_parts, col, Pt);
   tg_attn_mm_parts(pr, a->ops, nk, pr->D, rows, dSt, ldt,
                    (const uint32_t *)w->Q + col / 2 * pr->D, pr->D, t->dK, pr->D,
                    !first); /* dS^T.Q */
