@@ -13,22 +13,44 @@
 # Prints, per case (the bench's attention rows, forward rows and memory
 # rows, by their number and name), median ms of A and B and B/A time.
 # OUT_DIR (default a temp dir) keeps every run's JSON.
+#
+#   bench/ab_compare.sh -c TREE_A TREE_B -- THREADS exact|split|bf16 PAIRS SHAPES
+#
+# -c: call by call instead: both trees' libraries in one process
+# (bench/ab_calls/ab_calls.c), the forward and the backward of each shape
+# alternating between them; the medians of the per-pair ratios. Much
+# tighter where the machine drifts (the lent Xeon: 0.95-1.05 for two builds
+# of the same kernels, where separate runs drifted by 25%).
 set -euo pipefail
-rounds=3 out=""
-while getopts "n:o:" opt; do
+rounds=3 out="" calls=0
+while getopts "cn:o:" opt; do
   case $opt in
+    c) calls=1 ;;
     n) rounds=$OPTARG ;;
     o) out=$OPTARG ;;
     *) exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
-a=${1:?usage: bench/ab_compare.sh [-n ROUNDS] [-o OUT_DIR] TREE_A TREE_B [-- BENCH_ARGS...]}
+a=${1:?usage: bench/ab_compare.sh [-c] [-n ROUNDS] [-o OUT_DIR] TREE_A TREE_B [-- ARGS...]}
 b=${2:?need TREE_B}
 shift 2
 [ "${1:-}" = "--" ] && shift
 out=${out:-$(mktemp -d /tmp/tg-ab.XXXXXX)}
 mkdir -p "$out"
+
+if [ "$calls" = 1 ]; then
+  [ $# = 4 ] || { echo "-c needs: THREADS exact|split|bf16 PAIRS SHAPES" >&2; exit 2; }
+  for t in "$a" "$b"; do
+    cmake -S "$t" -B "$t/build-ab" -DCMAKE_BUILD_TYPE=Release -DTG_BUILD_TESTS=OFF >/dev/null
+    cmake --build "$t/build-ab" -j"$(nproc)" --target tilegrad >/dev/null
+  done
+  here=$(cd "$(dirname "$0")/.." && pwd)
+  cc -O2 -std=c11 -D_POSIX_C_SOURCE=200809L -I"$here/include" "$here/bench/ab_calls/ab_calls.c" \
+    -ldl -lm -o "$out/ab_calls"
+  exec "$out/ab_calls" "$(cd "$a" && pwd)/build-ab/libtilegrad.so" \
+    "$(cd "$b" && pwd)/build-ab/libtilegrad.so" "$@"
+fi
 
 build() { # tree -> its CLI
   cmake -S "$1" -B "$1/build-ab" -DCMAKE_BUILD_TYPE=Release -DTG_BUILD_TESTS=OFF >/dev/null

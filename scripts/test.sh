@@ -30,6 +30,10 @@ stage release "build (Release) and ctest"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DTG_BUILD_TESTS=ON >/dev/null
 cmake --build build -j"$jobs" >/dev/null
 (cd build && ctest -j"$jobs" --output-on-failure)
+# bench/ab_calls (ab_compare.sh -c) builds and runs: the library against itself
+cc -O2 -std=c11 -D_POSIX_C_SOURCE=200809L -Wall -Wextra -Werror -Iinclude \
+  bench/ab_calls/ab_calls.c -ldl -lm -o build/ab_calls
+build/ab_calls "$PWD/build/libtilegrad.so" "$PWD/build/libtilegrad.so" 2 bf16 1 '1,2,1,64,32,1' >/dev/null
 
 stage consumers "install: find_package and pkg-config consumers"
 bash tests/consumer/check.sh

@@ -1,0 +1,171 @@
+/*
+ * Before/after of two builds of libtilegrad in one process, call by call.
+ *
+ *   ab_calls LIB_A LIB_B THREADS PRECISION PAIRS "B,H,Hkv,L,D,causal;..."
+ *
+ * Both libraries are loaded side by side (dlopen, RTLD_LOCAL: each keeps
+ * its own symbols and OpenMP teams come from the one libgomp). For every
+ * shape, bf16 inputs, the training forward (tg_attn_train_fwd) and then
+ * the backward (tg_attn_train_bwd) run on A and on B alternately, in the
+ * order A B, B A, A B, ... after two warm-up pairs, so a slow stretch of
+ * the machine lands on both sides of a pair alike. Printed per shape: the
+ * median over the pairs of time(B) / time(A), for the forward and for the
+ * backward, and each side's median ms. PRECISION: exact, split or bf16.
+ *
+ * Why: on the lent Xeon, runs of one binary in separate processes drifted
+ * by up to 25% within minutes (the minimum of 9 rounds of one unchanged
+ * backward read 26.8 and 38.3 ms), while the per-pair ratios of this tool
+ * stayed within 0.95-1.05 for two builds of the same kernels. Built and run
+ * by bench/ab_compare.sh -c.
+ */
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "tilegrad.h"
+
+typedef struct {
+  tg_status (*ctx_create)(tg_ctx **);
+  tg_status (*set_threads)(tg_ctx *, int);
+  tg_status (*set_precision)(tg_ctx *, tg_attn_precision);
+  __typeof__(tg_attn_params_init) *params_init;
+  __typeof__(tg_attn_train_fwd) *fwd;
+  __typeof__(tg_attn_train_bwd) *bwd;
+  tg_ctx *ctx;
+} build;
+
+static void *need(void *lib, const char *path, const char *name) {
+  void *p = dlsym(lib, name);
+  if (!p) {
+    fprintf(stderr, "ab_calls: %s has no %s\n", path, name);
+    exit(1);
+  }
+  return p;
+}
+
+static void open_build(build *b, const char *path, int threads, tg_attn_precision precision) {
+  void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    fprintf(stderr, "ab_calls: %s\n", dlerror());
+    exit(1);
+  }
+  b->ctx_create = need(lib, path, "tg_ctx_create");
+  b->set_threads = need(lib, path, "tg_ctx_set_threads");
+  b->set_precision = need(lib, path, "tg_ctx_set_attn_precision");
+  b->params_init = need(lib, path, "tg_attn_params_init");
+  b->fwd = need(lib, path, "tg_attn_train_fwd");
+  b->bwd = need(lib, path, "tg_attn_train_bwd");
+  if (b->ctx_create(&b->ctx) || b->set_threads(b->ctx, threads) ||
+      b->set_precision(b->ctx, precision)) {
+    fprintf(stderr, "ab_calls: %s: context set-up failed\n", path);
+    exit(1);
+  }
+}
+
+static double seconds(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static int by_value(const void *a, const void *b) {
+  const double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double median(double *x, int n) { /* sorts x */
+  qsort(x, (size_t)n, sizeof *x, by_value);
+  return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+/* A bf16 of uniform [-amp, amp), from a 32-bit LCG state. */
+static uint16_t random_bf16(uint32_t *s, float amp) {
+  *s = *s * 1103515245u + 12345u;
+  const float f = amp * ((float)((*s >> 8) & 0xFFFF) / 32768.0f - 1.0f);
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+enum { MAX_PAIRS = 256 };
+
+/* One shape: `pairs` alternating pairs after two warm-up pairs. */
+static int run_shape(build ab[2], const char *spec, int pairs) {
+  int B, H, Hkv, L, D, causal;
+  if (sscanf(spec, "%d,%d,%d,%d,%d,%d", &B, &H, &Hkv, &L, &D, &causal) != 6) {
+    fprintf(stderr, "ab_calls: shape '%s' is not B,H,Hkv,L,D,causal\n", spec);
+    return 1;
+  }
+  tg_attn_params p;
+  if (ab[0].params_init(&p, B, H, Hkv, L, L, D, 1.0f / sqrtf((float)D))) {
+    fprintf(stderr, "ab_calls: shape '%s' refused\n", spec);
+    return 1;
+  }
+  const size_t nq = (size_t)B * H * L * D, nk = (size_t)B * Hkv * L * D, rows = (size_t)B * H * L;
+  uint16_t *Q = malloc(2 * nq), *K = malloc(2 * nk), *V = malloc(2 * nk), *dO = malloc(2 * nq),
+           *O = malloc(2 * nq);
+  float *lse = malloc(4 * rows), *delta = malloc(4 * rows), *dQ = malloc(4 * nq),
+        *dK = malloc(4 * nk), *dV = malloc(4 * nk);
+  uint32_t s = 12345;
+  for (size_t i = 0; i < nq; i++) Q[i] = random_bf16(&s, 2.0f), dO[i] = random_bf16(&s, 0.5f);
+  for (size_t i = 0; i < nk; i++) K[i] = random_bf16(&s, 2.0f), V[i] = random_bf16(&s, 1.0f);
+  for (size_t i = 0; i < rows; i++) delta[i] = 0.01f; /* any fixed D_vec */
+  double t_fwd[2][MAX_PAIRS], t_bwd[2][MAX_PAIRS], r_fwd[MAX_PAIRS], r_bwd[MAX_PAIRS];
+  for (int it = -2; it < pairs; it++)
+    for (int k = 0; k < 2; k++) {
+      const int w = (it & 1) ? 1 - k : k; /* A B, then B A */
+      const double t0 = seconds();
+      tg_status st = ab[w].fwd(ab[w].ctx, TG_DTYPE_BF16, Q, K, V, O, lse, &p, NULL, NULL, causal, NULL);
+      const double t1 = seconds();
+      if (!st)
+        st = ab[w].bwd(ab[w].ctx, TG_DTYPE_BF16, Q, K, V, lse, dO, delta, dQ, dK, dV, &p, NULL, NULL,
+                       causal, NULL);
+      const double t2 = seconds();
+      if (st) {
+        fprintf(stderr, "ab_calls: %s failed on build %c (status %d)\n", spec, 'A' + w, (int)st);
+        return 1;
+      }
+      if (it >= 0) t_fwd[w][it] = t1 - t0, t_bwd[w][it] = t2 - t1;
+    }
+  for (int i = 0; i < pairs; i++)
+    r_fwd[i] = t_fwd[1][i] / t_fwd[0][i], r_bwd[i] = t_bwd[1][i] / t_bwd[0][i];
+  const double rf = median(r_fwd, pairs), rb = median(r_bwd, pairs);
+  printf("%-20s fwd B/A %.3f (A %8.2f, B %8.2f ms)   bwd B/A %.3f (A %8.2f, B %8.2f ms)\n", spec,
+         rf, 1e3 * median(t_fwd[0], pairs), 1e3 * median(t_fwd[1], pairs), rb,
+         1e3 * median(t_bwd[0], pairs), 1e3 * median(t_bwd[1], pairs));
+  fflush(stdout);
+  free(Q), free(K), free(V), free(dO), free(O), free(lse), free(delta), free(dQ), free(dK), free(dV);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc != 7) {
+    fprintf(stderr, "usage: ab_calls LIB_A LIB_B THREADS exact|split|bf16 PAIRS "
+                    "\"B,H,Hkv,L,D,causal;...\"\n");
+    return 2;
+  }
+  const int threads = atoi(argv[3]), pairs = atoi(argv[5]);
+  const char *names[] = {"exact", "split", "bf16"};
+  const tg_attn_precision modes[] = {TG_ATTN_PRECISION_EXACT, TG_ATTN_PRECISION_SPLIT,
+                                     TG_ATTN_PRECISION_BF16};
+  int m = 0;
+  while (m < 3 && strcmp(argv[4], names[m])) m++;
+  if (m == 3 || threads < 1 || pairs < 1 || pairs > MAX_PAIRS) {
+    fprintf(stderr, "ab_calls: bad THREADS, PRECISION or PAIRS (1..%d)\n", MAX_PAIRS);
+    return 2;
+  }
+  build ab[2];
+  open_build(&ab[0], argv[1], threads, modes[m]);
+  open_build(&ab[1], argv[2], threads, modes[m]);
+  printf("A = %s\nB = %s\nthreads %d, precision %s, %d pairs per shape (medians)\n", argv[1],
+         argv[2], threads, names[m], pairs);
+  int rc = 0;
+  char *list = strdup(argv[6]);
+  for (char *spec = strtok(list, ";"); spec && !rc; spec = strtok(NULL, ";"))
+    rc = run_shape(ab, spec, pairs);
+  free(list);
+  return rc;
+}
