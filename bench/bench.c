@@ -869,7 +869,7 @@ static double ceiling_at(const step_ceilings *c, int64_t D) {
 /* Written to a temporary next to path and renamed over it when complete
  * (cli/outfile.h): a failed or interrupted write leaves path as it was. */
 static int write_json(const char *path, const tg_bench_opts *o, const char *cpu,
-                      const char *isa, int threads, const tg_peaks *pk,
+                      const char *isa, int threads, int plan_cpus, const tg_peaks *pk,
                       const step_ceilings *ceil, const attn_result *ar, int na,
                       const mem_result *mr, int nm) {
   tg_outset out;
@@ -893,7 +893,7 @@ static int write_json(const char *path, const tg_bench_opts *o, const char *cpu,
   fprintf(f, ",\n  \"cpu\": ");
   json_str(f, cpu);
   fprintf(f, ",\n  \"threads\": %d,\n  \"plan_cpus\": %d,\n  \"isa\": ", threads,
-          tg_plan_cpus());
+          plan_cpus);
   json_str(f, isa);
   fprintf(f, ",\n  \"deterministic\": %s,\n  \"precision\": \"%s\",\n  \"quick\": %s,\n"
              "  \"reps\": %d,\n",
@@ -1177,7 +1177,8 @@ int tg_bench_main(const tg_bench_opts *o) {
         ceil.parts_min_d = D;
 
   printf("tilegrad bench %d.%d.%d\n", TG_VERSION_MAJOR, TG_VERSION_MINOR, TG_VERSION_PATCH);
-  printf("cpu:      %s    (work plans sized for %d CPUs: tg_plan_cpus)\n", cpu, tg_plan_cpus());
+  printf("cpu:      %s    (work plans sized for %d CPUs: tg_ctx_plan_cpus)\n", cpu,
+         tg_ctx_plan_cpus(ctx));
   printf("threads:  %d    isa: %s    precision: %s    deterministic: %s    reps: %d (median; "
          "1 warm-up)\n",
          threads, isa, tg_attn_precision_name(o->precision), o->deterministic ? "on" : "off", o->reps);
@@ -1305,7 +1306,8 @@ int tg_bench_main(const tg_bench_opts *o) {
   }
 
   if (o->json) {
-    if (write_json(o->json, o, cpu, isa, threads, &pk, &ceil, ar, na, mr, nm) != 0) {
+    if (write_json(o->json, o, cpu, isa, threads, tg_ctx_plan_cpus(ctx), &pk, &ceil, ar, na, mr,
+                   nm) != 0) {
       fprintf(stderr, "tilegrad bench: cannot write %s\n", o->json);
       rc = 1;
     } else {

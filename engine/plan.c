@@ -36,6 +36,15 @@ void tg_testing_plan_l2_bytes(long long bytes) {
  * lent 16-CPU Xeon with OMP_PLACES=cores OMP_PROC_BIND=spread, the
  * 1,6,2,384,128 backward had 4 work items instead of 8 and took 1.8x the
  * time at 16 threads. */
+/* tilegrad.h; tg_testing_plan_cpus forces it as it forces tg_plan_cpus. */
+int tg_ctx_plan_cpus(const tg_ctx *ctx) {
+  const int cpus = tg_plan_cpus();
+  if (ctx->deterministic || atomic_load_explicit(&testing_cpus, memory_order_relaxed) > 0)
+    return cpus;
+  const int threads = tg_threads(ctx);
+  return threads < cpus ? threads : cpus;
+}
+
 int tg_plan_cpus(void) {
   static atomic_int cached; /* 0: not read yet; racing readers compute the same */
   const int forced = atomic_load_explicit(&testing_cpus, memory_order_relaxed);

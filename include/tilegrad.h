@@ -160,10 +160,15 @@ typedef enum { TG_ATTN_SCHEDULE_KV = 0, TG_ATTN_SCHEDULE_ATOMIC = 1 } tg_attn_sc
 /* The CPUs the work plans are sized for: OpenMP's omp_get_num_procs (the
  * affinity mask the process started with, whether or not OMP_PROC_BIND has
  * bound the calling thread to one place), capped by the cgroup CPU quota;
- * read once per process, >= 1. The KV schedule aims
- * for 4 work items per such CPU, so its bits depend on this count (as on the
- * ISA table), never on the thread count of a call. */
+ * read once per process, >= 1. The KV schedule aims for 4 work items per
+ * CPU of tg_ctx_plan_cpus, so in deterministic mode its bits depend on this
+ * count (as on the ISA table), never on the thread count of a call. */
 int tg_plan_cpus(void);
+/* The CPUs the KV schedule of a call on ctx plans for: tg_plan_cpus() in
+ * deterministic mode (the same plan, so the same bits, for every thread
+ * count), otherwise that capped by the context's thread count (fewer work
+ * items split the sums less: the bits then depend on min(CPUs, threads)). */
+int tg_ctx_plan_cpus(const tg_ctx *ctx);
 /* TG_ERR_BAD_PARAMS for a value outside the enum. */
 tg_status tg_ctx_set_attn_schedule(tg_ctx *ctx, tg_attn_schedule s);
 tg_attn_schedule tg_ctx_get_attn_schedule(const tg_ctx *ctx);

@@ -73,14 +73,15 @@ enum { TG_TR_TILE = 64, TG_TR_STRIPE = 4 };
  * tiles below): the kernels' per-tile stack rows are this long. */
 enum { TG_ATTN_MAX_TILE = 128 };
 
-/* Backward, KV schedule: aim for TG_ATTN_ITEMS_PER_CPU work items per CPU of
- * the machine (tg_plan_cpus: several per thread, for dynamic load balance
+/* Backward, KV schedule: aim for TG_ATTN_ITEMS_PER_CPU work items per CPU
+ * planned for (tg_ctx_plan_cpus: the machine's in deterministic mode, else
+ * at most the call's threads; several per thread, for dynamic load balance
  * under causality; fewer items mean fewer dQ partials to write and sum), but
  * never split a kv head's keys into ranges shorter than
  * TG_ATTN_MIN_RANGE_TILES key tiles, nor into more than TG_ATTN_MAX_RANGES,
  * nor so many that the dQ partials ((ranges - 1) copies of dQ) pass
- * TG_ATTN_PARTIALS_BUDGET bytes (a dQ larger than that gets one range). None
- * of this depends on the thread count (determinism). */
+ * TG_ATTN_PARTIALS_BUDGET bytes (a dQ larger than that gets one range). In
+ * deterministic mode none of this depends on the thread count. */
 enum { TG_ATTN_ITEMS_PER_CPU = 4, TG_ATTN_MIN_RANGE_TILES = 4, TG_ATTN_MAX_RANGES = 16 };
 /* When the ranges leave fewer items than that (few kv heads, short keys),
  * the q units of a (range, kv head), its (query head, q-tile) pairs, split

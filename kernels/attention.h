@@ -279,11 +279,13 @@ tg_status tg_attn_forward(tg_ctx *ctx, const tg_attn_problem *pr, const void *Q,
                           const void *dO, float *delta);
 
 /* The backward's plan (attention_bwd.c): the ISA table's tiles and the KV
- * schedule's key ranges and chunk, from the problem, the table and the
- * machine (tg_plan_cpus, tg_plan_l2_bytes; never the thread count). Built
- * once per call; the workspace size and the run read the same plan. */
+ * schedule's key ranges and chunk, from the problem, the table, the CPUs
+ * planned for (tg_ctx_plan_cpus: the machine's in deterministic mode, never
+ * the thread count then) and the L2 (tg_plan_l2_bytes). Built once per
+ * call; the workspace size and the run read the same plan. */
 typedef struct {
   int64_t BQ, BK;                /* tiles (tg_attn_bq, tg_attn_bk) */
+  int cpus;                      /* planned for (KV schedule: ranges, query groups) */
   int bf16_dot;                  /* tg_attn_bf16_dot: K^T, V^T packed as bf16 pairs */
   tg_attn_products products;     /* of dQ, dK, dV (precision mode) */
   int64_t n_qtiles, n_ktiles;
@@ -295,13 +297,15 @@ typedef struct {
   int64_t dkv_units;             /* KV schedule: q units per dK, dV product (1 unless
                                   * TG_PRODUCTS_BF16_DOT: plan_dkv_units) */
 } tg_attn_bwd_plan;
-tg_attn_bwd_plan tg_attn_bwd_plan_make(const tg_attn_problem *pr, const tg_isa_ops *ops);
+tg_attn_bwd_plan tg_attn_bwd_plan_make(const tg_attn_problem *pr, const tg_isa_ops *ops,
+                                       int cpus);
 
 /* Backward, KV schedule (attention_bwd.c): dQ writes through pr->dQs, dK
  * and dV accumulate through pr->dKs; L, D_vec [B, H, qL]. `workspace` holds
  * tg_attn_bwd_workspace_bytes(plan) bytes (the dQ partials; may be NULL
- * when that is 0), plan = tg_attn_bwd_plan_make(pr, ctx->ops). Bitwise the
- * same for every thread count. */
+ * when that is 0), plan = tg_attn_bwd_plan_make(pr, ctx->ops,
+ * tg_ctx_plan_cpus(ctx)). Bitwise the same for every thread count in
+ * deterministic mode (the plan then never follows it). */
 size_t tg_attn_bwd_workspace_bytes(const tg_attn_bwd_plan *plan);
 tg_status tg_attn_backward_kv(tg_ctx *ctx, const tg_attn_problem *pr,
                               const tg_attn_bwd_plan *plan, const void *Q, const void *K,

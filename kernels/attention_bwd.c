@@ -26,9 +26,12 @@
  * atomics. dQ rows are summed over key tiles in
  * place; with several key ranges each range sums into its own dQ partial and
  * the partials are added in range order afterwards. The number of ranges
- * depends on the shape and the machine's CPU count (tg_plan_cpus: about 4
- * items per CPU), never on the thread count, so the result is the same
- * bitwise for every thread count. A range's first
+ * depends on the shape and the CPUs planned for (tg_ctx_plan_cpus: about 4
+ * items per CPU): in deterministic mode the machine's count, never the
+ * thread count, so the result is the same bitwise for every thread count;
+ * otherwise no more CPUs than the context's threads, where fewer items
+ * split the sums less (fewer dQ partials, dK, dV parts and key-tile
+ * loads). A range's first
  * key tile writes its dQ rows instead of adding to zeros, and a causal range
  * leaves the partial rows of q-tiles that see none of its keys unwritten
  * (and unread): the partials cost one write and one read of the rows that
@@ -650,11 +653,11 @@ static void bwd_group_atomic(const void *vargs, int64_t x, int64_t h, int64_t b,
 }
 
 /* KV schedule: key ranges per kv head (see TG_ATTN_ITEMS_PER_CPU), from the
- * shape and the machine; sets pl->range_tiles, n_ranges, dq_elems. */
+ * shape and the planned CPUs (pl->cpus); sets pl->range_tiles, n_ranges, dq_elems. */
 static void plan_ranges(tg_attn_bwd_plan *pl, const tg_attn_problem *pr) {
   const int64_t heads = pr->B * pr->H_kv;
   const int64_t dq_bytes = pr->B * pr->H * pr->qL * pr->D * (int64_t)sizeof(float);
-  const int64_t items = (int64_t)TG_ATTN_ITEMS_PER_CPU * tg_plan_cpus();
+  const int64_t items = (int64_t)TG_ATTN_ITEMS_PER_CPU * pl->cpus;
   int64_t ranges = (items + heads - 1) / heads;
   if (ranges > pl->n_ktiles / TG_ATTN_MIN_RANGE_TILES)
     ranges = pl->n_ktiles / TG_ATTN_MIN_RANGE_TILES;
@@ -674,11 +677,11 @@ static void plan_ranges(tg_attn_bwd_plan *pl, const tg_attn_problem *pr) {
  * parts are added in group order by a second pass. At least
  * TG_ATTN_MIN_GROUP_UNITS q units per group, at most TG_ATTN_MAX_QGROUPS
  * groups, and the parts ((groups - 1) copies of dK and dV) within what the
- * dQ partials left of TG_ATTN_PARTIALS_BUDGET. Shape and machine only, never
- * the thread count. Sets pl->n_qgroups, dk_elems, dv_elems. */
+ * dQ partials left of TG_ATTN_PARTIALS_BUDGET. Shape and planned CPUs only
+ * (pl->cpus). Sets pl->n_qgroups, dk_elems, dv_elems. */
 static void plan_qgroups(tg_attn_bwd_plan *pl, const tg_attn_problem *pr) {
   const int64_t items = pr->B * pr->H_kv * pl->n_ranges;
-  const int64_t want = (int64_t)TG_ATTN_ITEMS_PER_CPU * tg_plan_cpus();
+  const int64_t want = (int64_t)TG_ATTN_ITEMS_PER_CPU * pl->cpus;
   const int64_t units = pr->gqa * pl->n_qtiles;
   pl->dk_elems = pr->B * pr->H_kv * pr->kL * pr->D;
   pl->dv_elems = pr->B * pr->H_kv * pr->kL * pr->Dv;
@@ -732,8 +735,10 @@ static void plan_dkv_units(tg_attn_bwd_plan *pl, const tg_attn_problem *pr) {
   pl->dkv_units = units < TG_ATTN_MAX_DKV_UNITS ? units : TG_ATTN_MAX_DKV_UNITS;
 }
 
-tg_attn_bwd_plan tg_attn_bwd_plan_make(const tg_attn_problem *pr, const tg_isa_ops *ops) {
+tg_attn_bwd_plan tg_attn_bwd_plan_make(const tg_attn_problem *pr, const tg_isa_ops *ops,
+                                       int cpus) {
   tg_attn_bwd_plan pl = {.BQ = tg_attn_bq(pr, ops),
+                         .cpus = cpus < 1 ? 1 : cpus,
                          .BK = tg_attn_bk(pr, ops),
                          .bf16_dot = tg_attn_bf16_dot(pr, ops),
                          .products = tg_attn_products_of(pr, ops, TG_ATTN_PASS_BWD)};
@@ -827,7 +832,7 @@ static tg_status train_bwd(tg_ctx *ctx, const char *fn, tg_dtype dtype, const vo
   float *d_sinks = opt ? opt->d_sinks : NULL;
   st = tg_attn_check_alias_bwd(ctx, fn, &pr, Q, K, V, L, dO, D_vec, mask, dQ, dK, dV, d_sinks);
   if (st != TG_OK) return st;
-  const tg_attn_bwd_plan plan = tg_attn_bwd_plan_make(&pr, ctx->ops);
+  const tg_attn_bwd_plan plan = tg_attn_bwd_plan_make(&pr, ctx->ops, tg_ctx_plan_cpus(ctx));
   if (ctx->attn_schedule == TG_ATTN_SCHEDULE_ATOMIC && !ctx->deterministic) {
     bwd_args a = make_args(&pr, ctx->ops, &plan);
     a.Q = Q, a.K = K, a.V = V, a.dO = dO, a.mask = mask, a.L = L, a.D_vec = D_vec;

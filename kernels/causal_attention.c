@@ -95,7 +95,7 @@ tg_status tg_causal_attention_backward(tg_ctx *ctx, const float *grad_out, const
   /* Workspace: L, delta, then the backward's dQ partials. Both terms are
    * below 2^63 bytes (the checks above, and the partials' 1 GiB cap). */
   const size_t stats_bytes = tg_align64((size_t)n_stats * sizeof(float));
-  const tg_attn_bwd_plan plan = tg_attn_bwd_plan_make(&pr, ctx->ops);
+  const tg_attn_bwd_plan plan = tg_attn_bwd_plan_make(&pr, ctx->ops, tg_ctx_plan_cpus(ctx));
   const size_t part_bytes = tg_attn_bwd_workspace_bytes(&plan);
   void *ws;
   if ((st = tg_workspace(ctx, stats_bytes + part_bytes, &ws))) return st;

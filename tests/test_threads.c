@@ -24,6 +24,7 @@
 #include <omp.h>
 
 #include "engine.h"
+#include "tilegrad_testing.h"
 #include "testutil.h"
 
 static char root[256];
@@ -117,6 +118,30 @@ static void test_plan_cpus_all_places(void **state) {
   assert_true(plan >= 1 && plan <= omp_get_num_procs());
   if (place_cpus > 0)
     assert_int_equal(plan, quota > 0 && quota < place_cpus ? quota : place_cpus);
+}
+
+/* A context's plan CPUs (tg_ctx_plan_cpus): the machine's in deterministic
+ * mode whatever the threads, else capped by the threads; a forced count
+ * (tg_testing_plan_cpus, as the suites use) wins either way. */
+static void test_ctx_plan_cpus(void **state) {
+  tg_testing_plan_cpus(0);
+  const int machine = tg_plan_cpus();
+  tg_ctx *ctx = NULL;
+  assert_int_equal(tg_ctx_create(&ctx), TG_OK);
+  const int threads[] = {1, 2, 3, machine, machine + 5};
+  for (size_t i = 0; i < sizeof threads / sizeof threads[0]; i++) {
+    assert_int_equal(tg_ctx_set_threads(ctx, threads[i]), TG_OK);
+    assert_int_equal(tg_ctx_set_deterministic(ctx, 0), TG_OK);
+    assert_int_equal(tg_ctx_plan_cpus(ctx), threads[i] < machine ? threads[i] : machine);
+    assert_int_equal(tg_ctx_set_deterministic(ctx, 1), TG_OK);
+    assert_int_equal(tg_ctx_plan_cpus(ctx), machine);
+  }
+  tg_testing_plan_cpus(7);
+  assert_int_equal(tg_ctx_set_deterministic(ctx, 0), TG_OK);
+  assert_int_equal(tg_ctx_set_threads(ctx, 1), TG_OK);
+  assert_int_equal(tg_ctx_plan_cpus(ctx), 7);
+  tg_testing_plan_cpus(0);
+  tg_ctx_destroy(ctx);
 }
 
 /* A transpose big enough to take a while (tens of ms), on a given context. */
@@ -241,6 +266,7 @@ int main(void) {
       cmocka_unit_test(test_unreadable),
       cmocka_unit_test(test_default_within_openmp),
       cmocka_unit_test(test_plan_cpus_all_places),
+      cmocka_unit_test(test_ctx_plan_cpus),
       cmocka_unit_test(test_context_busy),
       cmocka_unit_test(test_contexts_in_parallel),
   };
