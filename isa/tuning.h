@@ -91,7 +91,13 @@ enum { TG_ATTN_ITEMS_PER_CPU = 4, TG_ATTN_MIN_RANGE_TILES = 4, TG_ATTN_MAX_RANGE
  * results/xeon16-amx/README.md, "Few-item shapes"): on 1,6,2,384,128 full
  * (8 items in exact mode) 2 units per group took 0.77x the step time at 16
  * threads but 1.13x at 1; 1 unit and ranges of 1 key tile 0.66x and 1.23x
- * (bf16 mode 0.68x, 1.36x); no consistent sign on the rest of the grid. */
+ * (bf16 mode 0.68x, 1.36x); no consistent sign on the rest of the grid.
+ * Except where even the most groups of this minimum leave fewer items than
+ * planned CPUs (starved): there the minimum is 1 unit. With the plan capped
+ * by the call's threads (tg_ctx_plan_cpus) only a call with many threads
+ * and few units meets that: 1,6,2,384,128 at 16 threads 0.43x (bf16 mode)
+ * and 0.77x (exact) the backward's time, every other grid shape and every
+ * 2-thread call unchanged (paired-calls/starved-groups.txt there). */
 enum { TG_ATTN_MIN_GROUP_UNITS = 4, TG_ATTN_MAX_QGROUPS = 16 };
 #define TG_ATTN_PARTIALS_BUDGET ((int64_t)1 << 30)
 

@@ -675,9 +675,10 @@ static void plan_ranges(tg_attn_bwd_plan *pl, const tg_attn_problem *pr) {
  * short keys: one batch of a GQA model with 2 kv heads and L 1024 had 8 items
  * for 16 CPUs). Each group sums its own dK, dV parts over its q units; the
  * parts are added in group order by a second pass. At least
- * TG_ATTN_MIN_GROUP_UNITS q units per group, at most TG_ATTN_MAX_QGROUPS
- * groups, and the parts ((groups - 1) copies of dK and dV) within what the
- * dQ partials left of TG_ATTN_PARTIALS_BUDGET. Shape and planned CPUs only
+ * TG_ATTN_MIN_GROUP_UNITS q units per group (1 where even that many groups
+ * would leave fewer items than CPUs), at most TG_ATTN_MAX_QGROUPS groups,
+ * and the parts ((groups - 1) copies of dK and dV) within what the dQ
+ * partials left of TG_ATTN_PARTIALS_BUDGET. Shape and planned CPUs only
  * (pl->cpus). Sets pl->n_qgroups, dk_elems, dv_elems. */
 static void plan_qgroups(tg_attn_bwd_plan *pl, const tg_attn_problem *pr) {
   const int64_t items = pr->B * pr->H_kv * pl->n_ranges;
@@ -689,7 +690,10 @@ static void plan_qgroups(tg_attn_bwd_plan *pl, const tg_attn_problem *pr) {
   const int64_t budget =
       TG_ATTN_PARTIALS_BUDGET - (pl->n_ranges - 1) * pl->dq_elems * (int64_t)sizeof(float);
   int64_t groups = (want + items - 1) / items;
-  if (groups > units / TG_ATTN_MIN_GROUP_UNITS) groups = units / TG_ATTN_MIN_GROUP_UNITS;
+  int64_t min_units = TG_ATTN_MIN_GROUP_UNITS;
+  /* starved: groups of min_units would still leave fewer items than CPUs */
+  if (items * (units / min_units > 1 ? units / min_units : 1) < pl->cpus) min_units = 1;
+  if (groups > units / min_units) groups = units / min_units;
   if (groups > TG_ATTN_MAX_QGROUPS) groups = TG_ATTN_MAX_QGROUPS;
   if (groups > 1 + budget / part_bytes) groups = 1 + budget / part_bytes;
   pl->n_qgroups = groups < 1 ? 1 : groups;
