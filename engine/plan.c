@@ -36,15 +36,6 @@ void tg_testing_plan_l2_bytes(long long bytes) {
  * lent 16-CPU Xeon with OMP_PLACES=cores OMP_PROC_BIND=spread, the
  * 1,6,2,384,128 backward had 4 work items instead of 8 and took 1.8x the
  * time at 16 threads. */
-/* tilegrad.h; tg_testing_plan_cpus forces it as it forces tg_plan_cpus. */
-int tg_ctx_plan_cpus(const tg_ctx *ctx) {
-  const int cpus = tg_plan_cpus();
-  if (ctx->deterministic || atomic_load_explicit(&testing_cpus, memory_order_relaxed) > 0)
-    return cpus;
-  const int threads = tg_threads(ctx);
-  return threads < cpus ? threads : cpus;
-}
-
 int tg_plan_cpus(void) {
   static atomic_int cached; /* 0: not read yet; racing readers compute the same */
   const int forced = atomic_load_explicit(&testing_cpus, memory_order_relaxed);
@@ -57,6 +48,16 @@ int tg_plan_cpus(void) {
   if (quota > 0 && quota < n) n = quota;
   atomic_store_explicit(&cached, n, memory_order_relaxed);
   return n;
+}
+
+/* tilegrad.h; tg_testing_plan_cpus forces it as it forces tg_plan_cpus. */
+int tg_ctx_plan_cpus(const tg_ctx *ctx) {
+  const int cpus = tg_plan_cpus();
+  if (!ctx || ctx->deterministic ||
+      atomic_load_explicit(&testing_cpus, memory_order_relaxed) > 0)
+    return cpus;
+  const int threads = tg_threads(ctx);
+  return threads < cpus ? threads : cpus;
 }
 
 /* CPUs in a sysfs CPU list such as "0", "0,64" or "0-3,8-11"; 0 if malformed. */

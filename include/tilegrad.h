@@ -167,7 +167,8 @@ int tg_plan_cpus(void);
 /* The CPUs the KV schedule of a call on ctx plans for: tg_plan_cpus() in
  * deterministic mode (the same plan, so the same bits, for every thread
  * count), otherwise that capped by the context's thread count (fewer work
- * items split the sums less: the bits then depend on min(CPUs, threads)). */
+ * items split the sums less: the bits then depend on min(CPUs, threads)).
+ * ctx NULL: tg_plan_cpus(). */
 int tg_ctx_plan_cpus(const tg_ctx *ctx);
 /* TG_ERR_BAD_PARAMS for a value outside the enum. */
 tg_status tg_ctx_set_attn_schedule(tg_ctx *ctx, tg_attn_schedule s);

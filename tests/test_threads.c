@@ -141,6 +141,7 @@ static void test_ctx_plan_cpus(void **state) {
   assert_int_equal(tg_ctx_set_threads(ctx, 1), TG_OK);
   assert_int_equal(tg_ctx_plan_cpus(ctx), 7);
   tg_testing_plan_cpus(0);
+  assert_int_equal(tg_ctx_plan_cpus(NULL), machine);
   tg_ctx_destroy(ctx);
 }
 
