@@ -690,9 +690,10 @@ static void plan_qgroups(tg_attn_bwd_plan *pl, const tg_attn_problem *pr) {
   const int64_t budget =
       TG_ATTN_PARTIALS_BUDGET - (pl->n_ranges - 1) * pl->dq_elems * (int64_t)sizeof(float);
   int64_t groups = (want + items - 1) / items;
-  int64_t min_units = TG_ATTN_MIN_GROUP_UNITS;
-  /* starved: groups of min_units would still leave fewer items than CPUs */
-  if (items * (units / min_units > 1 ? units / min_units : 1) < pl->cpus) min_units = 1;
+  /* starved: even the most groups of TG_ATTN_MIN_GROUP_UNITS leave fewer
+   * items than CPUs; then groups of one unit */
+  const int64_t most = units / TG_ATTN_MIN_GROUP_UNITS;
+  const int64_t min_units = items * (most > 1 ? most : 1) < pl->cpus ? 1 : TG_ATTN_MIN_GROUP_UNITS;
   if (groups > units / min_units) groups = units / min_units;
   if (groups > TG_ATTN_MAX_QGROUPS) groups = TG_ATTN_MAX_QGROUPS;
   if (groups > 1 + budget / part_bytes) groups = 1 + budget / part_bytes;
