@@ -119,15 +119,24 @@ typedef struct {
 
 typedef struct {
   float *Q, *dO, *dQ;  /* [BQ, D], [BQ, Dv], [BQ, D] */
-  float *S, *dS;       /* [BQ, BK]: scores -> P, dP -> dS */
+  float *S;            /* [BQ, BK]: scores -> P */
+  /* dP -> dS: [BQ, ld_ds], the chunk's key tiles side by side (tile j in
+   * columns j BK..), the A of the dQ product over them (bwd_dq); [BQ, BK]
+   * for TG_PRODUCTS_BF16_DOT, whose dS parts take that place */
+  float *dS;
+  int64_t ld_ds;       /* chunk tiles x BK */
   uint8_t *keep;       /* [BQ, BK] dropout keep flags */
   /* TG_PRODUCTS_BF16_DOT only: the bf16 parts (tg_attn_parts of hi, lo,
-   * lo2; the rest NULL) of dS [BQ, BK] and of dS^T, P^T [BK, U BQ] (U =
-   * plan.dkv_units q units side by side, unit s in columns s BQ..); Q and
-   * dO then hold U units' bf16 rows in pairs (pack_bf16_row_pairs: unit s
-   * at pair row s BQ / 2 of [U BQ / 2, D] and [U BQ / 2, Dv]) instead of
-   * f32 rows, and K its bf16 rows in pairs ([BK / 2, D]) */
+   * lo2; the rest NULL) of dS [U][BQ, ld_ds] (unit slot s's rows from
+   * s BQ ld_ds, its key tiles side by side as above) and of dS^T, P^T
+   * [BK, U BQ] (U = plan.dkv_units q units side by side, unit s in columns
+   * s BQ..); Q and dO then hold U units' bf16 rows in pairs
+   * (pack_bf16_row_pairs: unit s at pair row s BQ / 2 of [U BQ / 2, D] and
+   * [U BQ / 2, Dv]) instead of f32 rows, and K its bf16 rows in pairs
+   * ([BK / 2, D]) */
   uint16_t *dS_parts[3], *dSt_parts[3], *Pt_parts[3];
+  /* the chunk's K rows are contiguous (kt[j].K follows kt[j - 1].K): the
+   * B of the dQ product over several key tiles */
   ktile_scratch kt[TG_ATTN_MAX_CHUNK_TILES];
 } bwd_scratch;
 
@@ -153,9 +162,12 @@ static size_t carve(void *base, const tg_attn_problem *pr, const tg_attn_bwd_pla
                     int64_t chunk, int compensated, bwd_scratch *w) {
   const int64_t D = pr->D, Dv = pr->Dv, BQ = plan->BQ, BK = plan->BK;
   const int n_parts = tg_attn_part_buffers(pr, plan->products);
-  const int64_t U = plan->dkv_units;
+  const int64_t U = plan->dkv_units, W = chunk * BK;
+  /* K of one key tile: f32 rows [BK, D], or bf16 row pairs [BK / 2, D] */
+  const int64_t k_tile = plan->products == TG_PRODUCTS_BF16_DOT ? BK / 2 * D : BK * D;
   size_t off = 0;
   *w = (bwd_scratch){0}; /* the buffers a work item does not use stay NULL */
+  w->ld_ds = W;
 #define TG_CARVE(ptr, type, bytes)                                  \
   do {                                                              \
     if (base) (ptr) = (type *)(void *)((char *)base + off);         \
@@ -167,18 +179,21 @@ static size_t carve(void *base, const tg_attn_problem *pr, const tg_attn_bwd_pla
   TG_CARVE(w->dO, float, q_row * BQ * (size_t)Dv);
   TG_CARVE(w->dQ, float, sizeof(float) * BQ * (size_t)D);
   TG_CARVE(w->S, float, sizeof(float) * BQ * BK);
-  TG_CARVE(w->dS, float, sizeof(float) * BQ * BK);
+  TG_CARVE(w->dS, float, sizeof(float) * BQ * (size_t)(n_parts ? BK : W));
   TG_CARVE(w->keep, uint8_t, (size_t)(BQ * BK));
   for (int i = 0; i < n_parts; i++) {
-    TG_CARVE(w->dS_parts[i], uint16_t, 2 * (size_t)(BQ * BK));
+    TG_CARVE(w->dS_parts[i], uint16_t, 2 * (size_t)(U * BQ * W));
     TG_CARVE(w->dSt_parts[i], uint16_t, 2 * (size_t)(U * BQ * BK));
     TG_CARVE(w->Pt_parts[i], uint16_t, 2 * (size_t)(U * BQ * BK));
   }
+  float *K_chunk = NULL;
+  TG_CARVE(K_chunk, float, ktile_buf_bytes(0, D, Dv, BK) * (size_t)chunk);
   for (int64_t j = 0; j < chunk; j++) {
     ktile_scratch *t = &w->kt[j];
     float **bufs[] = {&t->K, &t->KT, &t->VT, &t->dK, &t->dV,
                       &t->dK_sum, &t->dK_comp, &t->dV_sum, &t->dV_comp};
-    for (int i = 0; i < (compensated ? 9 : 5); i++)
+    if (base) t->K = K_chunk + j * k_tile;
+    for (int i = 1; i < (compensated ? 9 : 5); i++)
       TG_CARVE(*bufs[i], float, ktile_buf_bytes(i, D, Dv, BK));
   }
 #undef TG_CARVE
@@ -238,17 +253,22 @@ static void parts_at(uint16_t *const buffers[3], int64_t col, uint16_t *out[3]) 
 }
 
 /* The pair body for loaded tiles (the key tile's side in t, the q-tile's in
- * w): dQ [nq, D] (leading dim ldq) += dS . K; t->dK [nk, D], t->dV [nk, Dv]
- * += dS^T . Q, P^T . dO. With dq_first the dQ rows are written (= dS . K)
- * instead. TG_PRODUCTS_BF16_DOT leaves dK, dV to bwd_dkv_bf16: the pair's
- * dS^T and P^T go to unit slot `slot` of their part buffers instead. */
+ * w): dS into columns [col, col + nk) of w->dS, or of unit slot `slot`'s dS
+ * parts, for bwd_dq; t->dK [nk, D], t->dV [nk, Dv] += dS^T . Q, P^T . dO.
+ * TG_PRODUCTS_BF16_DOT leaves dK, dV to bwd_dkv_bf16: the pair's dS^T and
+ * P^T go to the slot's columns of their part buffers instead. dq_soon: the
+ * dQ rows [nq, D] (row stride ldq) that a dQ product reads next (NULL:
+ * none), fetched meanwhile. */
 static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_t nq,
-                     int64_t k0, int64_t nk, float *dQ, int64_t ldq, int dq_first,
-                     int64_t slot, const ktile_scratch *t, bwd_scratch *w) {
+                     int64_t k0, int64_t nk, int64_t col, int64_t slot, const float *dq_soon,
+                     int64_t ldq, const ktile_scratch *t, bwd_scratch *w) {
   const tg_attn_problem *pr = &a->pr;
   const tg_isa_ops *ops = a->ops;
   const int64_t D = pr->D, Dv = pr->Dv, bh = b * pr->H + h, BK = a->plan.BK;
   const float *L = a->L + bh * pr->qL + q0, *Drow = a->D_vec + bh * pr->qL + q0;
+  const int bf16_products = a->plan.products == TG_PRODUCTS_BF16_DOT;
+  float *const dS_tile = bf16_products ? w->dS : w->dS + col; /* [nq, nk] */
+  const int64_t ld = bf16_products ? BK : w->ld_ds;
 
   if (a->plan.bf16_dot) { /* the bf16 rows of Q and dO in place, K^T and V^T in pairs */
     const tg_bf16 *Qr = (const tg_bf16 *)a->Q + tg_attn_offset(pr->Qs, b, h, q0);
@@ -256,24 +276,25 @@ static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_
     ops->mm_bf16_pairs((int)nq, (int)nk, (int)D, Qr, pr->Qs[2], (const uint32_t *)t->KT, BK,
                        w->S, BK, 0);
     ops->mm_bf16_pairs((int)nq, (int)nk, (int)Dv, dOr, pr->Os[2], (const uint32_t *)t->VT, BK,
-                       w->dS, BK, 0);
+                       dS_tile, ld, 0);
   } else {
     ops->mm_nn((int)nq, (int)nk, (int)D, w->Q, D, t->KT, BK, w->S, BK, 0);   /* Q.K^T  */
-    ops->mm_nn((int)nq, (int)nk, (int)Dv, w->dO, Dv, t->VT, BK, w->dS, BK, 0); /* dO.V^T */
+    ops->mm_nn((int)nq, (int)nk, (int)Dv, w->dO, Dv, t->VT, BK, dS_tile, ld, 0); /* dO.V^T */
   }
   if (pr->drop.threshold) { /* dP -> dP o keep / (1 - p) */
     tg_attn_dropout_tile(ops, &pr->drop, pr, b, h, q0, nq, k0, nk, w->keep, BK);
-    tg_attn_dropout_apply(w->keep, BK, w->dS, BK, nq, nk, pr->drop.scale);
+    tg_attn_dropout_apply(w->keep, BK, dS_tile, ld, nq, nk, pr->drop.scale);
   }
 
   for (int64_t i = 0; i < nq; i++) {
     const int64_t qi = q0 + i;
     /* dQ rows often live in L3 or DRAM (KV schedule): start fetching them
-     * now so the dS . K product below finds them in L2. */
-    for (int64_t d = 0; d < D; d += 16) __builtin_prefetch(dQ + i * ldq + d, 1, 2);
+     * now so the dS . K product after this pair finds them in L2. */
+    if (dq_soon)
+      for (int64_t d = 0; d < D; d += 16) __builtin_prefetch(dq_soon + i * ldq + d, 1, 2);
     const void *mrow =
         pr->Ms ? tg_attn_at(pr->in, a->mask, tg_attn_offset(pr->Ms, b, h, qi)) : NULL;
-    float *P = w->S + i * BK, *dS = w->dS + i * BK;
+    float *P = w->S + i * BK, *dS = dS_tile + i * ld;
     /* A fully masked row has L = -inf: P = exp(S - L) is 0 for every key. */
     const float Li = L[i] == -INFINITY ? INFINITY : L[i];
     if (pr->softcap == 0.0f) { /* P = 0 for masked keys, [0, lo) left of the window */
@@ -298,26 +319,43 @@ static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_
   if (pr->drop.threshold) /* P -> P o keep / (1 - p), for dV */
     tg_attn_dropout_apply(w->keep, BK, w->S, BK, nq, nk, pr->drop.scale);
 
-  if (a->plan.products == TG_PRODUCTS_BF16_DOT) { /* dS, dS^T, P^T as bf16 parts (odd
-                                                   * counts padded with a 0: nkp even) */
-    const int64_t nkp = nk + nk % 2, ldt = a->plan.dkv_units * a->plan.BQ;
-    uint16_t *const *dSp = w->dS_parts, *dSt[3], *Pt[3]; /* the slot's columns of dS^T, P^T */
+  if (bf16_products) { /* dS, dS^T, P^T as bf16 parts (odd counts padded with a 0) */
+    const int64_t ldt = a->plan.dkv_units * a->plan.BQ;
+    uint16_t *dSp[3], *dSt[3], *Pt[3]; /* the slot's rows of dS, columns of dS^T, P^T */
+    parts_at(w->dS_parts, slot * a->plan.BQ * w->ld_ds + col, dSp);
     parts_at(w->dSt_parts, slot * a->plan.BQ, dSt);
     parts_at(w->Pt_parts, slot * a->plan.BQ, Pt);
-    ops->f32_to_bf16_split(nq, nk, w->dS, BK, 0, dSp[0], dSp[1], dSp[2], BK);
-    ops->f32_to_bf16_split(nq, nk, w->dS, BK, 1, dSt[0], dSt[1], dSt[2], ldt);
+    ops->f32_to_bf16_split(nq, nk, dS_tile, ld, 0, dSp[0], dSp[1], dSp[2], w->ld_ds);
+    ops->f32_to_bf16_split(nq, nk, dS_tile, ld, 1, dSt[0], dSt[1], dSt[2], ldt);
     ops->f32_to_bf16_split(nq, nk, w->S, BK, 1, Pt[0], Pt[1], Pt[2], ldt);
-    tg_attn_mm_parts(pr, ops, nq, D, nkp, w->dS_parts, BK, (const uint32_t *)t->K, D, dQ, ldq,
-                     !dq_first);                                               /* dS.K   */
     return;
   }
   if (a->plan.products == TG_PRODUCTS_F32_ROUNDED) {
-    tg_attn_round_bf16(w->dS, nq, nk, BK);
+    tg_attn_round_bf16(dS_tile, nq, nk, ld);
     tg_attn_round_bf16(w->S, nq, nk, BK);
   }
-  ops->mm_nn((int)nq, (int)D, (int)nk, w->dS, BK, t->K, D, dQ, ldq, !dq_first); /* dS.K */
-  ops->mm_tn_acc((int)nk, (int)D, (int)nq, w->dS, BK, w->Q, D, t->dK, D); /* dS^T.Q */
+  ops->mm_tn_acc((int)nk, (int)D, (int)nq, dS_tile, ld, w->Q, D, t->dK, D); /* dS^T.Q */
   ops->mm_tn_acc((int)nk, (int)Dv, (int)nq, w->S, BK, w->dO, Dv, t->dV, Dv); /* P^T.dO */
+}
+
+/* dQ [nq, D] (row stride ldq) (+)= dS . K over kn keys from the chunk's key
+ * tile t: the dS that bwd_pair left from column col of w->dS (or of unit
+ * slot `slot`'s dS parts), those tiles' K rows (contiguous in the chunk).
+ * Every key tile but the last of the keys is whole (BK), so the product
+ * adds along k in the order of one product per tile, and with one part (f32,
+ * bf16 mode) gives the same bits: the GEMMs keep C in f32 between k steps,
+ * whether in registers or in memory. With first the rows are written. */
+static void bwd_dq(const bwd_args *a, int64_t nq, int64_t kn, int64_t slot, int64_t col,
+                   const ktile_scratch *t, float *dQ, int64_t ldq, int first, bwd_scratch *w) {
+  const tg_attn_problem *pr = &a->pr;
+  if (a->plan.products == TG_PRODUCTS_BF16_DOT) { /* an odd kn: a 0 pads dS and K */
+    uint16_t *dSp[3];
+    parts_at(w->dS_parts, slot * a->plan.BQ * w->ld_ds + col, dSp);
+    tg_attn_mm_parts(pr, a->ops, nq, pr->D, kn + kn % 2, dSp, w->ld_ds, (const uint32_t *)t->K,
+                     pr->D, dQ, ldq, !first);
+    return;
+  }
+  a->ops->mm_nn((int)nq, (int)pr->D, (int)kn, w->dS + col, w->ld_ds, t->K, pr->D, dQ, ldq, !first);
 }
 
 /* TG_PRODUCTS_BF16_DOT: t->dK [nk, D], t->dV [nk, Dv] (+)= dS^T . Q, P^T . dO
@@ -496,6 +534,13 @@ static void bwd_group_kv(const void *vargs, int64_t x, int64_t b, int64_t range,
    * end); a group other than 0 sums them in its part, in place. */
   const int bf16_products = a->plan.products == TG_PRODUCTS_BF16_DOT;
   const int in_part = group > 0 && !pr->compensated;
+  /* A q unit's dQ rows take one product over the chunk's key tiles it
+   * sees (bwd_dq: each block of the rows loaded and stored once, not once
+   * per tile), where that keeps the bits of one product per tile: with
+   * one part. Two or three parts per tile run each part over the tile in
+   * turn, so a product over several tiles would reorder the terms (and
+   * tie the bits to the chunk, i.e. the L2). */
+  const int dq_over_chunk = !bf16_products || tg_attn_parts(pr) == 1;
   for (int64_t c0 = t0; c0 < t1; c0 += a->plan.chunk_tiles) {
     const int64_t nc = tile_rows(t1, c0, a->plan.chunk_tiles);
     int written[TG_ATTN_MAX_CHUNK_TILES] = {0}; /* has a unit written tile j's dK, dV? */
@@ -546,8 +591,15 @@ static void bwd_group_kv(const void *vargs, int64_t x, int64_t b, int64_t range,
         int64_t run = -1; /* first slot of the run that sees tile j */
         for (int64_t s = 0; s <= ns; s++) {
           if (s < ns && sl[s].j0 <= j && j < sl[s].j1) {
-            bwd_pair(a, b, sl[s].h, sl[s].q0, sl[s].nq, k0, nk, sl[s].dq, sl[s].ld,
-                     j == sl[s].j_first, s, t, &w);
+            const q_slot *q = &sl[s];
+            const int dq_now = j == q->j1 - 1 || !dq_over_chunk;
+            bwd_pair(a, b, q->h, q->q0, q->nq, k0, nk, j * BK, s, dq_now ? q->dq : NULL, q->ld,
+                     t, &w);
+            if (dq_now) { /* dQ over the tiles [js, j] */
+              const int64_t js = dq_over_chunk ? q->j0 : j;
+              bwd_dq(a, q->nq, (j - js) * BK + nk, s, js * BK, &w.kt[js], q->dq, q->ld,
+                     js == q->j_first, &w);
+            }
             if (pr->compensated) { /* this q-tile's part into the sums; t->dK, t->dV = 0 */
               a->ops->add_compensated_f32(t->dK_sum, t->dK_comp, t->dK, nk * D);
               a->ops->add_compensated_f32(t->dV_sum, t->dV_comp, t->dV, nk * Dv);
@@ -641,7 +693,8 @@ static void bwd_group_atomic(const void *vargs, int64_t x, int64_t h, int64_t b,
       memset(t->dK, 0, sizeof(float) * (size_t)(nk * D));
       memset(t->dV, 0, sizeof(float) * (size_t)(nk * Dv));
     }
-    bwd_pair(a, b, h, q0, nq, k0, nk, w.dQ, D, 0, 0, t, &w);
+    bwd_pair(a, b, h, q0, nq, k0, nk, 0, 0, NULL, D, t, &w);
+    bwd_dq(a, nq, nk, 0, 0, t, w.dQ, D, 0, &w);
     if (bf16_products) bwd_dkv_bf16(a, nk, 0, 1, nq, 1, t, &w);
     add_rows(a->dK + tg_attn_offset(pr->dKs, b, h_kv, k0), pr->dKs[2], t->dK, nk, D, 1);
     add_rows(a->dV + tg_attn_offset(pr->dVs, b, h_kv, k0), pr->dVs[2], t->dV, nk, Dv, 1);
