@@ -108,6 +108,21 @@ enum { TG_ATTN_MIN_GROUP_UNITS = 4, TG_ATTN_MAX_QGROUPS = 16 };
  * tile. */
 enum { TG_ATTN_MAX_CHUNK_TILES = 8 };
 
+/* Backward, KV schedule: a q unit's dQ rows take one product over the
+ * chunk's key tiles it sees (dS of those tiles side by side, their K rows
+ * contiguous), not one per key tile, so each block of the f32 dQ rows is
+ * loaded and stored once per chunk (kernels/attention_bwd.c, bwd_dq; the
+ * same bits). With the f32 GEMM at every D; on the bf16 unit with one part
+ * (bf16 mode) from head dim TG_ATTN_DQ_CHUNK_MIN_D, where the dQ rows
+ * outweigh the dS parts that now wait in L2 for the product. Paired calls
+ * (bench/ab_calls), medians of 7-15 pairs, backward time over one product
+ * per tile: AMD EPYC (family 23, avx2, 2 threads, exact) 0.97-0.98 on 5
+ * shapes D 64-256; lent Xeon (amx, bf16 mode, 2 threads) 0.93-1.00 on D
+ * 128-512, but 1.03-1.12 on the D 64 and 96 causal shapes (two runs),
+ * where one product per tile then took 0.90-0.97 the fused time
+ * (bench/results/xeon16-amx/README.md, "dQ over the chunk"). */
+enum { TG_ATTN_DQ_CHUNK_MIN_D = 128 };
+
 /* Forward: key tiles of up to TG_ATTN_FWD_KEY_TILES of the table's attn_bk,
  * as many as keep K^T's and V's f32 tiles within TG_ATTN_FWD_TILE_BYTES
  * (half of a 512 KiB L2; a constant, not the machine's L2, because the tile

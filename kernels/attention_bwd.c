@@ -124,7 +124,7 @@ typedef struct {
    * columns j BK..), the A of the dQ product over them (bwd_dq); [BQ, BK]
    * for TG_PRODUCTS_BF16_DOT, whose dS parts take that place */
   float *dS;
-  int64_t ld_ds;       /* chunk tiles x BK */
+  int64_t ld_ds;       /* chunk tiles x BK, and 64 bytes (carve) */
   uint8_t *keep;       /* [BQ, BK] dropout keep flags */
   /* TG_PRODUCTS_BF16_DOT only: the bf16 parts (tg_attn_parts of hi, lo,
    * lo2; the rest NULL) of dS [U][BQ, ld_ds] (unit slot s's rows from
@@ -162,7 +162,10 @@ static size_t carve(void *base, const tg_attn_problem *pr, const tg_attn_bwd_pla
                     int64_t chunk, int compensated, bwd_scratch *w) {
   const int64_t D = pr->D, Dv = pr->Dv, BQ = plan->BQ, BK = plan->BK;
   const int n_parts = tg_attn_part_buffers(pr, plan->products);
-  const int64_t U = plan->dkv_units, W = chunk * BK;
+  /* dS columns: the chunk's key tiles and 64 bytes, so that its rows are
+   * not a power of two apart (which would put a product's A rows in a few
+   * L1 sets) */
+  const int64_t U = plan->dkv_units, W = chunk * BK + (n_parts ? 32 : 16);
   /* K of one key tile: f32 rows [BK, D], or bf16 row pairs [BK / 2, D] */
   const int64_t k_tile = plan->products == TG_PRODUCTS_BF16_DOT ? BK / 2 * D : BK * D;
   size_t off = 0;
@@ -539,8 +542,10 @@ static void bwd_group_kv(const void *vargs, int64_t x, int64_t b, int64_t range,
    * per tile), where that keeps the bits of one product per tile: with
    * one part. Two or three parts per tile run each part over the tile in
    * turn, so a product over several tiles would reorder the terms (and
-   * tie the bits to the chunk, i.e. the L2). */
-  const int dq_over_chunk = !bf16_products || tg_attn_parts(pr) == 1;
+   * tie the bits to the chunk, i.e. the L2). On the bf16 unit only from
+   * TG_ATTN_DQ_CHUNK_MIN_D (isa/tuning.h says why). */
+  const int dq_over_chunk =
+      !bf16_products || (tg_attn_parts(pr) == 1 && pr->D >= TG_ATTN_DQ_CHUNK_MIN_D);
   for (int64_t c0 = t0; c0 < t1; c0 += a->plan.chunk_tiles) {
     const int64_t nc = tile_rows(t1, c0, a->plan.chunk_tiles);
     int written[TG_ATTN_MAX_CHUNK_TILES] = {0}; /* has a unit written tile j's dK, dV? */
@@ -593,12 +598,15 @@ static void bwd_group_kv(const void *vargs, int64_t x, int64_t b, int64_t range,
           if (s < ns && sl[s].j0 <= j && j < sl[s].j1) {
             const q_slot *q = &sl[s];
             const int dq_now = j == q->j1 - 1 || !dq_over_chunk;
-            bwd_pair(a, b, q->h, q->q0, q->nq, k0, nk, j * BK, s, dq_now ? q->dq : NULL, q->ld,
-                     t, &w);
+            /* dS of tile j in columns j BK.., or 0.. when its dQ product
+             * comes right after */
+            const int64_t col = dq_over_chunk ? j * BK : 0;
+            bwd_pair(a, b, q->h, q->q0, q->nq, k0, nk, col, s, dq_now ? q->dq : NULL, q->ld, t,
+                     &w);
             if (dq_now) { /* dQ over the tiles [js, j] */
               const int64_t js = dq_over_chunk ? q->j0 : j;
-              bwd_dq(a, q->nq, (j - js) * BK + nk, s, js * BK, &w.kt[js], q->dq, q->ld,
-                     js == q->j_first, &w);
+              bwd_dq(a, q->nq, (j - js) * BK + nk, s, col - (j - js) * BK, &w.kt[js], q->dq,
+                     q->ld, js == q->j_first, &w);
             }
             if (pr->compensated) { /* this q-tile's part into the sums; t->dK, t->dV = 0 */
               a->ops->add_compensated_f32(t->dK_sum, t->dK_comp, t->dK, nk * D);

@@ -395,28 +395,32 @@ static void run_step_variant(int threads, const attn_problem *pb, int v, ext_out
  * from the L2 per CPU) change where the operands sit, not the order of any
  * sum: with the L2 planned at 0 (one key tile at a time), 300 KiB and 1 GiB
  * (every tile of a range) the f32 step (compensated dK, dV sums, dropout)
- * and the bf16 step in each precision mode give the same bits. 9 key tiles
- * of 64 (planned for TU_PLAN_CPUS: two key ranges, the last chunk short),
- * causal with qL < kL, a mask with -inf rows, gqa 2. */
+ * and the bf16 step in each precision mode give the same bits; so does the
+ * dQ product over a chunk's key tiles (f32, and bf16 mode on the bf16 unit
+ * from D 128: hence D 32 and 128). 9 key tiles of 64 (planned for
+ * TU_PLAN_CPUS: two key ranges, the last chunk short), causal with
+ * qL < kL, a mask with -inf rows, gqa 2. */
 static void test_key_chunks_same_bits(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 12);
-  const attn_cfg c = {"chunks", 1, 4, 2, 150, 530, 32, 1, 0, 1, 0, 1.0f, 0.2f};
-  attn_problem pb;
-  build(&pb, &c, &r, 0);
-  ext_out first = alloc_out(&pb), o = alloc_out(&pb);
-  const long long l2[] = {0, 300 << 10, 1LL << 30};
-  for (int v = 0; v < 4; v++) /* f32; bf16 in each precision mode */
-    for (int li = 0; li < 3; li++) {
-      tg_testing_plan_l2_bytes(l2[li]);
-      run_step_variant(li + 1, &pb, v, li ? &o : &first);
-      if (li) assert_same_grads(&pb, &first, &o);
-    }
+  for (int D = 32; D <= 128; D += 96) {
+    const attn_cfg c = {"chunks", 1, 4, 2, 150, 530, D, 1, 0, 1, 0, 1.0f, 0.2f};
+    attn_problem pb;
+    build(&pb, &c, &r, 0);
+    ext_out first = alloc_out(&pb), o = alloc_out(&pb);
+    const long long l2[] = {0, 300 << 10, 1LL << 30};
+    for (int v = 0; v < 4; v++) /* f32; bf16 in each precision mode */
+      for (int li = 0; li < 3; li++) {
+        tg_testing_plan_l2_bytes(l2[li]);
+        run_step_variant(li + 1, &pb, v, li ? &o : &first);
+        if (li) assert_same_grads(&pb, &first, &o);
+      }
+    free_out(&first), free_out(&o);
+    attn_destroy(&pb);
+  }
   tg_testing_plan_l2_bytes(12345);
   assert_true(tg_plan_l2_bytes() == 12345);
   tg_testing_plan_l2_bytes(-1); /* the machine's: sysfs, sysconf or the default */
   assert_true(tg_plan_l2_bytes() > 0 && tg_plan_l2_bytes() == tg_plan_l2_bytes());
-  free_out(&first), free_out(&o);
-  attn_destroy(&pb);
 }
 
 /* The backward's dK, dV products over several q units (kernels/
