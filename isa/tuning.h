@@ -141,16 +141,25 @@ enum { TG_ATTN_DQ_CHUNK_MIN_D = 128 };
 enum { TG_ATTN_FWD_KEY_TILES = 4 };
 #define TG_ATTN_FWD_TILE_BYTES ((int64_t)256 * 1024)
 
-/* Forward: q-tiles per work item (kernels/attention_fwd.c, fwd_q_tiles),
- * which share each key tile's load: K transposed or packed in pairs, V
- * widened or packed. With one q-tile per item those loads took 10-26% of
- * the forward's time on the lent Xeon (amx table, bf16 inputs, 2 and 16
- * threads, D 64-512; a temporary cycle-counter build) and 9% on the AVX2
- * EPYC (family 23, D 64). 2 against 1 on the EPYC (avx2, 2 threads, bf16
- * inputs, exact, 3 alternating rounds): 0.94-0.96x the time on
- * 1,8,8,1024,64 full, 1,8,8,2048,128 causal, 2,8,4,1024,256 full and
- * 1,4,4,2560,160 full; 4 was no faster than 2 (two rounds, within noise). */
-enum { TG_ATTN_FWD_Q_TILES = 2 };
+/* Forward: q units ((q-tile, query head) pairs of a kv head) per work item
+ * (kernels/attention_fwd.c, fwd_q_tiles), which share each key tile's
+ * load: K transposed or packed in pairs, V widened or packed. With one
+ * q-tile per item those loads took 10-26% of the forward's time on the
+ * lent Xeon (amx table, bf16 inputs, 2 and 16 threads, D 64-512; a
+ * temporary cycle-counter build) and 9% on the AVX2 EPYC (family 23, D
+ * 64). 2 q-tiles against 1 on the EPYC (avx2, 2 threads, bf16 inputs,
+ * exact, 3 alternating rounds): 0.94-0.96x the time on 1,8,8,1024,64 full,
+ * 1,8,8,2048,128 causal, 2,8,4,1024,256 full and 1,4,4,2560,160 full; 4
+ * was no faster than 2 (two rounds, within noise). The units of a GQA
+ * group's heads at one q-tile see the same keys, so an item takes all of
+ * them (gqa units, TG_ATTN_FWD_Q_TILES at least, TG_ATTN_FWD_MAX_UNITS at
+ * most): on the EPYC (paired calls, 9 pairs, exact, 2 threads) the
+ * forward of 1,16,2,3072,64 causal, 1,6,2,1024,512 causal and
+ * 1,16,2,2048,128 causal took 0.96-0.97x the time of 2 units an item; on
+ * the lent Xeon (amx, 11 pairs, bf16 and exact mode, 2 and 16 threads)
+ * gqa 3 and 8 0.93-0.97x (bench/results/xeon16-amx/README.md, "the
+ * forward's GQA units"). */
+enum { TG_ATTN_FWD_Q_TILES = 2, TG_ATTN_FWD_MAX_UNITS = 8 };
 
 /* Backward, KV schedule, bf16 dot products: a key tile's dK += dS^T . Q and
  * dV += P^T . dO run over several q units of a work item at once (their

@@ -3,10 +3,12 @@
  * logsumexp L that the backward consumes, with the score S exactly as the
  * backward defines it (tg_attn_score: scale, softcap, causal qL_off, mask).
  *
- * One work item per (q-tiles, query head, batch): up to fwd_q_tiles
- * consecutive q-tiles, which share each key tile's load (K transposed or
- * packed, V widened or packed) and keep their own state. Each q-tile
- * streams its visible key tiles with an online softmax:
+ * One work item per (q units, kv head, batch): a kv head's q units are its
+ * (q-tile, query head) pairs, q-tile major, and an item takes up to
+ * fwd_q_tiles consecutive ones: the query heads of a GQA group at one
+ * q-tile before the next q-tile. They share each key tile's load (K
+ * transposed or packed, V widened or packed) and keep their own state.
+ * Each unit streams its visible key tiles with an online softmax:
  *
  *   S = Q . K^T                              [nq, nk]
  *   m' = max(m, rowmax S);  alpha = exp(m - m');  P = exp(S - m')
@@ -51,21 +53,22 @@ typedef struct {
   float *delta; /* with dO: rowsum(dO * O) */
   const tg_isa_ops *ops;
   int64_t BQ, BK; /* tiles: tg_attn_bq, fwd_key_tile */
-  int64_t FQ;     /* q-tiles per work item: fwd_q_tiles */
+  int64_t FQ;     /* q units per work item: fwd_q_tiles */
   int bf16_dot;   /* tg_attn_bf16_dot: S = Q.K^T on bf16 pairs, KT holds pairs */
   tg_attn_products products; /* of acc += P.V (precision mode) */
   int64_t n_qtiles;
 } fwd_args;
 
-/* One q-tile's rows of a work item and their online-softmax state. */
+/* One q unit of a work item (a q-tile of query head h) and its rows'
+ * online-softmax state. */
 typedef struct {
-  int64_t q0, nq, key_end; /* rows [q0, q0 + nq), keys [.., key_end) */
+  int64_t h, q0, nq, key_end; /* rows [q0, q0 + nq), keys [.., key_end) */
   float *Q, *acc;          /* [BQ, D], [BQ, Dv] */
   float *m, *l;            /* [BQ] running max and sum */
 } fwd_qtile;
 
 typedef struct {
-  fwd_qtile q[TG_ATTN_FWD_Q_TILES];
+  fwd_qtile q[TG_ATTN_FWD_MAX_UNITS];
   float *K, *V;    /* [BK, D], [BK, Dv] */
   float *KT;       /* [D, BK] */
   float *S;        /* [BQ, BK] */
@@ -112,16 +115,16 @@ static fwd_scratch fwd_carve(void *base, int64_t D, int64_t Dv, int64_t BQ, int6
   return w;
 }
 
-/* The scores of q-tile t against the key tile [k0, k0 + nk) in S become
+/* The scores of q unit t against the key tile [k0, k0 + nk) in S become
  * P = exp(S - m') (rows' new running max m'), with l and acc rescaled. */
-static void fwd_softmax_tile(const fwd_args *a, fwd_qtile *t, float *S, int64_t b, int64_t h,
-                             int64_t k0, int64_t nk) {
+static void fwd_softmax_tile(const fwd_args *a, fwd_qtile *t, float *S, int64_t b, int64_t k0,
+                             int64_t nk) {
   const tg_attn_problem *pr = &a->pr;
   const tg_isa_ops *ops = a->ops;
   const int64_t BK = a->BK, Dv = pr->Dv;
   for (int64_t i = 0; i < t->nq; i++) {
     const int64_t qi = t->q0 + i;
-    const void *mrow = pr->Ms ? tg_attn_at(pr->in, a->mask, tg_attn_offset(pr->Ms, b, h, qi))
+    const void *mrow = pr->Ms ? tg_attn_at(pr->in, a->mask, tg_attn_offset(pr->Ms, b, t->h, qi))
                               : NULL;
     float *P = S + i * BK, unused, tile_max;
     if (pr->softcap == 0.0f) {
@@ -158,10 +161,11 @@ static void fwd_softmax_tile(const fwd_args *a, fwd_qtile *t, float *S, int64_t 
   }
 }
 
-/* q-tile t's O = (acc / l) * keep_scale, L and, with dO, delta = dO . O
+/* q unit t's O = (acc / l) * keep_scale, L and, with dO, delta = dO . O
  * (one dO row at a time through `row`, [Dv] floats). */
-static void fwd_finish(const fwd_args *a, const fwd_qtile *t, int64_t b, int64_t h, float *row) {
+static void fwd_finish(const fwd_args *a, const fwd_qtile *t, int64_t b, float *row) {
   const tg_attn_problem *pr = &a->pr;
+  const int64_t h = t->h;
   const tg_isa_ops *ops = a->ops;
   const int64_t Dv = pr->Dv;
   const float keep_scale = pr->drop.threshold ? pr->drop.scale : 1.0f;
@@ -198,7 +202,7 @@ static void fwd_finish(const fwd_args *a, const fwd_qtile *t, int64_t b, int64_t
   }
 }
 
-static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *scratch) {
+static void fwd_group(const void *vargs, int64_t x, int64_t h_kv, int64_t b, void *scratch) {
   const fwd_args *a = vargs;
   const tg_attn_problem *pr = &a->pr;
   const tg_isa_ops *ops = a->ops;
@@ -206,18 +210,19 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
   fwd_scratch w = fwd_carve(scratch, pr->D, pr->Dv, BQ, BK, a->FQ,
                             tg_attn_part_buffers(pr, a->products));
   tg_attn_dot_begin(ops, a->bf16_dot);
-  const int64_t D = pr->D, Dv = pr->Dv, h_kv = h / pr->gqa;
-  /* the item's q-tiles (the last items, the heaviest under causality, first) */
-  const int64_t n_items = (a->n_qtiles + a->FQ - 1) / a->FQ, qt0 = (n_items - 1 - x) * a->FQ;
+  const int64_t D = pr->D, Dv = pr->Dv, n_units = pr->gqa * a->n_qtiles;
+  /* the item's q units (the last items, the heaviest under causality, first) */
+  const int64_t n_items = (n_units + a->FQ - 1) / a->FQ, u0 = (n_items - 1 - x) * a->FQ;
   int64_t n_tiles = 0, key_end = 0;
-  for (int64_t qt = qt0; qt < a->n_qtiles && qt < qt0 + a->FQ; qt++, n_tiles++) {
+  for (int64_t u = u0; u < n_units && u < u0 + a->FQ; u++, n_tiles++) {
     fwd_qtile *t = &w.q[n_tiles];
-    t->q0 = qt * BQ;
+    t->h = h_kv * pr->gqa + u % pr->gqa;
+    t->q0 = u / pr->gqa * BQ;
     t->nq = pr->qL - t->q0 < BQ ? pr->qL - t->q0 : BQ;
     t->key_end = tg_attn_key_end(pr, t->q0, t->nq);
     key_end = t->key_end > key_end ? t->key_end : key_end;
     if (!a->bf16_dot) /* (the bf16 dot reads Q's rows in place) */
-      tg_attn_load_rows(ops, pr->in, tg_attn_at(pr->in, a->Q, tg_attn_offset(pr->Qs, b, h, 0)),
+      tg_attn_load_rows(ops, pr->in, tg_attn_at(pr->in, a->Q, tg_attn_offset(pr->Qs, b, t->h, 0)),
                         pr->Qs[2], t->q0, t->nq, D, t->Q, NULL, 0);
     for (int64_t i = 0; i < t->nq; i++) {
       t->m[i] = -INFINITY;
@@ -228,7 +233,7 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
 
   const void *Kh = tg_attn_at(pr->in, a->K, tg_attn_offset(pr->Ks, b, h_kv, 0));
   const void *Vh = tg_attn_at(pr->in, a->V, tg_attn_offset(pr->Vs, b, h_kv, 0));
-  /* (fwd_q_tiles: several q-tiles only without a window, so every one
+  /* (fwd_q_tiles: several q units only without a window, so every one
    * starts at the same key) */
   for (int64_t k0 = tg_attn_key_begin(pr, w.q[0].q0); k0 < key_end; k0 += BK) {
     const int64_t nk = key_end - k0 < BK ? key_end - k0 : BK;
@@ -255,13 +260,13 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
       const int64_t nq = t->nq, nkt = t->key_end - k0 < nk ? t->key_end - k0 : nk;
       if (a->bf16_dot) /* Q's bf16 rows in place */
         ops->mm_bf16_pairs((int)nq, (int)nkt, (int)D,
-                           (const tg_bf16 *)a->Q + tg_attn_offset(pr->Qs, b, h, t->q0), pr->Qs[2],
+                           (const tg_bf16 *)a->Q + tg_attn_offset(pr->Qs, b, t->h, t->q0), pr->Qs[2],
                            (const uint32_t *)w.KT, BK, w.S, BK, 0); /* Q.K^T */
       else
         ops->mm_nn((int)nq, (int)nkt, (int)D, t->Q, D, w.KT, BK, w.S, BK, 0); /* Q.K^T */
-      fwd_softmax_tile(a, t, w.S, b, h, k0, nkt);
+      fwd_softmax_tile(a, t, w.S, b, k0, nkt);
       if (pr->drop.threshold) { /* P -> P o keep; l and m keep the dropped weights */
-        tg_attn_dropout_tile(ops, &pr->drop, pr, b, h, t->q0, nq, k0, nkt, w.keep, BK);
+        tg_attn_dropout_tile(ops, &pr->drop, pr, b, t->h, t->q0, nq, k0, nkt, w.keep, BK);
         tg_attn_dropout_apply(w.keep, BK, w.S, BK, nq, nkt, 1.0f);
       }
       if (a->products == TG_PRODUCTS_BF16_DOT) { /* P's bf16 parts, nkt padded to even */
@@ -275,19 +280,25 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h, int64_t b, void *
       ops->mm_nn((int)nq, (int)Dv, (int)nkt, w.S, BK, V, ldv, t->acc, Dv, 1); /* acc += P.V */
     }
   }
-  for (int64_t s = 0; s < n_tiles; s++) fwd_finish(a, &w.q[s], b, h, w.V); /* (w.V free now) */
+  for (int64_t s = 0; s < n_tiles; s++) fwd_finish(a, &w.q[s], b, w.V); /* (w.V free now) */
   tg_attn_dot_end(ops, a->bf16_dot);
 }
 
-/* q-tiles per forward work item: TG_ATTN_FWD_Q_TILES where that leaves at
- * least TG_ATTN_ITEMS_PER_CPU items per thread, else 1; 1 with a window
- * (its q-tiles start at different keys). Each q-tile's sums run in the same
- * order whatever this is (it changes the loads, not the bits), so unlike
- * the backward's plan it may follow the thread count. */
+/* q units per forward work item: a GQA group's heads (gqa units), at least
+ * TG_ATTN_FWD_Q_TILES and at most TG_ATTN_FWD_MAX_UNITS, or fewer where
+ * fewer leave TG_ATTN_ITEMS_PER_CPU items per thread; 1 with a window (its
+ * q-tiles start at different keys). Each unit's sums run in the same order
+ * whatever this is (it changes the loads, not the bits), so unlike the
+ * backward's plan it may follow the thread count. */
 static int64_t fwd_q_tiles(const tg_attn_problem *pr, int64_t n_qtiles, int threads) {
-  const int64_t fq = TG_ATTN_FWD_Q_TILES;
-  const int64_t items = pr->B * pr->H * ((n_qtiles + fq - 1) / fq);
-  return !pr->window && items >= (int64_t)TG_ATTN_ITEMS_PER_CPU * threads ? fq : 1;
+  if (pr->window) return 1;
+  const int64_t units = pr->gqa * n_qtiles;
+  int64_t fq = pr->gqa < TG_ATTN_FWD_Q_TILES ? TG_ATTN_FWD_Q_TILES : pr->gqa;
+  if (fq > TG_ATTN_FWD_MAX_UNITS) fq = TG_ATTN_FWD_MAX_UNITS;
+  for (; fq > 1; fq--)
+    if (pr->B * pr->H_kv * ((units + fq - 1) / fq) >= (int64_t)TG_ATTN_ITEMS_PER_CPU * threads)
+      break;
+  return fq;
 }
 
 /* The forward's key tile: the table's (tg_attn_bk) times as many, up to
@@ -315,7 +326,7 @@ tg_status tg_attn_forward(tg_ctx *ctx, const tg_attn_problem *pr, const void *Q,
                 .products = tg_attn_products_of(pr, ctx->ops, TG_ATTN_PASS_FWD)};
   a.n_qtiles = (pr->qL + a.BQ - 1) / a.BQ;
   a.FQ = fwd_q_tiles(pr, a.n_qtiles, tg_threads(ctx));
-  return tg_dispatch(ctx, (a.n_qtiles + a.FQ - 1) / a.FQ, pr->H, pr->B,
+  return tg_dispatch(ctx, (pr->gqa * a.n_qtiles + a.FQ - 1) / a.FQ, pr->H_kv, pr->B,
                      fwd_scratch_bytes(pr->D, pr->Dv, a.BQ, a.BK, a.FQ,
                                        tg_attn_part_buffers(pr, a.products)),
                      fwd_group, &a);
