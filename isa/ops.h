@@ -19,6 +19,13 @@
 #include "registry.h"
 #include "tilegrad.h"
 
+/* A term of mm_bf16_terms: A [M, K] (bf16 rows), Bp [K/2, N] (pairs). */
+typedef struct {
+  const uint16_t *A;
+  const uint32_t *Bp;
+  int K;
+} tg_bf16_term;
+
 typedef struct {
   const char *name;
   /* NULL functions: this ISA is not in this build (its compiler flags were
@@ -52,14 +59,15 @@ typedef struct {
   void (*mm_bf16_pairs)(int M, int N, int K, const uint16_t *A, int64_t lda,
                         const uint32_t *Bp, int64_t ldb, float *C, int64_t ldc,
                         int accumulate);
-  /* Optional (NULL: n_parts calls of mm_bf16_pairs do the same): C (+)=
-   * A[0] . B + ... + A[n_parts-1] . B (n_parts 1-3, each part as mm_bf16_pairs'
-   * A), with the bits of those n_parts calls in part order, the first with
+  /* Optional (NULL: n calls of mm_bf16_pairs do the same): C (+)=
+   * A_0 . B_0 + ... + A_{n-1} . B_{n-1}, term i = terms[i] as one call's A,
+   * Bp and K (K even; A at stride lda, Bp at stride ldb for every term),
+   * with the bits of those n calls in term order, the first with
    * `accumulate` and the rest accumulating. The amx table loads and stores
-   * each block of C once for all parts. */
-  void (*mm_bf16_parts)(int n_parts, int M, int N, int K, const uint16_t *const *A,
-                        int64_t lda, const uint32_t *Bp, int64_t ldb, float *C, int64_t ldc,
-                        int accumulate);
+   * each block of C once for all terms (an f32 operand's bf16 parts; key
+   * tiles one after another). */
+  void (*mm_bf16_terms)(int n, const tg_bf16_term *terms, int M, int N, int64_t lda,
+                        int64_t ldb, float *C, int64_t ldc, int accumulate);
   /* Optional (NULL where not needed): bracket a work item's run of
    * mm_bf16_pairs calls on one thread. The amx table loads its tile
    * configuration once at begin and releases the tiles at end (its calls

@@ -120,7 +120,10 @@ enum { TG_ATTN_MAX_CHUNK_TILES = 8 };
  * shapes D 64-256; lent Xeon (amx, bf16 mode, 2 threads) 0.93-1.00 on D
  * 128-512, but 1.03-1.12 on the D 64 and 96 causal shapes (two runs),
  * where one product per tile then took 0.90-0.97 the fused time
- * (bench/results/xeon16-amx/README.md, "dQ over the chunk"). */
+ * (bench/results/xeon16-amx/README.md, "dQ over the chunk"). Exact and
+ * split mode's parts as mm_bf16_terms, tile by tile (the same bits): 2
+ * threads, exact 0.87-0.96 on D 128 causal, 256 full (two batches), 512
+ * causal, split 0.92-0.96 on D 128-512. */
 enum { TG_ATTN_DQ_CHUNK_MIN_D = 128 };
 
 /* Forward: key tiles of up to TG_ATTN_FWD_KEY_TILES of the table's attn_bk,
@@ -309,7 +312,7 @@ enum { ATTN_BQ_BF16 = ATTN_BQ, ATTN_BK_BF16 = ATTN_BK };
  * AMX, and the forward's key tiles"): forward at 16 / 2 threads D 64 1.00-1.10 / 1.07, D 128 0.88 /
  * 0.93, D 256 0.86 / 0.85, D 512 0.80 / 0.84; backward step D 64
  * 0.94-1.17 / 1.13, D 128 0.98 / 1.30, D 256 0.83 / 0.84, D 512 0.78 /
- * 0.81. Since the parts run in one call (mm_bf16_parts: each block of C
+ * 0.81. Since the parts run in one call (mm_bf16_terms: each block of C
  * loaded and stored once, not once per part), the backward gains from D
  * 128 too: step time with three parts from D 128 over from D 256, paired
  * in each of 5 rotating rounds, medians (bench/results/xeon16-amx/

@@ -228,24 +228,33 @@ static inline void tg_attn_round_bf16(float *x, int64_t rows, int64_t cols, int6
     for (int64_t c = 0; c < cols; c++) x[r * ld + c] = tg_bf16_to_f32(tg_f32_to_bf16(x[r * ld + c]));
 }
 
+/* C [M, N] (ldc) (+)= the sum of n terms' products, in term order, with
+ * the bits of n calls of mm_bf16_pairs (the first with `accumulate`): in
+ * one call where the table has mm_bf16_terms. */
+static inline void tg_attn_mm_terms(const tg_isa_ops *ops, int n, const tg_bf16_term *terms,
+                                    int64_t M, int64_t N, int64_t lda, int64_t ldb, float *C,
+                                    int64_t ldc, int accumulate) {
+  if (ops->mm_bf16_terms && n > 1) {
+    ops->mm_bf16_terms(n, terms, (int)M, (int)N, lda, ldb, C, ldc, accumulate);
+    return;
+  }
+  for (int i = 0; i < n; i++)
+    ops->mm_bf16_pairs((int)M, (int)N, terms[i].K, terms[i].A, lda, terms[i].Bp, ldb, C, ldc,
+                       accumulate || i);
+}
+
 /* TG_PRODUCTS_BF16_DOT: C [M, N] (ldc) (+)= X . Bp, X given as its
  * tg_attn_parts bf16 parts (hi, then lo, then lo2: the bits of one pass of
- * C += part . Bp each, in one call where the table has mm_bf16_parts),
- * rows of Kp (even) columns, stride ldx; Bp [Kp/2, N] pairs
- * (pack_bf16_row_pairs), stride ldb. */
+ * C += part . Bp each), rows of Kp (even) columns, stride ldx; Bp [Kp/2, N]
+ * pairs (pack_bf16_row_pairs), stride ldb. */
 static inline void tg_attn_mm_parts(const tg_attn_problem *pr, const tg_isa_ops *ops, int64_t M,
                                     int64_t N, int64_t Kp, uint16_t *const parts[3],
                                     int64_t ldx, const uint32_t *Bp, int64_t ldb, float *C,
                                     int64_t ldc, int accumulate) {
   const int n = tg_attn_parts(pr);
-  if (ops->mm_bf16_parts && n > 1) {
-    const uint16_t *const A[3] = {parts[0], parts[1], parts[2]};
-    ops->mm_bf16_parts(n, (int)M, (int)N, (int)Kp, A, ldx, Bp, ldb, C, ldc, accumulate);
-    return;
-  }
-  for (int i = 0; i < n; i++)
-    ops->mm_bf16_pairs((int)M, (int)N, (int)Kp, parts[i], ldx, Bp, ldb, C, ldc,
-                       accumulate || i);
+  tg_bf16_term terms[3];
+  for (int i = 0; i < n; i++) terms[i] = (tg_bf16_term){parts[i], Bp, (int)Kp};
+  tg_attn_mm_terms(ops, n, terms, M, N, ldx, ldb, C, ldc, accumulate);
 }
 
 /* A work item's mm_bf16_pairs calls in one bracket of the table's (the amx

@@ -345,20 +345,37 @@ static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_
  * tile t: the dS that bwd_pair left from column col of w->dS (or of unit
  * slot `slot`'s dS parts), those tiles' K rows (contiguous in the chunk).
  * Every key tile but the last of the keys is whole (BK), so the product
- * adds along k in the order of one product per tile, and with one part (f32,
- * bf16 mode) gives the same bits: the GEMMs keep C in f32 between k steps,
- * whether in registers or in memory. With first the rows are written. */
+ * gives the bits of one product per tile: the f32 GEMM and one bf16 part
+ * add along k in that order and keep C in f32 between k steps, whether in
+ * registers or in memory; two or three parts run as terms, each tile's
+ * parts in turn (tg_attn_mm_terms). With first the rows are written. */
 static void bwd_dq(const bwd_args *a, int64_t nq, int64_t kn, int64_t slot, int64_t col,
                    const ktile_scratch *t, float *dQ, int64_t ldq, int first, bwd_scratch *w) {
   const tg_attn_problem *pr = &a->pr;
-  if (a->plan.products == TG_PRODUCTS_BF16_DOT) { /* an odd kn: a 0 pads dS and K */
+  if (a->plan.products != TG_PRODUCTS_BF16_DOT) {
+    a->ops->mm_nn((int)nq, (int)pr->D, (int)kn, w->dS + col, w->ld_ds, t->K, pr->D, dQ, ldq,
+                  !first);
+    return;
+  }
+  const int64_t BK = a->plan.BK;
+  const int n_parts = tg_attn_parts(pr);
+  if (n_parts == 1) { /* one run along k; an odd kn: a 0 pads dS and K */
     uint16_t *dSp[3];
     parts_at(w->dS_parts, slot * a->plan.BQ * w->ld_ds + col, dSp);
     tg_attn_mm_parts(pr, a->ops, nq, pr->D, kn + kn % 2, dSp, w->ld_ds, (const uint32_t *)t->K,
                      pr->D, dQ, ldq, !first);
     return;
   }
-  a->ops->mm_nn((int)nq, (int)pr->D, (int)kn, w->dS + col, w->ld_ds, t->K, pr->D, dQ, ldq, !first);
+  tg_bf16_term terms[3 * TG_ATTN_MAX_CHUNK_TILES];
+  int n = 0;
+  for (int64_t k0 = 0; k0 < kn; k0 += BK, t++) { /* tile by tile, its parts in turn */
+    const int64_t nk = kn - k0 < BK ? kn - k0 : BK;
+    uint16_t *dSp[3];
+    parts_at(w->dS_parts, slot * a->plan.BQ * w->ld_ds + col + k0, dSp);
+    for (int i = 0; i < n_parts; i++)
+      terms[n++] = (tg_bf16_term){dSp[i], (const uint32_t *)t->K, (int)(nk + nk % 2)};
+  }
+  tg_attn_mm_terms(a->ops, n, terms, nq, pr->D, w->ld_ds, pr->D, dQ, ldq, !first);
 }
 
 /* TG_PRODUCTS_BF16_DOT: t->dK [nk, D], t->dV [nk, Dv] (+)= dS^T . Q, P^T . dO
@@ -539,13 +556,9 @@ static void bwd_group_kv(const void *vargs, int64_t x, int64_t b, int64_t range,
   const int in_part = group > 0 && !pr->compensated;
   /* A q unit's dQ rows take one product over the chunk's key tiles it
    * sees (bwd_dq: each block of the rows loaded and stored once, not once
-   * per tile), where that keeps the bits of one product per tile: with
-   * one part. Two or three parts per tile run each part over the tile in
-   * turn, so a product over several tiles would reorder the terms (and
-   * tie the bits to the chunk, i.e. the L2). On the bf16 unit only from
-   * TG_ATTN_DQ_CHUNK_MIN_D (isa/tuning.h says why). */
-  const int dq_over_chunk =
-      !bf16_products || (tg_attn_parts(pr) == 1 && pr->D >= TG_ATTN_DQ_CHUNK_MIN_D);
+   * per tile), with the bits of one product per tile; on the bf16 unit
+   * only from TG_ATTN_DQ_CHUNK_MIN_D (isa/tuning.h says why). */
+  const int dq_over_chunk = !bf16_products || pr->D >= TG_ATTN_DQ_CHUNK_MIN_D;
   for (int64_t c0 = t0; c0 < t1; c0 += a->plan.chunk_tiles) {
     const int64_t nc = tile_rows(t1, c0, a->plan.chunk_tiles);
     int written[TG_ATTN_MAX_CHUNK_TILES] = {0}; /* has a unit written tile j's dK, dV? */

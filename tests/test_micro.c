@@ -190,13 +190,15 @@ static void test_bf16_dot_gemm(void **state) {
   printf("  bf16 dot GEMM checked on %d table(s)\n", tested);
 }
 
-/* mm_bf16_parts, where a table has it (amx): the bits of its n_parts
- * calls of mm_bf16_pairs in part order (first with accumulate, the rest
- * accumulating), for 1-3 parts on ragged sizes (edge tiles, K % 32, a
- * partial 32 x 32 block), and nothing of C outside [M, N] written (NaN
- * there must come back bit for bit). The parts are a f32 block's hi, lo,
- * lo2, as the attention passes them. */
-static void test_bf16_parts_gemm(void **state) {
+/* mm_bf16_terms, where a table has it (amx): the bits of its n calls of
+ * mm_bf16_pairs in term order (first with accumulate, the rest
+ * accumulating), for 1-3 parts of one K, and for two key tiles' parts in
+ * turn (tile 1's A and B further along k, its own K, as the backward's dQ
+ * passes them), on ragged sizes (edge tiles, K % 32, a partial 32 x 32
+ * block), and nothing of C outside [M, N] written (NaN there must come
+ * back bit for bit). The parts are a f32 block's hi, lo, lo2, as the
+ * attention passes them. */
+static void test_bf16_terms_gemm(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 13);
   const tg_isa_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
@@ -205,7 +207,7 @@ static void test_bf16_parts_gemm(void **state) {
                           {17, 15, 40},  {33, 47, 80}, {1, 1, 2},     {0, 8, 32}};
   for (int t = 0; t < nt; t++) {
     const tg_isa_ops *o = tabs[t];
-    if (!o->mm_bf16_parts) continue;
+    if (!o->mm_bf16_terms) continue;
     tested++;
     for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
       const int M = sizes[si][0], N = sizes[si][1], K = sizes[si][2];
@@ -223,23 +225,32 @@ static void test_bf16_parts_gemm(void **state) {
       o->pack_bf16_pairs(N, K, X, ldx, Bp, ldb);
       tu_poison_f32(C0, nc);
       for (int i = 0; i < M; i++) tu_fill_f32(&r, C0 + i * ldc, N, -1, 1);
-      for (int n = 1; n <= 3; n++)
-        for (int acc = 0; acc < 2; acc++) {
-          memcpy(want, C0, sizeof(float) * nc);
-          for (int p = 0; p < n; p++)
-            o->mm_bf16_pairs(M, N, K, parts[p], lda, Bp, ldb, want, ldc, acc || p);
-          memcpy(got, C0, sizeof(float) * nc);
-          const uint16_t *const A[3] = {parts[0], parts[1], parts[2]};
-          o->mm_bf16_parts(n, M, N, K, A, lda, Bp, ldb, got, ldc, acc);
-          if (memcmp(got, want, sizeof(float) * nc))
-            TU_FAIL("%s parts %d accumulate %d M=%d N=%d K=%d: not the bits of %d calls",
-                    o->name, n, acc, M, N, K, n);
-        }
+      const int K1 = K / 4 * 2; /* tile 0's k (even), tile 1 the rest */
+      for (int tiles = 1; tiles <= 2; tiles++)
+        for (int n = 1; n <= 3; n++)
+          for (int acc = 0; acc < 2; acc++) {
+            tg_bf16_term terms[6];
+            int nt = 0;
+            for (int p = 0; p < n; p++)
+              terms[nt++] = (tg_bf16_term){parts[p], Bp, tiles == 1 ? K : K1};
+            for (int p = 0; p < n && tiles == 2; p++)
+              terms[nt++] = (tg_bf16_term){parts[p] + K1, Bp + K1 / 2 * ldb, K - K1};
+            memcpy(want, C0, sizeof(float) * nc);
+            for (int i = 0; i < nt; i++)
+              o->mm_bf16_pairs(M, N, terms[i].K, terms[i].A, lda, terms[i].Bp, ldb, want, ldc,
+                               acc || i);
+            memcpy(got, C0, sizeof(float) * nc);
+            o->mm_bf16_terms(nt, terms, M, N, lda, ldb, got, ldc, acc);
+            if (memcmp(got, want, sizeof(float) * nc))
+              TU_FAIL("%s %d tile(s) x %d parts, accumulate %d M=%d N=%d K=%d: not the bits "
+                      "of %d calls",
+                      o->name, tiles, n, acc, M, N, K, nt);
+          }
       for (int p = 0; p < 3; p++) free(parts[p]);
       free(X32), free(X), free(Bp), free(C0), free(want), free(got);
     }
   }
-  printf("  bf16 parts GEMM checked on %d table(s)\n", tested);
+  printf("  bf16 terms GEMM checked on %d table(s)\n", tested);
 }
 
 static void test_exp(void **state) {
@@ -938,7 +949,7 @@ int main(void) {
       cmocka_unit_test(test_blocking),
       cmocka_unit_test(test_gemms),
       cmocka_unit_test(test_bf16_dot_gemm),
-      cmocka_unit_test(test_bf16_parts_gemm),
+      cmocka_unit_test(test_bf16_terms_gemm),
       cmocka_unit_test(test_exp),
       cmocka_unit_test(test_exp_sum_row),
       cmocka_unit_test(test_conversions_and_dot),

@@ -135,9 +135,8 @@ void TG_NAME(pack_bf16_pairs)(int64_t nr, int64_t K, const uint16_t *restrict X,
 void TG_NAME(mm_bf16_pairs_amx)(int M, int N, int K, const uint16_t *A, int64_t lda,
                                 const uint32_t *Bp, int64_t ldb, float *C, int64_t ldc,
                                 int accumulate);
-void TG_NAME(mm_bf16_parts_amx)(int n_parts, int M, int N, int K, const uint16_t *const *A,
-                                int64_t lda, const uint32_t *Bp, int64_t ldb, float *C,
-                                int64_t ldc, int accumulate);
+void TG_NAME(mm_bf16_terms_amx)(int n, const tg_bf16_term *terms, int M, int N, int64_t lda,
+                                int64_t ldb, float *C, int64_t ldc, int accumulate);
 void TG_NAME(bf16_dot_begin_amx)(void);
 void TG_NAME(bf16_dot_end_amx)(void);
 #pragma GCC visibility pop

@@ -108,9 +108,10 @@ static inline void amx_stage_b(uint32_t *restrict buf, int ncb, const uint32_t *
   for (int p = 0; p < np; p++) memcpy(buf + p * ncb, Bp + p * ldb, sizeof(uint32_t) * cols);
 }
 
-/* A 32 x 32 block of C, wholly inside it: tmm0-3; C (+)= A[0] . B + ...
- * + A[n-1] . B, the parts' k loops one after the other. */
-static void amx_block32(int n, int K, const uint16_t *const *Ap, int64_t lda, const uint32_t *Bp,
+/* A 32 x 32 block of C, wholly inside it, rows from i and columns from j
+ * of the terms' A and B (C points at the block): tmm0-3; C (+)= A_0 . B_0
+ * + ... + A_{n-1} . B_{n-1}, the terms' k loops one after the other. */
+static void amx_block32(int n, const tg_bf16_term *terms, int64_t i, int64_t j, int64_t lda,
                         int64_t ldb, float *C, int64_t ldc, int accumulate) {
   const int64_t sa = 2 * lda, sb = 4 * ldb, sc = 4 * ldc; /* byte strides */
   if (accumulate) {
@@ -124,8 +125,10 @@ static void amx_block32(int n, int K, const uint16_t *const *Ap, int64_t lda, co
     _tile_zero(2);
     _tile_zero(3);
   }
-  for (int part = 0; part < n; part++) {
-    const uint16_t *A = Ap[part];
+  for (int term = 0; term < n; term++) {
+    const uint16_t *A = terms[term].A + i * lda;
+    const uint32_t *Bp = terms[term].Bp + j;
+    const int K = terms[term].K;
     int k = 0;
     for (; k + AMX_KC <= K; k += AMX_KC) {
       const uint32_t *b = Bp + (int64_t)(k / 2) * ldb;
@@ -159,10 +162,11 @@ static void amx_block32(int n, int K, const uint16_t *const *Ap, int64_t lda, co
   _tile_stored(3, C + 16 * ldc + 16, sc);
 }
 
-/* One tile of C, rows x cols (1..16 each; tmm0, tmm4, tmm6): in place where
- * whole, else through zero-padded copies; the n parts as amx_block32's. */
-static void amx_tile1(int rows, int cols, int n, int K, const uint16_t *const *Ap, int64_t lda,
-                      const uint32_t *Bp, int64_t ldb, float *C, int64_t ldc, int accumulate) {
+/* One tile of C, rows x cols (1..16 each; tmm0, tmm4, tmm6) at row i and
+ * column j of the terms: in place where whole, else through zero-padded
+ * copies; the n terms as amx_block32's. */
+static void amx_tile1(int rows, int cols, int n, const tg_bf16_term *terms, int64_t i, int64_t j,
+                      int64_t lda, int64_t ldb, float *C, int64_t ldc, int accumulate) {
   const int whole = rows == AMX_R && cols == AMX_R;
   _Alignas(64) float c[AMX_R * AMX_R];
   _Alignas(64) uint16_t a[AMX_R * AMX_KC];
@@ -176,14 +180,17 @@ static void amx_tile1(int rows, int cols, int n, int K, const uint16_t *const *A
     for (int r = 0; r < rows; r++) memcpy(c + r * AMX_R, C + r * ldc, sizeof(float) * cols);
     AMX_LOAD(0, c, 4 * AMX_R);
   }
-  for (int part = 0; part < n; part++)
+  for (int term = 0; term < n; term++) {
+    const uint16_t *A = terms[term].A + i * lda;
+    const uint32_t *Bp = terms[term].Bp + j;
+    const int K = terms[term].K;
     for (int k = 0; k < K; k += AMX_KC) {
       const int kc = K - k < AMX_KC ? K - k : AMX_KC;
       const uint32_t *bk = Bp + (int64_t)(k / 2) * ldb;
       if (rows == AMX_R && kc == AMX_KC) {
-        AMX_LOAD(4, Ap[part] + k, 2 * lda);
+        AMX_LOAD(4, A + k, 2 * lda);
       } else {
-        amx_stage_a(a, AMX_R, Ap[part] + k, lda, rows, kc);
+        amx_stage_a(a, AMX_R, A + k, lda, rows, kc);
         AMX_LOAD(4, a, 2 * AMX_KC);
       }
       if (cols == AMX_R && kc == AMX_KC) {
@@ -194,6 +201,7 @@ static void amx_tile1(int rows, int cols, int n, int K, const uint16_t *const *A
       }
       _tile_dpbf16ps(0, 4, 6);
     }
+  }
   if (whole) {
     _tile_stored(0, C, 4 * ldc);
   } else {
@@ -217,32 +225,28 @@ void TG_NAME(bf16_dot_end_amx)(void) {
   amx_bracket = 0;
 }
 
-/* C (+)= A[0] . B + ... + A[n-1] . B, block by block: each 32 x 32 block
- * of C is loaded (or zeroed) once and stored once, its parts' k loops run
- * in part order between (the TDPBF16PS sequence of n calls of
+/* C (+)= A_0 . B_0 + ... + A_{n-1} . B_{n-1}, block by block: each 32 x 32
+ * block of C is loaded (or zeroed) once and stored once, its terms' k
+ * loops run in term order between (the TDPBF16PS sequence of n calls of
  * mm_bf16_pairs_amx, so the same bits: C's f32 values go to memory and
  * back unchanged between those calls). */
-static void amx_gemm(int n, int M, int N, int K, const uint16_t *const *A, int64_t lda,
-                     const uint32_t *Bp, int64_t ldb, float *C, int64_t ldc, int accumulate) {
+static void amx_gemm(int n, const tg_bf16_term *terms, int M, int N, int64_t lda, int64_t ldb,
+                     float *C, int64_t ldc, int accumulate) {
   if (M <= 0 || N <= 0) return;
   if (!amx_bracket) amx_configure();
   for (int i = 0; i < M; i += 32)
     for (int j = 0; j < N; j += 32) {
-      const uint16_t *Ai[3];
-      for (int part = 0; part < n; part++) Ai[part] = A[part] + (int64_t)i * lda;
       float *Cij = C + (int64_t)i * ldc + j;
       if (i + 32 <= M && j + 32 <= N) {
-        amx_block32(n, K, Ai, lda, Bp + j, ldb, Cij, ldc, accumulate);
+        amx_block32(n, terms, i, j, lda, ldb, Cij, ldc, accumulate);
         continue;
       }
       for (int ii = 0; ii < 32 && i + ii < M; ii += AMX_R)
         for (int jj = 0; jj < 32 && j + jj < N; jj += AMX_R) {
           const int rows = M - i - ii < AMX_R ? M - i - ii : AMX_R;
           const int cols = N - j - jj < AMX_R ? N - j - jj : AMX_R;
-          const uint16_t *At[3];
-          for (int part = 0; part < n; part++) At[part] = Ai[part] + (int64_t)ii * lda;
-          amx_tile1(rows, cols, n, K, At, lda, Bp + j + jj, ldb, Cij + (int64_t)ii * ldc + jj,
-                    ldc, accumulate);
+          amx_tile1(rows, cols, n, terms, i + ii, j + jj, lda, ldb,
+                    Cij + (int64_t)ii * ldc + jj, ldc, accumulate);
         }
     }
   if (!amx_bracket) _tile_release();
@@ -251,11 +255,11 @@ static void amx_gemm(int n, int M, int N, int K, const uint16_t *const *A, int64
 void TG_NAME(mm_bf16_pairs_amx)(int M, int N, int K, const uint16_t *A, int64_t lda,
                                 const uint32_t *Bp, int64_t ldb, float *C, int64_t ldc,
                                 int accumulate) {
-  amx_gemm(1, M, N, K, &A, lda, Bp, ldb, C, ldc, accumulate);
+  const tg_bf16_term term = {A, Bp, K};
+  amx_gemm(1, &term, M, N, lda, ldb, C, ldc, accumulate);
 }
 
-void TG_NAME(mm_bf16_parts_amx)(int n_parts, int M, int N, int K, const uint16_t *const *A,
-                                int64_t lda, const uint32_t *Bp, int64_t ldb, float *C,
-                                int64_t ldc, int accumulate) {
-  amx_gemm(n_parts < 3 ? n_parts : 3, M, N, K, A, lda, Bp, ldb, C, ldc, accumulate);
+void TG_NAME(mm_bf16_terms_amx)(int n, const tg_bf16_term *terms, int M, int N, int64_t lda,
+                                int64_t ldb, float *C, int64_t ldc, int accumulate) {
+  amx_gemm(n, terms, M, N, lda, ldb, C, ldc, accumulate);
 }
