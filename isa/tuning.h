@@ -321,7 +321,12 @@ enum { ATTN_BQ_BF16 = ATTN_BQ, ATTN_BK_BF16 = ATTN_BK };
  * from D 64 on, both passes, the D 64 step was 0.85-1.04 / 1.04-1.24 and
  * the D 64 forward 0.97-1.06 / 0.91-1.11: no gain below 128. Three passes
  * of small tile products and the parts' packing cost more than they save
- * below that.
+ * below that. With the dQ product over the chunk's tiles (mm_bf16_terms)
+ * the backward gains from D 96: from D 64 over from D 128, paired calls,
+ * 13 pairs (bench/results/xeon16-amx/dq-chunk/ab-exact-parts-from-64.txt):
+ * 1,8,8,2048,96 causal 0.914 / 0.921 at 2 / 16 threads, but D 64 1.04-1.15
+ * at 2 threads (1,8,8,1024,64 full, 4,16,16,512,64 and 1,16,2,3072,64
+ * causal); so the backward from 96.
  * The avx512bf16 table keeps the FMA GEMM at every D: three parts on its
  * vdpbf16ps took 2.1-3.7x the backward's and 2.0-3.2x the forward's time
  * (lent Xeon, D 64-512, 2 and 16 threads, 3 rounds), where vdpbf16ps
@@ -329,7 +334,7 @@ enum { ATTN_BQ_BF16 = ATTN_BQ, ATTN_BK_BF16 = ATTN_BK };
  * the rate cannot win (where vdpbf16ps reached twice the FMA's FLOP rate,
  * three parts would still take 1.5x the FMA GEMM's instructions). */
 #if defined(TG_ISA_WITH_AMX)
-enum { EXACT_PARTS_MIN_D_FWD = 128, EXACT_PARTS_MIN_D_BWD = 128 };
+enum { EXACT_PARTS_MIN_D_FWD = 128, EXACT_PARTS_MIN_D_BWD = 96 };
 #else
 enum { EXACT_PARTS_MIN_D_FWD = 0, EXACT_PARTS_MIN_D_BWD = 0 };
 #endif
