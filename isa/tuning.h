@@ -321,7 +321,7 @@ enum { ATTN_BQ_BF16 = ATTN_BQ, ATTN_BK_BF16 = ATTN_BK };
  * from D 64 on, both passes, the D 64 step was 0.85-1.04 / 1.04-1.24 and
  * the D 64 forward 0.97-1.06 / 0.91-1.11: no gain below 128. Three passes
  * of small tile products and the parts' packing cost more than they save
- * below that. With the dQ product over the chunk's tiles (mm_bf16_terms)
+ * below that. Measured again later (dK, dV over several q units by then),
  * the backward gains from D 96: from D 64 over from D 128, paired calls,
  * 13 pairs (bench/results/xeon16-amx/dq-chunk/ab-exact-parts-from-64.txt):
  * 1,8,8,2048,96 causal 0.914 / 0.921 at 2 / 16 threads, but D 64 1.04-1.15
