@@ -321,8 +321,8 @@ enum { ATTN_BQ_BF16 = ATTN_BQ, ATTN_BK_BF16 = ATTN_BK };
  * from D 64 on, both passes, the D 64 step was 0.85-1.04 / 1.04-1.24 and
  * the D 64 forward 0.97-1.06 / 0.91-1.11: no gain below 128. Three passes
  * of small tile products and the parts' packing cost more than they save
- * below that. Measured again later (dK, dV over several q units by then),
- * the backward gains from D 96: from D 64 over from D 128, paired calls,
+ * below that. D 96 was not measured then; measured later, the backward
+ * gains from D 96: from D 64 over from D 128, paired calls,
  * 13 pairs (bench/results/xeon16-amx/dq-chunk/ab-exact-parts-from-64.txt):
  * 1,8,8,2048,96 causal 0.914 / 0.921 at 2 / 16 threads, but D 64 1.04-1.15
  * at 2 threads (1,8,8,1024,64 full, 4,16,16,512,64 and 1,16,2,3072,64
