@@ -112,9 +112,10 @@ enum { TG_ATTN_MAX_CHUNK_TILES = 8 };
  * chunk's key tiles it sees (dS of those tiles side by side, their K rows
  * contiguous), not one per key tile, so each block of the f32 dQ rows is
  * loaded and stored once per chunk (kernels/attention_bwd.c, bwd_dq; the
- * same bits). With the f32 GEMM at every D; on the bf16 unit with one part
- * (bf16 mode) from head dim TG_ATTN_DQ_CHUNK_MIN_D, where the dQ rows
- * outweigh the dS parts that now wait in L2 for the product. Paired calls
+ * same bits). With the f32 GEMM at every D; on the bf16 unit (one part,
+ * or two or three as mm_bf16_terms, tile by tile) from head dim
+ * TG_ATTN_DQ_CHUNK_MIN_D, where the dQ rows outweigh the dS parts that now
+ * wait in L2 for the product. Paired calls
  * (bench/ab_calls), medians of 7-15 pairs, backward time over one product
  * per tile: AMD EPYC (family 23, avx2, 2 threads, exact) 0.97-0.98 on 5
  * shapes D 64-256; lent Xeon (amx, bf16 mode, 2 threads) 0.93-1.00 on D

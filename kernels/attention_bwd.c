@@ -255,6 +255,12 @@ static void parts_at(uint16_t *const buffers[3], int64_t col, uint16_t *out[3]) 
   for (int i = 0; i < 3; i++) out[i] = buffers[i] ? buffers[i] + col : NULL;
 }
 
+/* Unit slot `slot`'s dS parts from column col (its rows [BQ, ld_ds]). */
+static void slot_ds_parts(const bwd_args *a, const bwd_scratch *w, int64_t slot, int64_t col,
+                          uint16_t *out[3]) {
+  parts_at(w->dS_parts, slot * a->plan.BQ * w->ld_ds + col, out);
+}
+
 /* The pair body for loaded tiles (the key tile's side in t, the q-tile's in
  * w): dS into columns [col, col + nk) of w->dS, or of unit slot `slot`'s dS
  * parts, for bwd_dq; t->dK [nk, D], t->dV [nk, Dv] += dS^T . Q, P^T . dO.
@@ -325,7 +331,7 @@ static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_
   if (bf16_products) { /* dS, dS^T, P^T as bf16 parts (odd counts padded with a 0) */
     const int64_t ldt = a->plan.dkv_units * a->plan.BQ;
     uint16_t *dSp[3], *dSt[3], *Pt[3]; /* the slot's rows of dS, columns of dS^T, P^T */
-    parts_at(w->dS_parts, slot * a->plan.BQ * w->ld_ds + col, dSp);
+    slot_ds_parts(a, w, slot, col, dSp);
     parts_at(w->dSt_parts, slot * a->plan.BQ, dSt);
     parts_at(w->Pt_parts, slot * a->plan.BQ, Pt);
     ops->f32_to_bf16_split(nq, nk, dS_tile, ld, 0, dSp[0], dSp[1], dSp[2], w->ld_ds);
@@ -361,7 +367,7 @@ static void bwd_dq(const bwd_args *a, int64_t nq, int64_t kn, int64_t slot, int6
   const int n_parts = tg_attn_parts(pr);
   if (n_parts == 1) { /* one run along k; an odd kn: a 0 pads dS and K */
     uint16_t *dSp[3];
-    parts_at(w->dS_parts, slot * a->plan.BQ * w->ld_ds + col, dSp);
+    slot_ds_parts(a, w, slot, col, dSp);
     tg_attn_mm_parts(pr, a->ops, nq, pr->D, kn + kn % 2, dSp, w->ld_ds, (const uint32_t *)t->K,
                      pr->D, dQ, ldq, !first);
     return;
@@ -371,7 +377,7 @@ static void bwd_dq(const bwd_args *a, int64_t nq, int64_t kn, int64_t slot, int6
   for (int64_t k0 = 0; k0 < kn; k0 += BK, t++) { /* tile by tile, its parts in turn */
     const int64_t nk = kn - k0 < BK ? kn - k0 : BK;
     uint16_t *dSp[3];
-    parts_at(w->dS_parts, slot * a->plan.BQ * w->ld_ds + col + k0, dSp);
+    slot_ds_parts(a, w, slot, col + k0, dSp);
     for (int i = 0; i < n_parts; i++)
       terms[n++] = (tg_bf16_term){dSp[i], (const uint32_t *)t->K, (int)(nk + nk % 2)};
   }
