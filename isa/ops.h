@@ -26,6 +26,9 @@ typedef struct {
   int K;
 } tg_bf16_term;
 
+/* f32_to_bf16_split's layouts */
+typedef enum { TG_SPLIT_ROWS, TG_SPLIT_TRANSPOSED, TG_SPLIT_ROW_PAIRS } tg_split_layout;
+
 typedef struct {
   const char *name;
   /* NULL functions: this ISA is not in this build (its compiler flags were
@@ -84,12 +87,18 @@ typedef struct {
    * The bf16 parts of an f32 block [rows, cols] (stride lds): hi = bf16(x)
    * rounded to nearest even, lo = bf16(x - hi), lo2 = bf16(x - hi - lo) (lo,
    * lo2 0 where hi is not finite; hi + lo + lo2 = x exactly unless lo2 is
-   * subnormal); lo NULL: hi only, lo2 NULL: hi and lo. transpose == 0:
-   * hi[r * ldd + c], each row padded to an even length with a 0; transpose
-   * != 0: hi[c * ldd + r], the row count padded likewise (ldd > cols, resp.
-   * rows, when that is odd). The same layout for lo and lo2. */
+   * subnormal); lo NULL: hi only, lo2 NULL: hi and lo. In `layout`
+   * (tg_split_layout): TG_SPLIT_ROWS hi[r * ldd + c], each row padded to an
+   * even length with a 0 (ldd > cols when cols is odd); TG_SPLIT_TRANSPOSED
+   * hi[c * ldd + r], the row count padded likewise; TG_SPLIT_ROW_PAIRS
+   * pack_bf16_row_pairs' layout, rows 2p and 2p + 1 as the low and high
+   * halves of 32-bit pairs, ((uint32_t *)hi)[p * ldd + c] = (hi[2p, c],
+   * hi[2p + 1, c]) for p < ceil(rows / 2), the missing row of an odd count
+   * read as 0 (ldd counts pairs; the parts 4-byte aligned). The first two
+   * are mm_bf16_pairs' A operand of the block and of its transpose, the
+   * last its B operand. The same layout for lo and lo2. */
   void (*f32_to_bf16_split)(int64_t rows, int64_t cols, const float *src, int64_t lds,
-                            int transpose, uint16_t *hi, uint16_t *lo, uint16_t *lo2,
+                            int layout, uint16_t *hi, uint16_t *lo, uint16_t *lo2,
                             int64_t ldd);
   /* The pair layout of a bf16 matrix along its rows: X [nr, ncols] (stride
    * lds) -> Bp[p * ldb + j] = (X[2p, j], X[2p+1, j]) for p < ceil(nr / 2),
@@ -171,6 +180,11 @@ typedef struct {
    * the caches: no read-for-ownership, no eviction of what is cached. */
   void (*transpose_f32)(int64_t rows, int64_t cols, const float *src, int64_t lds, float *dst,
                         int64_t ldd, int stream);
+  /* dst[c * ldd + r] += src[r * lds + c] for r < rows, c < cols (one f32
+   * add each): a transposed block added to rows, at about the cost of
+   * adding rows (the backward's dK^T, dV^T sums into dK, dV). */
+  void (*add_transposed_f32)(int64_t rows, int64_t cols, const float *src, int64_t lds,
+                             float *dst, int64_t ldd);
   /* Weighted sum of partials interleaved in fours (the split-KV decode
    * layout): for c < n4, k < 4,
    *   dst[4c + k] = (sum_{i < nw} a[i] * part[((c * ld) + w[i]) * 4 + k]) / div

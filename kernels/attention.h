@@ -305,6 +305,8 @@ typedef struct {
   int64_t dk_elems, dv_elems;    /* B * H_kv * kL * D, * Dv: one group's dK, dV part */
   int64_t dkv_units;             /* KV schedule: q units per dK, dV product (1 unless
                                   * TG_PRODUCTS_BF16_DOT: plan_dkv_units) */
+  int dkv_transposed;            /* TG_PRODUCTS_BF16_DOT: dK^T, dV^T summed
+                                  * (TG_ATTN_DKV_T_MAX_D) */
 } tg_attn_bwd_plan;
 tg_attn_bwd_plan tg_attn_bwd_plan_make(const tg_attn_problem *pr, const tg_isa_ops *ops,
                                        int cpus);

@@ -49,9 +49,15 @@
  *
  * Precision modes (tg_attn_products, kernels/attention.h): with bf16
  * inputs on a table with bf16 dot products, split and bf16 mode turn the
- * tile's dS and P into bf16 parts (dS rows for dQ, dS^T and P^T rows for
- * dK, dV) and run the last three products on mm_bf16_pairs against K
- * (packed once per key tile) and Q, dO (per q-tile) in row pairs.
+ * tile's dS and P into bf16 parts and run the last three products on
+ * mm_bf16_pairs: dQ = dS . K with dS rows against K packed in row pairs
+ * (once per key tile); dK = dS^T . Q and dV = P^T . dO with dS^T, P^T rows
+ * against Q, dO in row pairs (once per q-tile), or, up to head dim
+ * TG_ATTN_DKV_T_MAX_D (plan.dkv_transposed), dK, dV transposed: dK^T = Q^T
+ * . dS and dV^T = dO^T . P with dS and P in row pairs (a third of the cost
+ * of the transposed conversion) against Q^T, dO^T (once per q-tile). The
+ * sums of dK^T, dV^T are those of dK, dV (the same products, added in the
+ * same order: the same bits), transposed as they are added to the output.
  *
  * tg_attn_backward_kv is the KV schedule on a validated problem (bf16 or
  * f32 inputs, gradients through strides); kernel 10 runs it too.
@@ -110,7 +116,8 @@ static inline int64_t tile_rows(int64_t len, int64_t start, int64_t tile) {
 typedef struct {
   float *K, *KT, *VT;  /* [BK, D], [D, BK], [Dv, BK] (bf16_dot: [D/2, BK],
                         * [Dv/2, BK] pairs) */
-  float *dK, *dV;      /* [BK, D], [BK, Dv] */
+  float *dK, *dV;      /* [BK, D], [BK, Dv]; plan.dkv_transposed: dK^T, dV^T
+                        * [D, nk], [Dv, nk] (add_dkv) */
   /* compensated sums only: the running dK, dV sums and their corrections,
    * [BK, D] and [BK, Dv] (dK, dV above then hold one q-tile's part, zeroed
    * again as it is added) */
@@ -128,13 +135,17 @@ typedef struct {
   uint8_t *keep;       /* [BQ, BK] dropout keep flags */
   /* TG_PRODUCTS_BF16_DOT only: the bf16 parts (tg_attn_parts of hi, lo,
    * lo2; the rest NULL) of dS [U][BQ, ld_ds] (unit slot s's rows from
-   * s BQ ld_ds, its key tiles side by side as above) and of dS^T, P^T
-   * [BK, U BQ] (U = plan.dkv_units q units side by side, unit s in columns
-   * s BQ..); Q and dO then hold U units' bf16 rows in pairs
-   * (pack_bf16_row_pairs: unit s at pair row s BQ / 2 of [U BQ / 2, D] and
-   * [U BQ / 2, Dv]) instead of f32 rows, and K its bf16 rows in pairs
-   * ([BK / 2, D]) */
-  uint16_t *dS_parts[3], *dSt_parts[3], *Pt_parts[3];
+   * s BQ ld_ds, its key tiles side by side as above) and of the dK, dV
+   * products' dS, P (U = plan.dkv_units q units): dS^T, P^T [BK, U BQ]
+   * (unit s in columns s BQ..), whose products take Q and dO as U units'
+   * bf16 rows in pairs ([U BQ / 2, D] and [U BQ / 2, Dv], unit s from pair
+   * row s BQ / 2); or, plan.dkv_transposed, dS, P in row pairs [U BQ / 2,
+   * BK] (unit s from pair row s BQ / 2), with Q, dO holding Q^T, dO^T ([D,
+   * U BQ] and [Dv, U BQ] bf16, unit s in columns s BQ..: rows of pairs of q
+   * rows, made through row_pairs). K holds its bf16 rows in pairs ([BK / 2,
+   * D]). */
+  uint16_t *dS_parts[3], *dS_dkv[3], *P_dkv[3];
+  uint32_t *row_pairs; /* plan.dkv_transposed: [BQ / 2, max(D, Dv)] */
   /* the chunk's K rows are contiguous (kt[j].K follows kt[j - 1].K): the
    * B of the dQ product over several key tiles */
   ktile_scratch kt[TG_ATTN_MAX_CHUNK_TILES];
@@ -186,9 +197,11 @@ static size_t carve(void *base, const tg_attn_problem *pr, const tg_attn_bwd_pla
   TG_CARVE(w->keep, uint8_t, (size_t)(BQ * BK));
   for (int i = 0; i < n_parts; i++) {
     TG_CARVE(w->dS_parts[i], uint16_t, 2 * (size_t)(U * BQ * W));
-    TG_CARVE(w->dSt_parts[i], uint16_t, 2 * (size_t)(U * BQ * BK));
-    TG_CARVE(w->Pt_parts[i], uint16_t, 2 * (size_t)(U * BQ * BK));
+    TG_CARVE(w->dS_dkv[i], uint16_t, 2 * (size_t)(U * BQ * BK));
+    TG_CARVE(w->P_dkv[i], uint16_t, 2 * (size_t)(U * BQ * BK));
   }
+  if (plan->dkv_transposed)
+    TG_CARVE(w->row_pairs, uint32_t, 2 * (size_t)(BQ * (D > Dv ? D : Dv)));
   float *K_chunk = NULL;
   TG_CARVE(K_chunk, float, ktile_buf_bytes(0, D, Dv, BK) * (size_t)chunk);
   for (int64_t j = 0; j < chunk; j++) {
@@ -209,17 +222,39 @@ static size_t bwd_scratch_bytes(const tg_attn_problem *pr, const tg_attn_bwd_pla
   return carve(NULL, pr, plan, chunk, compensated, &unused);
 }
 
-/* Rows [q0, q0 + nq) of query head h in batch b -> w->Q, w->dO (f32, or
- * bf16 row pairs in unit slot `slot` for TG_PRODUCTS_BF16_DOT). */
+/* plan.dkv_transposed: X^T for the bf16 rows X [nq, D] (row stride lds)
+ * -> unit slot `slot`'s columns of XT [D, U BQ] (bf16): X in row pairs
+ * [ceil(nq / 2), D] (an odd count's missing row 0), whose 32-bit pairs
+ * transposed are rows of X^T with q rows paired along them, mm_bf16_pairs'
+ * A layout. */
+static void load_transposed(const bwd_args *a, const tg_bf16 *X, int64_t lds, int64_t nq,
+                            int64_t D, int64_t slot, float *XT, bwd_scratch *w) {
+  const int64_t pairs = (nq + 1) / 2, ld = a->plan.dkv_units * a->plan.BQ / 2;
+  a->ops->pack_bf16_row_pairs(nq, D, X, lds, w->row_pairs, D);
+  /* 32-bit moves (transpose_f32 copies the pairs' bits as they are) */
+  a->ops->transpose_f32(pairs, D, (const float *)(void *)w->row_pairs, D,
+                        XT + slot * a->plan.BQ / 2, ld, 0);
+}
+
+/* Rows [q0, q0 + nq) of query head h in batch b -> w->Q, w->dO (f32 rows;
+ * for TG_PRODUCTS_BF16_DOT in unit slot `slot`, bf16 row pairs, or Q^T,
+ * dO^T where plan.dkv_transposed). */
 static void load_qtile(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_t nq,
                        int64_t slot, bwd_scratch *w) {
   const tg_attn_problem *pr = &a->pr;
+  const tg_bf16 *Q = (const tg_bf16 *)a->Q + tg_attn_offset(pr->Qs, b, h, q0);
+  const tg_bf16 *dO = (const tg_bf16 *)a->dO + tg_attn_offset(pr->Os, b, h, q0);
+  if (a->plan.dkv_transposed) {
+    load_transposed(a, Q, pr->Qs[2], nq, pr->D, slot, w->Q, w);
+    load_transposed(a, dO, pr->Os[2], nq, pr->Dv, slot, w->dO, w);
+    return;
+  }
   if (a->plan.products == TG_PRODUCTS_BF16_DOT) {
     const int64_t pair_row = slot * a->plan.BQ / 2;
-    a->ops->pack_bf16_row_pairs(nq, pr->D, (const tg_bf16 *)a->Q + tg_attn_offset(pr->Qs, b, h, q0),
-                                pr->Qs[2], (uint32_t *)w->Q + pair_row * pr->D, pr->D);
-    a->ops->pack_bf16_row_pairs(nq, pr->Dv, (const tg_bf16 *)a->dO + tg_attn_offset(pr->Os, b, h, q0),
-                                pr->Os[2], (uint32_t *)w->dO + pair_row * pr->Dv, pr->Dv);
+    a->ops->pack_bf16_row_pairs(nq, pr->D, Q, pr->Qs[2], (uint32_t *)w->Q + pair_row * pr->D,
+                                pr->D);
+    a->ops->pack_bf16_row_pairs(nq, pr->Dv, dO, pr->Os[2],
+                                (uint32_t *)w->dO + pair_row * pr->Dv, pr->Dv);
     return;
   }
   tg_attn_load_rows(a->ops, pr->in, tg_attn_at(pr->in, a->Q, tg_attn_offset(pr->Qs, b, h, 0)),
@@ -264,8 +299,8 @@ static void slot_ds_parts(const bwd_args *a, const bwd_scratch *w, int64_t slot,
 /* The pair body for loaded tiles (the key tile's side in t, the q-tile's in
  * w): dS into columns [col, col + nk) of w->dS, or of unit slot `slot`'s dS
  * parts, for bwd_dq; t->dK [nk, D], t->dV [nk, Dv] += dS^T . Q, P^T . dO.
- * TG_PRODUCTS_BF16_DOT leaves dK, dV to bwd_dkv_bf16: the pair's dS^T and
- * P^T go to the slot's columns of their part buffers instead. dq_soon: the
+ * TG_PRODUCTS_BF16_DOT leaves dK, dV to bwd_dkv_bf16: the pair's dS and P
+ * go to the slot's place in dS_dkv, P_dkv instead. dq_soon: the
  * dQ rows [nq, D] (row stride ldq) that a dQ product reads next (NULL:
  * none), fetched meanwhile. */
 static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_t nq,
@@ -328,15 +363,20 @@ static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_
   if (pr->drop.threshold) /* P -> P o keep / (1 - p), for dV */
     tg_attn_dropout_apply(w->keep, BK, w->S, BK, nq, nk, pr->drop.scale);
 
-  if (bf16_products) { /* dS, dS^T, P^T as bf16 parts (odd counts padded with a 0) */
-    const int64_t ldt = a->plan.dkv_units * a->plan.BQ;
-    uint16_t *dSp[3], *dSt[3], *Pt[3]; /* the slot's rows of dS, columns of dS^T, P^T */
+  if (bf16_products) { /* dS rows, and dS^T, P^T or dS, P in row pairs, as bf16
+                        * parts (odd counts padded with a 0) */
+    const int t = a->plan.dkv_transposed;
+    /* the slot's place: pair rows from slot BQ / 2, or columns from slot BQ */
+    const int64_t at = t ? slot * a->plan.BQ * BK : slot * a->plan.BQ;
+    const int64_t ldd = t ? BK : a->plan.dkv_units * a->plan.BQ;
+    const int layout = t ? TG_SPLIT_ROW_PAIRS : TG_SPLIT_TRANSPOSED;
+    uint16_t *dSp[3], *dSk[3], *Pk[3];
     slot_ds_parts(a, w, slot, col, dSp);
-    parts_at(w->dSt_parts, slot * a->plan.BQ, dSt);
-    parts_at(w->Pt_parts, slot * a->plan.BQ, Pt);
-    ops->f32_to_bf16_split(nq, nk, dS_tile, ld, 0, dSp[0], dSp[1], dSp[2], w->ld_ds);
-    ops->f32_to_bf16_split(nq, nk, dS_tile, ld, 1, dSt[0], dSt[1], dSt[2], ldt);
-    ops->f32_to_bf16_split(nq, nk, w->S, BK, 1, Pt[0], Pt[1], Pt[2], ldt);
+    parts_at(w->dS_dkv, at, dSk);
+    parts_at(w->P_dkv, at, Pk);
+    ops->f32_to_bf16_split(nq, nk, dS_tile, ld, TG_SPLIT_ROWS, dSp[0], dSp[1], dSp[2], w->ld_ds);
+    ops->f32_to_bf16_split(nq, nk, dS_tile, ld, layout, dSk[0], dSk[1], dSk[2], ldd);
+    ops->f32_to_bf16_split(nq, nk, w->S, BK, layout, Pk[0], Pk[1], Pk[2], ldd);
     return;
   }
   if (a->plan.products == TG_PRODUCTS_F32_ROUNDED) {
@@ -384,23 +424,46 @@ static void bwd_dq(const bwd_args *a, int64_t nq, int64_t kn, int64_t slot, int6
   tg_attn_mm_terms(a->ops, n, terms, nq, pr->D, w->ld_ds, pr->D, dQ, ldq, !first);
 }
 
+/* plan.dkv_transposed: C [M, nk] (+)= XT . Y over unit slots [s0, s1):
+ * XT the slots' columns of w->Q or w->dO (Q^T, dO^T), Y the parts of dS or
+ * P in row pairs (terms XT . part, hi, then lo, then lo2: the order of
+ * the f32 sums of C^T += part^T . X, and so its bits). */
+static void dkv_product_t(const bwd_args *a, int64_t M, int64_t nk, int64_t s0, int64_t rows,
+                          const float *XT, uint16_t *const pairs[3], float *C, int first) {
+  const int64_t BQ = a->plan.BQ, BK = a->plan.BK;
+  uint16_t *Y[3];
+  parts_at(pairs, s0 * BQ * BK, Y);
+  tg_bf16_term terms[3];
+  const int n = tg_attn_parts(&a->pr);
+  for (int i = 0; i < n; i++)
+    terms[i] = (tg_bf16_term){(const uint16_t *)(const void *)XT + s0 * BQ,
+                              (const uint32_t *)(const void *)Y[i], (int)rows};
+  tg_attn_mm_terms(a->ops, n, terms, M, nk, a->plan.dkv_units * BQ, BK, C, nk, !first);
+}
+
 /* TG_PRODUCTS_BF16_DOT: t->dK [nk, D], t->dV [nk, Dv] (+)= dS^T . Q, P^T . dO
- * over unit slots [s0, s1) of w at once (bwd_pair put their dS^T, P^T
- * there, load_qtile their Q, dO): K = the slots' q rows, those of slot
- * s1 - 1 (nq_last of them) padded to even. With one part (bf16 mode) the
- * terms meet the sums in the order of one product per slot (a slot's rows
- * are BQ, even, so every slot starts a k pair), and so do the bits: the
- * tile GEMMs add along k in order; with two or three parts every slot's hi
- * terms come first, then the lo terms. With first the products write dK,
- * dV instead. */
+ * (or their transposes, dK^T = Q^T . dS, dV^T = dO^T . P, where
+ * plan.dkv_transposed) over unit slots [s0, s1) of w at once (bwd_pair put
+ * their dS, P there, load_qtile their Q, dO): K = the slots' q rows, those
+ * of slot s1 - 1 (nq_last of them) padded to even. With one part (bf16
+ * mode) the terms meet the sums in the order of one product per slot (a
+ * slot's rows are BQ, even, so every slot starts a k pair), and so do the
+ * bits: the tile GEMMs add along k in order; with two or three parts every
+ * slot's hi terms come first, then the lo terms. With first the products
+ * write dK, dV instead. */
 static void bwd_dkv_bf16(const bwd_args *a, int64_t nk, int64_t s0, int64_t s1,
                          int64_t nq_last, int first, ktile_scratch *t, bwd_scratch *w) {
   const tg_attn_problem *pr = &a->pr;
   const int64_t BQ = a->plan.BQ, ldt = a->plan.dkv_units * BQ, col = s0 * BQ;
   const int64_t rows = (s1 - 1 - s0) * BQ + nq_last + nq_last % 2;
+  if (a->plan.dkv_transposed) {
+    dkv_product_t(a, pr->D, nk, s0, rows, w->Q, w->dS_dkv, t->dK, first);  /* Q^T.dS */
+    dkv_product_t(a, pr->Dv, nk, s0, rows, w->dO, w->P_dkv, t->dV, first); /* dO^T.P */
+    return;
+  }
   uint16_t *dSt[3], *Pt[3];
-  parts_at(w->dSt_parts, col, dSt);
-  parts_at(w->Pt_parts, col, Pt);
+  parts_at(w->dS_dkv, col, dSt);
+  parts_at(w->P_dkv, col, Pt);
   tg_attn_mm_parts(pr, a->ops, nk, pr->D, rows, dSt, ldt,
                    (const uint32_t *)w->Q + col / 2 * pr->D, pr->D, t->dK, pr->D,
                    !first); /* dS^T.Q */
@@ -432,6 +495,28 @@ static void add_rows(float *dst, int64_t ld, const float *src, int64_t n, int64_
       tg_add_f32(dst + r * ld, src + r * D, D, atomic);
     else
       memset(dst + r * ld, 0, sizeof(float) * (size_t)D);
+  }
+}
+
+/* A key tile's dK or dV sum (cols columns, nk rows; [cols, nk] transposed
+ * where plan.dkv_transposed) added to rows [nk, cols] at stride ld; atomic
+ * as tg_add_f32 (the transposed sum then 16 x 16 at a time through the
+ * table's transpose). */
+static void add_dkv(const bwd_args *a, float *dst, int64_t ld, const float *src, int64_t nk,
+                    int64_t cols, int atomic) {
+  if (!a->plan.dkv_transposed) {
+    add_rows(dst, ld, src, nk, cols, atomic);
+  } else if (!atomic) {
+    a->ops->add_transposed_f32(cols, nk, src, nk, dst, ld);
+  } else {
+    float block[16 * 16];
+    for (int64_t r0 = 0; r0 < nk; r0 += 16)
+      for (int64_t c0 = 0; c0 < cols; c0 += 16) {
+        const int64_t nr = tile_rows(nk, r0, 16), nc = tile_rows(cols, c0, 16);
+        a->ops->transpose_f32(nc, nr, src + c0 * nk + r0, nk, block, 16, 0); /* [nr, 16] */
+        for (int64_t r = 0; r < nr; r++)
+          tg_add_f32(dst + (r0 + r) * ld + c0, block + r * 16, nc, 1);
+      }
   }
 }
 
@@ -486,7 +571,8 @@ static void group_tiles(const bwd_args *a, int64_t group, int64_t *first, int64_
 }
 
 /* KV schedule: the dK (which 0) or dV (which 1) rows from key k0 of kv head
- * h_kv that query group `group` >= 1 sums into (contiguous rows). */
+ * h_kv that query group `group` >= 1 sums into (contiguous rows; a key
+ * tile's [cols, nk] transposed there where plan.dkv_transposed). */
 static float *dkv_part(const bwd_args *a, int64_t group, int64_t b, int64_t h_kv, int64_t k0,
                        int which) {
   const tg_attn_problem *pr = &a->pr;
@@ -652,8 +738,8 @@ static void bwd_group_kv(const void *vargs, int64_t x, int64_t b, int64_t range,
       const float *dk = pr->compensated ? t->dK_sum : t->dK;
       const float *dv = pr->compensated ? t->dV_sum : t->dV;
       if (group == 0) {
-        add_rows(a->dK + tg_attn_offset(pr->dKs, b, h_kv, k0), pr->dKs[2], dk, nk, D, 0);
-        add_rows(a->dV + tg_attn_offset(pr->dVs, b, h_kv, k0), pr->dVs[2], dv, nk, Dv, 0);
+        add_dkv(a, a->dK + tg_attn_offset(pr->dKs, b, h_kv, k0), pr->dKs[2], dk, nk, D, 0);
+        add_dkv(a, a->dV + tg_attn_offset(pr->dVs, b, h_kv, k0), pr->dVs[2], dv, nk, Dv, 0);
       } else if (!in_part) {
         memcpy(dkv_part(a, group, b, h_kv, k0, 0), dk, sizeof(float) * (size_t)(nk * D));
         memcpy(dkv_part(a, group, b, h_kv, k0, 1), dv, sizeof(float) * (size_t)(nk * Dv));
@@ -677,8 +763,8 @@ static void bwd_group_sum_dkv(const void *vargs, int64_t kt, int64_t h_kv, int64
     int64_t first, end;
     group_tiles(a, g, &first, &end);
     if (kt < first || kt >= end) continue; /* the group wrote no part here */
-    add_rows(dk, pr->dKs[2], dkv_part(a, g, b, h_kv, k0, 0), nk, pr->D, 0);
-    add_rows(dv, pr->dVs[2], dkv_part(a, g, b, h_kv, k0, 1), nk, pr->Dv, 0);
+    add_dkv(a, dk, pr->dKs[2], dkv_part(a, g, b, h_kv, k0, 0), nk, pr->D, 0);
+    add_dkv(a, dv, pr->dVs[2], dkv_part(a, g, b, h_kv, k0, 1), nk, pr->Dv, 0);
   }
 }
 
@@ -723,8 +809,8 @@ static void bwd_group_atomic(const void *vargs, int64_t x, int64_t h, int64_t b,
     bwd_pair(a, b, h, q0, nq, k0, nk, 0, 0, NULL, D, t, &w);
     bwd_dq(a, nq, nk, 0, 0, t, w.dQ, D, 0, &w);
     if (bf16_products) bwd_dkv_bf16(a, nk, 0, 1, nq, 1, t, &w);
-    add_rows(a->dK + tg_attn_offset(pr->dKs, b, h_kv, k0), pr->dKs[2], t->dK, nk, D, 1);
-    add_rows(a->dV + tg_attn_offset(pr->dVs, b, h_kv, k0), pr->dVs[2], t->dV, nk, Dv, 1);
+    add_dkv(a, a->dK + tg_attn_offset(pr->dKs, b, h_kv, k0), pr->dKs[2], t->dK, nk, D, 1);
+    add_dkv(a, a->dV + tg_attn_offset(pr->dVs, b, h_kv, k0), pr->dVs[2], t->dV, nk, Dv, 1);
   }
   float *dq = a->dQ + tg_attn_offset(pr->dQs, b, h, q0);
   for (int64_t i = 0; i < nq; i++)
@@ -833,6 +919,8 @@ tg_attn_bwd_plan tg_attn_bwd_plan_make(const tg_attn_problem *pr, const tg_isa_o
   plan_qgroups(&pl, pr);
   plan_chunk(&pl, pr);
   plan_dkv_units(&pl, pr);
+  pl.dkv_transposed = pl.products == TG_PRODUCTS_BF16_DOT && pr->D <= TG_ATTN_DKV_T_MAX_D &&
+                      pr->Dv <= TG_ATTN_DKV_T_MAX_D;
   return pl;
 }
 

@@ -270,7 +270,7 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h_kv, int64_t b, voi
         tg_attn_dropout_apply(w.keep, BK, w.S, BK, nq, nkt, 1.0f);
       }
       if (a->products == TG_PRODUCTS_BF16_DOT) { /* P's bf16 parts, nkt padded to even */
-        ops->f32_to_bf16_split(nq, nkt, w.S, BK, 0, w.P_parts[0], w.P_parts[1], w.P_parts[2],
+        ops->f32_to_bf16_split(nq, nkt, w.S, BK, TG_SPLIT_ROWS, w.P_parts[0], w.P_parts[1], w.P_parts[2],
                                BK);
         tg_attn_mm_parts(pr, ops, nq, Dv, nkt + nkt % 2, w.P_parts, BK, (const uint32_t *)w.V,
                          Dv, t->acc, Dv, 1); /* acc += P.V */

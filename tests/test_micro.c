@@ -220,7 +220,7 @@ static void test_bf16_terms_gemm(void **state) {
       float *C0 = tu_alloc(sizeof(float) * nc), *want = tu_alloc(sizeof(float) * nc),
             *got = tu_alloc(sizeof(float) * nc);
       tu_fill_f32(&r, X32, M * lda, -2, 2);
-      o->f32_to_bf16_split(M, lda, X32, lda, 0, parts[0], parts[1], parts[2], lda);
+      o->f32_to_bf16_split(M, lda, X32, lda, TG_SPLIT_ROWS, parts[0], parts[1], parts[2], lda);
       tu_fill_bf16(&r, X, N * ldx, -2, 2);
       o->pack_bf16_pairs(N, K, X, ldx, Bp, ldb);
       tu_poison_f32(C0, nc);
@@ -672,7 +672,21 @@ static void test_transpose(void **state) {
                     (long long)c, (long long)i);
         }
     }
-    free(src), free(dst);
+    /* add_transposed_f32: dst (+ one f32 add each) = base + src^T */
+    float *base = tu_alloc(sizeof(float) * C * ldd);
+    tu_fill_f32(&r, base, C * ldd, -1, 1);
+    for (int t = 0; t < nt; t++) {
+      memcpy(dst, base, sizeof(float) * C * ldd);
+      tabs[t]->add_transposed_f32(R, C, src, lds, dst, ldd);
+      for (int64_t c = 0; c < C; c++)
+        for (int64_t i = 0; i < ldd; i++) {
+          const float b = base[c * ldd + i], want = i < R ? b + src[i * lds + c] : b;
+          if (memcmp(&dst[c * ldd + i], &want, sizeof want))
+            TU_FAIL("%s add_transposed_f32 %lldx%lld ldd %lld at (%lld, %lld)", tabs[t]->name,
+                    (long long)R, (long long)C, (long long)ldd, (long long)c, (long long)i);
+        }
+    }
+    free(src), free(dst), free(base);
   }
 }
 
@@ -870,8 +884,10 @@ static void test_rms_fused_rows(void **state) {
 /* The precision modes' operand packing, bit for bit against the scalar
  * definition on every table: f32_to_bf16_split with one, two and three
  * parts (hi = RNE, lo = RNE of the exact remainder x - hi, lo2 = RNE of
- * x - hi - lo, lo and lo2 0 where hi is not finite; both layouts, odd counts
- * padded with 0, NaN / inf / subnormal / overflowing inputs), and
+ * x - hi - lo, lo and lo2 0 where hi is not finite; rows, transposed rows
+ * and row pairs (16-bit halves of little-endian pairs: the element of row
+ * 2p + j % 2 at 16-bit column j of pair row p), odd counts padded with 0, NaN / inf /
+ * subnormal / overflowing inputs), and
  * hi + lo + lo2 == x exactly wherever |x| >= 2^-103 (so that no part is
  * subnormal: the bf16 units flush those); and
  * pack_bf16_row_pairs (odd row counts padded with 0); nothing outside the
@@ -890,18 +906,29 @@ static void test_bf16_split_and_row_pairs(void **state) {
       float *x = tu_alloc(sizeof(float) * rows * lds);
       tu_fill_f32(&r, x, (int64_t)rows * lds, -3, 3);
       for (int e = 0; e < rows * lds; e += 7) x[e] = specials[(e / 7) % 9];
-      for (int transpose = 0; transpose < 2; transpose++)
+      for (int layout = TG_SPLIT_ROWS; layout <= TG_SPLIT_ROW_PAIRS; layout++)
         for (int n_parts = 1; n_parts <= 3; n_parts++) {
-          const int dr = transpose ? cols : rows, dc = transpose ? rows : cols;
-          const int ldd = dc + 1 + (dc + 1) % 2 + 2; /* room for the pad, and a gap */
+          /* destination rows and 16-bit columns: [rows, ldd], [cols, ldd], or
+           * pair rows [ceil(rows / 2), ldd pairs] */
+          const int row_pairs = layout == TG_SPLIT_ROW_PAIRS, tr = layout == TG_SPLIT_TRANSPOSED;
+          const int sr = tr ? cols : rows, sc = tr ? rows : cols; /* x as the rows hold it */
+          const int dr = row_pairs ? (rows + 1) / 2 : sr;
+          const int ldd = row_pairs ? cols + 3 : sc + 1 + (sc + 1) % 2 + 2; /* pad, gap */
+          const int dc = row_pairs ? 2 * ldd : ldd;
           uint16_t *part[3];
-          for (int k = 0; k < 3; k++) part[k] = tu_alloc(2 * dr * ldd), memset(part[k], 0xA5, 2 * dr * ldd);
-          o->f32_to_bf16_split(rows, cols, x, lds, transpose, part[0], n_parts > 1 ? part[1] : NULL,
+          for (int k = 0; k < 3; k++) part[k] = tu_alloc(2 * dr * dc), memset(part[k], 0xA5, 2 * dr * dc);
+          o->f32_to_bf16_split(rows, cols, x, lds, layout, part[0], n_parts > 1 ? part[1] : NULL,
                                n_parts > 2 ? part[2] : NULL, ldd);
           for (int i = 0; i < dr; i++)
-            for (int j = 0; j < ldd; j++) {
-              const int in = j < dc, pad = j == dc && dc % 2;
-              const float v = !in ? 0.0f : transpose ? x[j * lds + i] : x[i * lds + j];
+            for (int j = 0; j < dc; j++) {
+              /* the element of x that (i, j) holds: row xr, column xc */
+              const int xr = row_pairs ? 2 * i + j % 2 : tr ? j : i;
+              const int xc = row_pairs ? j / 2 : tr ? i : j;
+              const int in = xr < rows && xc < cols;
+              const int pad = row_pairs ? xr == rows && xc < cols
+                              : tr      ? xr == rows && rows % 2
+                                        : xc == cols && cols % 2;
+              const float v = in ? x[xr * lds + xc] : 0.0f;
               const uint16_t h = tg_f32_to_bf16(v);
               const int finite = (h & 0x7F80) != 0x7F80;
               const float r1 = finite ? v - tg_bf16_to_f32(h) : 0.0f;
@@ -909,10 +936,10 @@ static void test_bf16_split_and_row_pairs(void **state) {
               const uint16_t want[3] = {h, l, tg_f32_to_bf16(r1 - tg_bf16_to_f32(l))};
               for (int k = 0; k < 3; k++) {
                 const uint16_t w = k >= n_parts ? 0xA5A5 : in ? want[k] : pad ? 0 : 0xA5A5;
-                if (part[k][i * ldd + j] != w)
-                  TU_FAIL("%s split %dx%d transpose %d parts %d at (%d, %d): part %d %04x want "
+                if (part[k][i * dc + j] != w)
+                  TU_FAIL("%s split %dx%d layout %d parts %d at (%d, %d): part %d %04x want "
                           "%04x (x = %a)",
-                          o->name, rows, cols, transpose, n_parts, i, j, k, part[k][i * ldd + j],
+                          o->name, rows, cols, layout, n_parts, i, j, k, part[k][i * dc + j],
                           w, (double)v);
               }
               const float p2 = tg_bf16_to_f32(want[2]);

@@ -1,11 +1,11 @@
 /*
  * Operand packing of the attention's precision modes (TG_ATTN_PRECISION_
  * SPLIT and _BF16; tg_attn_products in kernels/attention.h): the f32
- * probabilities P and score gradients dS become bf16 rows, or bf16 hi + lo
- * pairs, in the A
- * layout mm_bf16_pairs reads, and the bf16 rows of K, V, Q and dO become its
- * B layout (pairs along the reduction). Plain C on every table, with the
- * 16 x 16 register transpose where AVX-512 has one.
+ * probabilities P and score gradients dS become one to three bf16 parts,
+ * as the A (rows) or the B (row pairs) operand of mm_bf16_pairs, and the
+ * bf16 rows of K, V, Q and dO become its B layout (pairs along the
+ * reduction). Plain C on every table, with AVX-512's masked lanes where it
+ * has them.
  */
 #include "build.h"
 
@@ -14,115 +14,186 @@
  * for an x that rounds up to inf). Each remainder is exact in f32, and
  * three parts hold every f32 exactly: x - hi has at most 16 significant
  * bits, x - hi - lo at most 8, which lo2 holds (bf16's 8), except where it
- * is subnormal. lo NULL: hi only; lo2 NULL: hi and lo. */
+ * is subnormal. n: the parts wanted, 1 to 3 (a constant where inlined). */
 #if defined(__AVX512F__)
-/* On 16 lanes (those of `m`) of a register, with the rounding of
- * simd_avx512.h's bf16_rne_lanes. */
-static inline void split_lanes(__m512 v, __mmask16 m, uint16_t *restrict hi,
-                               uint16_t *restrict lo, uint16_t *restrict lo2) {
-  const __m512i h = bf16_rne_lanes(v);
-  _mm256_mask_storeu_epi16(hi, m, _mm512_cvtepi32_epi16(h));
-  if (!lo) return;
-  const __m512 hf = _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
+/* The parts of 16 lanes, each as 32-bit lanes with the bf16 in the low
+ * half (the rounding of simd_avx512.h's bf16_rne_lanes). */
+static inline __attribute__((always_inline)) void split_lanes(__m512 v, __m512i part[3],
+                                                              const int n) {
+  part[0] = bf16_rne_lanes(v);
+  if (n < 2) return;
+  const __m512 hf = _mm512_castsi512_ps(_mm512_slli_epi32(part[0], 16));
   const __mmask16 finite = _mm512_cmpneq_epi32_mask(
-      _mm512_and_si512(h, _mm512_set1_epi32(0x7F80)), _mm512_set1_epi32(0x7F80));
+      _mm512_and_si512(part[0], _mm512_set1_epi32(0x7F80)), _mm512_set1_epi32(0x7F80));
   const __m512 r1 = _mm512_maskz_sub_ps(finite, v, hf); /* v - hf is exact */
-  const __m512i l = bf16_rne_lanes(r1);
-  _mm256_mask_storeu_epi16(lo, m, _mm512_cvtepi32_epi16(l));
-  if (!lo2) return;
-  const __m512 lf = _mm512_castsi512_ps(_mm512_slli_epi32(l, 16));
-  _mm256_mask_storeu_epi16(lo2, m, _mm512_cvtepi32_epi16(bf16_rne_lanes(_mm512_sub_ps(r1, lf))));
+  part[1] = bf16_rne_lanes(r1);
+  if (n < 3) return;
+  const __m512 lf = _mm512_castsi512_ps(_mm512_slli_epi32(part[1], 16));
+  part[2] = bf16_rne_lanes(_mm512_sub_ps(r1, lf));
 }
 
 static inline __mmask16 first_lanes(int64_t n) {
   return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
 }
-#else
-/* On a row of n. (One loop per part count: a test of lo inside one keeps it
- * scalar.) */
-static inline __attribute__((always_inline)) void split_row(const float *restrict x, int64_t n,
-                                                            uint16_t *restrict hi,
-                                                            uint16_t *restrict lo,
-                                                            uint16_t *restrict lo2) {
-  if (!lo) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; i++) hi[i] = bf16_rne(x[i]);
-    return;
-  }
-  if (!lo2) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; i++) {
-      const uint16_t h = bf16_rne(x[i]); /* build.h's element conversions */
-      const uint16_t l = bf16_rne(x[i] - bf16_widen(h)); /* x - hi is exact */
-      hi[i] = h;
-      lo[i] = (uint16_t)((h & 0x7F80u) == 0x7F80u ? 0u : l);
-    }
-    return;
-  }
-#pragma omp simd
-  for (int64_t i = 0; i < n; i++) {
-    const uint16_t h = bf16_rne(x[i]);
-    const int finite = (h & 0x7F80u) != 0x7F80u;
-    const float r1 = finite ? x[i] - bf16_widen(h) : 0.0f;
-    const uint16_t l = bf16_rne(r1);
-    hi[i] = h;
-    lo[i] = l;
-    lo2[i] = bf16_rne(r1 - bf16_widen(l));
+
+/* Row r of src in 16-lane steps -> out[k] + r * ldd (16-bit stores). */
+static inline __attribute__((always_inline)) void split_row(const float *restrict x,
+                                                            int64_t cols, uint16_t *out[3],
+                                                            int64_t at, const int n) {
+  for (int64_t c = 0; c < cols; c += 16) {
+    const __mmask16 m = first_lanes(cols - c);
+    __m512i part[3];
+    split_lanes(_mm512_maskz_loadu_ps(m, x + c), part, n);
+    for (int k = 0; k < n; k++)
+      _mm256_mask_storeu_epi16(out[k] + at + c, m, _mm512_cvtepi32_epi16(part[k]));
   }
 }
-#endif
 
-void TG_NAME(f32_to_bf16_split)(int64_t rows, int64_t cols, const float *restrict src,
-                                int64_t lds, int transpose, uint16_t *restrict hi,
-                                uint16_t *restrict lo, uint16_t *restrict lo2, int64_t ldd) {
-  if (!lo) lo2 = NULL;
-  if (!transpose) {
-    for (int64_t r = 0; r < rows; r++) {
-#if defined(__AVX512F__)
-      for (int64_t c = 0; c < cols; c += 16) {
-        const __mmask16 m = first_lanes(cols - c);
-        split_lanes(_mm512_maskz_loadu_ps(m, src + r * lds + c), m, hi + r * ldd + c,
-                    lo ? lo + r * ldd + c : NULL, lo2 ? lo2 + r * ldd + c : NULL);
-      }
-#else
-      split_row(src + r * lds, cols, hi + r * ldd, lo ? lo + r * ldd : NULL,
-                lo2 ? lo2 + r * ldd : NULL);
-#endif
-      if (cols % 2) {
-        hi[r * ldd + cols] = 0;
-        if (lo) lo[r * ldd + cols] = 0;
-        if (lo2) lo2[r * ldd + cols] = 0;
-      }
-    }
-    return;
+/* Rows x0 and x1 (NULL: zeros) -> the pairs out[k] + at (32-bit stores). */
+static inline __attribute__((always_inline)) void split_pair_row(
+    const float *restrict x0, const float *restrict x1, int64_t cols, uint32_t *out[3],
+    int64_t at, const int n) {
+  for (int64_t c = 0; c < cols; c += 16) {
+    const __mmask16 m = first_lanes(cols - c);
+    __m512i lo_half[3], hi_half[3] = {_mm512_setzero_si512(), _mm512_setzero_si512(),
+                                      _mm512_setzero_si512()};
+    split_lanes(_mm512_maskz_loadu_ps(m, x0 + c), lo_half, n);
+    if (x1) split_lanes(_mm512_maskz_loadu_ps(m, x1 + c), hi_half, n);
+    for (int k = 0; k < n; k++)
+      _mm512_mask_storeu_epi32(out[k] + at + c, m,
+                               _mm512_or_si512(lo_half[k], _mm512_slli_epi32(hi_half[k], 16)));
   }
-  /* 16 x 16 blocks; rows past `rows` read as 0, which pads an odd count */
+}
+/* 16 x 16 blocks transposed in registers; rows past `rows` read as 0,
+ * which pads an odd count. */
+static inline __attribute__((always_inline)) void split_transposed(
+    int64_t rows, int64_t cols, const float *restrict src, int64_t lds, uint16_t *out[3],
+    int64_t ldd, const int n) {
   for (int64_t r0 = 0; r0 < rows; r0 += 16)
     for (int64_t c0 = 0; c0 < cols; c0 += 16) {
       const int nr = rows - r0 < 16 ? (int)(rows - r0) : 16;
       const int nc = cols - c0 < 16 ? (int)(cols - c0) : 16;
-      const int n = nr + (nr % 2);
-#if defined(__AVX512F__)
       __m512 t[16];
-      const __mmask16 cm = first_lanes(nc), rm = first_lanes(n);
+      const __mmask16 cm = first_lanes(nc), rm = first_lanes(nr + nr % 2);
       for (int r = 0; r < 16; r++)
         t[r] = r < nr ? _mm512_maskz_loadu_ps(cm, src + (r0 + r) * lds + c0) : _mm512_setzero_ps();
       transpose16_regs(t);
       for (int c = 0; c < nc; c++) {
-        const int64_t d = (c0 + c) * ldd + r0;
-        split_lanes(t[c], rm, hi + d, lo ? lo + d : NULL, lo2 ? lo2 + d : NULL);
+        __m512i part[3];
+        split_lanes(t[c], part, n);
+        for (int k = 0; k < n; k++)
+          _mm256_mask_storeu_epi16(out[k] + (c0 + c) * ldd + r0, rm,
+                                   _mm512_cvtepi32_epi16(part[k]));
       }
+    }
+}
 #else
+/* One element's parts (build.h's element conversions). */
+static inline __attribute__((always_inline)) void split_elem(float x, uint16_t part[3],
+                                                             const int n) {
+  const uint16_t h = bf16_rne(x);
+  part[0] = h;
+  if (n < 2) return;
+  const int finite = (h & 0x7F80u) != 0x7F80u;
+  const float r1 = finite ? x - bf16_widen(h) : 0.0f; /* x - hi is exact */
+  part[1] = bf16_rne(r1);
+  if (n < 3) return;
+  part[2] = bf16_rne(r1 - bf16_widen(part[1]));
+}
+
+static inline __attribute__((always_inline)) void split_row(const float *restrict x,
+                                                            int64_t cols, uint16_t *out[3],
+                                                            int64_t at, const int n) {
+  uint16_t *restrict o0 = out[0] + at, *restrict o1 = n > 1 ? out[1] + at : NULL,
+                     *restrict o2 = n > 2 ? out[2] + at : NULL;
+#pragma omp simd
+  for (int64_t c = 0; c < cols; c++) {
+    uint16_t part[3];
+    split_elem(x[c], part, n);
+    o0[c] = part[0];
+    if (n > 1) o1[c] = part[1];
+    if (n > 2) o2[c] = part[2];
+  }
+}
+
+static inline __attribute__((always_inline)) void split_pair_row(
+    const float *restrict x0, const float *restrict x1, int64_t cols, uint32_t *out[3],
+    int64_t at, const int n) {
+  uint32_t *restrict o0 = out[0] + at, *restrict o1 = n > 1 ? out[1] + at : NULL,
+                     *restrict o2 = n > 2 ? out[2] + at : NULL;
+  if (!x1) {
+#pragma omp simd
+    for (int64_t c = 0; c < cols; c++) {
+      uint16_t a[3];
+      split_elem(x0[c], a, n);
+      o0[c] = a[0];
+      if (n > 1) o1[c] = a[1];
+      if (n > 2) o2[c] = a[2];
+    }
+    return;
+  }
+#pragma omp simd
+  for (int64_t c = 0; c < cols; c++) {
+    uint16_t a[3], b[3];
+    split_elem(x0[c], a, n);
+    split_elem(x1[c], b, n);
+    o0[c] = a[0] | (uint32_t)b[0] << 16;
+    if (n > 1) o1[c] = a[1] | (uint32_t)b[1] << 16;
+    if (n > 2) o2[c] = a[2] | (uint32_t)b[2] << 16;
+  }
+}
+/* 16 x 16 blocks through a buffer; rows past `rows` read as 0, which pads
+ * an odd count. */
+static inline __attribute__((always_inline)) void split_transposed(
+    int64_t rows, int64_t cols, const float *restrict src, int64_t lds, uint16_t *out[3],
+    int64_t ldd, const int n) {
+  for (int64_t r0 = 0; r0 < rows; r0 += 16)
+    for (int64_t c0 = 0; c0 < cols; c0 += 16) {
+      const int nr = rows - r0 < 16 ? (int)(rows - r0) : 16;
+      const int nc = cols - c0 < 16 ? (int)(cols - c0) : 16;
       float t[16][16];
       for (int c = 0; c < 16; c++)
         for (int r = 0; r < 16; r++)
           t[c][r] = r < nr && c < nc ? src[(r0 + r) * lds + c0 + c] : 0.0f;
-      for (int c = 0; c < nc; c++) {
-        const int64_t d = (c0 + c) * ldd + r0;
-        split_row(t[c], n, hi + d, lo ? lo + d : NULL, lo2 ? lo2 + d : NULL);
-      }
-#endif
+      for (int c = 0; c < nc; c++) split_row(t[c], nr + nr % 2, out, (c0 + c) * ldd + r0, n);
     }
+}
+#endif
+
+/* f32_to_bf16_split with n parts (inlined once per count: a test of the
+ * count inside the row loops keeps them scalar). */
+static inline __attribute__((always_inline)) void split_block(
+    int64_t rows, int64_t cols, const float *restrict src, int64_t lds, int layout,
+    uint16_t *out[3], int64_t ldd, const int n) {
+  if (layout == TG_SPLIT_TRANSPOSED) {
+    split_transposed(rows, cols, src, lds, out, ldd, n);
+    return;
+  }
+  if (layout == TG_SPLIT_ROWS) {
+    for (int64_t r = 0; r < rows; r++) {
+      split_row(src + r * lds, cols, out, r * ldd, n);
+      if (cols % 2)
+        for (int k = 0; k < n; k++) out[k][r * ldd + cols] = 0;
+    }
+    return;
+  }
+  uint32_t *pairs[3];
+  for (int k = 0; k < 3; k++) pairs[k] = (uint32_t *)(void *)out[k];
+  for (int64_t p = 0; 2 * p < rows; p++)
+    split_pair_row(src + 2 * p * lds, 2 * p + 1 < rows ? src + (2 * p + 1) * lds : NULL, cols,
+                   pairs, p * ldd, n);
+}
+
+void TG_NAME(f32_to_bf16_split)(int64_t rows, int64_t cols, const float *restrict src,
+                                int64_t lds, int layout, uint16_t *restrict hi,
+                                uint16_t *restrict lo, uint16_t *restrict lo2, int64_t ldd) {
+  uint16_t *out[3] = {hi, lo, lo ? lo2 : NULL};
+  if (!out[1])
+    split_block(rows, cols, src, lds, layout, out, ldd, 1);
+  else if (!out[2])
+    split_block(rows, cols, src, lds, layout, out, ldd, 2);
+  else
+    split_block(rows, cols, src, lds, layout, out, ldd, 3);
 }
 
 void TG_NAME(pack_bf16_row_pairs)(int64_t nr, int64_t ncols, const uint16_t *restrict X,

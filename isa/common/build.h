@@ -74,7 +74,7 @@ void TG_NAME(mm_tn_acc)(int M, int N, int K, const float *restrict A, int64_t ld
                         const float *restrict B, int64_t ldb, float *restrict C, int64_t ldc);
 /* common/bf16_pack.c */
 void TG_NAME(f32_to_bf16_split)(int64_t rows, int64_t cols, const float *restrict src,
-                                int64_t lds, int transpose, uint16_t *restrict hi,
+                                int64_t lds, int layout, uint16_t *restrict hi,
                                 uint16_t *restrict lo, uint16_t *restrict lo2, int64_t ldd);
 void TG_NAME(pack_bf16_row_pairs)(int64_t nr, int64_t ncols, const uint16_t *restrict X,
                                   int64_t lds, uint32_t *restrict Bp, int64_t ldb);
@@ -109,6 +109,8 @@ void TG_NAME(rms_dx_row)(const float *restrict x, const float *restrict w,
                          const float *restrict dy, float r, float c, float *restrict dx,
                          int64_t n);
 void TG_NAME(fwht_mul_f32)(float *restrict x, int64_t n, const float *restrict mul);
+void TG_NAME(add_transposed_f32)(int64_t rows, int64_t cols, const float *restrict src,
+                                 int64_t lds, float *restrict dst, int64_t ldd);
 void TG_NAME(transpose_f32)(int64_t rows, int64_t cols, const float *restrict src, int64_t lds,
                             float *restrict dst, int64_t ldd, int stream);
 void TG_NAME(wsum4_f32)(const float *restrict part, int64_t ld, const int32_t *restrict w,

@@ -183,6 +183,28 @@ void TG_NAME(transpose_f32)(int64_t rows, int64_t cols, const float *restrict sr
   if (stream) stream_fence(); /* streamed stores visible before any later store */
 }
 
+/* Each whole TB x TB block transposed by transpose_block into a buffer that
+ * stays in L1, then added to dst row by row; the edges element by element. */
+void TG_NAME(add_transposed_f32)(int64_t rows, int64_t cols, const float *restrict src,
+                                 int64_t lds, float *restrict dst, int64_t ldd) {
+  float block[TB ? TB * TB : 1];
+  const int64_t rb = TB ? rows - rows % TB : 0, cb = TB ? cols - cols % TB : 0;
+  for (int64_t c = 0; c < cb; c += TB)
+    for (int64_t r = 0; r < rb; r += TB) {
+      transpose_block(src + r * lds + c, lds, block, TB, 0);
+      for (int64_t i = 0; i < TB; i++) {
+        float *restrict d = dst + (c + i) * ldd + r;
+#pragma omp simd
+        for (int64_t j = 0; j < TB; j++) d[j] += block[i * TB + j];
+      }
+    }
+  for (int64_t c = 0; c < cols; c++) { /* the rest: rows from rb in the blocks' columns, all after */
+    const int64_t r0 = c < cb ? rb : 0;
+#pragma omp simd
+    for (int64_t r = r0; r < rows; r++) dst[c * ldd + r] += src[r * lds + c];
+  }
+}
+
 /* Four c at a time (16 independent accumulators: four xmm-wide chains), each
  * summing its workgroups in list order. */
 void TG_NAME(wsum4_f32)(const float *restrict part, int64_t ld, const int32_t *restrict w,

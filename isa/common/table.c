@@ -49,6 +49,7 @@ const tg_isa_ops TG_NAME(tg_isa_ops) = {
     .rms_dx_row = TG_NAME(rms_dx_row),
     .fwht_mul_f32 = TG_NAME(fwht_mul_f32),
     .transpose_f32 = TG_NAME(transpose_f32),
+    .add_transposed_f32 = TG_NAME(add_transposed_f32),
     .wsum4_f32 = TG_NAME(wsum4_f32),
     .softmax_exp_chunk = TG_NAME(softmax_exp_chunk),
     .scale_chunks_f32 = TG_NAME(scale_chunks_f32),
