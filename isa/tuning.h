@@ -132,13 +132,16 @@ enum { TG_ATTN_DQ_CHUNK_MIN_D = 128 };
  * converted in row pairs (a third of the cost of the transposed
  * conversion dS^T, P^T need) and Q^T, dO^T made once per q-tile load
  * (kernels/attention_bwd.c; the same bits). Above it the q-tile's
- * transposes, one per key tile at D 512 (a chunk of one tile), cost more
- * than the conversions save. Paired calls on the lent Xeon (amx, bf16
- * inputs, 9 pairs, backward time over dS^T, P^T): bf16 mode, 2 threads,
- * 0.905-0.947 on the D 64 shapes, 0.937 at D 96, 0.906-0.911 at D 128,
- * 0.936 at D 160 (1.03 at 16 threads), 0.955-1.002 at D 256 (1.07-1.12
- * at 16), 1.076 at D 512 causal (1.13 at 16); 16 threads 0.92-0.96 at D
- * 64-128 (bench/results/xeon16-amx/README.md, "dK, dV transposed"). */
+ * transposes, made once per key tile at D 512 (a chunk of one tile), cost
+ * more than the conversions save. Paired calls on the lent Xeon (amx,
+ * bf16 inputs, 9 pairs, backward time over 2f33746's dS^T, P^T;
+ * bench/results/xeon16-amx/dkv-transposed/): transposed at every D, bf16
+ * mode, 2 threads, 0.905-0.947 at D 64, 0.937 at D 96, 0.906-0.911 at D
+ * 128, 0.936 at D 160 (1.03 at 16 threads), 0.955-1.002 at D 256
+ * (1.07-1.12 at 16), 1.076 at D 512 causal (1.13 at 16); up to D 128, 2
+ * threads, 0.892-0.912 at D 64, 0.899 at D 96, 0.946-0.973 at D 128, 16
+ * threads 0.937-1.002; exact mode (three parts from D 96) 0.944-0.993 at
+ * 2 threads, 0.972-0.988 at 16. */
 enum { TG_ATTN_DKV_T_MAX_D = 128 };
 
 /* Forward: key tiles of up to TG_ATTN_FWD_KEY_TILES of the table's attn_bk,
