@@ -52,6 +52,14 @@ void tg_testing_plan_l2_bytes(long long bytes);
  * while one runs. */
 void tg_testing_attn_dkv_units(int units);
 
+/* The FA-2 backward as if its plan summed dK, dV transposed (dK^T = Q^T .
+ * dS, dV^T = dO^T . P) at every head dim (mode > 0) or at none (mode 0)
+ * wherever all its products run on the bf16 unit; mode < 0 restores the
+ * plan's own (up to TG_ATTN_DKV_T_MAX_D, isa/tuning.h). The suites use it
+ * to check that the bits do not depend on it. Set it between calls, not
+ * while one runs. */
+void tg_testing_attn_dkv_transposed(int mode);
+
 /* How the attention's products that take P or dS (O += P.V; dQ, dK, dV)
  * run with bf16 inputs of head dim D on table `isa` in `precision` mode,
  * in the forward (backward = 0) or the backward: the number of bf16 parts

@@ -906,6 +906,12 @@ static void plan_dkv_units(tg_attn_bwd_plan *pl, const tg_attn_problem *pr) {
   pl->dkv_units = units < TG_ATTN_MAX_DKV_UNITS ? units : TG_ATTN_MAX_DKV_UNITS;
 }
 
+static atomic_int testing_dkv_transposed = -1; /* tg_testing_attn_dkv_transposed */
+
+void tg_testing_attn_dkv_transposed(int mode) {
+  atomic_store(&testing_dkv_transposed, mode < 0 ? -1 : mode > 0);
+}
+
 tg_attn_bwd_plan tg_attn_bwd_plan_make(const tg_attn_problem *pr, const tg_isa_ops *ops,
                                        int cpus) {
   tg_attn_bwd_plan pl = {.BQ = tg_attn_bq(pr, ops),
@@ -919,8 +925,10 @@ tg_attn_bwd_plan tg_attn_bwd_plan_make(const tg_attn_problem *pr, const tg_isa_o
   plan_qgroups(&pl, pr);
   plan_chunk(&pl, pr);
   plan_dkv_units(&pl, pr);
-  pl.dkv_transposed = pl.products == TG_PRODUCTS_BF16_DOT && pr->D <= TG_ATTN_DKV_T_MAX_D &&
-                      pr->Dv <= TG_ATTN_DKV_T_MAX_D;
+  const int forced = atomic_load(&testing_dkv_transposed);
+  pl.dkv_transposed =
+      pl.products == TG_PRODUCTS_BF16_DOT &&
+      (forced >= 0 ? forced : pr->D <= TG_ATTN_DKV_T_MAX_D && pr->Dv <= TG_ATTN_DKV_T_MAX_D);
   return pl;
 }
 

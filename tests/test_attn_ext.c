@@ -453,6 +453,44 @@ static void test_dkv_units_same_bits(void **state) {
   attn_destroy(&pb);
 }
 
+/* The backward's dK, dV summed transposed on the bf16 unit (dK^T = Q^T .
+ * dS, dV^T = dO^T . P: kernels/attention_bwd.c, up to TG_ATTN_DKV_T_MAX_D)
+ * or as dS^T . Q, P^T . dO: the same products added in the same order,
+ * so the same bits, in each precision mode, in the KV schedule (key
+ * ranges and query groups: dK, dV parts summed in place) at 1 and 3
+ * threads and in the ATOMIC one at 1 (its adds then in a fixed order).
+ * The "chunks" problem (short last q-tile, causal with qL < kL, dropout,
+ * -inf mask rows, gqa 2) at D 32 and 160, on either side of the rule.
+ * TG_TEST_SHORT (qemu): split and bf16 mode at D 32, the KV schedule. On
+ * a table without the bf16 unit the hook changes nothing. */
+static void test_dkv_transposed_same_bits(void **state) {
+  tu_rng r = tu_rng_make(tu_seed() + 15);
+  static const int dims[] = {32, 160};
+  for (int di = 0; di < (tu_short() ? 1 : 2); di++) {
+    const attn_cfg c = {"dkv-t", 1, 4, 2, 150, 530, dims[di], 1, 0, 1, 0, 1.0f, 0.2f};
+    attn_problem pb;
+    build(&pb, &c, &r, 0);
+    ext_out first = alloc_out(&pb), o = alloc_out(&pb);
+    for (int v = tu_short() ? 2 : 1; v < 4; v++) /* bf16 inputs in each precision mode */
+      for (int run = 0; run < (tu_short() ? 2 : 3); run++) { /* KV 1, 3 threads; ATOMIC 1 */
+        for (int t = 0; t < 2; t++) {
+          tg_testing_attn_dkv_transposed(t);
+          tg_ctx *ctx = attn_mode_ctx(run == 1 ? 3 : 1, TG_ISA_AUTO, &attn_modes[run == 2]);
+          if (run < 2) assert_int_equal(tg_ctx_set_deterministic(ctx, 1), TG_OK);
+          static const tg_attn_precision precisions[] = {
+              TG_ATTN_PRECISION_EXACT, TG_ATTN_PRECISION_SPLIT, TG_ATTN_PRECISION_BF16};
+          assert_int_equal(tg_ctx_set_attn_precision(ctx, precisions[v - 1]), TG_OK);
+          run_step_bf16(ctx, &pb, &pb.opt, t ? &o : &first);
+          tg_ctx_destroy(ctx);
+        }
+        assert_same_grads(&pb, &first, &o);
+      }
+    tg_testing_attn_dkv_transposed(-1);
+    free_out(&first), free_out(&o);
+    attn_destroy(&pb);
+  }
+}
+
 /* The forward's q units per work item ((q-tile, query head) pairs of a kv
  * head, q-tile major; up to gqa of them where that leaves 4 items per
  * thread: here gqa 4 on one kv head, so at 1 thread an item holds 3 or 4
@@ -936,6 +974,7 @@ int main(void) {
       cmocka_unit_test(test_p0_bitwise_equals_no_options),
       cmocka_unit_test(test_key_chunks_same_bits),
       cmocka_unit_test(test_dkv_units_same_bits),
+      cmocka_unit_test(test_dkv_transposed_same_bits),
       cmocka_unit_test(test_fwd_q_tiles_same_bits),
       cmocka_unit_test(test_bf16_f32_same_engine),
       cmocka_unit_test(test_dropout_deterministic),

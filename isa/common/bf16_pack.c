@@ -64,29 +64,6 @@ static inline __attribute__((always_inline)) void split_pair_row(
                                _mm512_or_si512(lo_half[k], _mm512_slli_epi32(hi_half[k], 16)));
   }
 }
-/* 16 x 16 blocks transposed in registers; rows past `rows` read as 0,
- * which pads an odd count. */
-static inline __attribute__((always_inline)) void split_transposed(
-    int64_t rows, int64_t cols, const float *restrict src, int64_t lds, uint16_t *out[3],
-    int64_t ldd, const int n) {
-  for (int64_t r0 = 0; r0 < rows; r0 += 16)
-    for (int64_t c0 = 0; c0 < cols; c0 += 16) {
-      const int nr = rows - r0 < 16 ? (int)(rows - r0) : 16;
-      const int nc = cols - c0 < 16 ? (int)(cols - c0) : 16;
-      __m512 t[16];
-      const __mmask16 cm = first_lanes(nc), rm = first_lanes(nr + nr % 2);
-      for (int r = 0; r < 16; r++)
-        t[r] = r < nr ? _mm512_maskz_loadu_ps(cm, src + (r0 + r) * lds + c0) : _mm512_setzero_ps();
-      transpose16_regs(t);
-      for (int c = 0; c < nc; c++) {
-        __m512i part[3];
-        split_lanes(t[c], part, n);
-        for (int k = 0; k < n; k++)
-          _mm256_mask_storeu_epi16(out[k] + (c0 + c) * ldd + r0, rm,
-                                   _mm512_cvtepi32_epi16(part[k]));
-      }
-    }
-}
 #else
 /* One element's parts (build.h's element conversions). */
 static inline __attribute__((always_inline)) void split_elem(float x, uint16_t part[3],
@@ -116,34 +93,28 @@ static inline __attribute__((always_inline)) void split_row(const float *restric
   }
 }
 
+/* (x1 is tested inside the loop: -O3 unswitches it, and both loops
+ * vectorize.) */
 static inline __attribute__((always_inline)) void split_pair_row(
     const float *restrict x0, const float *restrict x1, int64_t cols, uint32_t *out[3],
     int64_t at, const int n) {
   uint32_t *restrict o0 = out[0] + at, *restrict o1 = n > 1 ? out[1] + at : NULL,
                      *restrict o2 = n > 2 ? out[2] + at : NULL;
-  if (!x1) {
-#pragma omp simd
-    for (int64_t c = 0; c < cols; c++) {
-      uint16_t a[3];
-      split_elem(x0[c], a, n);
-      o0[c] = a[0];
-      if (n > 1) o1[c] = a[1];
-      if (n > 2) o2[c] = a[2];
-    }
-    return;
-  }
 #pragma omp simd
   for (int64_t c = 0; c < cols; c++) {
-    uint16_t a[3], b[3];
+    uint16_t a[3], b[3] = {0, 0, 0};
     split_elem(x0[c], a, n);
-    split_elem(x1[c], b, n);
+    if (x1) split_elem(x1[c], b, n);
     o0[c] = a[0] | (uint32_t)b[0] << 16;
     if (n > 1) o1[c] = a[1] | (uint32_t)b[1] << 16;
     if (n > 2) o2[c] = a[2] | (uint32_t)b[2] << 16;
   }
 }
-/* 16 x 16 blocks through a buffer; rows past `rows` read as 0, which pads
- * an odd count. */
+
+#endif
+
+/* 16 x 16 blocks, transposed in registers where AVX-512 has them, else
+ * through a buffer; rows past `rows` read as 0, which pads an odd count. */
 static inline __attribute__((always_inline)) void split_transposed(
     int64_t rows, int64_t cols, const float *restrict src, int64_t lds, uint16_t *out[3],
     int64_t ldd, const int n) {
@@ -151,14 +122,28 @@ static inline __attribute__((always_inline)) void split_transposed(
     for (int64_t c0 = 0; c0 < cols; c0 += 16) {
       const int nr = rows - r0 < 16 ? (int)(rows - r0) : 16;
       const int nc = cols - c0 < 16 ? (int)(cols - c0) : 16;
+#if defined(__AVX512F__)
+      __m512 t[16];
+      const __mmask16 cm = first_lanes(nc), rm = first_lanes(nr + nr % 2);
+      for (int r = 0; r < 16; r++)
+        t[r] = r < nr ? _mm512_maskz_loadu_ps(cm, src + (r0 + r) * lds + c0) : _mm512_setzero_ps();
+      transpose16_regs(t);
+      for (int c = 0; c < nc; c++) {
+        __m512i part[3];
+        split_lanes(t[c], part, n);
+        for (int k = 0; k < n; k++)
+          _mm256_mask_storeu_epi16(out[k] + (c0 + c) * ldd + r0, rm,
+                                   _mm512_cvtepi32_epi16(part[k]));
+      }
+#else
       float t[16][16];
       for (int c = 0; c < 16; c++)
         for (int r = 0; r < 16; r++)
           t[c][r] = r < nr && c < nc ? src[(r0 + r) * lds + c0 + c] : 0.0f;
       for (int c = 0; c < nc; c++) split_row(t[c], nr + nr % 2, out, (c0 + c) * ldd + r0, n);
+#endif
     }
 }
-#endif
 
 /* f32_to_bf16_split with n parts (inlined once per count: a test of the
  * count inside the row loops keeps them scalar). */
