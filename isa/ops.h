@@ -181,8 +181,8 @@ typedef struct {
   void (*transpose_f32)(int64_t rows, int64_t cols, const float *src, int64_t lds, float *dst,
                         int64_t ldd, int stream);
   /* dst[c * ldd + r] += src[r * lds + c] for r < rows, c < cols (one f32
-   * add each): a transposed block added to rows, at about the cost of
-   * adding rows (the backward's dK^T, dV^T sums into dK, dV). */
+   * add each): a transposed block added to rows without a copy of it (the
+   * backward's dK^T, dV^T sums into dK, dV). */
   void (*add_transposed_f32)(int64_t rows, int64_t cols, const float *src, int64_t lds,
                              float *dst, int64_t ldd);
   /* Weighted sum of partials interleaved in fours (the split-KV decode
