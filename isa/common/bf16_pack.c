@@ -36,7 +36,7 @@ static inline __mmask16 first_lanes(int64_t n) {
   return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
 }
 
-/* Row r of src in 16-lane steps -> out[k] + r * ldd (16-bit stores). */
+/* A row x of cols in 16-lane steps -> out[k] + at.. (16-bit stores). */
 static inline __attribute__((always_inline)) void split_row(const float *restrict x,
                                                             int64_t cols, uint16_t *out[3],
                                                             int64_t at, const int n) {
