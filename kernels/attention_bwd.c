@@ -365,11 +365,11 @@ static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_
 
   if (bf16_products) { /* dS rows, and dS^T, P^T or dS, P in row pairs, as bf16
                         * parts (odd counts padded with a 0) */
-    const int t = a->plan.dkv_transposed;
+    const int transposed = a->plan.dkv_transposed;
     /* the slot's place: pair rows from slot BQ / 2, or columns from slot BQ */
-    const int64_t at = t ? slot * a->plan.BQ * BK : slot * a->plan.BQ;
-    const int64_t ldd = t ? BK : a->plan.dkv_units * a->plan.BQ;
-    const int layout = t ? TG_SPLIT_ROW_PAIRS : TG_SPLIT_TRANSPOSED;
+    const int64_t at = transposed ? slot * a->plan.BQ * BK : slot * a->plan.BQ;
+    const int64_t ldd = transposed ? BK : a->plan.dkv_units * a->plan.BQ;
+    const int layout = transposed ? TG_SPLIT_ROW_PAIRS : TG_SPLIT_TRANSPOSED;
     uint16_t *dSp[3], *dSk[3], *Pk[3];
     slot_ds_parts(a, w, slot, col, dSp);
     parts_at(w->dS_dkv, at, dSk);
