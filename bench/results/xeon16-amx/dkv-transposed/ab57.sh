@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Device (not landed: the pass before, qdo-pass.patch applied to 91aa118):
+# Device (not landed: the pass before, qdo-pass.patch of 4ea59ee's tree
+# applied to 91aa118):
 # the tree (dK^T up to D 128, with Q^T and dO^T made by a pass before the
 # backward's items) and the same with dK^T at every D, each against
 # build-$BASE: b54 (2f33746) in ab-qdo-pass-vs-2f33746.txt, b55 (91aa118,
