@@ -417,6 +417,26 @@ static void test_attention_rows(void **state) {
             TU_FAIL("%s attn_score_row k %lld: got %g want %g", tabs[t]->name, (long long)k,
                     (double)s[k], want);
         }
+        /* attn_prob_row is exp_f32 of that score row, bit for bit (masked and
+         * hidden keys 0; NaN, overflow and underflow among the scores), for
+         * every length's vector tail */
+        for (int64_t n = 1; n <= N; n += n < 20 ? 1 : 19) {
+          float sp[N], want_p[N];
+          memcpy(sp, s0, sizeof sp);
+          sp[3] = NAN, sp[9] = INFINITY, sp[20] = -INFINITY, sp[33] = 400.0f, sp[50] = -400.0f;
+          memcpy(want_p, sp, sizeof want_p);
+          const int64_t nv = n_vis < n ? n_vis : n;
+          tabs[t]->attn_score_row(want_p, n, nv, scale, with_mask ? m_row : NULL,
+                                  with_mask == 2 ? TG_DTYPE_F32 : TG_DTYPE_BF16, shift);
+          tabs[t]->exp_f32(want_p, want_p, n);
+          tabs[t]->attn_prob_row(sp, n, nv, scale, with_mask ? m_row : NULL,
+                                 with_mask == 2 ? TG_DTYPE_F32 : TG_DTYPE_BF16, shift);
+          for (int64_t k = 0; k < n; k++)
+            if (isnan(want_p[k]) ? !isnan(sp[k]) : memcmp(&sp[k], &want_p[k], sizeof(float)))
+              TU_FAIL("%s attn_prob_row n %lld n_vis %lld mask %d k %lld: %a, want %a",
+                      tabs[t]->name, (long long)n, (long long)nv, with_mask, (long long)k,
+                      (double)sp[k], (double)want_p[k]);
+        }
       }
     memcpy(dp, dp0, sizeof dp);
     tabs[t]->attn_ds_row(dp, p, N, d, scale);
