@@ -344,7 +344,13 @@ enum { ATTN_BQ_BF16 = ATTN_BQ, ATTN_BK_BF16 = ATTN_BK };
  * 13 pairs (bench/results/xeon16-amx/dq-chunk/ab-exact-parts-from-64.txt):
  * 1,8,8,2048,96 causal 0.914 / 0.921 at 2 / 16 threads, but D 64 1.04-1.15
  * at 2 threads (1,8,8,1024,64 full, 4,16,16,512,64 and 1,16,2,3072,64
- * causal); so the backward from 96.
+ * causal); so the backward from 96. Measured again after the dK, dV
+ * transposed sums (up to D 128) and the AVX-512 exp, on a 2-core Xeon of
+ * the same model (paired calls, 9 pairs, bench/results/xeon2-amx/
+ * ab-exact-parts-from-8-vs-from-96-128.txt, two runs): from D 64 the
+ * backward takes 0.79-0.84x and the forward 0.88-0.93x the time at D 64,
+ * the forward 0.83-0.85x at D 96; at D 32 both lose (1.08-1.18x). So both
+ * passes from 64.
  * The avx512bf16 table keeps the FMA GEMM at every D: three parts on its
  * vdpbf16ps took 2.1-3.7x the backward's and 2.0-3.2x the forward's time
  * (lent Xeon, D 64-512, 2 and 16 threads, 3 rounds), where vdpbf16ps
@@ -352,7 +358,7 @@ enum { ATTN_BQ_BF16 = ATTN_BQ, ATTN_BK_BF16 = ATTN_BK };
  * the rate cannot win (where vdpbf16ps reached twice the FMA's FLOP rate,
  * three parts would still take 1.5x the FMA GEMM's instructions). */
 #if defined(TG_ISA_WITH_AMX)
-enum { EXACT_PARTS_MIN_D_FWD = 128, EXACT_PARTS_MIN_D_BWD = 96 };
+enum { EXACT_PARTS_MIN_D_FWD = 64, EXACT_PARTS_MIN_D_BWD = 64 };
 #else
 enum { EXACT_PARTS_MIN_D_FWD = 0, EXACT_PARTS_MIN_D_BWD = 0 };
 #endif
