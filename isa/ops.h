@@ -44,6 +44,9 @@ typedef struct {
    * mm_bf16_pairs as three bf16 parts, [0] in the forward, [1] in the
    * backward; 0: never (tg_attn_products_of) */
   int exact_parts_min_d[2];
+  /* f32_to_bf16_split reads and writes subnormals as 0 (vcvtneps2bf16; the
+   * tables whose bf16 products read a subnormal part as 0 anyway) */
+  int split_ftz;
 
   /* C[M,N] = A[M,K] . B[K,N]          (accumulate == 0)
    * C[M,N] += A[M,K] . B[K,N]         (accumulate != 0) */
@@ -96,7 +99,9 @@ typedef struct {
    * hi[2p + 1, c]) for p < ceil(rows / 2), the missing row of an odd count
    * read as 0 (ldd counts pairs; the parts 4-byte aligned). The first two
    * are mm_bf16_pairs' A operand of the block and of its transpose, the
-   * last its B operand. The same layout for lo and lo2. */
+   * last its B operand. The same layout for lo and lo2. Where split_ftz is
+   * set each part is bf16(r) but 0 (of r's sign) where the remainder r is
+   * subnormal. */
   void (*f32_to_bf16_split)(int64_t rows, int64_t cols, const float *src, int64_t lds,
                             int layout, uint16_t *hi, uint16_t *lo, uint16_t *lo2,
                             int64_t ldd);

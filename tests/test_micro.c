@@ -912,12 +912,23 @@ static void test_rms_fused_rows(void **state) {
  * subnormal: the bf16 units flush those); and
  * pack_bf16_row_pairs (odd row counts padded with 0); nothing outside the
  * destination's rows and columns is written. */
+/* One part of f32_to_bf16_split: bf16(r), or a signed 0 for a subnormal r
+ * on a table with split_ftz. */
+static uint16_t split_part(const tg_isa_ops *o, float r) {
+  if (o->split_ftz && fpclassify(r) == FP_SUBNORMAL) return signbit(r) ? 0x8000 : 0;
+  return tg_f32_to_bf16(r);
+}
+
 static void test_bf16_split_and_row_pairs(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 13);
   const tg_isa_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
-  const float specials[] = {NAN, INFINITY, -INFINITY, 0x1p-130f, -0x1p-140f, 3.4e38f, -0.0f,
-                            1.0f + 0x1p-8f, 1.0f + 0x3p-8f};
+  /* subnormals (one that rounds up to 2^-126), a normal x with subnormal
+   * remainders, overflow to inf, ties */
+  const float specials[] = {NAN,           INFINITY,        -INFINITY,         0x1p-130f,
+                            -0x1p-140f,    0x1.fffffcp-127f, 0x1.00001p-120f, 3.4e38f,
+                            -0.0f,         1.0f + 0x1p-8f,   1.0f + 0x3p-8f};
+  const int n_specials = sizeof specials / sizeof specials[0];
   const int sizes[][2] = {{1, 1}, {64, 64}, {63, 65}, {17, 33}, {48, 48}, {5, 100}, {100, 7}};
   for (int t = 0; t < nt; t++) {
     const tg_isa_ops *o = tabs[t];
@@ -925,7 +936,7 @@ static void test_bf16_split_and_row_pairs(void **state) {
       const int rows = sizes[si][0], cols = sizes[si][1], lds = cols + 3;
       float *x = tu_alloc(sizeof(float) * rows * lds);
       tu_fill_f32(&r, x, (int64_t)rows * lds, -3, 3);
-      for (int e = 0; e < rows * lds; e += 7) x[e] = specials[(e / 7) % 9];
+      for (int e = 0; e < rows * lds; e += 7) x[e] = specials[(e / 7) % n_specials];
       for (int layout = TG_SPLIT_ROWS; layout <= TG_SPLIT_ROW_PAIRS; layout++)
         for (int n_parts = 1; n_parts <= 3; n_parts++) {
           /* destination rows and 16-bit columns: [rows, ldd], [cols, ldd], or
@@ -949,11 +960,11 @@ static void test_bf16_split_and_row_pairs(void **state) {
                               : tr      ? xr == rows && rows % 2
                                         : xc == cols && cols % 2;
               const float v = in ? x[xr * lds + xc] : 0.0f;
-              const uint16_t h = tg_f32_to_bf16(v);
+              const uint16_t h = split_part(o, v);
               const int finite = (h & 0x7F80) != 0x7F80;
               const float r1 = finite ? v - tg_bf16_to_f32(h) : 0.0f;
-              const uint16_t l = tg_f32_to_bf16(r1);
-              const uint16_t want[3] = {h, l, tg_f32_to_bf16(r1 - tg_bf16_to_f32(l))};
+              const uint16_t l = split_part(o, r1);
+              const uint16_t want[3] = {h, l, split_part(o, r1 - tg_bf16_to_f32(l))};
               for (int k = 0; k < 3; k++) {
                 const uint16_t w = k >= n_parts ? 0xA5A5 : in ? want[k] : pad ? 0 : 0xA5A5;
                 if (part[k][i * dc + j] != w)

@@ -16,20 +16,41 @@
  * bits, x - hi - lo at most 8, which lo2 holds (bf16's 8), except where it
  * is subnormal. n: the parts wanted, 1 to 3 (a constant where inlined). */
 #if defined(__AVX512F__)
-/* The parts of 16 lanes, each as 32-bit lanes with the bf16 in the low
- * half (the rounding of simd_avx512.h's bf16_rne_lanes). */
-static inline __attribute__((always_inline)) void split_lanes(__m512 v, __m512i part[3],
+#if defined(__AVX512BF16__)
+/* 16 lanes to bf16 by vcvtneps2bf16 (nearest even, as bf16_rne_lanes, in
+ * one instruction instead of seven), NaN made 0x7FC0 as there. It reads
+ * and writes subnormals as 0: a part of x that would be subnormal (|x| <
+ * 2^-126, or a remainder that small) is 0, which is what the bf16 dot
+ * products (vdpbf16ps, TDPBF16PS) read a subnormal part as. The parts'
+ * products are those of the bf16_rne parts, but where a subnormal x
+ * rounds up to 2^-126 (docs/KERNELS.md's bound: 2^-126 per operand). */
+static inline __m256i bf16_lanes(__m512 v, const int any_nan) {
+  const __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
+  if (!any_nan) return h;
+  return _mm256_mask_mov_epi16(h, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q),
+                               _mm256_set1_epi16(0x7FC0));
+}
+#else
+static inline __m256i bf16_lanes(__m512 v, const int any_nan) {
+  (void)any_nan;
+  return _mm512_cvtepi32_epi16(bf16_rne_lanes(v));
+}
+#endif
+static inline __m512 bf16_lanes_widen(__m256i h) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* The parts of 16 lanes, 16 bf16 each (bf16_lanes). */
+static inline __attribute__((always_inline)) void split_lanes(__m512 v, __m256i part[3],
                                                               const int n) {
-  part[0] = bf16_rne_lanes(v);
+  part[0] = bf16_lanes(v, 1);
   if (n < 2) return;
-  const __m512 hf = _mm512_castsi512_ps(_mm512_slli_epi32(part[0], 16));
-  const __mmask16 finite = _mm512_cmpneq_epi32_mask(
-      _mm512_and_si512(part[0], _mm512_set1_epi32(0x7F80)), _mm512_set1_epi32(0x7F80));
-  const __m512 r1 = _mm512_maskz_sub_ps(finite, v, hf); /* v - hf is exact */
-  part[1] = bf16_rne_lanes(r1);
+  const __mmask16 finite = _mm256_cmpneq_epi16_mask(
+      _mm256_and_si256(part[0], _mm256_set1_epi16(0x7F80)), _mm256_set1_epi16(0x7F80));
+  const __m512 r1 = _mm512_maskz_sub_ps(finite, v, bf16_lanes_widen(part[0])); /* exact */
+  part[1] = bf16_lanes(r1, 0);
   if (n < 3) return;
-  const __m512 lf = _mm512_castsi512_ps(_mm512_slli_epi32(part[1], 16));
-  part[2] = bf16_rne_lanes(_mm512_sub_ps(r1, lf));
+  part[2] = bf16_lanes(_mm512_sub_ps(r1, bf16_lanes_widen(part[1])), 0);
 }
 
 static inline __mmask16 first_lanes(int64_t n) {
@@ -42,10 +63,9 @@ static inline __attribute__((always_inline)) void split_row(const float *restric
                                                             int64_t at, const int n) {
   for (int64_t c = 0; c < cols; c += 16) {
     const __mmask16 m = first_lanes(cols - c);
-    __m512i part[3];
+    __m256i part[3];
     split_lanes(_mm512_maskz_loadu_ps(m, x + c), part, n);
-    for (int k = 0; k < n; k++)
-      _mm256_mask_storeu_epi16(out[k] + at + c, m, _mm512_cvtepi32_epi16(part[k]));
+    for (int k = 0; k < n; k++) _mm256_mask_storeu_epi16(out[k] + at + c, m, part[k]);
   }
 }
 
@@ -55,13 +75,19 @@ static inline __attribute__((always_inline)) void split_pair_row(
     int64_t at, const int n) {
   for (int64_t c = 0; c < cols; c += 16) {
     const __mmask16 m = first_lanes(cols - c);
-    __m512i lo_half[3], hi_half[3] = {_mm512_setzero_si512(), _mm512_setzero_si512(),
-                                      _mm512_setzero_si512()};
+    __m256i lo_half[3], hi_half[3] = {_mm256_setzero_si256(), _mm256_setzero_si256(),
+                                      _mm256_setzero_si256()};
     split_lanes(_mm512_maskz_loadu_ps(m, x0 + c), lo_half, n);
     if (x1) split_lanes(_mm512_maskz_loadu_ps(m, x1 + c), hi_half, n);
+    /* word j of the pair lanes: lo_half[j / 2] or hi_half[j / 2] */
+    const __m512i interleave = _mm512_set_epi16(
+        31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4,
+        19, 3, 18, 2, 17, 1, 16, 0);
     for (int k = 0; k < n; k++)
-      _mm512_mask_storeu_epi32(out[k] + at + c, m,
-                               _mm512_or_si512(lo_half[k], _mm512_slli_epi32(hi_half[k], 16)));
+      _mm512_mask_storeu_epi32(
+          out[k] + at + c, m,
+          _mm512_permutexvar_epi16(
+              interleave, _mm512_inserti64x4(_mm512_castsi256_si512(lo_half[k]), hi_half[k], 1)));
   }
 }
 #else
@@ -129,11 +155,9 @@ static inline __attribute__((always_inline)) void split_transposed(
         t[r] = r < nr ? _mm512_maskz_loadu_ps(cm, src + (r0 + r) * lds + c0) : _mm512_setzero_ps();
       transpose16_regs(t);
       for (int c = 0; c < nc; c++) {
-        __m512i part[3];
+        __m256i part[3];
         split_lanes(t[c], part, n);
-        for (int k = 0; k < n; k++)
-          _mm256_mask_storeu_epi16(out[k] + (c0 + c) * ldd + r0, rm,
-                                   _mm512_cvtepi32_epi16(part[k]));
+        for (int k = 0; k < n; k++) _mm256_mask_storeu_epi16(out[k] + (c0 + c) * ldd + r0, rm, part[k]);
       }
 #else
       float t[16][16];

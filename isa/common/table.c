@@ -15,6 +15,9 @@ const tg_isa_ops TG_NAME(tg_isa_ops) = {
     .attn_bq_bf16 = ATTN_BQ_BF16,
     .attn_bk_bf16 = ATTN_BK_BF16,
     .exact_parts_min_d = {EXACT_PARTS_MIN_D_FWD, EXACT_PARTS_MIN_D_BWD},
+#if defined(__AVX512BF16__) /* common/bf16_pack.c's bf16_lanes */
+    .split_ftz = 1,
+#endif
     .mm_nn = TG_NAME(mm_nn),
     .mm_tn_acc = TG_NAME(mm_tn_acc),
 #if defined(TG_ISA_WITH_AMX) /* the bf16 x bf16 products on tiles, x86/amx.c */
