@@ -12,6 +12,12 @@
  * median over the pairs of time(B) / time(A), for the forward and for the
  * backward, and each side's median ms. PRECISION: exact, split or bf16.
  *
+ *   ab_calls LIB_A LIB_B THREADS PRECISION bits "B,H,Hkv,L,D,causal;..."
+ *
+ * compares instead: one forward and backward per shape on each build, and
+ * whether O, L, dQ, dK and dV have the same bits (a change meant to keep
+ * them; TG_ISA= picks the table of both).
+ *
  * Why: on the lent Xeon, runs of one binary in separate processes drifted
  * by up to 25% within minutes (the minimum of 9 rounds of one unchanged
  * backward read 26.8 and 38.3 ms), while the per-pair ratios of this tool
@@ -92,17 +98,47 @@ static uint16_t random_bf16(uint32_t *s, float amp) {
 
 enum { MAX_PAIRS = 256 };
 
-/* One shape: `pairs` alternating pairs after two warm-up pairs. */
+/* bits mode: one forward and backward of a shape on each build, then which
+ * outputs differ in any bit; returns 1 if one does. */
+static int compare_shape(build ab[2], const char *spec, const tg_attn_params *p, int causal,
+                         const uint16_t *Q, const uint16_t *K, const uint16_t *V,
+                         const uint16_t *dO, const float *delta, size_t nq, size_t nk,
+                         size_t rows) {
+  const size_t bytes[5] = {2 * nq, 4 * rows, 4 * nq, 4 * nk, 4 * nk};
+  const char *names[5] = {"O", "L", "dQ", "dK", "dV"};
+  void *out[2][5];
+  for (int w = 0; w < 2; w++) {
+    for (int i = 0; i < 5; i++) out[w][i] = calloc(1, bytes[i]); /* dK, dV accumulate */
+    if (ab[w].fwd(ab[w].ctx, TG_DTYPE_BF16, Q, K, V, out[w][0], out[w][1], p, NULL, NULL, causal,
+                  NULL) ||
+        ab[w].bwd(ab[w].ctx, TG_DTYPE_BF16, Q, K, V, out[w][1], dO, delta, out[w][2], out[w][3],
+                  out[w][4], p, NULL, NULL, causal, NULL)) {
+      fprintf(stderr, "ab_calls: %s failed on build %c\n", spec, 'A' + w);
+      exit(1);
+    }
+  }
+  int differ = 0;
+  printf("%-20s", spec);
+  for (int i = 0; i < 5; i++)
+    if (memcmp(out[0][i], out[1][i], bytes[i])) printf(" %s differs", names[i]), differ = 1;
+  printf("%s\n", differ ? "" : " same bits");
+  for (int w = 0; w < 2; w++)
+    for (int i = 0; i < 5; i++) free(out[w][i]);
+  return differ;
+}
+
+/* One shape: `pairs` alternating pairs after two warm-up pairs (0: bits
+ * mode, compare_shape); 2 on an error. */
 static int run_shape(build ab[2], const char *spec, int pairs) {
   int B, H, Hkv, L, D, causal;
   if (sscanf(spec, "%d,%d,%d,%d,%d,%d", &B, &H, &Hkv, &L, &D, &causal) != 6) {
     fprintf(stderr, "ab_calls: shape '%s' is not B,H,Hkv,L,D,causal\n", spec);
-    return 1;
+    return 2;
   }
   tg_attn_params p;
   if (ab[0].params_init(&p, B, H, Hkv, L, L, D, 1.0f / sqrtf((float)D))) {
     fprintf(stderr, "ab_calls: shape '%s' refused\n", spec);
-    return 1;
+    return 2;
   }
   const size_t nq = (size_t)B * H * L * D, nk = (size_t)B * Hkv * L * D, rows = (size_t)B * H * L;
   uint16_t *Q = malloc(2 * nq), *K = malloc(2 * nk), *V = malloc(2 * nk), *dO = malloc(2 * nq),
@@ -113,6 +149,12 @@ static int run_shape(build ab[2], const char *spec, int pairs) {
   for (size_t i = 0; i < nq; i++) Q[i] = random_bf16(&s, 2.0f), dO[i] = random_bf16(&s, 0.5f);
   for (size_t i = 0; i < nk; i++) K[i] = random_bf16(&s, 2.0f), V[i] = random_bf16(&s, 1.0f);
   for (size_t i = 0; i < rows; i++) delta[i] = 0.01f; /* any fixed D_vec */
+  if (pairs == 0) {
+    const int differ = compare_shape(ab, spec, &p, causal, Q, K, V, dO, delta, nq, nk, rows);
+    free(Q), free(K), free(V), free(dO), free(O), free(lse), free(delta), free(dQ), free(dK),
+        free(dV);
+    return differ;
+  }
   double t_fwd[2][MAX_PAIRS], t_bwd[2][MAX_PAIRS], r_fwd[MAX_PAIRS], r_bwd[MAX_PAIRS];
   for (int it = -2; it < pairs; it++)
     for (int k = 0; k < 2; k++) {
@@ -126,7 +168,7 @@ static int run_shape(build ab[2], const char *spec, int pairs) {
       const double t2 = seconds();
       if (st) {
         fprintf(stderr, "ab_calls: %s failed on build %c (status %d)\n", spec, 'A' + w, (int)st);
-        return 1;
+        return 2;
       }
       if (it >= 0) t_fwd[w][it] = t1 - t0, t_bwd[w][it] = t2 - t1;
     }
@@ -147,25 +189,30 @@ int main(int argc, char **argv) {
                     "\"B,H,Hkv,L,D,causal;...\"\n");
     return 2;
   }
-  const int threads = atoi(argv[3]), pairs = atoi(argv[5]);
+  const int threads = atoi(argv[3]), pairs = strcmp(argv[5], "bits") ? atoi(argv[5]) : 0;
   const char *names[] = {"exact", "split", "bf16"};
   const tg_attn_precision modes[] = {TG_ATTN_PRECISION_EXACT, TG_ATTN_PRECISION_SPLIT,
                                      TG_ATTN_PRECISION_BF16};
   int m = 0;
   while (m < 3 && strcmp(argv[4], names[m])) m++;
-  if (m == 3 || threads < 1 || pairs < 1 || pairs > MAX_PAIRS) {
-    fprintf(stderr, "ab_calls: bad THREADS, PRECISION or PAIRS (1..%d)\n", MAX_PAIRS);
+  if (m == 3 || threads < 1 || (pairs < 1 && strcmp(argv[5], "bits")) || pairs > MAX_PAIRS) {
+    fprintf(stderr, "ab_calls: bad THREADS, PRECISION or PAIRS (1..%d, or bits)\n", MAX_PAIRS);
     return 2;
   }
   build ab[2];
   open_build(&ab[0], argv[1], threads, modes[m]);
   open_build(&ab[1], argv[2], threads, modes[m]);
-  printf("A = %s\nB = %s\nthreads %d, precision %s, %d pairs per shape (medians)\n", argv[1],
-         argv[2], threads, names[m], pairs);
-  int rc = 0;
+  printf("A = %s\nB = %s\nthreads %d, precision %s, ", argv[1], argv[2], threads, names[m]);
+  if (pairs)
+    printf("%d pairs per shape (medians)\n", pairs);
+  else
+    printf("outputs compared bit for bit\n");
+  int rc = 0; /* 2: an error; 1: a shape's outputs differ (bits mode) */
   char *list = strdup(argv[6]);
-  for (char *spec = strtok(list, ";"); spec && !rc; spec = strtok(NULL, ";"))
-    rc = run_shape(ab, spec, pairs);
+  for (char *spec = strtok(list, ";"); spec && rc < 2; spec = strtok(NULL, ";")) {
+    const int r = run_shape(ab, spec, pairs);
+    rc = r > rc ? r : rc;
+  }
   free(list);
   return rc;
 }
