@@ -76,11 +76,7 @@ enum { TG_ATTN_MAX_TILE = 128 };
 /* Backward, KV schedule: aim for TG_ATTN_ITEMS_PER_CPU work items per CPU
  * planned for (tg_ctx_plan_cpus: the machine's in deterministic mode, else
  * at most the call's threads; several per thread, for dynamic load balance
- * under causality; fewer items mean fewer dQ partials to write and sum),
- * or, where every item costs the same (no causal mask, no window), the
- * fewest that keep the CPUs 95% busy (kernels/attention_bwd.c, plan_split;
- * 2-core Xeon, 2 threads, paired calls: 0.83-0.97x the backward's time on
- * the full shapes whose plan it changes), but
+ * under causality; fewer items mean fewer dQ partials to write and sum), but
  * never split a kv head's keys into ranges shorter than
  * TG_ATTN_MIN_RANGE_TILES key tiles, nor into more than TG_ATTN_MAX_RANGES,
  * nor so many that the dQ partials ((ranges - 1) copies of dQ) pass

@@ -818,43 +818,28 @@ static void bwd_group_atomic(const void *vargs, int64_t x, int64_t h, int64_t b,
   tg_attn_dot_end(a->ops, a->plan.bf16_dot);
 }
 
-/* KV schedule: how many ways to split each of `items` work items (1 to
- * most) for the planned CPUs. Where every item costs the same (no causal
- * mask, no window: every q-tile sees every key) the fewest ways that keep
- * the CPUs 95% busy with equal items (items s on cpus: items s / (cpus
- * ceil(items s / cpus))), since each split costs dQ partials or dK, dV
- * parts to write and sum and key tiles loaded once more; otherwise, or if
- * none does, enough for TG_ATTN_ITEMS_PER_CPU items per CPU (dynamic load
- * balance). */
-static int64_t plan_split(const tg_attn_problem *pr, int64_t items, int64_t cpus, int64_t most) {
-  if (most < 1) return 1;
-  if (!pr->causal && !pr->window)
-    for (int64_t s = 1; s <= most; s++) {
-      const int64_t n = items * s, rounds = (n + cpus - 1) / cpus;
-      if (100 * n >= 95 * cpus * rounds) return s;
-    }
-  const int64_t s = ((int64_t)TG_ATTN_ITEMS_PER_CPU * cpus + items - 1) / items;
-  return s < most ? s : most;
-}
-
-/* KV schedule: key ranges per kv head (plan_split), from the shape and the
- * planned CPUs (pl->cpus); sets pl->range_tiles, n_ranges, dq_elems. */
+/* KV schedule: key ranges per kv head (see TG_ATTN_ITEMS_PER_CPU), from the
+ * shape and the planned CPUs (pl->cpus); sets pl->range_tiles, n_ranges, dq_elems. */
 static void plan_ranges(tg_attn_bwd_plan *pl, const tg_attn_problem *pr) {
   const int64_t heads = pr->B * pr->H_kv;
   const int64_t dq_bytes = pr->B * pr->H * pr->qL * pr->D * (int64_t)sizeof(float);
-  int64_t most = pl->n_ktiles / TG_ATTN_MIN_RANGE_TILES;
-  if (most > TG_ATTN_MAX_RANGES) most = TG_ATTN_MAX_RANGES;
-  if (most > 1 + TG_ATTN_PARTIALS_BUDGET / dq_bytes) most = 1 + TG_ATTN_PARTIALS_BUDGET / dq_bytes;
-  const int64_t ranges = plan_split(pr, heads, pl->cpus, most);
+  const int64_t items = (int64_t)TG_ATTN_ITEMS_PER_CPU * pl->cpus;
+  int64_t ranges = (items + heads - 1) / heads;
+  if (ranges > pl->n_ktiles / TG_ATTN_MIN_RANGE_TILES)
+    ranges = pl->n_ktiles / TG_ATTN_MIN_RANGE_TILES;
+  if (ranges > TG_ATTN_MAX_RANGES) ranges = TG_ATTN_MAX_RANGES;
+  if (ranges > 1 + TG_ATTN_PARTIALS_BUDGET / dq_bytes)
+    ranges = 1 + TG_ATTN_PARTIALS_BUDGET / dq_bytes;
+  if (ranges < 1) ranges = 1;
   pl->range_tiles = (pl->n_ktiles + ranges - 1) / ranges;
   pl->n_ranges = (pl->n_ktiles + pl->range_tiles - 1) / pl->range_tiles;
   pl->dq_elems = pr->B * pr->H * pr->qL * pr->D;
 }
 
 /* KV schedule: query groups per (key range, kv head) when the key ranges
- * alone leave too few items (plan_split; few kv heads, short keys: one
- * batch of a GQA model with 2 kv heads and L 1024 had 8 items for 16
- * CPUs). Each group sums its own dK, dV parts over its q units; the
+ * alone leave fewer than TG_ATTN_ITEMS_PER_CPU items per CPU (few kv heads,
+ * short keys: one batch of a GQA model with 2 kv heads and L 1024 had 8 items
+ * for 16 CPUs). Each group sums its own dK, dV parts over its q units; the
  * parts are added in group order by a second pass. At least
  * TG_ATTN_MIN_GROUP_UNITS q units per group (1 where even that many groups
  * would leave fewer items than CPUs), at most TG_ATTN_MAX_QGROUPS groups,
@@ -863,21 +848,22 @@ static void plan_ranges(tg_attn_bwd_plan *pl, const tg_attn_problem *pr) {
  * (pl->cpus). Sets pl->n_qgroups, dk_elems, dv_elems. */
 static void plan_qgroups(tg_attn_bwd_plan *pl, const tg_attn_problem *pr) {
   const int64_t items = pr->B * pr->H_kv * pl->n_ranges;
+  const int64_t want = (int64_t)TG_ATTN_ITEMS_PER_CPU * pl->cpus;
   const int64_t units = pr->gqa * pl->n_qtiles;
   pl->dk_elems = pr->B * pr->H_kv * pr->kL * pr->D;
   pl->dv_elems = pr->B * pr->H_kv * pr->kL * pr->Dv;
   const int64_t part_bytes = (pl->dk_elems + pl->dv_elems) * (int64_t)sizeof(float);
   const int64_t budget =
       TG_ATTN_PARTIALS_BUDGET - (pl->n_ranges - 1) * pl->dq_elems * (int64_t)sizeof(float);
+  int64_t groups = (want + items - 1) / items;
   /* starved: even the most groups of TG_ATTN_MIN_GROUP_UNITS leave fewer
    * items than CPUs; then groups of one unit */
-  const int64_t most_min = units / TG_ATTN_MIN_GROUP_UNITS;
-  const int64_t min_units =
-      items * (most_min > 1 ? most_min : 1) < pl->cpus ? 1 : TG_ATTN_MIN_GROUP_UNITS;
-  int64_t most = units / min_units;
-  if (most > TG_ATTN_MAX_QGROUPS) most = TG_ATTN_MAX_QGROUPS;
-  if (most > 1 + budget / part_bytes) most = 1 + budget / part_bytes;
-  pl->n_qgroups = plan_split(pr, items, pl->cpus, most);
+  const int64_t most = units / TG_ATTN_MIN_GROUP_UNITS;
+  const int64_t min_units = items * (most > 1 ? most : 1) < pl->cpus ? 1 : TG_ATTN_MIN_GROUP_UNITS;
+  if (groups > units / min_units) groups = units / min_units;
+  if (groups > TG_ATTN_MAX_QGROUPS) groups = TG_ATTN_MAX_QGROUPS;
+  if (groups > 1 + budget / part_bytes) groups = 1 + budget / part_bytes;
+  pl->n_qgroups = groups < 1 ? 1 : groups;
 }
 
 /* KV schedule: key tiles per chunk (see TG_ATTN_MAX_CHUNK_TILES): as many key
