@@ -52,7 +52,7 @@ typedef struct {
   float *L;
   float *delta; /* with dO: rowsum(dO * O) */
   const tg_isa_ops *ops;
-  int64_t BQ, BK; /* tiles: tg_attn_bq, fwd_key_tile */
+  int64_t BQ, BK; /* tiles: fwd_q_tile, fwd_key_tile */
   int64_t FQ;     /* q units per work item: fwd_q_tiles */
   int bf16_dot;   /* tg_attn_bf16_dot: S = Q.K^T on bf16 pairs, KT holds pairs */
   tg_attn_products products; /* of acc += P.V (precision mode) */
@@ -301,7 +301,24 @@ static int64_t fwd_q_tiles(const tg_attn_problem *pr, int64_t n_qtiles, int thre
   return fq;
 }
 
-/* The forward's key tile: the table's (tg_attn_bk) times as many, up to
+/* Does the forward take the bf16-mode tiles (ops->attn_bq_bf16, _bk_bf16)?
+ * Wherever its P.V runs on the bf16 unit, in every precision mode (the
+ * backward: in bf16 mode only, tg_attn_bq): with exact mode's three parts
+ * on amx the forward took 0.92-0.96x the time with them (2-core Xeon, 2
+ * threads, paired calls, bench/results/xeon2-amx/ab-fwd-tiles-exact.txt). */
+static int fwd_bf16_tiles(const tg_attn_problem *pr, const tg_isa_ops *ops) {
+  return tg_attn_products_of(pr, ops, TG_ATTN_PASS_FWD) == TG_PRODUCTS_BF16_DOT;
+}
+
+/* The forward's q tile: the bf16-mode one where fwd_bf16_tiles says so and
+ * no causal diagonal or window edge crosses it (tg_attn_bq's rule). */
+static int64_t fwd_q_tile(const tg_attn_problem *pr, const tg_isa_ops *ops) {
+  return fwd_bf16_tiles(pr, ops) && !pr->causal && !pr->window ? ops->attn_bq_bf16
+                                                                : tg_attn_bq(pr, ops);
+}
+
+/* The forward's key tile: the table's (tg_attn_bk; the bf16-mode one where
+ * fwd_bf16_tiles says so, but with a window) times as many, up to
  * TG_ATTN_FWD_KEY_TILES, as keep a key tile's K^T and V within
  * TG_ATTN_FWD_TILE_BYTES (f32, or bf16 pairs where the products that take
  * them run on the bf16 unit). Longer key tiles run the online softmax's
@@ -310,7 +327,7 @@ static int64_t fwd_q_tiles(const tg_attn_problem *pr, int64_t n_qtiles, int thre
  * precision mode and D, Dv only: the tile sets the order of the softmax
  * sums, so O and L are the same bits on any machine with that table. */
 static int64_t fwd_key_tile(const tg_attn_problem *pr, const tg_isa_ops *ops) {
-  const int64_t bk = tg_attn_bk(pr, ops);
+  const int64_t bk = fwd_bf16_tiles(pr, ops) && !pr->window ? ops->attn_bk_bf16 : tg_attn_bk(pr, ops);
   const int64_t k_bytes = tg_attn_bf16_dot(pr, ops) ? 2 : 4;
   const int64_t v_bytes = tg_attn_products_of(pr, ops, TG_ATTN_PASS_FWD) == TG_PRODUCTS_BF16_DOT ? 2 : 4;
   const int64_t fit = TG_ATTN_FWD_TILE_BYTES / ((k_bytes * pr->D + v_bytes * pr->Dv) * bk);
@@ -321,7 +338,7 @@ tg_status tg_attn_forward(tg_ctx *ctx, const tg_attn_problem *pr, const void *Q,
                           const void *K, const void *V, const void *mask, void *O, float *L,
                           const void *dO, float *delta) {
   fwd_args a = {.pr = *pr, .Q = Q, .K = K, .V = V, .dO = dO, .mask = mask, .O = O, .L = L,
-                .delta = delta, .ops = ctx->ops, .BQ = tg_attn_bq(pr, ctx->ops),
+                .delta = delta, .ops = ctx->ops, .BQ = fwd_q_tile(pr, ctx->ops),
                 .BK = fwd_key_tile(pr, ctx->ops), .bf16_dot = tg_attn_bf16_dot(pr, ctx->ops),
                 .products = tg_attn_products_of(pr, ctx->ops, TG_ATTN_PASS_FWD)};
   a.n_qtiles = (pr->qL + a.BQ - 1) / a.BQ;
