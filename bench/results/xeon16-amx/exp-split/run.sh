@@ -10,7 +10,7 @@ grep -m1 "model name" /proc/cpuinfo > "$o/cpu.txt"
 base=build-${BASE:-b82}
 t0=$(date +%s)
 { cmake -S . -B build-dev -DCMAKE_BUILD_TYPE=Release -DTG_BUILD_TESTS=OFF && cmake --build build-dev -j16 &&
-  { [ -f ${base}bin/libtilegrad.so ] || { cmake -S $base -B ${base}bin -DCMAKE_BUILD_TYPE=Release -DTG_BUILD_TESTS=OFF && cmake --build ${base}bin -j16 --target tilegrad; }; }; } > /tmp/build.log 2>&1 || { tail -30 /tmp/build.log; exit 1; }
+  { [ -z "${JOBS:-}" ] || [ -f ${base}bin/libtilegrad.so ] || { cmake -S $base -B ${base}bin -DCMAKE_BUILD_TYPE=Release -DTG_BUILD_TESTS=OFF && cmake --build ${base}bin -j16 --target tilegrad; }; }; } > /tmp/build.log 2>&1 || { tail -30 /tmp/build.log; exit 1; }
 echo "built $(( $(date +%s) - t0 )) s"
 cc -O2 -std=c11 -D_POSIX_C_SOURCE=200809L -Iinclude bench/ab_calls/ab_calls.c -ldl -lm -o /tmp/ab_calls || exit 1
 G='1,8,8,1024,64,0;1,8,8,2048,128,1;2,8,4,1024,256,0;4,16,16,512,64,1;1,6,2,1024,512,1;1,8,4,1024,256,0;1,4,4,2560,160,0;1,16,2,3072,64,1;1,8,8,2048,96,1;1,6,2,384,128,0'
