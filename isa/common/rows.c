@@ -75,6 +75,7 @@ float TG_NAME(dot_bf16)(const uint16_t *restrict a, const uint16_t *restrict b,
 #define EXP_P4 1.6666665459e-1f
 #define EXP_P5 5.0000001201e-1f
 
+#if !defined(__AVX512F__) /* (the AVX-512 tables' lanes are below) */
 static inline __attribute__((always_inline)) float exp_reduced(float xc, float *n) {
   const float k = (xc * EXP_LOG2E + EXP_MAGIC) - EXP_MAGIC; /* nearest integer */
   float r = xc - k * EXP_LN2_HI;
@@ -123,7 +124,7 @@ static inline float exp_nonpos_lane(float x) {
   return x > -87.3f ? er * s : 0.0f;
 }
 
-#if defined(__AVX512F__)
+#else
 /*
  * exp_lane and exp_nonpos_lane on 16 lanes, with their bits, in about half
  * the instructions: the same reduction and polynomial (exp_reduced's
@@ -241,13 +242,13 @@ static inline __attribute__((always_inline)) void prob_row_masked(
     _mm512_mask_storeu_ps(s + k, lanes,
                           _mm512_maskz_mov_ps(seen, exp_lanes16(_mm512_sub_ps(x, vshift))));
   }
-  return;
-#endif
+#else
 #pragma omp simd
   for (int64_t k = 0; k < n_vis; k++) {
     const float m = mask_elem(mask, k, t);
     s[k] = m == -__builtin_inff() ? 0.0f : exp_lane((scale * s[k] + m) - shift);
   }
+#endif
 }
 
 void TG_NAME(attn_prob_row)(float *restrict s, int64_t n, int64_t n_vis, float scale,
