@@ -179,8 +179,17 @@ enum { TG_ATTN_FWD_KEY_TILES = 4 };
  * 1,16,2,2048,128 causal took 0.96-0.97x the time of 2 units an item; on
  * the lent Xeon (amx, 11 pairs, bf16 and exact mode, 2 and 16 threads)
  * gqa 3 and 8 0.93-0.97x (bench/results/xeon16-amx/README.md, "the
- * forward's GQA units"). */
+ * forward's GQA units"). Where Q.K^T runs on the bf16 unit the loads weigh
+ * more: there an item takes as many units as keep their f32 accumulators
+ * within TG_ATTN_FWD_ACC_BYTES (fewer where that leaves fewer than
+ * TG_ATTN_ITEMS_PER_CPU items per thread): 0.89-0.97x the forward's time
+ * of a GQA group an item on the D 64-256 shapes of the users' grid in bf16
+ * mode, 0.92-0.99x in exact mode, the rest 0.99-1.09 (2-core Xeon, amx, 2
+ * threads, 9 paired calls, bench/results/xeon2-amx/ab-fwd-units.txt; 8
+ * units with no byte cap: 1.03-1.04x at D 512; 16 threads on the 16-core
+ * Xeon: xeon16-amx/exp-split/). */
 enum { TG_ATTN_FWD_Q_TILES = 2, TG_ATTN_FWD_MAX_UNITS = 8 };
+#define TG_ATTN_FWD_ACC_BYTES ((int64_t)512 * 1024)
 
 /* Backward, KV schedule, bf16 dot products: a key tile's dK += dS^T . Q and
  * dV += P^T . dO run over several q units of a work item at once (their

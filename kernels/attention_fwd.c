@@ -285,15 +285,22 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h_kv, int64_t b, voi
 }
 
 /* q units per forward work item: a GQA group's heads (gqa units), at least
- * TG_ATTN_FWD_Q_TILES and at most TG_ATTN_FWD_MAX_UNITS, or fewer where
- * fewer leave TG_ATTN_ITEMS_PER_CPU items per thread; 1 with a window (its
- * q-tiles start at different keys). Each unit's sums run in the same order
+ * TG_ATTN_FWD_Q_TILES, or TG_ATTN_FWD_MAX_UNITS where Q.K^T runs on the
+ * bf16 unit (whose products leave the key tiles' packing a larger share),
+ * at most TG_ATTN_FWD_MAX_UNITS; fewer where fewer leave
+ * TG_ATTN_ITEMS_PER_CPU items per thread; 1 with a window (its q-tiles
+ * start at different keys). Each unit's sums run in the same order
  * whatever this is (it changes the loads, not the bits), so unlike the
  * backward's plan it may follow the thread count. */
-static int64_t fwd_q_tiles(const tg_attn_problem *pr, int64_t n_qtiles, int threads) {
+static int64_t fwd_q_tiles(const tg_attn_problem *pr, const tg_isa_ops *ops, int64_t bq,
+                           int64_t n_qtiles, int threads) {
   if (pr->window) return 1;
   const int64_t units = pr->gqa * n_qtiles;
   int64_t fq = pr->gqa < TG_ATTN_FWD_Q_TILES ? TG_ATTN_FWD_Q_TILES : pr->gqa;
+  if (tg_attn_bf16_dot(pr, ops)) { /* as many as keep their accumulators in TG_ATTN_FWD_ACC_BYTES */
+    const int64_t fit = TG_ATTN_FWD_ACC_BYTES / (bq * pr->Dv * (int64_t)sizeof(float));
+    fq = fit > fq ? fit : fq;
+  }
   if (fq > TG_ATTN_FWD_MAX_UNITS) fq = TG_ATTN_FWD_MAX_UNITS;
   for (; fq > 1; fq--)
     if (pr->B * pr->H_kv * ((units + fq - 1) / fq) >= (int64_t)TG_ATTN_ITEMS_PER_CPU * threads)
@@ -342,7 +349,7 @@ tg_status tg_attn_forward(tg_ctx *ctx, const tg_attn_problem *pr, const void *Q,
                 .BK = fwd_key_tile(pr, ctx->ops), .bf16_dot = tg_attn_bf16_dot(pr, ctx->ops),
                 .products = tg_attn_products_of(pr, ctx->ops, TG_ATTN_PASS_FWD)};
   a.n_qtiles = (pr->qL + a.BQ - 1) / a.BQ;
-  a.FQ = fwd_q_tiles(pr, a.n_qtiles, tg_threads(ctx));
+  a.FQ = fwd_q_tiles(pr, ctx->ops, a.BQ, a.n_qtiles, tg_threads(ctx));
   return tg_dispatch(ctx, (pr->gqa * a.n_qtiles + a.FQ - 1) / a.FQ, pr->H_kv, pr->B,
                      fwd_scratch_bytes(pr->D, pr->Dv, a.BQ, a.BK, a.FQ,
                                        tg_attn_part_buffers(pr, a.products)),
