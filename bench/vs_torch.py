@@ -420,10 +420,15 @@ def run_shape(shape, threads, reps, ctx, seed, dtypes, forward=False):
     t_torch, t_tg = {name: [] for name in dtypes}, []
     for _ in range(reps):
         for name, step in torch_steps.items():
-            # A pause lets the other OpenMP runtime's idle threads stop spinning.
+            # A pause lets the other OpenMP runtime's idle threads stop
+            # spinning; an untimed call after it takes the cost of waking
+            # the idle cores (on a 2-core Xeon VM 5-10 ms a call after the
+            # pause, which had made both sides' short calls look alike).
             time.sleep(0.05)
+            step()
             t_torch[name].append(timed(step))
         time.sleep(0.05)
+        tg_step()
         t_tg.append(timed(tg_step))
 
     gflop = (window_flop(B, H, L, D, causal, window) if window else
