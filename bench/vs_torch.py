@@ -13,8 +13,9 @@ PyTorch build, so it is measured rather than assumed.
 
 All contenders get the same Q, K, V, dO (drawn in bf16; the float32 run gets
 them upcast, which is exact) and the same thread count; their runs alternate
-(torch f32, torch bf16, tilegrad, torch f32, ...) and each reports the median
-of --reps timed runs after one warm-up.
+(torch f32, torch bf16, tilegrad, torch f32, ...), each timed call right
+after an untimed one, and each reports the median of --reps timed runs
+after one warm-up.
 
   torch     autograd.grad of F.scaled_dot_product_attention (scale 1/sqrt(D),
             is_causal; GQA through repeat_interleave inside the graph, so its
