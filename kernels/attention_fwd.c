@@ -285,9 +285,10 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h_kv, int64_t b, voi
 }
 
 /* q units per forward work item: a GQA group's heads (gqa units), at least
- * TG_ATTN_FWD_Q_TILES, or TG_ATTN_FWD_MAX_UNITS where Q.K^T runs on the
- * bf16 unit (whose products leave the key tiles' packing a larger share),
- * at most TG_ATTN_FWD_MAX_UNITS; fewer where fewer leave
+ * TG_ATTN_FWD_Q_TILES, or, where Q.K^T runs on the bf16 unit (whose
+ * products leave the key tiles' packing a larger share), as many as keep
+ * their f32 accumulators within TG_ATTN_FWD_ACC_BYTES if that is more; at
+ * most TG_ATTN_FWD_MAX_UNITS, and fewer where fewer leave
  * TG_ATTN_ITEMS_PER_CPU items per thread; 1 with a window (its q-tiles
  * start at different keys). Each unit's sums run in the same order
  * whatever this is (it changes the loads, not the bits), so unlike the
@@ -297,7 +298,7 @@ static int64_t fwd_q_tiles(const tg_attn_problem *pr, const tg_isa_ops *ops, int
   if (pr->window) return 1;
   const int64_t units = pr->gqa * n_qtiles;
   int64_t fq = pr->gqa < TG_ATTN_FWD_Q_TILES ? TG_ATTN_FWD_Q_TILES : pr->gqa;
-  if (tg_attn_bf16_dot(pr, ops)) { /* as many as keep their accumulators in TG_ATTN_FWD_ACC_BYTES */
+  if (tg_attn_bf16_dot(pr, ops)) {
     const int64_t fit = TG_ATTN_FWD_ACC_BYTES / (bq * pr->Dv * (int64_t)sizeof(float));
     fq = fit > fq ? fit : fq;
   }
