@@ -417,25 +417,38 @@ static void test_attention_rows(void **state) {
             TU_FAIL("%s attn_score_row k %lld: got %g want %g", tabs[t]->name, (long long)k,
                     (double)s[k], want);
         }
-        /* attn_prob_row is exp_f32 of that score row, bit for bit (masked and
-         * hidden keys 0; NaN, overflow and underflow among the scores), for
-         * every length's vector tail */
+        /* attn_prob_row against exp of the f64 score, for every length's
+         * vector tail, with NaN, infinities, overflow and underflow among
+         * the scores: masked and hidden keys exactly 0; else within the
+         * roundings of x = scale s + m - shift (two, or one where fused: at
+         * most 2^-23 |x|-ish, taken on the operands' magnitudes) carried
+         * through exp, and exp's 2 ulp, plus 2^-148 where the result is
+         * subnormal */
         for (int64_t n = 1; n <= N; n += n < 20 ? 1 : 19) {
-          float sp[N], want_p[N];
-          memcpy(sp, s0, sizeof sp);
-          sp[3] = NAN, sp[9] = INFINITY, sp[20] = -INFINITY, sp[33] = 400.0f, sp[50] = -400.0f;
-          memcpy(want_p, sp, sizeof want_p);
+          float sp[N], sv[N]; /* the row, and its scores before the call */
+          memcpy(sv, s0, sizeof sv);
+          sv[3] = NAN, sv[9] = INFINITY, sv[20] = -INFINITY, sv[33] = 400.0f, sv[50] = -400.0f;
+          memcpy(sp, sv, sizeof sp);
           const int64_t nv = n_vis < n ? n_vis : n;
-          tabs[t]->attn_score_row(want_p, n, nv, scale, with_mask ? m_row : NULL,
-                                  with_mask == 2 ? TG_DTYPE_F32 : TG_DTYPE_BF16, shift);
-          tabs[t]->exp_f32(want_p, want_p, n);
           tabs[t]->attn_prob_row(sp, n, nv, scale, with_mask ? m_row : NULL,
                                  with_mask == 2 ? TG_DTYPE_F32 : TG_DTYPE_BF16, shift);
-          for (int64_t k = 0; k < n; k++)
-            if (isnan(want_p[k]) ? !isnan(sp[k]) : memcmp(&sp[k], &want_p[k], sizeof(float)))
+          for (int64_t k = 0; k < n; k++) {
+            const double m = with_mask == 1   ? tg_bf16_to_f32(mask[k])
+                             : with_mask == 2 ? mask_f32[k]
+                                              : 0.0;
+            const int hidden = k >= nv || m == -INFINITY;
+            const double want = hidden ? 0.0 : exp((double)scale * sv[k] + m - shift);
+            const double mag = fabs((double)scale * sv[k]) + fabs(m) + fabs(shift);
+            const double bound = want * (0x1p-23 * mag + 0x1p-22) * 1.01 + 0x1p-148;
+            const int ok = hidden || want == 0.0 ? sp[k] == 0.0f /* (-inf scores too) */
+                           : isnan(want)    ? isnan(sp[k])
+                           : want > 0x1p128 ? sp[k] == INFINITY
+                                            : fabs(sp[k] - want) <= bound;
+            if (!ok)
               TU_FAIL("%s attn_prob_row n %lld n_vis %lld mask %d k %lld: %a, want %a",
                       tabs[t]->name, (long long)n, (long long)nv, with_mask, (long long)k,
-                      (double)sp[k], (double)want_p[k]);
+                      (double)sp[k], want);
+          }
         }
       }
     memcpy(dp, dp0, sizeof dp);
