@@ -47,7 +47,7 @@ static void *need(void *lib, const char *path, const char *name) {
   void *p = dlsym(lib, name);
   if (!p) {
     fprintf(stderr, "ab_calls: %s has no %s\n", path, name);
-    exit(1);
+    exit(2);
   }
   return p;
 }
@@ -56,7 +56,7 @@ static void open_build(build *b, const char *path, int threads, tg_attn_precisio
   void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (!lib) {
     fprintf(stderr, "ab_calls: %s\n", dlerror());
-    exit(1);
+    exit(2);
   }
   b->ctx_create = need(lib, path, "tg_ctx_create");
   b->set_threads = need(lib, path, "tg_ctx_set_threads");
@@ -67,7 +67,7 @@ static void open_build(build *b, const char *path, int threads, tg_attn_precisio
   if (b->ctx_create(&b->ctx) || b->set_threads(b->ctx, threads) ||
       b->set_precision(b->ctx, precision)) {
     fprintf(stderr, "ab_calls: %s: context set-up failed\n", path);
-    exit(1);
+    exit(2);
   }
 }
 
@@ -99,32 +99,34 @@ static uint16_t random_bf16(uint32_t *s, float amp) {
 enum { MAX_PAIRS = 256 };
 
 /* bits mode: one forward and backward of a shape on each build, then which
- * outputs differ in any bit; returns 1 if one does. */
+ * outputs differ in any bit; returns 1 if one does, 2 on an error. */
 static int compare_shape(build ab[2], const char *spec, const tg_attn_params *p, int causal,
                          const uint16_t *Q, const uint16_t *K, const uint16_t *V,
                          const uint16_t *dO, const float *delta, size_t nq, size_t nk,
                          size_t rows) {
   const size_t bytes[5] = {2 * nq, 4 * rows, 4 * nq, 4 * nk, 4 * nk};
   const char *names[5] = {"O", "L", "dQ", "dK", "dV"};
-  void *out[2][5];
-  for (int w = 0; w < 2; w++) {
+  void *out[2][5] = {{0}};
+  int rc = 0;
+  for (int w = 0; w < 2 && !rc; w++) {
     for (int i = 0; i < 5; i++) out[w][i] = calloc(1, bytes[i]); /* dK, dV accumulate */
-    if (ab[w].fwd(ab[w].ctx, TG_DTYPE_BF16, Q, K, V, out[w][0], out[w][1], p, NULL, NULL, causal,
-                  NULL) ||
-        ab[w].bwd(ab[w].ctx, TG_DTYPE_BF16, Q, K, V, out[w][1], dO, delta, out[w][2], out[w][3],
-                  out[w][4], p, NULL, NULL, causal, NULL)) {
-      fprintf(stderr, "ab_calls: %s failed on build %c\n", spec, 'A' + w);
-      exit(1);
-    }
+    for (int i = 0; i < 5; i++) rc |= !out[w][i] ? 2 : 0;
+    if (!rc && (ab[w].fwd(ab[w].ctx, TG_DTYPE_BF16, Q, K, V, out[w][0], out[w][1], p, NULL, NULL,
+                          causal, NULL) ||
+                ab[w].bwd(ab[w].ctx, TG_DTYPE_BF16, Q, K, V, out[w][1], dO, delta, out[w][2],
+                          out[w][3], out[w][4], p, NULL, NULL, causal, NULL)))
+      rc = 2;
+    if (rc) fprintf(stderr, "ab_calls: %s failed on build %c\n", spec, 'A' + w);
   }
-  int differ = 0;
-  printf("%-20s", spec);
-  for (int i = 0; i < 5; i++)
-    if (memcmp(out[0][i], out[1][i], bytes[i])) printf(" %s differs", names[i]), differ = 1;
-  printf("%s\n", differ ? "" : " same bits");
+  if (!rc) {
+    printf("%-20s", spec);
+    for (int i = 0; i < 5; i++)
+      if (memcmp(out[0][i], out[1][i], bytes[i])) printf(" %s differs", names[i]), rc = 1;
+    printf("%s\n", rc ? "" : " same bits");
+  }
   for (int w = 0; w < 2; w++)
     for (int i = 0; i < 5; i++) free(out[w][i]);
-  return differ;
+  return rc;
 }
 
 /* One shape: `pairs` alternating pairs after two warm-up pairs (0: bits
@@ -150,10 +152,10 @@ static int run_shape(build ab[2], const char *spec, int pairs) {
   for (size_t i = 0; i < nk; i++) K[i] = random_bf16(&s, 2.0f), V[i] = random_bf16(&s, 1.0f);
   for (size_t i = 0; i < rows; i++) delta[i] = 0.01f; /* any fixed D_vec */
   if (pairs == 0) {
-    const int differ = compare_shape(ab, spec, &p, causal, Q, K, V, dO, delta, nq, nk, rows);
+    const int rc = compare_shape(ab, spec, &p, causal, Q, K, V, dO, delta, nq, nk, rows);
     free(Q), free(K), free(V), free(dO), free(O), free(lse), free(delta), free(dQ), free(dK),
         free(dV);
-    return differ;
+    return rc;
   }
   double t_fwd[2][MAX_PAIRS], t_bwd[2][MAX_PAIRS], r_fwd[MAX_PAIRS], r_bwd[MAX_PAIRS];
   for (int it = -2; it < pairs; it++)
@@ -185,7 +187,7 @@ static int run_shape(build ab[2], const char *spec, int pairs) {
 
 int main(int argc, char **argv) {
   if (argc != 7) {
-    fprintf(stderr, "usage: ab_calls LIB_A LIB_B THREADS exact|split|bf16 PAIRS "
+    fprintf(stderr, "usage: ab_calls LIB_A LIB_B THREADS exact|split|bf16 PAIRS|bits "
                     "\"B,H,Hkv,L,D,causal;...\"\n");
     return 2;
   }
