@@ -379,6 +379,13 @@ static void test_conversions_and_dot(void **state) {
 
 /* attn_score_row / attn_ds_row on ragged rows: visible prefix, bf16 and f32
  * masks with -inf entries, the causal tail set to -inf. */
+/* Element k of a mask row as the row ops read it (0 without a mask). */
+static double mask_at(const void *m_row, tg_dtype m_type, int64_t k) {
+  if (!m_row) return 0.0;
+  return m_type == TG_DTYPE_F32 ? ((const float *)m_row)[k]
+                                : tg_bf16_to_f32(((const tg_bf16 *)m_row)[k]);
+}
+
 static void test_attention_rows(void **state) {
   const tg_isa_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
@@ -400,13 +407,11 @@ static void test_attention_rows(void **state) {
     for (int with_mask = 0; with_mask < 3; with_mask++)
       for (int64_t n_vis = -1; n_vis <= N + 1; n_vis += 13) {
         memcpy(s, s0, sizeof s);
-        const void *m_row = with_mask == 1 ? (const void *)mask : mask_f32;
-        tabs[t]->attn_score_row(s, N, n_vis, scale, with_mask ? m_row : NULL,
-                                with_mask == 2 ? TG_DTYPE_F32 : TG_DTYPE_BF16, shift);
+        const void *m_row = with_mask == 0 ? NULL : with_mask == 1 ? (const void *)mask : mask_f32;
+        const tg_dtype m_type = with_mask == 2 ? TG_DTYPE_F32 : TG_DTYPE_BF16;
+        tabs[t]->attn_score_row(s, N, n_vis, scale, m_row, m_type, shift);
         for (int64_t k = 0; k < N; k++) {
-          const double m = with_mask == 1   ? tg_bf16_to_f32(mask[k])
-                           : with_mask == 2 ? mask_f32[k]
-                                            : 0.0;
+          const double m = mask_at(m_row, m_type, k);
           if (k >= n_vis || m == -INFINITY) {
             assert_true(s[k] == -INFINITY);
             continue;
@@ -421,21 +426,17 @@ static void test_attention_rows(void **state) {
          * vector tail, with NaN, infinities, overflow and underflow among
          * the scores: masked and hidden keys exactly 0; else within the
          * roundings of x = scale s + m - shift (two, or one where fused: at
-         * most 2^-23 |x|-ish, taken on the operands' magnitudes) carried
-         * through exp, and exp's 2 ulp, plus 2^-148 where the result is
-         * subnormal */
+         * most 2^-23 (|scale s| + |m| + |shift|)) carried through exp, and
+         * exp's 2 ulp, plus 2^-148 where the result is subnormal */
         for (int64_t n = 1; n <= N; n += n < 20 ? 1 : 19) {
           float sp[N], sv[N]; /* the row, and its scores before the call */
           memcpy(sv, s0, sizeof sv);
           sv[3] = NAN, sv[9] = INFINITY, sv[20] = -INFINITY, sv[33] = 400.0f, sv[50] = -400.0f;
           memcpy(sp, sv, sizeof sp);
           const int64_t nv = n_vis < n ? n_vis : n;
-          tabs[t]->attn_prob_row(sp, n, nv, scale, with_mask ? m_row : NULL,
-                                 with_mask == 2 ? TG_DTYPE_F32 : TG_DTYPE_BF16, shift);
+          tabs[t]->attn_prob_row(sp, n, nv, scale, m_row, m_type, shift);
           for (int64_t k = 0; k < n; k++) {
-            const double m = with_mask == 1   ? tg_bf16_to_f32(mask[k])
-                             : with_mask == 2 ? mask_f32[k]
-                                              : 0.0;
+            const double m = mask_at(m_row, m_type, k);
             const int hidden = k >= nv || m == -INFINITY;
             const double want = hidden ? 0.0 : exp((double)scale * sv[k] + m - shift);
             const double mag = fabs((double)scale * sv[k]) + fabs(m) + fabs(shift);

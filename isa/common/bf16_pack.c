@@ -53,10 +53,6 @@ static inline __attribute__((always_inline)) void split_lanes(__m512 v, __m256i 
   part[2] = bf16_lanes(_mm512_sub_ps(r1, bf16_lanes_widen(part[1])), 0);
 }
 
-static inline __mmask16 first_lanes(int64_t n) {
-  return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
-}
-
 /* A row x of cols in 16-lane steps -> out[k] + at.. (16-bit stores). */
 static inline __attribute__((always_inline)) void split_row(const float *restrict x,
                                                             int64_t cols, uint16_t *out[3],

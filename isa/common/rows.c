@@ -161,17 +161,13 @@ static inline __m512 exp_nonpos_lanes16(__m512 x) {
   const __m512 er = exp_reduced16(_mm512_max_ps(lim, x), &k);
   return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, lim, _CMP_GT_OQ), _mm512_scalef_ps(er, k));
 }
-
-static inline __mmask16 row_lanes(int64_t n) {
-  return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
-}
 #endif
 
 /* y[i] = exp(x[i]); y may alias x */
 void TG_NAME(exp_f32)(const float *x, float *y, int64_t n) {
 #if defined(__AVX512F__)
   for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = row_lanes(n - i);
+    const __mmask16 m = first_lanes(n - i);
     _mm512_mask_storeu_ps(y + i, m, exp_lanes16(_mm512_maskz_loadu_ps(m, x + i)));
   }
 #else
@@ -230,7 +226,7 @@ static inline __attribute__((always_inline)) void prob_row_masked(
 #if defined(__AVX512F__)
   const __m512 vscale = _mm512_set1_ps(scale), vshift = _mm512_set1_ps(shift);
   for (int64_t k = 0; k < n_vis; k += 16) {
-    const __mmask16 lanes = row_lanes(n_vis - k);
+    const __mmask16 lanes = first_lanes(n_vis - k);
     const __m512 m = t == TG_DTYPE_F32
                          ? _mm512_maskz_loadu_ps(lanes, (const float *)mask + k)
                          : _mm512_castsi512_ps(_mm512_slli_epi32(
@@ -263,7 +259,7 @@ void TG_NAME(attn_prob_row)(float *restrict s, int64_t n, int64_t n_vis, float s
 #if defined(__AVX512F__)
     const __m512 vscale = _mm512_set1_ps(scale), vshift = _mm512_set1_ps(shift);
     for (int64_t k = 0; k < n_vis; k += 16) {
-      const __mmask16 lanes = row_lanes(n_vis - k);
+      const __mmask16 lanes = first_lanes(n_vis - k);
       const __m512 x = _mm512_fmsub_ps(vscale, _mm512_maskz_loadu_ps(lanes, s + k), vshift);
       _mm512_mask_storeu_ps(s + k, lanes, exp_lanes16(x));
     }
@@ -302,7 +298,7 @@ static inline __attribute__((always_inline)) float exp_sum_row(float *restrict s
   const __m512 vshift = _mm512_set1_ps(shift);
   __m512 vacc = _mm512_setzero_ps();
   for (; i < n; i += LANES) {
-    const __mmask16 lanes = row_lanes(n - i);
+    const __mmask16 lanes = first_lanes(n - i);
     const __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, s + i), vshift);
     const __m512 e = nonpos ? exp_nonpos_lanes16(x) : exp_lanes16(x);
     _mm512_mask_storeu_ps(s + i, lanes, e);

@@ -8,6 +8,12 @@
  */
 #include <immintrin.h>
 
+/* The mask of the first n of 16 lanes (all of them from 16 on): a row's
+ * last, partial vector in the masked loads and stores of isa/common/. */
+static inline __mmask16 first_lanes(int64_t n) {
+  return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+}
+
 /* One zmm per block: per stage a permute (x[l ^ len]), a multiply by the
  * +-1 pattern (exact) and an add. */
 static inline void fwht16_block(float *restrict x) {
