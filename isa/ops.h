@@ -65,13 +65,17 @@ typedef struct {
   void (*mm_bf16_pairs)(int M, int N, int K, const uint16_t *A, int64_t lda,
                         const uint32_t *Bp, int64_t ldb, float *C, int64_t ldc,
                         int accumulate);
-  /* Optional (NULL: n calls of mm_bf16_pairs do the same): C (+)=
+  /* Optional (NULL: n calls of mm_bf16_pairs, term by term): C (+)=
    * A_0 . B_0 + ... + A_{n-1} . B_{n-1}, term i = terms[i] as one call's A,
-   * Bp and K (K even; A at stride lda, Bp at stride ldb for every term),
-   * with the bits of those n calls in term order, the first with
-   * `accumulate` and the rest accumulating. The amx table loads and stores
-   * each block of C once for all terms (an f32 operand's bf16 parts; key
-   * tiles one after another). */
+   * Bp and K (K even; A at stride lda, Bp at stride ldb for every term).
+   * Consecutive terms with one K and one A (all of them) or one Bp (all of
+   * them) form a group (an f32 operand's bf16 parts against the same other
+   * operand); groups run in order, each 32 k at a time, its terms in turn
+   * at every step: the bits of mm_bf16_pairs calls on those 32-k slices in
+   * that order, the first with `accumulate` and the rest accumulating
+   * (tests/test_micro.c, terms_by_calls). The amx table loads and stores
+   * each block of C once for all terms, and a group's shared tiles once
+   * per k step. */
   void (*mm_bf16_terms)(int n, const tg_bf16_term *terms, int M, int N, int64_t lda,
                         int64_t ldb, float *C, int64_t ldc, int accumulate);
   /* Optional (NULL where not needed): bracket a work item's run of

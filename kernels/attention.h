@@ -228,9 +228,10 @@ static inline void tg_attn_round_bf16(float *x, int64_t rows, int64_t cols, int6
     for (int64_t c = 0; c < cols; c++) x[r * ld + c] = tg_bf16_to_f32(tg_f32_to_bf16(x[r * ld + c]));
 }
 
-/* C [M, N] (ldc) (+)= the sum of n terms' products, in term order, with
- * the bits of n calls of mm_bf16_pairs (the first with `accumulate`): in
- * one call where the table has mm_bf16_terms. */
+/* C [M, N] (ldc) (+)= the sum of n terms' products: one mm_bf16_terms
+ * call where the table has it (its order: an operand's parts k step by k
+ * step), else n calls of mm_bf16_pairs in term order (the first with
+ * `accumulate`). */
 static inline void tg_attn_mm_terms(const tg_isa_ops *ops, int n, const tg_bf16_term *terms,
                                     int64_t M, int64_t N, int64_t lda, int64_t ldb, float *C,
                                     int64_t ldc, int accumulate) {
@@ -244,9 +245,9 @@ static inline void tg_attn_mm_terms(const tg_isa_ops *ops, int n, const tg_bf16_
 }
 
 /* TG_PRODUCTS_BF16_DOT: C [M, N] (ldc) (+)= X . Bp, X given as its
- * tg_attn_parts bf16 parts (hi, then lo, then lo2: the bits of one pass of
- * C += part . Bp each), rows of Kp (even) columns, stride ldx; Bp [Kp/2, N]
- * pairs (pack_bf16_row_pairs), stride ldb. */
+ * tg_attn_parts bf16 parts (hi, lo, lo2: tg_attn_mm_terms' order), rows
+ * of Kp (even) columns, stride ldx; Bp [Kp/2, N] pairs
+ * (pack_bf16_row_pairs), stride ldb. */
 static inline void tg_attn_mm_parts(const tg_attn_problem *pr, const tg_isa_ops *ops, int64_t M,
                                     int64_t N, int64_t Kp, uint16_t *const parts[3],
                                     int64_t ldx, const uint32_t *Bp, int64_t ldb, float *C,

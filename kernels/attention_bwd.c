@@ -426,8 +426,8 @@ static void bwd_dq(const bwd_args *a, int64_t nq, int64_t kn, int64_t slot, int6
 
 /* plan.dkv_transposed: C [M, nk] (+)= XT . Y over unit slots [s0, s1):
  * XT the slots' columns of w->Q or w->dO (Q^T, dO^T), Y the parts of dS or
- * P in row pairs (terms XT . part, hi, then lo, then lo2: the order of
- * the f32 sums of C^T += part^T . X, and so its bits). */
+ * P in row pairs (terms XT . part, hi, lo, lo2: with one A the order of
+ * the f32 sums of C^T += part^T . X, and so its bits, tg_attn_mm_terms). */
 static void dkv_product_t(const bwd_args *a, int64_t M, int64_t nk, int64_t s0, int64_t rows,
                           const float *XT, uint16_t *const pairs[3], float *C, int first) {
   const int64_t BQ = a->plan.BQ, BK = a->plan.BK;
@@ -448,8 +448,9 @@ static void dkv_product_t(const bwd_args *a, int64_t M, int64_t nk, int64_t s0, 
  * of slot s1 - 1 (nq_last of them) padded to even. With one part (bf16
  * mode) the terms meet the sums in the order of one product per slot (a
  * slot's rows are BQ, even, so every slot starts a k pair), and so do the
- * bits: the tile GEMMs add along k in order; with two or three parts every
- * slot's hi terms come first, then the lo terms. With first the products
+ * bits: the tile GEMMs add along k in order; two or three parts in
+ * tg_attn_mm_terms' order (on amx per 32 rows of k hi, lo, lo2, whatever
+ * the slots; else every slot's hi terms, then the lo terms). With first the products
  * write dK, dV instead. */
 static void bwd_dkv_bf16(const bwd_args *a, int64_t nk, int64_t s0, int64_t s1,
                          int64_t nq_last, int first, ktile_scratch *t, bwd_scratch *w) {

@@ -190,14 +190,37 @@ static void test_bf16_dot_gemm(void **state) {
   printf("  bf16 dot GEMM checked on %d table(s)\n", tested);
 }
 
-/* mm_bf16_terms, where a table has it (amx): the bits of its n calls of
- * mm_bf16_pairs in term order (first with accumulate, the rest
- * accumulating), for 1-3 parts of one K, and for two key tiles' parts in
- * turn (tile 1's A and B further along k, its own K, as the backward's dQ
- * passes them), on ragged sizes (edge tiles, K % 32, a partial 32 x 32
- * block), and nothing of C outside [M, N] written (NaN there must come
- * back bit for bit). The parts are a f32 block's hi, lo, lo2, as the
- * attention passes them. */
+/* mm_bf16_terms' order as calls of mm_bf16_pairs: groups of consecutive
+ * terms with one K and one A (all of them) or one Bp (all of them), each
+ * group 32 k at a time, its terms in turn at every step (the first call
+ * with accumulate, the rest accumulating). */
+static void terms_by_calls(const tg_isa_ops *o, int n, const tg_bf16_term *terms, int M, int N,
+                           int64_t lda, int64_t ldb, float *C, int64_t ldc, int accumulate) {
+  int first = 1;
+  for (int g = 0, e; g < n; g = e) {
+    int same_a = 1, same_b = 1;
+    for (e = g + 1; e < n && terms[e].K == terms[g].K; e++) {
+      const int a = same_a && terms[e].A == terms[g].A, b = same_b && terms[e].Bp == terms[g].Bp;
+      if (!a && !b) break;
+      same_a = a, same_b = b;
+    }
+    for (int k = 0; k < terms[g].K; k += 32)
+      for (int t = g; t < e; t++, first = 0) {
+        const int kc = terms[t].K - k < 32 ? terms[t].K - k : 32;
+        o->mm_bf16_pairs(M, N, kc, terms[t].A + k, lda, terms[t].Bp + k / 2 * ldb, ldb, C, ldc,
+                         accumulate || !first);
+      }
+  }
+}
+
+/* mm_bf16_terms, where a table has it (amx): the bits of terms_by_calls,
+ * for 1-3 parts of one K against one B (the attention's P, dS parts), one
+ * A against 1-3 B (the transposed dK, dV sums: Q^T, dO^T against the
+ * parts in pairs), and two key tiles' parts in turn (tile 1's A and B
+ * further along k, its own K, as the backward's dQ passes them), on
+ * ragged sizes (edge tiles, K % 32, a partial 32 x 32 block), and nothing
+ * of C outside [M, N] written (NaN there must come back bit for bit). The
+ * parts are a f32 block's hi, lo, lo2, as the attention passes them. */
 static void test_bf16_terms_gemm(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 13);
   const tg_isa_ops *tabs[TU_MAX_ISAS];
@@ -216,38 +239,41 @@ static void test_bf16_terms_gemm(void **state) {
       uint16_t *parts[3];
       for (int p = 0; p < 3; p++) parts[p] = tu_alloc(2 * (M * lda + 1));
       tg_bf16 *X = tu_alloc(2 * N * ldx);
-      uint32_t *Bp = tu_alloc(4 * (K / 2 + 1) * ldb);
+      uint32_t *Bps[3];
+      for (int p = 0; p < 3; p++) Bps[p] = tu_alloc(4 * (K / 2 + 1) * ldb);
       float *C0 = tu_alloc(sizeof(float) * nc), *want = tu_alloc(sizeof(float) * nc),
             *got = tu_alloc(sizeof(float) * nc);
       tu_fill_f32(&r, X32, M * lda, -2, 2);
       o->f32_to_bf16_split(M, lda, X32, lda, TG_SPLIT_ROWS, parts[0], parts[1], parts[2], lda);
-      tu_fill_bf16(&r, X, N * ldx, -2, 2);
-      o->pack_bf16_pairs(N, K, X, ldx, Bp, ldb);
+      for (int p = 0; p < 3; p++) {
+        tu_fill_bf16(&r, X, N * ldx, -2, 2);
+        o->pack_bf16_pairs(N, K, X, ldx, Bps[p], ldb);
+      }
+      const uint32_t *Bp = Bps[0];
       tu_poison_f32(C0, nc);
       for (int i = 0; i < M; i++) tu_fill_f32(&r, C0 + i * ldc, N, -1, 1);
       const int K1 = K / 4 * 2; /* tile 0's k (even), tile 1 the rest */
-      for (int tiles = 1; tiles <= 2; tiles++)
+      for (int kind = 0; kind < 3; kind++) /* parts against one B, two tiles, one A */
         for (int n = 1; n <= 3; n++)
           for (int acc = 0; acc < 2; acc++) {
             tg_bf16_term terms[6];
             int nt = 0;
             for (int p = 0; p < n; p++)
-              terms[nt++] = (tg_bf16_term){parts[p], Bp, tiles == 1 ? K : K1};
-            for (int p = 0; p < n && tiles == 2; p++)
+              terms[nt++] = kind == 2 ? (tg_bf16_term){parts[0], Bps[p], K}
+                                      : (tg_bf16_term){parts[p], Bp, kind == 0 ? K : K1};
+            for (int p = 0; p < n && kind == 1; p++)
               terms[nt++] = (tg_bf16_term){parts[p] + K1, Bp + K1 / 2 * ldb, K - K1};
             memcpy(want, C0, sizeof(float) * nc);
-            for (int i = 0; i < nt; i++)
-              o->mm_bf16_pairs(M, N, terms[i].K, terms[i].A, lda, terms[i].Bp, ldb, want, ldc,
-                               acc || i);
+            terms_by_calls(o, nt, terms, M, N, lda, ldb, want, ldc, acc);
             memcpy(got, C0, sizeof(float) * nc);
             o->mm_bf16_terms(nt, terms, M, N, lda, ldb, got, ldc, acc);
             if (memcmp(got, want, sizeof(float) * nc))
-              TU_FAIL("%s %d tile(s) x %d parts, accumulate %d M=%d N=%d K=%d: not the bits "
-                      "of %d calls",
-                      o->name, tiles, n, acc, M, N, K, nt);
+              TU_FAIL("%s terms of kind %d x %d parts, accumulate %d M=%d N=%d K=%d: not the "
+                      "bits of their calls",
+                      o->name, kind, n, acc, M, N, K);
           }
-      for (int p = 0; p < 3; p++) free(parts[p]);
-      free(X32), free(X), free(Bp), free(C0), free(want), free(got);
+      for (int p = 0; p < 3; p++) free(parts[p]), free(Bps[p]);
+      free(X32), free(X), free(C0), free(want), free(got);
     }
   }
   printf("  bf16 terms GEMM checked on %d table(s)\n", tested);

@@ -108,9 +108,25 @@ static inline void amx_stage_b(uint32_t *restrict buf, int ncb, const uint32_t *
   for (int p = 0; p < np; p++) memcpy(buf + p * ncb, Bp + p * ldb, sizeof(uint32_t) * cols);
 }
 
+/* The end of the group of terms that starts at g: the terms after it with
+ * its K and its A (all of them) or its Bp (all of them), i.e. the bf16
+ * parts of one operand against the same other operand. */
+static int amx_group_end(int n, const tg_bf16_term *terms, int g, int *shared_a) {
+  int same_a = 1, same_b = 1, e = g + 1;
+  for (; e < n && terms[e].K == terms[g].K; e++) {
+    const int a = same_a && terms[e].A == terms[g].A, b = same_b && terms[e].Bp == terms[g].Bp;
+    if (!a && !b) break;
+    same_a = a, same_b = b;
+  }
+  *shared_a = same_a && e - g > 1;
+  return e;
+}
+
 /* A 32 x 32 block of C, wholly inside it, rows from i and columns from j
- * of the terms' A and B (C points at the block): tmm0-3; C (+)= A_0 . B_0
- * + ... + A_{n-1} . B_{n-1}, the terms' k loops one after the other. */
+ * of the terms' A and B (C points at the block): tmm0-3. C (+)= A_0 . B_0
+ * + ... + A_{n-1} . B_{n-1}, group by group (amx_group_end), each group
+ * k step by k step: per 32 k, each of its terms in turn, the shared
+ * operand's two tiles loaded once for all of them. */
 static void amx_block32(int n, const tg_bf16_term *terms, int64_t i, int64_t j, int64_t lda,
                         int64_t ldb, float *C, int64_t ldc, int accumulate) {
   const int64_t sa = 2 * lda, sb = 4 * ldb, sc = 4 * ldc; /* byte strides */
@@ -125,36 +141,70 @@ static void amx_block32(int n, const tg_bf16_term *terms, int64_t i, int64_t j, 
     _tile_zero(2);
     _tile_zero(3);
   }
-  for (int term = 0; term < n; term++) {
-    const uint16_t *A = terms[term].A + i * lda;
-    const uint32_t *Bp = terms[term].Bp + j;
-    const int K = terms[term].K;
+  for (int g = 0, e, shared_a; g < n; g = e) {
+    e = amx_group_end(n, terms, g, &shared_a);
+    const int K = terms[g].K;
     int k = 0;
-    for (; k + AMX_KC <= K; k += AMX_KC) {
-      const uint32_t *b = Bp + (int64_t)(k / 2) * ldb;
-      AMX_LOAD(4, A + k, sa);
-      AMX_LOAD(5, A + 16 * lda + k, sa);
-      AMX_LOAD(6, b, sb);
-      AMX_LOAD(7, b + 16, sb);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
+    if (e - g == 1) { /* one term */
+      const uint16_t *A = terms[g].A + i * lda;
+      const uint32_t *Bp = terms[g].Bp + j;
+      for (; k + AMX_KC <= K; k += AMX_KC) {
+        const uint32_t *b = Bp + (int64_t)(k / 2) * ldb;
+        AMX_LOAD(4, A + k, sa);
+        AMX_LOAD(5, A + 16 * lda + k, sa);
+        AMX_LOAD(6, b, sb);
+        AMX_LOAD(7, b + 16, sb);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+    } else if (shared_a) { /* the terms' A tiles loaded once per k step */
+      for (; k + AMX_KC <= K; k += AMX_KC) {
+        const uint16_t *A = terms[g].A + i * lda + k;
+        AMX_LOAD(4, A, sa);
+        AMX_LOAD(5, A + 16 * lda, sa);
+        for (int t = g; t < e; t++) {
+          const uint32_t *b = terms[t].Bp + j + (int64_t)(k / 2) * ldb;
+          AMX_LOAD(6, b, sb);
+          AMX_LOAD(7, b + 16, sb);
+          _tile_dpbf16ps(0, 4, 6);
+          _tile_dpbf16ps(1, 4, 7);
+          _tile_dpbf16ps(2, 5, 6);
+          _tile_dpbf16ps(3, 5, 7);
+        }
+      }
+    } else { /* the terms' B tiles loaded once per k step */
+      for (; k + AMX_KC <= K; k += AMX_KC) {
+        const uint32_t *b = terms[g].Bp + j + (int64_t)(k / 2) * ldb;
+        AMX_LOAD(6, b, sb);
+        AMX_LOAD(7, b + 16, sb);
+        for (int t = g; t < e; t++) {
+          const uint16_t *A = terms[t].A + i * lda + k;
+          AMX_LOAD(4, A, sa);
+          AMX_LOAD(5, A + 16 * lda, sa);
+          _tile_dpbf16ps(0, 4, 6);
+          _tile_dpbf16ps(1, 4, 7);
+          _tile_dpbf16ps(2, 5, 6);
+          _tile_dpbf16ps(3, 5, 7);
+        }
+      }
     }
-    if (k < K) { /* the last K % 32: both sides zero-padded along k */
-      _Alignas(64) uint16_t a[2 * AMX_R * AMX_KC];
-      _Alignas(64) uint32_t b[AMX_R * 32];
-      amx_stage_a(a, 2 * AMX_R, A + k, lda, 2 * AMX_R, K - k);
-      amx_stage_b(b, 32, Bp + (int64_t)(k / 2) * ldb, ldb, (K - k) / 2, 32);
-      AMX_LOAD(4, a, 2 * AMX_KC);
-      AMX_LOAD(5, a + AMX_R * AMX_KC, 2 * AMX_KC);
-      AMX_LOAD(6, b, 4 * 32);
-      AMX_LOAD(7, b + 16, 4 * 32);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
-    }
+    if (k < K) /* the last K % 32: both sides zero-padded along k */
+      for (int t = g; t < e; t++) {
+        _Alignas(64) uint16_t a[2 * AMX_R * AMX_KC];
+        _Alignas(64) uint32_t b[AMX_R * 32];
+        amx_stage_a(a, 2 * AMX_R, terms[t].A + i * lda + k, lda, 2 * AMX_R, K - k);
+        amx_stage_b(b, 32, terms[t].Bp + j + (int64_t)(k / 2) * ldb, ldb, (K - k) / 2, 32);
+        AMX_LOAD(4, a, 2 * AMX_KC);
+        AMX_LOAD(5, a + AMX_R * AMX_KC, 2 * AMX_KC);
+        AMX_LOAD(6, b, 4 * 32);
+        AMX_LOAD(7, b + 16, 4 * 32);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
   }
   _tile_stored(0, C, sc);
   _tile_stored(1, C + 16, sc);
@@ -164,7 +214,7 @@ static void amx_block32(int n, const tg_bf16_term *terms, int64_t i, int64_t j, 
 
 /* One tile of C, rows x cols (1..16 each; tmm0, tmm4, tmm6) at row i and
  * column j of the terms: in place where whole, else through zero-padded
- * copies; the n terms as amx_block32's. */
+ * copies; the terms in amx_block32's order. */
 static void amx_tile1(int rows, int cols, int n, const tg_bf16_term *terms, int64_t i, int64_t j,
                       int64_t lda, int64_t ldb, float *C, int64_t ldc, int accumulate) {
   const int whole = rows == AMX_R && cols == AMX_R;
@@ -180,27 +230,28 @@ static void amx_tile1(int rows, int cols, int n, const tg_bf16_term *terms, int6
     for (int r = 0; r < rows; r++) memcpy(c + r * AMX_R, C + r * ldc, sizeof(float) * cols);
     AMX_LOAD(0, c, 4 * AMX_R);
   }
-  for (int term = 0; term < n; term++) {
-    const uint16_t *A = terms[term].A + i * lda;
-    const uint32_t *Bp = terms[term].Bp + j;
-    const int K = terms[term].K;
-    for (int k = 0; k < K; k += AMX_KC) {
-      const int kc = K - k < AMX_KC ? K - k : AMX_KC;
-      const uint32_t *bk = Bp + (int64_t)(k / 2) * ldb;
-      if (rows == AMX_R && kc == AMX_KC) {
-        AMX_LOAD(4, A + k, 2 * lda);
-      } else {
-        amx_stage_a(a, AMX_R, A + k, lda, rows, kc);
-        AMX_LOAD(4, a, 2 * AMX_KC);
+  for (int g = 0, e, shared_a; g < n; g = e) {
+    e = amx_group_end(n, terms, g, &shared_a);
+    const int K = terms[g].K;
+    for (int k = 0; k < K; k += AMX_KC)
+      for (int t = g; t < e; t++) {
+        const uint16_t *A = terms[t].A + i * lda + k;
+        const uint32_t *bk = terms[t].Bp + j + (int64_t)(k / 2) * ldb;
+        const int kc = K - k < AMX_KC ? K - k : AMX_KC;
+        if (rows == AMX_R && kc == AMX_KC) {
+          AMX_LOAD(4, A, 2 * lda);
+        } else {
+          amx_stage_a(a, AMX_R, A, lda, rows, kc);
+          AMX_LOAD(4, a, 2 * AMX_KC);
+        }
+        if (cols == AMX_R && kc == AMX_KC) {
+          AMX_LOAD(6, bk, 4 * ldb);
+        } else {
+          amx_stage_b(b, AMX_R, bk, ldb, kc / 2, cols);
+          AMX_LOAD(6, b, 4 * AMX_R);
+        }
+        _tile_dpbf16ps(0, 4, 6);
       }
-      if (cols == AMX_R && kc == AMX_KC) {
-        AMX_LOAD(6, bk, 4 * ldb);
-      } else {
-        amx_stage_b(b, AMX_R, bk, ldb, kc / 2, cols);
-        AMX_LOAD(6, b, 4 * AMX_R);
-      }
-      _tile_dpbf16ps(0, 4, 6);
-    }
   }
   if (whole) {
     _tile_stored(0, C, 4 * ldc);
@@ -226,10 +277,17 @@ void TG_NAME(bf16_dot_end_amx)(void) {
 }
 
 /* C (+)= A_0 . B_0 + ... + A_{n-1} . B_{n-1}, block by block: each 32 x 32
- * block of C is loaded (or zeroed) once and stored once, its terms' k
- * loops run in term order between (the TDPBF16PS sequence of n calls of
- * mm_bf16_pairs_amx, so the same bits: C's f32 values go to memory and
- * back unchanged between those calls). */
+ * block of C is loaded (or zeroed) once and stored once, its terms run
+ * between in amx_block32's order (the TDPBF16PS sequence of
+ * mm_bf16_pairs_amx calls on 32-k slices in that order, so their bits: C's
+ * f32 values go to memory and back unchanged between calls). Group by
+ * group, k step by k step, and not term by term: where the terms are an
+ * operand's two or three bf16 parts, per k step the other operand's tiles
+ * load once instead of once per part (8 tile loads for 12 TDPBF16PS, not
+ * 12). Exact mode's forward took 0.88-0.92 the time at D 256-512 with it,
+ * 0.97-1.02 at D 64-160, the backward 0.96-1.00; split mode 0.97-1.02
+ * (2-core Xeon, 2 threads, paired calls, 9 pairs,
+ * bench/results/xeon2-amx/ab-terms-by-k.txt). */
 static void amx_gemm(int n, const tg_bf16_term *terms, int M, int N, int64_t lda, int64_t ldb,
                      float *C, int64_t ldc, int accumulate) {
   if (M <= 0 || N <= 0) return;
