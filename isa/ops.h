@@ -44,8 +44,9 @@ typedef struct {
    * mm_bf16_pairs as three bf16 parts, [0] in the forward, [1] in the
    * backward; 0: never (tg_attn_products_of) */
   int exact_parts_min_d[2];
-  /* f32_to_bf16_split reads and writes subnormals as 0 (vcvtneps2bf16; the
-   * tables whose bf16 products read a subnormal part as 0 anyway) */
+  /* f32_to_bf16_split's one or two parts read and write subnormals as 0
+   * (vcvtneps2bf16; the tables whose bf16 products read a subnormal part
+   * as 0 anyway) */
   int split_ftz;
 
   /* C[M,N] = A[M,K] . B[K,N]          (accumulate == 0)
@@ -91,10 +92,13 @@ typedef struct {
   void (*pack_bf16_pairs)(int64_t nr, int64_t K, const uint16_t *X, int64_t lds,
                           uint32_t *Bp, int64_t ldb);
   /* --- operands of the attention's precision modes (common/bf16_pack.c) ---------
-   * The bf16 parts of an f32 block [rows, cols] (stride lds): hi = bf16(x)
-   * rounded to nearest even, lo = bf16(x - hi), lo2 = bf16(x - hi - lo) (lo,
-   * lo2 0 where hi is not finite; hi + lo + lo2 = x exactly unless lo2 is
-   * subnormal); lo NULL: hi only, lo2 NULL: hi and lo. In `layout`
+   * The bf16 parts of an f32 block [rows, cols] (stride lds). One or two
+   * (lo2 NULL; lo NULL: hi only): hi = bf16(x) rounded to nearest even, lo
+   * = bf16(x - hi) (0 where hi is not finite). Three: by truncation, hi =
+   * x's high 16 bits, lo = (x - hi)'s, lo2 = (x - hi - lo)'s (a NaN's hi
+   * quiet, lo and lo2 0 where x is not finite), so hi + lo + lo2 = x
+   * exactly unless lo2 is subnormal, at a third of the rounded parts' cost
+   * (exact mode needs x, not the nearest parts). In `layout`
    * (tg_split_layout): TG_SPLIT_ROWS hi[r * ldd + c], each row padded to an
    * even length with a 0 (ldd > cols when cols is odd); TG_SPLIT_TRANSPOSED
    * hi[c * ldd + r], the row count padded likewise; TG_SPLIT_ROW_PAIRS
@@ -104,8 +108,8 @@ typedef struct {
    * read as 0 (ldd counts pairs; the parts 4-byte aligned). The first two
    * are mm_bf16_pairs' A operand of the block and of its transpose, the
    * last its B operand. The same layout for lo and lo2. Where split_ftz is
-   * set each part is bf16(r) but 0 (of r's sign) where the remainder r is
-   * subnormal. */
+   * set one or two parts are bf16(r) but 0 (of r's sign) where the
+   * remainder r is subnormal. */
   void (*f32_to_bf16_split)(int64_t rows, int64_t cols, const float *src, int64_t lds,
                             int layout, uint16_t *hi, uint16_t *lo, uint16_t *lo2,
                             int64_t ldd);

@@ -9,12 +9,18 @@
  */
 #include "build.h"
 
-/* hi = bf16(x); lo = bf16(x - hi); lo2 = bf16(x - hi - lo); lo and lo2 0
- * where hi is not finite (x - hi would be NaN for x = inf, and inf - inf
- * for an x that rounds up to inf). Each remainder is exact in f32, and
- * three parts hold every f32 exactly: x - hi has at most 16 significant
- * bits, x - hi - lo at most 8, which lo2 holds (bf16's 8), except where it
- * is subnormal. n: the parts wanted, 1 to 3 (a constant where inlined). */
+/* One or two parts: hi = bf16(x); lo = bf16(x - hi), 0 where hi is not
+ * finite (x - hi would be NaN for x = inf, and inf - inf for an x that
+ * rounds up to inf). Three (exact mode): by truncation, hi = x's high half,
+ * lo = (x - hi)'s, lo2 = x - hi - lo: each remainder is exact in f32, x -
+ * hi has at most 16 significant bits, x - hi - lo at most 8, which lo2
+ * holds (bf16's 8) except where it is subnormal; no rounding, so the
+ * vector code is a few masks and subtractions, and the 16-bit halves move
+ * two vectors at a time (the 2-core Xeon: a 32 x 512 tile 3.2 -> 2.2 us in
+ * rows, 4.4 -> 3.3 transposed, 3.8 -> 1.9 in row pairs; exact mode's
+ * backward took 0.89-0.98 the time, the forward 0.95-0.99,
+ * bench/results/xeon2-amx/ab-split3-truncated.txt). n: the parts wanted,
+ * 1 to 3 (a constant where inlined). */
 #if defined(__AVX512F__)
 #if defined(__AVX512BF16__)
 /* 16 lanes to bf16 by vcvtneps2bf16 (nearest even, as bf16_rne_lanes, in
@@ -40,9 +46,30 @@ static inline __m512 bf16_lanes_widen(__m256i h) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
+/* Three parts by truncation, as f32 lanes whose low 16 bits are 0 (the
+ * bf16 in the high half): hi = x's high half, lo = (x - hi)'s, lo2 = x -
+ * hi - lo (exact: at most 8 significant bits); a NaN's hi made quiet (so
+ * it stays a NaN), lo and lo2 0 where x is not finite. */
+static inline __attribute__((always_inline)) void split3_high_halves(__m512 v, __m512i part[3]) {
+  const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
+  const __mmask16 nan = _mm512_fpclass_ps_mask(v, 0x81), inf = _mm512_fpclass_ps_mask(v, 0x18);
+  const __m512i hi = _mm512_and_si512(_mm512_castps_si512(v), high);
+  const __m512 r1 = _mm512_maskz_sub_ps((__mmask16)~(nan | inf), v, _mm512_castsi512_ps(hi));
+  const __m512i lo = _mm512_and_si512(_mm512_castps_si512(r1), high);
+  part[0] = _mm512_mask_or_epi32(hi, nan, hi, _mm512_set1_epi32(0x00400000));
+  part[1] = lo;
+  part[2] = _mm512_castps_si512(_mm512_sub_ps(r1, _mm512_castsi512_ps(lo)));
+}
+
 /* The parts of 16 lanes, 16 bf16 each (bf16_lanes). */
 static inline __attribute__((always_inline)) void split_lanes(__m512 v, __m256i part[3],
                                                               const int n) {
+  if (n == 3) {
+    __m512i h[3];
+    split3_high_halves(v, h);
+    for (int k = 0; k < 3; k++) part[k] = _mm512_cvtepi32_epi16(_mm512_srli_epi32(h[k], 16));
+    return;
+  }
   part[0] = bf16_lanes(v, 1);
   if (n < 2) return;
   const __mmask16 finite = _mm256_cmpneq_epi16_mask(
@@ -57,6 +84,21 @@ static inline __attribute__((always_inline)) void split_lanes(__m512 v, __m256i 
 static inline __attribute__((always_inline)) void split_row(const float *restrict x,
                                                             int64_t cols, uint16_t *out[3],
                                                             int64_t at, const int n) {
+  if (n == 3) { /* 32 at a time: two vectors' high halves into one */
+    const __m512i odd = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37,
+                                         35, 33, 31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7,
+                                         5, 3, 1);
+    for (int64_t c = 0; c < cols; c += 32) {
+      const __mmask16 m0 = first_lanes(cols - c), m1 = cols - c > 16 ? first_lanes(cols - c - 16) : 0;
+      __m512i p0[3], p1[3];
+      split3_high_halves(_mm512_maskz_loadu_ps(m0, x + c), p0);
+      split3_high_halves(_mm512_maskz_loadu_ps(m1, x + c + 16), p1);
+      const __mmask32 m = (__mmask32)m0 | (__mmask32)m1 << 16;
+      for (int k = 0; k < 3; k++)
+        _mm512_mask_storeu_epi16(out[k] + at + c, m, _mm512_permutex2var_epi16(p0[k], odd, p1[k]));
+    }
+    return;
+  }
   for (int64_t c = 0; c < cols; c += 16) {
     const __mmask16 m = first_lanes(cols - c);
     __m256i part[3];
@@ -69,6 +111,20 @@ static inline __attribute__((always_inline)) void split_row(const float *restric
 static inline __attribute__((always_inline)) void split_pair_row(
     const float *restrict x0, const float *restrict x1, int64_t cols, uint32_t *out[3],
     int64_t at, const int n) {
+  if (n == 3) { /* a pair: row x0's high half down, row x1's in place */
+    const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
+    for (int64_t c = 0; c < cols; c += 16) {
+      const __mmask16 m = first_lanes(cols - c);
+      __m512i p0[3], p1[3] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+      split3_high_halves(_mm512_maskz_loadu_ps(m, x0 + c), p0);
+      if (x1) split3_high_halves(_mm512_maskz_loadu_ps(m, x1 + c), p1);
+      for (int k = 0; k < 3; k++)
+        _mm512_mask_storeu_epi32(out[k] + at + c, m,
+                                 _mm512_ternarylogic_epi32(_mm512_srli_epi32(p0[k], 16), p1[k],
+                                                           high, 0xF8)); /* a | (b & c) */
+    }
+    return;
+  }
   for (int64_t c = 0; c < cols; c += 16) {
     const __mmask16 m = first_lanes(cols - c);
     __m256i lo_half[3], hi_half[3] = {_mm256_setzero_si256(), _mm256_setzero_si256(),
@@ -88,8 +144,29 @@ static inline __attribute__((always_inline)) void split_pair_row(
 }
 #else
 /* One element's parts (build.h's element conversions). */
+static inline __attribute__((always_inline)) uint32_t f32_bits(float x) {
+  uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  return u;
+}
+static inline __attribute__((always_inline)) float f32_of_bits(uint32_t u) {
+  float x;
+  memcpy(&x, &u, sizeof x);
+  return x;
+}
+
 static inline __attribute__((always_inline)) void split_elem(float x, uint16_t part[3],
                                                              const int n) {
+  if (n == 3) { /* split3_high_halves' parts, one element */
+    const uint32_t u = f32_bits(x), hi = u & 0xFFFF0000u;
+    const int nan = (u & 0x7FFFFFFFu) > 0x7F800000u, inf = (u & 0x7FFFFFFFu) == 0x7F800000u;
+    const float r1 = nan || inf ? 0.0f : x - f32_of_bits(hi);
+    const uint32_t lo = f32_bits(r1) & 0xFFFF0000u;
+    part[0] = (uint16_t)(hi >> 16 | (nan ? 0x40u : 0u));
+    part[1] = (uint16_t)(lo >> 16);
+    part[2] = (uint16_t)(f32_bits(r1 - f32_of_bits(lo)) >> 16);
+    return;
+  }
   const uint16_t h = bf16_rne(x);
   part[0] = h;
   if (n < 2) return;
@@ -135,11 +212,50 @@ static inline __attribute__((always_inline)) void split_pair_row(
 
 #endif
 
+#if defined(__AVX512F__)
+/* split_transposed's three parts: 32 x 16 blocks, each half transposed in
+ * registers, a column's 32 rows stored at once (split_row's pairing). */
+static void split3_transposed(int64_t rows, int64_t cols, const float *restrict src, int64_t lds,
+                              uint16_t *out[3], int64_t ldd) {
+  const __m512i odd = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35,
+                                       33, 31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3,
+                                       1);
+  for (int64_t r0 = 0; r0 < rows; r0 += 32)
+    for (int64_t c0 = 0; c0 < cols; c0 += 16) {
+      const int nr = rows - r0 < 32 ? (int)(rows - r0) : 32;
+      const int nc = cols - c0 < 16 ? (int)(cols - c0) : 16;
+      const __mmask16 cm = first_lanes(nc);
+      const __mmask32 rm = nr + nr % 2 >= 32 ? 0xFFFFFFFFu : (1u << (nr + nr % 2)) - 1;
+      __m512 t[2][16];
+      for (int h = 0; h < 2; h++) {
+        for (int r = 0; r < 16; r++)
+          t[h][r] = 16 * h + r < nr ? _mm512_maskz_loadu_ps(cm, src + (r0 + 16 * h + r) * lds + c0)
+                                   : _mm512_setzero_ps();
+        transpose16_regs(t[h]);
+      }
+      for (int c = 0; c < nc; c++) {
+        __m512i p0[3], p1[3];
+        split3_high_halves(t[0][c], p0);
+        split3_high_halves(t[1][c], p1);
+        for (int k = 0; k < 3; k++)
+          _mm512_mask_storeu_epi16(out[k] + (c0 + c) * ldd + r0, rm,
+                                   _mm512_permutex2var_epi16(p0[k], odd, p1[k]));
+      }
+    }
+}
+#endif
+
 /* 16 x 16 blocks, transposed in registers where AVX-512 has them, else
  * through a buffer; rows past `rows` read as 0, which pads an odd count. */
 static inline __attribute__((always_inline)) void split_transposed(
     int64_t rows, int64_t cols, const float *restrict src, int64_t lds, uint16_t *out[3],
     int64_t ldd, const int n) {
+#if defined(__AVX512F__)
+  if (n == 3) {
+    split3_transposed(rows, cols, src, lds, out, ldd);
+    return;
+  }
+#endif
   for (int64_t r0 = 0; r0 < rows; r0 += 16)
     for (int64_t c0 = 0; c0 < cols; c0 += 16) {
       const int nr = rows - r0 < 16 ? (int)(rows - r0) : 16;
