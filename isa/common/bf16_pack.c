@@ -144,27 +144,21 @@ static inline __attribute__((always_inline)) void split_pair_row(
 }
 #else
 /* One element's parts (build.h's element conversions). */
-static inline __attribute__((always_inline)) uint32_t f32_bits(float x) {
-  uint32_t u;
-  memcpy(&u, &x, sizeof u);
-  return u;
-}
-static inline __attribute__((always_inline)) float f32_of_bits(uint32_t u) {
-  float x;
-  memcpy(&x, &u, sizeof x);
-  return x;
-}
-
 static inline __attribute__((always_inline)) void split_elem(float x, uint16_t part[3],
                                                              const int n) {
   if (n == 3) { /* split3_high_halves' parts, one element */
-    const uint32_t u = f32_bits(x), hi = u & 0xFFFF0000u;
+    uint32_t u, r;
+    memcpy(&u, &x, sizeof u);
     const int nan = (u & 0x7FFFFFFFu) > 0x7F800000u, inf = (u & 0x7FFFFFFFu) == 0x7F800000u;
-    const float r1 = nan || inf ? 0.0f : x - f32_of_bits(hi);
-    const uint32_t lo = f32_bits(r1) & 0xFFFF0000u;
-    part[0] = (uint16_t)(hi >> 16 | (nan ? 0x40u : 0u));
-    part[1] = (uint16_t)(lo >> 16);
-    part[2] = (uint16_t)(f32_bits(r1 - f32_of_bits(lo)) >> 16);
+    const uint16_t hi = (uint16_t)(u >> 16);
+    const float r1 = nan || inf ? 0.0f : x - bf16_widen(hi);
+    memcpy(&r, &r1, sizeof r);
+    const uint16_t lo = (uint16_t)(r >> 16);
+    const float r2 = r1 - bf16_widen(lo);
+    memcpy(&r, &r2, sizeof r);
+    part[0] = (uint16_t)(hi | (nan ? 0x40u : 0u));
+    part[1] = lo;
+    part[2] = (uint16_t)(r >> 16);
     return;
   }
   const uint16_t h = bf16_rne(x);

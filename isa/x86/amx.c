@@ -82,6 +82,16 @@ _Static_assert(sizeof(amx_tilecfg) == 64, "the tile configuration is 64 bytes");
 
 enum { AMX_R = 16, AMX_KC = 32 }; /* tile rows (and f32 columns); bf16 per A row */
 
+/* The 2 x 2 block's four products: tmm0-3 += (A rows tmm4, tmm5) x (B
+ * columns tmm6, tmm7). */
+#define AMX_DOT_2X2()          \
+  do {                         \
+    _tile_dpbf16ps(0, 4, 6);   \
+    _tile_dpbf16ps(1, 4, 7);   \
+    _tile_dpbf16ps(2, 5, 6);   \
+    _tile_dpbf16ps(3, 5, 7);   \
+  } while (0)
+
 static inline void amx_configure(void) {
   _Alignas(64) amx_tilecfg cfg;
   memset(&cfg, 0, sizeof cfg);
@@ -154,10 +164,7 @@ static void amx_block32(int n, const tg_bf16_term *terms, int64_t i, int64_t j, 
         AMX_LOAD(5, A + 16 * lda + k, sa);
         AMX_LOAD(6, b, sb);
         AMX_LOAD(7, b + 16, sb);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
+        AMX_DOT_2X2();
       }
     } else if (shared_a) { /* the terms' A tiles loaded once per k step */
       for (; k + AMX_KC <= K; k += AMX_KC) {
@@ -168,10 +175,7 @@ static void amx_block32(int n, const tg_bf16_term *terms, int64_t i, int64_t j, 
           const uint32_t *b = terms[t].Bp + j + (int64_t)(k / 2) * ldb;
           AMX_LOAD(6, b, sb);
           AMX_LOAD(7, b + 16, sb);
-          _tile_dpbf16ps(0, 4, 6);
-          _tile_dpbf16ps(1, 4, 7);
-          _tile_dpbf16ps(2, 5, 6);
-          _tile_dpbf16ps(3, 5, 7);
+          AMX_DOT_2X2();
         }
       }
     } else { /* the terms' B tiles loaded once per k step */
@@ -183,10 +187,7 @@ static void amx_block32(int n, const tg_bf16_term *terms, int64_t i, int64_t j, 
           const uint16_t *A = terms[t].A + i * lda + k;
           AMX_LOAD(4, A, sa);
           AMX_LOAD(5, A + 16 * lda, sa);
-          _tile_dpbf16ps(0, 4, 6);
-          _tile_dpbf16ps(1, 4, 7);
-          _tile_dpbf16ps(2, 5, 6);
-          _tile_dpbf16ps(3, 5, 7);
+          AMX_DOT_2X2();
         }
       }
     }
@@ -200,10 +201,7 @@ static void amx_block32(int n, const tg_bf16_term *terms, int64_t i, int64_t j, 
         AMX_LOAD(5, a + AMX_R * AMX_KC, 2 * AMX_KC);
         AMX_LOAD(6, b, 4 * 32);
         AMX_LOAD(7, b + 16, 4 * 32);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
+        AMX_DOT_2X2();
       }
   }
   _tile_stored(0, C, sc);
