@@ -61,23 +61,16 @@ static inline __attribute__((always_inline)) void split3_high_halves(__m512 v, _
   part[2] = _mm512_castps_si512(_mm512_sub_ps(r1, _mm512_castsi512_ps(lo)));
 }
 
-/* The parts of 16 lanes, 16 bf16 each (bf16_lanes). */
-static inline __attribute__((always_inline)) void split_lanes(__m512 v, __m256i part[3],
+/* One or two parts of 16 lanes, 16 bf16 each (bf16_lanes); three parts
+ * take split3_high_halves. */
+static inline __attribute__((always_inline)) void split_lanes(__m512 v, __m256i part[2],
                                                               const int n) {
-  if (n == 3) {
-    __m512i h[3];
-    split3_high_halves(v, h);
-    for (int k = 0; k < 3; k++) part[k] = _mm512_cvtepi32_epi16(_mm512_srli_epi32(h[k], 16));
-    return;
-  }
   part[0] = bf16_lanes(v, 1);
   if (n < 2) return;
   const __mmask16 finite = _mm256_cmpneq_epi16_mask(
       _mm256_and_si256(part[0], _mm256_set1_epi16(0x7F80)), _mm256_set1_epi16(0x7F80));
   const __m512 r1 = _mm512_maskz_sub_ps(finite, v, bf16_lanes_widen(part[0])); /* exact */
   part[1] = bf16_lanes(r1, 0);
-  if (n < 3) return;
-  part[2] = bf16_lanes(_mm512_sub_ps(r1, bf16_lanes_widen(part[1])), 0);
 }
 
 /* A row x of cols in 16-lane steps -> out[k] + at.. (16-bit stores). */
