@@ -60,15 +60,6 @@ void tg_testing_attn_dkv_units(int units);
  * while one runs. */
 void tg_testing_attn_dkv_transposed(int mode);
 
-/* The FA-2 training forward as if its rule ran the q units' rows between
- * other units' tile products (kernels/attention_fwd.c, fwd_overlapped) in
- * every precision mode with any number of units an item (mode > 0), or
- * never (mode 0), wherever the table has the hooked tile product (amx)
- * and there is no dropout; mode < 0 restores the rule. The suites use it
- * to check that the bits do not depend on it. Set it between calls, not
- * while one runs. */
-void tg_testing_attn_fwd_overlap(int mode);
-
 /* How the attention's products that take P or dS (O += P.V; dQ, dK, dV)
  * run with bf16 inputs of head dim D on table `isa` in `precision` mode,
  * in the forward (backward = 0) or the backward: the number of bf16 parts

@@ -79,12 +79,6 @@ typedef struct {
    * per k step. */
   void (*mm_bf16_terms)(int n, const tg_bf16_term *terms, int M, int N, int64_t lda,
                         int64_t ldb, float *C, int64_t ldc, int accumulate);
-  /* Optional (amx): mm_bf16_terms, calling fn(ctx) after every k step of
-   * 32 of its whole 32 x 32 blocks, so that a caller's vector work runs
-   * between the tile products (the same products and bits). */
-  void (*mm_bf16_terms_hooked)(int n, const tg_bf16_term *terms, int M, int N, int64_t lda,
-                               int64_t ldb, float *C, int64_t ldc, int accumulate,
-                               void (*fn)(void *), void *ctx);
   /* Optional (NULL where not needed): bracket a work item's run of
    * mm_bf16_pairs calls on one thread. The amx table loads its tile
    * configuration once at begin and releases the tiles at end (its calls

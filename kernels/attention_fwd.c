@@ -36,20 +36,14 @@
  * parts of P (1, 2 or 3: tg_attn_parts) against V's rows in pairs; l sums
  * the f32 P.
  *
- * On amx in bf16 mode an item's units go through each key tile as a
- * pipeline (fwd_overlapped, fwd_overlap says where): unit s's rows run
- * between the tile products of unit s - 1's P.V and unit s + 1's Q.K^T.
- *
  * tg_attn_forward is the loop itself, on a validated problem with bf16 or
  * f32 inputs; kernel 10 (causal_attention.c) runs it on f32 token-major
  * rows, storing no O but delta = dO . O (O in f32) for its backward.
  */
 #include <math.h>
-#include <stdatomic.h>
 #include <string.h>
 
 #include "attention.h"
-#include "tilegrad_testing.h"
 
 typedef struct {
   tg_attn_problem pr;
@@ -63,7 +57,6 @@ typedef struct {
   int bf16_dot;   /* tg_attn_bf16_dot: S = Q.K^T on bf16 pairs, KT holds pairs */
   tg_attn_products products; /* of acc += P.V (precision mode) */
   int64_t n_qtiles;
-  int overlap; /* fwd_overlapped */
 } fwd_args;
 
 /* One q unit of a work item (a q-tile of query head h) and its rows'
@@ -78,13 +71,12 @@ typedef struct {
   fwd_qtile q[TG_ATTN_FWD_MAX_UNITS];
   float *K, *V;    /* [BK, D], [BK, Dv] */
   float *KT;       /* [D, BK] */
-  float *S, *S2;   /* [BQ, BK]; S2: fwd_overlapped's second */
+  float *S;        /* [BQ, BK] */
   uint8_t *keep;   /* [BQ, BK] dropout keep flags */
   /* TG_PRODUCTS_BF16_DOT: P's bf16 parts [BQ, BK] (tg_attn_parts of them,
    * the rest NULL); V then holds V's bf16 rows in pairs ([BK/2, D],
    * pack_bf16_row_pairs) */
   uint16_t *P_parts[3];
-  uint16_t *P_parts2[3]; /* fwd_overlapped's second set */
 } fwd_scratch;
 
 /* Bytes of one q-tile's state. */
@@ -97,8 +89,8 @@ static size_t fwd_scratch_bytes(int64_t D, int64_t Dv, int64_t BQ, int64_t BK, i
                                 int n_parts) {
   const size_t parts = (size_t)n_parts * tg_align64(2 * BQ * BK);
   return (size_t)FQ * fwd_qtile_bytes(D, Dv, BQ) + 2 * tg_align64(sizeof(float) * BK * (size_t)D) +
-         tg_align64(sizeof(float) * BK * (size_t)Dv) + 2 * tg_align64(sizeof(float) * BQ * BK) +
-         tg_align64((size_t)(BQ * BK)) + 2 * parts;
+         tg_align64(sizeof(float) * BK * (size_t)Dv) + tg_align64(sizeof(float) * BQ * BK) +
+         tg_align64((size_t)(BQ * BK)) + parts;
 }
 
 static fwd_scratch fwd_carve(void *base, int64_t D, int64_t Dv, int64_t BQ, int64_t BK,
@@ -117,92 +109,56 @@ static fwd_scratch fwd_carve(void *base, int64_t D, int64_t Dv, int64_t BQ, int6
   w.KT = (float *)p, p += k;
   w.V = (float *)p, p += tg_align64(sizeof(float) * BK * (size_t)Dv);
   w.S = (float *)p, p += tg_align64(sizeof(float) * BQ * BK);
-  w.S2 = (float *)p, p += tg_align64(sizeof(float) * BQ * BK);
   w.keep = (uint8_t *)p, p += tg_align64((size_t)(BQ * BK));
-  for (int i = 0; i < 3; i++) {
+  for (int i = 0; i < 3; i++)
     w.P_parts[i] = i < n_parts ? (uint16_t *)(p + (size_t)i * tg_align64(2 * BQ * BK)) : NULL;
-    w.P_parts2[i] = i < n_parts ? (uint16_t *)(p + (size_t)(n_parts + i) * tg_align64(2 * BQ * BK))
-                                : NULL;
-  }
   return w;
 }
 
-/* Row i of q unit t's scores against the key tile [k0, k0 + nk), P (S's
- * row), becomes P = exp(S - m') (the row's new running max m'), with l and
- * acc's row rescaled. */
-static void fwd_softmax_row(const fwd_args *a, fwd_qtile *t, float *P, int64_t b, int64_t k0,
-                            int64_t nk, int64_t i) {
-  const tg_attn_problem *pr = &a->pr;
-  const tg_isa_ops *ops = a->ops;
-  const int64_t Dv = pr->Dv, qi = t->q0 + i;
-  const void *mrow = pr->Ms ? tg_attn_at(pr->in, a->mask, tg_attn_offset(pr->Ms, b, t->h, qi))
-                            : NULL;
-  float unused, tile_max;
-  if (pr->softcap == 0.0f) {
-    /* keys [0, lo) left of the window, [n_vis, nk) right of the diagonal */
-    const int64_t lo = tg_attn_hidden_left(pr, qi, k0, nk);
-    const int64_t n_vis = tg_attn_visible(pr, qi, k0, nk);
-    if (lo >= n_vis) { /* none visible */
-      for (int64_t k = 0; k < nk; k++) P[k] = -INFINITY;
-      tile_max = -INFINITY;
-    } else {
-      for (int64_t k = 0; k < lo; k++) P[k] = -INFINITY;
-      tile_max = ops->attn_score_max_row(P + lo, nk - lo, n_vis - lo, pr->scale,
-                                         mrow ? tg_attn_at(pr->in, mrow, k0 + lo) : NULL, pr->in);
-    }
-  } else {
-    for (int64_t k = 0; k < nk; k++) P[k] = tg_attn_score(pr, P[k], qi, k0 + k, mrow, &unused);
-    tile_max = ops->max_f32(P, nk); /* skips NaN: */
-    for (int64_t k = 0; k < nk; k++) tile_max = P[k] != P[k] ? P[k] : tile_max;
-  }
-  /* NaN-propagating max: once a score of the row is NaN, so are its
-   * running max, P, sum, O row and L (PyTorch's and IEEE's semantics) */
-  const float m_new = tile_max > t->m[i] || tile_max != tile_max ? tile_max : t->m[i];
-  if (m_new == -INFINITY) { /* nothing visible yet: P = 0, state unchanged */
-    memset(P, 0, sizeof(float) * (size_t)nk);
-    return;
-  }
-  const float alpha = t->m[i] == m_new ? 1.0f /* the usual case, after a few tiles */
-                      : t->m[i] == -INFINITY ? 0.0f : expf(t->m[i] - m_new);
-  const float sum = ops->attn_exp_sum_row(P, nk, m_new); /* P = exp(S - m') */
-  t->l[i] = alpha * t->l[i] + sum;
-  t->m[i] = m_new;
-  if (alpha != 1.0f) ops->scale2_f32(t->acc + i * Dv, Dv, alpha, 1.0f);
-}
-
 /* The scores of q unit t against the key tile [k0, k0 + nk) in S become
- * P, row by row (fwd_softmax_row). */
+ * P = exp(S - m') (rows' new running max m'), with l and acc rescaled. */
 static void fwd_softmax_tile(const fwd_args *a, fwd_qtile *t, float *S, int64_t b, int64_t k0,
                              int64_t nk) {
-  for (int64_t i = 0; i < t->nq; i++) fwd_softmax_row(a, t, S + i * a->BK, b, k0, nk, i);
-}
-
-/* The vector work of one q unit in the pipelined loop (fwd_units_overlapped):
- * its rows' softmax and bf16 parts, a row at a time as fwd_row_hook is
- * called between the tile products of other units. */
-typedef struct {
-  const fwd_args *a;
-  fwd_qtile *t;
-  float *S;
-  uint16_t *const *parts;
-  int64_t b, k0, nk, next;   /* the next row to do */
-  double credit, per_call;   /* rows owed: per_call more at each call */
-} fwd_rows_job;
-
-static void fwd_rows_job_row(fwd_rows_job *j) {
-  const fwd_args *a = j->a;
-  const int64_t i = j->next++, BK = a->BK;
-  float *P = j->S + i * BK;
-  fwd_softmax_row(a, j->t, P, j->b, j->k0, j->nk, i);
-  a->ops->f32_to_bf16_split(1, j->nk, P, BK, TG_SPLIT_ROWS, j->parts[0] + i * BK,
-                            j->parts[1] ? j->parts[1] + i * BK : NULL,
-                            j->parts[2] ? j->parts[2] + i * BK : NULL, BK);
-}
-
-static void fwd_row_hook(void *ctx) {
-  fwd_rows_job *j = ctx;
-  for (j->credit += j->per_call; j->credit >= 1.0 && j->next < j->t->nq; j->credit -= 1.0)
-    fwd_rows_job_row(j);
+  const tg_attn_problem *pr = &a->pr;
+  const tg_isa_ops *ops = a->ops;
+  const int64_t BK = a->BK, Dv = pr->Dv;
+  for (int64_t i = 0; i < t->nq; i++) {
+    const int64_t qi = t->q0 + i;
+    const void *mrow = pr->Ms ? tg_attn_at(pr->in, a->mask, tg_attn_offset(pr->Ms, b, t->h, qi))
+                              : NULL;
+    float *P = S + i * BK, unused, tile_max;
+    if (pr->softcap == 0.0f) {
+      /* keys [0, lo) left of the window, [n_vis, nk) right of the diagonal */
+      const int64_t lo = tg_attn_hidden_left(pr, qi, k0, nk);
+      const int64_t n_vis = tg_attn_visible(pr, qi, k0, nk);
+      if (lo >= n_vis) { /* none visible */
+        for (int64_t k = 0; k < nk; k++) P[k] = -INFINITY;
+        tile_max = -INFINITY;
+      } else {
+        for (int64_t k = 0; k < lo; k++) P[k] = -INFINITY;
+        tile_max = ops->attn_score_max_row(P + lo, nk - lo, n_vis - lo, pr->scale,
+                                           mrow ? tg_attn_at(pr->in, mrow, k0 + lo) : NULL,
+                                           pr->in);
+      }
+    } else {
+      for (int64_t k = 0; k < nk; k++) P[k] = tg_attn_score(pr, P[k], qi, k0 + k, mrow, &unused);
+      tile_max = ops->max_f32(P, nk); /* skips NaN: */
+      for (int64_t k = 0; k < nk; k++) tile_max = P[k] != P[k] ? P[k] : tile_max;
+    }
+    /* NaN-propagating max: once a score of the row is NaN, so are its
+     * running max, P, sum, O row and L (PyTorch's and IEEE's semantics) */
+    const float m_new = tile_max > t->m[i] || tile_max != tile_max ? tile_max : t->m[i];
+    if (m_new == -INFINITY) { /* nothing visible yet: P = 0, state unchanged */
+      memset(P, 0, sizeof(float) * (size_t)nk);
+      continue;
+    }
+    const float alpha = t->m[i] == m_new ? 1.0f /* the usual case, after a few tiles */
+                        : t->m[i] == -INFINITY ? 0.0f : expf(t->m[i] - m_new);
+    const float sum = ops->attn_exp_sum_row(P, nk, m_new); /* P = exp(S - m') */
+    t->l[i] = alpha * t->l[i] + sum;
+    t->m[i] = m_new;
+    if (alpha != 1.0f) ops->scale2_f32(t->acc + i * Dv, Dv, alpha, 1.0f);
+  }
 }
 
 /* q unit t's O = (acc / l) * keep_scale, L and, with dO, delta = dO . O
@@ -243,66 +199,6 @@ static void fwd_finish(const fwd_args *a, const fwd_qtile *t, int64_t b, float *
       a->delta[row0 + i] = ops->dot_f32(row, o, Dv);
     }
     a->L[row0 + i] = l == 0.0f ? -INFINITY : m + logf(l);
-  }
-}
-
-/* The k steps of 32 of a product's whole 32 x 32 blocks (the hook calls). */
-static double fwd_hook_steps(int64_t M, int64_t N, int64_t K, int n_terms) {
-  return (double)(M / 32) * (double)(N / 32) * (double)(K / 32) * n_terms;
-}
-
-/* One key tile [k0, k0 + nk) for the item's units with P.V and Q.K^T on the
- * tile unit (ops->mm_bf16_terms_hooked): a pipeline in which unit s's rows
- * (softmax and bf16 parts, fwd_rows_job) run a row at a time between the
- * tile products of unit s - 1's P.V and unit s + 1's Q.K^T, through two S
- * and two part buffers. Every row and product is the one fwd_group computes
- * the plain way, on the same values: the same bits. */
-static void fwd_overlapped(const fwd_args *a, fwd_scratch *w, int64_t n_tiles, int64_t b,
-                           int64_t k0, int64_t nk) {
-  const tg_attn_problem *pr = &a->pr;
-  const tg_isa_ops *ops = a->ops;
-  const int64_t BK = a->BK, D = pr->D, Dv = pr->Dv;
-  const int n_parts = tg_attn_parts(pr);
-  fwd_qtile *u[TG_ATTN_FWD_MAX_UNITS];
-  int64_t m = 0;
-  for (int64_t s = 0; s < n_tiles; s++)
-    if (k0 < w->q[s].key_end) u[m++] = &w->q[s]; /* (causal: units that see the tile) */
-  float *S[2] = {w->S, w->S2};
-  uint16_t *const *parts[2] = {w->P_parts, w->P_parts2};
-  for (int64_t s = -1; s < m; s++) {
-    fwd_rows_job job = {.a = a, .b = b, .k0 = k0};
-    double steps = 0;
-    if (s >= 0) {
-      job.t = u[s], job.S = S[s % 2], job.parts = parts[s % 2];
-      job.nk = u[s]->key_end - k0 < nk ? u[s]->key_end - k0 : nk;
-    }
-    const int64_t nk_prev = s >= 1 ? (u[s - 1]->key_end - k0 < nk ? u[s - 1]->key_end - k0 : nk) : 0;
-    const int64_t nk_next = s + 1 < m ? (u[s + 1]->key_end - k0 < nk ? u[s + 1]->key_end - k0 : nk) : 0;
-    if (s >= 1) steps += fwd_hook_steps(u[s - 1]->nq, Dv, nk_prev, n_parts);
-    if (s + 1 < m) steps += fwd_hook_steps(u[s + 1]->nq, nk_next, D, 1);
-    job.per_call = s >= 0 && steps > 0 ? (double)u[s]->nq / steps : 0.0;
-    void (*hook)(void *) = s >= 0 ? fwd_row_hook : NULL;
-    if (s >= 1) { /* acc of unit s - 1 += P.V */
-      tg_bf16_term terms[3];
-      for (int i = 0; i < n_parts; i++)
-        terms[i] = (tg_bf16_term){parts[(s - 1) % 2][i], (const uint32_t *)w->V,
-                                  (int)(nk_prev + nk_prev % 2)};
-      ops->mm_bf16_terms_hooked(n_parts, terms, (int)u[s - 1]->nq, (int)Dv, BK, Dv, u[s - 1]->acc,
-                                Dv, 1, hook, &job);
-    }
-    if (s + 1 < m) { /* unit s + 1's Q.K^T */
-      const fwd_qtile *t = u[s + 1];
-      const tg_bf16_term term = {(const tg_bf16 *)a->Q + tg_attn_offset(pr->Qs, b, t->h, t->q0),
-                                 (const uint32_t *)w->KT, (int)D};
-      ops->mm_bf16_terms_hooked(1, &term, (int)t->nq, (int)nk_next, pr->Qs[2], BK, S[(s + 1) % 2],
-                                BK, 0, hook, &job);
-    }
-    while (s >= 0 && job.next < job.t->nq) fwd_rows_job_row(&job); /* the rows left */
-  }
-  if (m > 0) { /* the last unit's P.V */
-    const int64_t nk_last = u[m - 1]->key_end - k0 < nk ? u[m - 1]->key_end - k0 : nk;
-    tg_attn_mm_parts(pr, ops, u[m - 1]->nq, Dv, nk_last + nk_last % 2, parts[(m - 1) % 2], BK,
-                     (const uint32_t *)w->V, Dv, u[m - 1]->acc, Dv, 1);
   }
 }
 
@@ -358,10 +254,6 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h_kv, int64_t b, voi
     else
       tg_attn_load_rows(ops, pr->in, Kh, pr->Ks[2], k0, nk, D, w.K, w.KT, BK);
 
-    if (a->overlap) {
-      fwd_overlapped(a, &w, n_tiles, b, k0, nk);
-      continue;
-    }
     for (int64_t s = 0; s < n_tiles; s++) {
       fwd_qtile *t = &w.q[s];
       if (k0 >= t->key_end) continue; /* (causal: the q-tile sees no key of this tile) */
@@ -450,32 +342,6 @@ static int64_t fwd_key_tile(const tg_attn_problem *pr, const tg_isa_ops *ops) {
   return bk * (fit < 1 ? 1 : fit > TG_ATTN_FWD_KEY_TILES ? TG_ATTN_FWD_KEY_TILES : fit);
 }
 
-static atomic_int testing_overlap = -1; /* tg_testing_attn_fwd_overlap */
-
-void tg_testing_attn_fwd_overlap(int mode) {
-  atomic_store(&testing_overlap, mode < 0 ? -1 : mode > 0);
-}
-
-/* Does the forward run its units' rows between the tile products
- * (fwd_overlapped)? Where the tile unit runs both products
- * (mm_bf16_terms_hooked: amx), with no dropout (its keep flags come
- * between P and its parts), in bf16 mode with more than two units an item.
- * The tile unit and the vector units then work at once (a core does both
- * interleaved in about the time of the longer, in phases in more than the
- * sum: bench/results/xeon2-amx/overlap.c). Paired calls, 2-core Xeon, 2
- * threads (bench/results/xeon2-amx/ab-fwd-overlap.txt): bf16 mode's
- * forward 0.92-0.96 the time on 1,4,4,2560,160, 1,6,2,1024,512 causal,
- * 1,16,2,3072,64 causal and 1,8,8,1024,64, 0.97-1.02 on the D 96-256 ones,
- * 1.00-1.04 on the D 64 causal and L 384 ones; exact mode's three parts
- * read 0.99-1.05 with it, so keep the plain loop. */
-static int fwd_overlap(const tg_attn_problem *pr, const tg_isa_ops *ops, const fwd_args *a) {
-  if (!ops->mm_bf16_terms_hooked || !a->bf16_dot || a->products != TG_PRODUCTS_BF16_DOT ||
-      pr->drop.threshold)
-    return 0;
-  const int forced = atomic_load(&testing_overlap);
-  return forced >= 0 ? forced : tg_attn_parts(pr) == 1 && a->FQ > 2;
-}
-
 tg_status tg_attn_forward(tg_ctx *ctx, const tg_attn_problem *pr, const void *Q,
                           const void *K, const void *V, const void *mask, void *O, float *L,
                           const void *dO, float *delta) {
@@ -485,7 +351,6 @@ tg_status tg_attn_forward(tg_ctx *ctx, const tg_attn_problem *pr, const void *Q,
                 .products = tg_attn_products_of(pr, ctx->ops, TG_ATTN_PASS_FWD)};
   a.n_qtiles = (pr->qL + a.BQ - 1) / a.BQ;
   a.FQ = fwd_q_tiles(pr, ctx->ops, a.BQ, a.n_qtiles, tg_threads(ctx));
-  a.overlap = fwd_overlap(pr, ctx->ops, &a);
   return tg_dispatch(ctx, (pr->gqa * a.n_qtiles + a.FQ - 1) / a.FQ, pr->H_kv, pr->B,
                      fwd_scratch_bytes(pr->D, pr->Dv, a.BQ, a.BK, a.FQ,
                                        tg_attn_part_buffers(pr, a.products)),

@@ -520,34 +520,6 @@ static void test_fwd_q_tiles_same_bits(void **state) {
   attn_destroy(&pb);
 }
 
-/* The forward's rows run between other units' tile products
- * (kernels/attention_fwd.c, fwd_overlapped: amx) or after their own: the
- * same rows and products on the same values, so O and L are the same bits,
- * in each precision mode, at 1 thread (3 or 4 units an item) and 3 (one).
- * gqa 4 on one kv head, causal with qL < kL and an odd qL_off (the units
- * of an item see different key tiles), a mask with -inf rows, D 128, no
- * dropout (the rule keeps the plain loop there). On a table without the
- * hooked product the hook changes nothing. */
-static void test_fwd_overlap_same_bits(void **state) {
-  tu_rng r = tu_rng_make(tu_seed() + 16);
-  const attn_cfg c = {"overlap", 1, 4, 1, 150, 531, 128, 1, 0, 1, 0, 1.0f, 0.0f};
-  attn_problem pb;
-  build(&pb, &c, &r, 0);
-  ext_out first = alloc_out(&pb), o = alloc_out(&pb);
-  for (int v = 1; v < 4; v++) /* bf16 in each precision mode */
-    for (int threads = 1; threads <= 3; threads += 2) {
-      for (int mode = 0; mode < 2; mode++) {
-        tg_testing_attn_fwd_overlap(mode);
-        run_step_variant(threads, &pb, v, mode ? &o : &first);
-      }
-      assert_true(same_bits(first.O, o.O, sizeof(float) * pb.nQ));
-      assert_true(same_bits(first.L, o.L, sizeof(float) * pb.nL));
-    }
-  tg_testing_attn_fwd_overlap(-1);
-  free_out(&first), free_out(&o);
-  attn_destroy(&pb);
-}
-
 /* p = 0 (any seed and offset) gives the bits of opt == NULL, in f32 and bf16;
  * bf16 with opt NULL gives the bits of the tg_flash_attn_*_bf16 entry points. */
 static void test_p0_bitwise_equals_no_options(void **state) {
@@ -1003,7 +975,6 @@ int main(void) {
       cmocka_unit_test(test_key_chunks_same_bits),
       cmocka_unit_test(test_dkv_units_same_bits),
       cmocka_unit_test(test_dkv_transposed_same_bits),
-      cmocka_unit_test(test_fwd_overlap_same_bits),
       cmocka_unit_test(test_fwd_q_tiles_same_bits),
       cmocka_unit_test(test_bf16_f32_same_engine),
       cmocka_unit_test(test_dropout_deterministic),

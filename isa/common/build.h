@@ -139,9 +139,6 @@ void TG_NAME(mm_bf16_pairs_amx)(int M, int N, int K, const uint16_t *A, int64_t 
                                 int accumulate);
 void TG_NAME(mm_bf16_terms_amx)(int n, const tg_bf16_term *terms, int M, int N, int64_t lda,
                                 int64_t ldb, float *C, int64_t ldc, int accumulate);
-void TG_NAME(mm_bf16_terms_hooked_amx)(int n, const tg_bf16_term *terms, int M, int N,
-                                       int64_t lda, int64_t ldb, float *C, int64_t ldc,
-                                       int accumulate, void (*fn)(void *), void *ctx);
 void TG_NAME(bf16_dot_begin_amx)(void);
 void TG_NAME(bf16_dot_end_amx)(void);
 #pragma GCC visibility pop

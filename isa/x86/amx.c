@@ -118,13 +118,6 @@ static inline void amx_stage_b(uint32_t *restrict buf, int ncb, const uint32_t *
   for (int p = 0; p < np; p++) memcpy(buf + p * ncb, Bp + p * ldb, sizeof(uint32_t) * cols);
 }
 
-/* mm_bf16_terms_hooked's hook: fn(ctx) after every k step of a whole
- * 32 x 32 block (NULL: none). */
-typedef struct {
-  void (*fn)(void *);
-  void *ctx;
-} amx_hook;
-
 /* The end of the group of terms that starts at g: the terms after it with
  * its K and its A (all of them) or its Bp (all of them), i.e. the bf16
  * parts of one operand against the same other operand. */
@@ -145,7 +138,7 @@ static int amx_group_end(int n, const tg_bf16_term *terms, int g, int *shared_a)
  * k step by k step: per 32 k, each of its terms in turn, the shared
  * operand's two tiles loaded once for all of them. */
 static void amx_block32(int n, const tg_bf16_term *terms, int64_t i, int64_t j, int64_t lda,
-                        int64_t ldb, float *C, int64_t ldc, int accumulate, const amx_hook *hook) {
+                        int64_t ldb, float *C, int64_t ldc, int accumulate) {
   const int64_t sa = 2 * lda, sb = 4 * ldb, sc = 4 * ldc; /* byte strides */
   if (accumulate) {
     AMX_LOAD(0, C, sc);
@@ -172,7 +165,6 @@ static void amx_block32(int n, const tg_bf16_term *terms, int64_t i, int64_t j, 
         AMX_LOAD(6, b, sb);
         AMX_LOAD(7, b + 16, sb);
         AMX_DOT_2X2();
-        if (hook) hook->fn(hook->ctx);
       }
     } else if (shared_a) { /* the terms' A tiles loaded once per k step */
       for (; k + AMX_KC <= K; k += AMX_KC) {
@@ -185,7 +177,6 @@ static void amx_block32(int n, const tg_bf16_term *terms, int64_t i, int64_t j, 
           AMX_LOAD(7, b + 16, sb);
           AMX_DOT_2X2();
         }
-        if (hook) hook->fn(hook->ctx);
       }
     } else { /* the terms' B tiles loaded once per k step */
       for (; k + AMX_KC <= K; k += AMX_KC) {
@@ -198,7 +189,6 @@ static void amx_block32(int n, const tg_bf16_term *terms, int64_t i, int64_t j, 
           AMX_LOAD(5, A + 16 * lda, sa);
           AMX_DOT_2X2();
         }
-        if (hook) hook->fn(hook->ctx);
       }
     }
     if (k < K) /* the last K % 32: both sides zero-padded along k */
@@ -297,14 +287,14 @@ void TG_NAME(bf16_dot_end_amx)(void) {
  * (2-core Xeon, 2 threads, paired calls, 9 pairs,
  * bench/results/xeon2-amx/ab-terms-by-k.txt). */
 static void amx_gemm(int n, const tg_bf16_term *terms, int M, int N, int64_t lda, int64_t ldb,
-                     float *C, int64_t ldc, int accumulate, const amx_hook *hook) {
+                     float *C, int64_t ldc, int accumulate) {
   if (M <= 0 || N <= 0) return;
   if (!amx_bracket) amx_configure();
   for (int i = 0; i < M; i += 32)
     for (int j = 0; j < N; j += 32) {
       float *Cij = C + (int64_t)i * ldc + j;
       if (i + 32 <= M && j + 32 <= N) {
-        amx_block32(n, terms, i, j, lda, ldb, Cij, ldc, accumulate, hook);
+        amx_block32(n, terms, i, j, lda, ldb, Cij, ldc, accumulate);
         continue;
       }
       for (int ii = 0; ii < 32 && i + ii < M; ii += AMX_R)
@@ -322,17 +312,10 @@ void TG_NAME(mm_bf16_pairs_amx)(int M, int N, int K, const uint16_t *A, int64_t 
                                 const uint32_t *Bp, int64_t ldb, float *C, int64_t ldc,
                                 int accumulate) {
   const tg_bf16_term term = {A, Bp, K};
-  amx_gemm(1, &term, M, N, lda, ldb, C, ldc, accumulate, NULL);
+  amx_gemm(1, &term, M, N, lda, ldb, C, ldc, accumulate);
 }
 
 void TG_NAME(mm_bf16_terms_amx)(int n, const tg_bf16_term *terms, int M, int N, int64_t lda,
                                 int64_t ldb, float *C, int64_t ldc, int accumulate) {
-  amx_gemm(n, terms, M, N, lda, ldb, C, ldc, accumulate, NULL);
-}
-
-void TG_NAME(mm_bf16_terms_hooked_amx)(int n, const tg_bf16_term *terms, int M, int N,
-                                       int64_t lda, int64_t ldb, float *C, int64_t ldc,
-                                       int accumulate, void (*fn)(void *), void *ctx) {
-  const amx_hook hook = {fn, ctx};
-  amx_gemm(n, terms, M, N, lda, ldb, C, ldc, accumulate, fn ? &hook : NULL);
+  amx_gemm(n, terms, M, N, lda, ldb, C, ldc, accumulate);
 }
