@@ -61,6 +61,19 @@ static inline __attribute__((always_inline)) void split3_high_halves(__m512 v, _
   part[2] = _mm512_castps_si512(_mm512_sub_ps(r1, _mm512_castsi512_ps(lo)));
 }
 
+/* The three parts of 32 lanes, v0's 16 then v1's, 32 bf16 per part: the
+ * two vectors' high halves into one register by a permute. */
+static inline __attribute__((always_inline)) void split3_lanes32(__m512 v0, __m512 v1,
+                                                                 __m512i part[3]) {
+  const __m512i odd = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35,
+                                       33, 31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3,
+                                       1);
+  __m512i p0[3], p1[3];
+  split3_high_halves(v0, p0);
+  split3_high_halves(v1, p1);
+  for (int k = 0; k < 3; k++) part[k] = _mm512_permutex2var_epi16(p0[k], odd, p1[k]);
+}
+
 /* One or two parts of 16 lanes, 16 bf16 each (bf16_lanes); three parts
  * take split3_high_halves. */
 static inline __attribute__((always_inline)) void split_lanes(__m512 v, __m256i part[2],
@@ -73,22 +86,18 @@ static inline __attribute__((always_inline)) void split_lanes(__m512 v, __m256i 
   part[1] = bf16_lanes(r1, 0);
 }
 
-/* A row x of cols in 16-lane steps -> out[k] + at.. (16-bit stores). */
+/* A row x of cols in 16-lane steps (three parts: 32) -> out[k] + at..
+ * (16-bit stores). */
 static inline __attribute__((always_inline)) void split_row(const float *restrict x,
                                                             int64_t cols, uint16_t *out[3],
                                                             int64_t at, const int n) {
-  if (n == 3) { /* 32 at a time: two vectors' high halves into one */
-    const __m512i odd = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37,
-                                         35, 33, 31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7,
-                                         5, 3, 1);
+  if (n == 3) {
     for (int64_t c = 0; c < cols; c += 32) {
       const __mmask16 m0 = first_lanes(cols - c), m1 = cols - c > 16 ? first_lanes(cols - c - 16) : 0;
-      __m512i p0[3], p1[3];
-      split3_high_halves(_mm512_maskz_loadu_ps(m0, x + c), p0);
-      split3_high_halves(_mm512_maskz_loadu_ps(m1, x + c + 16), p1);
+      __m512i part[3];
+      split3_lanes32(_mm512_maskz_loadu_ps(m0, x + c), _mm512_maskz_loadu_ps(m1, x + c + 16), part);
       const __mmask32 m = (__mmask32)m0 | (__mmask32)m1 << 16;
-      for (int k = 0; k < 3; k++)
-        _mm512_mask_storeu_epi16(out[k] + at + c, m, _mm512_permutex2var_epi16(p0[k], odd, p1[k]));
+      for (int k = 0; k < 3; k++) _mm512_mask_storeu_epi16(out[k] + at + c, m, part[k]);
     }
     return;
   }
@@ -201,12 +210,9 @@ static inline __attribute__((always_inline)) void split_pair_row(
 
 #if defined(__AVX512F__)
 /* split_transposed's three parts: 32 x 16 blocks, each half transposed in
- * registers, a column's 32 rows stored at once (split_row's pairing). */
+ * registers, a column's 32 rows made and stored at once (split3_lanes32). */
 static void split3_transposed(int64_t rows, int64_t cols, const float *restrict src, int64_t lds,
                               uint16_t *out[3], int64_t ldd) {
-  const __m512i odd = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35,
-                                       33, 31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3,
-                                       1);
   for (int64_t r0 = 0; r0 < rows; r0 += 32)
     for (int64_t c0 = 0; c0 < cols; c0 += 16) {
       const int nr = rows - r0 < 32 ? (int)(rows - r0) : 32;
@@ -221,12 +227,9 @@ static void split3_transposed(int64_t rows, int64_t cols, const float *restrict 
         transpose16_regs(t[h]);
       }
       for (int c = 0; c < nc; c++) {
-        __m512i p0[3], p1[3];
-        split3_high_halves(t[0][c], p0);
-        split3_high_halves(t[1][c], p1);
-        for (int k = 0; k < 3; k++)
-          _mm512_mask_storeu_epi16(out[k] + (c0 + c) * ldd + r0, rm,
-                                   _mm512_permutex2var_epi16(p0[k], odd, p1[k]));
+        __m512i part[3];
+        split3_lanes32(t[0][c], t[1][c], part);
+        for (int k = 0; k < 3; k++) _mm512_mask_storeu_epi16(out[k] + (c0 + c) * ldd + r0, rm, part[k]);
       }
     }
 }
