@@ -155,18 +155,7 @@ static void amx_block32(int n, const tg_bf16_term *terms, int64_t i, int64_t j, 
     e = amx_group_end(n, terms, g, &shared_a);
     const int K = terms[g].K;
     int k = 0;
-    if (e - g == 1) { /* one term */
-      const uint16_t *A = terms[g].A + i * lda;
-      const uint32_t *Bp = terms[g].Bp + j;
-      for (; k + AMX_KC <= K; k += AMX_KC) {
-        const uint32_t *b = Bp + (int64_t)(k / 2) * ldb;
-        AMX_LOAD(4, A + k, sa);
-        AMX_LOAD(5, A + 16 * lda + k, sa);
-        AMX_LOAD(6, b, sb);
-        AMX_LOAD(7, b + 16, sb);
-        AMX_DOT_2X2();
-      }
-    } else if (shared_a) { /* the terms' A tiles loaded once per k step */
+    if (shared_a) { /* the terms' A tiles loaded once per k step */
       for (; k + AMX_KC <= K; k += AMX_KC) {
         const uint16_t *A = terms[g].A + i * lda + k;
         AMX_LOAD(4, A, sa);
@@ -178,7 +167,7 @@ static void amx_block32(int n, const tg_bf16_term *terms, int64_t i, int64_t j, 
           AMX_DOT_2X2();
         }
       }
-    } else { /* the terms' B tiles loaded once per k step */
+    } else { /* one term, or the terms' B tiles loaded once per k step */
       for (; k + AMX_KC <= K; k += AMX_KC) {
         const uint32_t *b = terms[g].Bp + j + (int64_t)(k / 2) * ldb;
         AMX_LOAD(6, b, sb);
