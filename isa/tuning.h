@@ -99,6 +99,23 @@ enum { TG_ATTN_ITEMS_PER_CPU = 4, TG_ATTN_MIN_RANGE_TILES = 4, TG_ATTN_MAX_RANGE
  * and 0.77x (exact) the backward's time, every other grid shape and every
  * 2-thread call unchanged (paired-calls/starved-groups.txt there). */
 enum { TG_ATTN_MIN_GROUP_UNITS = 4, TG_ATTN_MAX_QGROUPS = 16 };
+/* The minimum range counts the table's key tile (attn_bk), also where the
+ * plan takes longer ones (bf16 mode on amx: 128 keys, attn_bk_bf16): query
+ * groups there are traded for ranges, two for one, down to
+ * TG_ATTN_MIN_RANGE_TILES * attn_bk keys a range (kernels/attention_bwd.c,
+ * plan_groups_to_ranges), the items' count kept. A range split reloads
+ * the q units of a kv head (gqa q rows a key) and a group split its key
+ * tiles: at gqa 8 the ranges cost more, so it stops above
+ * TG_ATTN_RANGES_OVER_GROUPS_MAX_GQA. 2-core Xeon (model 167, amx, bf16
+ * mode, 2 threads planned for 16 CPUs: the work of a 16-core machine's
+ * plan), paired calls, backward time new / old: first with the trade at
+ * every gqa (7 pairs): 2,8,4,1024,256 full 0.854 (2 ranges x 4 groups ->
+ * 4 x 2), 1,6,2,1024,512 causal 0.841, 1,8,4,1024,256 full 0.888,
+ * 1,8,8,1024,64 full 0.925, the D 96-160 shapes 0.98-1.00, but
+ * 1,16,2,3072,64 causal (gqa 8) 1.064, hence the limit; with it (7 pairs,
+ * bench/results/xeon2-amx/ab-plan16-ranges.txt) 0.823-0.999 on the users'
+ * grid; on the 2-CPU plan 1,6,2,1024,512 0.874 (ab-plan2-ranges.txt). */
+enum { TG_ATTN_RANGES_OVER_GROUPS_MAX_GQA = 4 };
 #define TG_ATTN_PARTIALS_BUDGET ((int64_t)1 << 30)
 
 /* Backward, KV schedule: the q-tiles stream past a chunk of up to

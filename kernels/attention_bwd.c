@@ -867,6 +867,31 @@ static void plan_qgroups(tg_attn_bwd_plan *pl, const tg_attn_problem *pr) {
   pl->n_qgroups = groups < 1 ? 1 : groups;
 }
 
+/* KV schedule: query groups traded for key ranges, two for one, keeping
+ * the items' count, while the ranges stay TG_ATTN_MIN_RANGE_TILES of the
+ * table's own key tile (table_bk: ops->attn_bk) long and the GQA groups
+ * are at most TG_ATTN_RANGES_OVER_GROUPS_MAX_GQA wide. plan_ranges'
+ * minimum counts the plan's key tiles, and bf16 mode's on amx are twice
+ * the table's: it left the split to query groups, whose dK, dV parts and
+ * per-group key tile packing cost more there than ranges' dQ partials
+ * (isa/tuning.h). Sets pl->range_tiles, n_ranges, n_qgroups. */
+static void plan_groups_to_ranges(tg_attn_bwd_plan *pl, const tg_attn_problem *pr,
+                                  int64_t table_bk) {
+  if (pr->gqa > TG_ATTN_RANGES_OVER_GROUPS_MAX_GQA) return;
+  const int64_t min_tiles = TG_ATTN_MIN_RANGE_TILES * table_bk / pl->BK;
+  const int64_t most = pl->n_ktiles / (min_tiles > 1 ? min_tiles : 1);
+  const int64_t dq_bytes = pl->dq_elems * (int64_t)sizeof(float);
+  while (pl->n_qgroups > 1 && 2 * pl->n_ranges <= most &&
+         2 * pl->n_ranges <= TG_ATTN_MAX_RANGES &&
+         (2 * pl->n_ranges - 1) * dq_bytes <= TG_ATTN_PARTIALS_BUDGET) {
+    const int64_t tiles = (pl->n_ktiles + 2 * pl->n_ranges - 1) / (2 * pl->n_ranges);
+    if ((pl->n_ktiles + tiles - 1) / tiles != 2 * pl->n_ranges) return; /* (not two for one) */
+    pl->range_tiles = tiles;
+    pl->n_ranges *= 2;
+    pl->n_qgroups = (pl->n_qgroups + 1) / 2;
+  }
+}
+
 /* KV schedule: key tiles per chunk (see TG_ATTN_MAX_CHUNK_TILES): as many key
  * tiles' scratch (their packed K, K^T, V^T and dK, dV sums) as the L2 per
  * CPU holds (tg_plan_l2_bytes), at least one, at most the range. Any chunk
@@ -924,6 +949,7 @@ tg_attn_bwd_plan tg_attn_bwd_plan_make(const tg_attn_problem *pr, const tg_isa_o
   pl.n_ktiles = (pr->kL + pl.BK - 1) / pl.BK;
   plan_ranges(&pl, pr);
   plan_qgroups(&pl, pr);
+  plan_groups_to_ranges(&pl, pr, ops->attn_bk);
   plan_chunk(&pl, pr);
   plan_dkv_units(&pl, pr);
   const int forced = atomic_load(&testing_dkv_transposed);

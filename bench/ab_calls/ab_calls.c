@@ -18,6 +18,10 @@
  * whether O, L, dQ, dK and dV have the same bits (a change meant to keep
  * them; TG_ISA= picks the table of both).
  *
+ * AB_PLAN_CPUS=N: both builds plan their work for N CPUs
+ * (tg_testing_plan_cpus), whatever this machine has: on 2 cores the work
+ * (the time at 2 threads) of the 16-CPU plan of a 16-core machine.
+ *
  * Why: on the lent Xeon, runs of one binary in separate processes drifted
  * by up to 25% within minutes (the minimum of 9 rounds of one unchanged
  * backward read 26.8 and 38.3 ms), while the per-pair ratios of this tool
@@ -64,6 +68,11 @@ static void open_build(build *b, const char *path, int threads, tg_attn_precisio
   b->params_init = need(lib, path, "tg_attn_params_init");
   b->fwd = need(lib, path, "tg_attn_train_fwd");
   b->bwd = need(lib, path, "tg_attn_train_bwd");
+  const char *plan = getenv("AB_PLAN_CPUS");
+  if (plan && *plan) { /* both builds plan for that many CPUs */
+    void (*plan_cpus)(int) = (void (*)(int))need(lib, path, "tg_testing_plan_cpus");
+    plan_cpus(atoi(plan));
+  }
   if (b->ctx_create(&b->ctx) || b->set_threads(b->ctx, threads) ||
       b->set_precision(b->ctx, precision)) {
     fprintf(stderr, "ab_calls: %s: context set-up failed\n", path);
