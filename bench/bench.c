@@ -3,9 +3,9 @@
  * the memory-bound kernels) as a fraction of this machine's measured ceilings.
  *
  *   attention  one timed step = tg_flash_attn_train_bwd_compute_d_bf16
- *              + tg_flash_attn_train_bwd_bf16 + three tg_f32_to_bf16_cast
- *              (dQ, dK, dV) -- what a training step pays. dK/dV are
- *              zero-filled before every repetition, outside the timed region.
+ *              + tg_attn_train_bwd (dK, dV written: TG_ATTN_OPT_DKV_WRITE)
+ *              + three tg_f32_to_bf16_cast (dQ, dK, dV) -- what a training
+ *              step pays.
  *              FLOPs = 10*B*H*qL*kL*D, halved for causal (qL == kL).
  *              The training forward (tg_flash_attn_train_fwd_bf16, O and L)
  *              is timed on its own on the same shapes and inputs: FLOPs =
@@ -382,10 +382,10 @@ static void run_attn_shape(tg_ctx *ctx, const tg_bench_opts *o, attn_result *r) 
   tg_attn_params p;
   CHECK_TG(tg_attn_params_init(&p, s->B, s->H, s->Hkv, s->L, s->L, s->D, scale),
            "tg_attn_params_init");
-  /* A window goes through the options entry points; without one they are
-   * the bf16 entry points (opt NULL: the same call). */
-  const tg_attn_options window_opt = {.window = (uint32_t)s->window};
-  const tg_attn_options *opt = s->window ? &window_opt : NULL;
+  /* The backward writes dK, dV (TG_ATTN_OPT_DKV_WRITE, as the torch op
+   * asks): no zero-filled buffers between steps; the forward ignores it. */
+  const tg_attn_options step_opt = {.flags = TG_ATTN_OPT_DKV_WRITE, .window = (uint32_t)s->window};
+  const tg_attn_options *opt = &step_opt;
 
   /* The forward alone, reps of its own (rep -1: untimed warm-up). */
   for (int rep = -1; rep < o->reps; rep++) {
@@ -401,8 +401,6 @@ static void run_attn_shape(tg_ctx *ctx, const tg_bench_opts *o, attn_result *r) 
 
   /* rep -1 is the untimed warm-up (first touch, scratch arenas, caches) */
   for (int rep = -1; rep < o->reps; rep++) {
-    fill_zero(dK, nk); /* dK/dV accumulate: zero-filled, not timed */
-    fill_zero(dV, nk);
     double t0 = omp_get_wtime();
     CHECK_TG(tg_flash_attn_train_bwd_compute_d_bf16(ctx, O, dO, Dv, (uint32_t)s->B,
                                                     (uint32_t)s->H, (uint32_t)s->L,

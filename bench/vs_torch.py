@@ -22,9 +22,10 @@ after one warm-up.
             backward sums the group's gradients) on the flash attention CPU
             backend when torch takes the shape, else whatever SDPA picks (the
             table says which). Gradients come out in the run's dtype.
-  tilegrad  zero dK/dV + compute_d + tg_flash_attn_train_bwd_bf16 + the three
-            bf16 casts of dQ/dK/dV, i.e. the same bf16-in/bf16-out step. O and
-            L come from tilegrad's forward (untimed).
+  tilegrad  compute_d + tg_attn_train_bwd (dK/dV written, not added to:
+            TG_ATTN_OPT_DKV_WRITE, as the torch op passes it) + the three bf16
+            casts of dQ/dK/dV, i.e. the same bf16-in/bf16-out step. O and L
+            come from tilegrad's forward (untimed).
 
 Throughput is 10*B*H*L^2*D FLOP (x0.5 causal) over the median time, also
 given as a fraction of the ceilings `tilegrad bench --section peaks` measures
@@ -327,10 +328,8 @@ class TilegradStep:
         Hkv = k.shape[1]
         self.ctx, self.causal, self.shape = ctx, int(causal), (B, H, L, D)
         self.p = capi.attn_params_init(B, H, Hkv, L, L, D, scale)
-        self.opt = None
-        if window:
-            self.opt = capi.AttnOptions()
-            self.opt.window = window
+        self.window = window
+        self.opt = capi.AttnOptions(flags=capi.TG_ATTN_OPT_DKV_WRITE, window=window)
         self.q, self.k, self.v, self.do = bits(q), bits(k), bits(v), bits(do)
         self.o = np.empty(q.shape, np.uint16)
         self.L = np.empty((B, H, L), np.float32)
@@ -342,17 +341,15 @@ class TilegradStep:
         self.grads = [np.empty(a.shape, np.uint16) for a in (self.dq, self.dk, self.dv)]
 
     def forward(self):
-        # opt None: tg_flash_attn_train_fwd_bf16, the same call
+        # (the forward ignores the backward's flag)
         self.ctx.call("tg_attn_train_fwd", BF16, self.q, self.k, self.v, self.o, self.L,
                       self.p, None, None, self.causal, self.opt)
         return [self.o]
 
     def __call__(self):
         B, H, L, D = self.shape
-        if self.opt is not None:
+        if self.window:
             self.forward()
-        self.dk.fill(0.0)
-        self.dv.fill(0.0)
         self.ctx.call("tg_flash_attn_train_bwd_compute_d_bf16", self.o, self.do, self.Dv,
                       B, H, L, D)
         self.ctx.call("tg_attn_train_bwd", BF16, self.q, self.k, self.v, self.L, self.do,

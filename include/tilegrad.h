@@ -330,9 +330,13 @@ typedef struct {
  * float (f32, through O_strides in elements) whatever dtype is: with bf16
  * inputs, the f32 result that the bf16 O would be rounded from (RNE), for
  * callers that combine partial results (context-parallel attention merges
- * (O, L) pairs in f32). The backward and tg_attn_dropout_keep accept the flag
- * and ignore it, so one options struct serves the forward and the backward. */
-enum { TG_ATTN_OPT_O_F32 = 1u };
+ * (O, L) pairs in f32). TG_ATTN_OPT_DKV_WRITE: tg_attn_train_bwd writes dK
+ * and dV (every element, their earlier contents never read) instead of
+ * accumulating into them: the gradients of one call, with no zero-filled
+ * buffers to pass (the bits of accumulating into zeros; d_sinks still
+ * accumulates). Each call ignores the other's flag, so one options struct
+ * serves the forward, the backward and tg_attn_dropout_keep. */
+enum { TG_ATTN_OPT_O_F32 = 1u, TG_ATTN_OPT_DKV_WRITE = 2u };
 
 /* Training forward: O = (P o keep / (1 - p)) . V with P = softmax(S) and S
  * exactly as in tg_flash_attn_train_bwd_bf16 (plus opt->window); O
@@ -347,7 +351,8 @@ tg_status tg_attn_train_fwd(tg_ctx *ctx, tg_dtype dtype, const void *Q, const vo
                             const tg_attn_options *opt);
 
 /* Backward: as tg_flash_attn_train_bwd_bf16 (dQ [B,H,qL,D] f32 contiguous
- * writes; dK [B,H_kv,kL,D], dV [B,H_kv,kL,Dv] f32 contiguous accumulate)
+ * writes; dK [B,H_kv,kL,D], dV [B,H_kv,kL,Dv] f32 contiguous accumulate,
+ * or with TG_ATTN_OPT_DKV_WRITE write)
  * with Q, K, V, dO, mask of type dtype; opt->window as the forward's, and
  * with opt->sinks and opt->d_sinks the sinks' gradient accumulated (L then
  * holds the sink: the key gradients need nothing else from it). L from the forward; D_vec = rowsum(dO o O) of the

@@ -54,6 +54,8 @@ typedef struct {
                                      * only; tg_attn_products) */
   int o_f32;                        /* forward: O stored as f32 for bf16 inputs too
                                      * (TG_ATTN_OPT_O_F32) */
+  int dkv_write;                    /* backward: dK, dV written, not accumulated
+                                     * (TG_ATTN_OPT_DKV_WRITE) */
   int64_t dQs[3], dKs[3], dVs[3];   /* f32 gradients dQ [.., D], dK [.., D], dV [.., Dv] */
 } tg_attn_problem;
 

@@ -117,7 +117,7 @@ typedef struct {
   float *K, *KT, *VT;  /* [BK, D], [D, BK], [Dv, BK] (bf16_dot: [D/2, BK],
                         * [Dv/2, BK] pairs) */
   float *dK, *dV;      /* [BK, D], [BK, Dv]; plan.dkv_transposed: dK^T, dV^T
-                        * [D, nk], [Dv, nk] (add_dkv) */
+                        * [D, nk], [Dv, nk] (put_dkv) */
   /* compensated sums only: the running dK, dV sums and their corrections,
    * [BK, D] and [BK, Dv] (dK, dV above then hold one q-tile's part, zeroed
    * again as it is added) */
@@ -487,27 +487,35 @@ static float *dq_rows(const bwd_args *a, int64_t range, int64_t b, int64_t h, in
   return a->dQ_partial + (range - 1) * a->plan.dq_elems + ((b * pr->H + h) * pr->qL + q0) * pr->D;
 }
 
-/* dst rows [n, D] (row stride ld) += src [n, D] (contiguous), or = 0 when
- * src is NULL; atomic as tg_add_f32. */
-static void add_rows(float *dst, int64_t ld, const float *src, int64_t n, int64_t D,
-                     int atomic) {
+/* How a sum meets its output rows (put_rows, put_dkv). */
+typedef enum { ROWS_ADD, ROWS_ADD_ATOMIC, ROWS_WRITE } rows_mode;
+
+/* dst rows [n, D] (row stride ld) += src [n, D] (contiguous), atomically
+ * with ROWS_ADD_ATOMIC (tg_add_f32), or = src with ROWS_WRITE; = 0 when src
+ * is NULL (any mode). */
+static void put_rows(float *dst, int64_t ld, const float *src, int64_t n, int64_t D,
+                     rows_mode mode) {
   for (int64_t r = 0; r < n; r++) {
-    if (src)
-      tg_add_f32(dst + r * ld, src + r * D, D, atomic);
-    else
+    if (!src)
       memset(dst + r * ld, 0, sizeof(float) * (size_t)D);
+    else if (mode == ROWS_WRITE)
+      memcpy(dst + r * ld, src + r * D, sizeof(float) * (size_t)D);
+    else
+      tg_add_f32(dst + r * ld, src + r * D, D, mode == ROWS_ADD_ATOMIC);
   }
 }
 
 /* A key tile's dK or dV sum (cols columns, nk rows; [cols, nk] transposed
- * where plan.dkv_transposed) added to rows [nk, cols] at stride ld; atomic
- * as tg_add_f32 (the transposed sum then 16 x 16 at a time through the
- * table's transpose). */
-static void add_dkv(const bwd_args *a, float *dst, int64_t ld, const float *src, int64_t nk,
-                    int64_t cols, int atomic) {
+ * where plan.dkv_transposed) put into rows [nk, cols] at stride ld as
+ * put_rows (the transposed sum written through the table's transpose, added
+ * by add_transposed_f32, or atomically 16 x 16 at a time). */
+static void put_dkv(const bwd_args *a, float *dst, int64_t ld, const float *src, int64_t nk,
+                    int64_t cols, rows_mode mode) {
   if (!a->plan.dkv_transposed) {
-    add_rows(dst, ld, src, nk, cols, atomic);
-  } else if (!atomic) {
+    put_rows(dst, ld, src, nk, cols, mode);
+  } else if (mode == ROWS_WRITE) {
+    a->ops->transpose_f32(cols, nk, src, nk, dst, ld, 0);
+  } else if (mode == ROWS_ADD) {
     a->ops->add_transposed_f32(cols, nk, src, nk, dst, ld);
   } else {
     float block[16 * 16];
@@ -519,6 +527,23 @@ static void add_dkv(const bwd_args *a, float *dst, int64_t ld, const float *src,
           tg_add_f32(dst + (r0 + r) * ld + c0, block + r * 16, nc, 1);
       }
   }
+}
+
+/* dK, dV rows of key tile kt of kv head h_kv, batch b = 0. */
+static void zero_dkv_tile(const bwd_args *a, int64_t b, int64_t h_kv, int64_t kt) {
+  const tg_attn_problem *pr = &a->pr;
+  const int64_t k0 = kt * a->plan.BK, nk = tile_rows(pr->kL, k0, a->plan.BK);
+  put_rows(a->dK + tg_attn_offset(pr->dKs, b, h_kv, k0), pr->dKs[2], NULL, nk, pr->D, ROWS_WRITE);
+  put_rows(a->dV + tg_attn_offset(pr->dVs, b, h_kv, k0), pr->dVs[2], NULL, nk, pr->Dv,
+           ROWS_WRITE);
+}
+
+/* ATOMIC schedule with pr->dkv_write: dK, dV of kv head h_kv, batch b = 0
+ * before the pairs add to them. */
+static void zero_dkv_group(const void *vargs, int64_t h_kv, int64_t b, int64_t z,
+                           void *scratch) {
+  const bwd_args *a = vargs;
+  for (int64_t kt = 0; kt < a->plan.n_ktiles; kt++) zero_dkv_tile(a, b, h_kv, kt);
 }
 
 /* The key tiles [*first, *end) of tiles [kt_first, kt_end) that the q-tile
@@ -636,11 +661,18 @@ static void bwd_group_kv(const void *vargs, int64_t x, int64_t b, int64_t range,
       if (range_visible(a, 0, q0, nq)) continue;
       int64_t ld;
       float *dq = dq_rows(a, 0, b, h, q0, &ld);
-      add_rows(dq, ld, NULL, nq, D, 0);
+      put_rows(dq, ld, NULL, nq, D, ROWS_WRITE);
     }
   /* the key tiles of the range that the group sees: the others' dK, dV
    * sums would be 0 */
   const int64_t t0 = g_first > kt_first ? g_first : kt_first, t1 = g_end < kt_end ? g_end : kt_end;
+  /* Group 0 adds its sums to dK, dV, or writes them (pr->dkv_write: then
+   * also zeros in the range's tiles it does not see, so that every row is
+   * written once before the second pass adds the other groups' parts). */
+  const rows_mode group0 = pr->dkv_write ? ROWS_WRITE : ROWS_ADD;
+  if (group == 0 && pr->dkv_write)
+    for (int64_t kt = kt_first; kt < kt_end; kt++)
+      if (kt < t0 || kt >= t1) zero_dkv_tile(a, b, h_kv, kt);
   /* The bf16 dot products run dK, dV's products a batch of q units at a
    * time (bwd_dkv_bf16) and write a key tile's dK, dV with its first
    * instead of adding to zeros (a tile no unit reaches is zeroed at the
@@ -739,8 +771,8 @@ static void bwd_group_kv(const void *vargs, int64_t x, int64_t b, int64_t range,
       const float *dk = pr->compensated ? t->dK_sum : t->dK;
       const float *dv = pr->compensated ? t->dV_sum : t->dV;
       if (group == 0) {
-        add_dkv(a, a->dK + tg_attn_offset(pr->dKs, b, h_kv, k0), pr->dKs[2], dk, nk, D, 0);
-        add_dkv(a, a->dV + tg_attn_offset(pr->dVs, b, h_kv, k0), pr->dVs[2], dv, nk, Dv, 0);
+        put_dkv(a, a->dK + tg_attn_offset(pr->dKs, b, h_kv, k0), pr->dKs[2], dk, nk, D, group0);
+        put_dkv(a, a->dV + tg_attn_offset(pr->dVs, b, h_kv, k0), pr->dVs[2], dv, nk, Dv, group0);
       } else if (!in_part) {
         memcpy(dkv_part(a, group, b, h_kv, k0, 0), dk, sizeof(float) * (size_t)(nk * D));
         memcpy(dkv_part(a, group, b, h_kv, k0, 1), dv, sizeof(float) * (size_t)(nk * Dv));
@@ -764,8 +796,8 @@ static void bwd_group_sum_dkv(const void *vargs, int64_t kt, int64_t h_kv, int64
     int64_t first, end;
     group_tiles(a, g, &first, &end);
     if (kt < first || kt >= end) continue; /* the group wrote no part here */
-    add_dkv(a, dk, pr->dKs[2], dkv_part(a, g, b, h_kv, k0, 0), nk, pr->D, 0);
-    add_dkv(a, dv, pr->dVs[2], dkv_part(a, g, b, h_kv, k0, 1), nk, pr->Dv, 0);
+    put_dkv(a, dk, pr->dKs[2], dkv_part(a, g, b, h_kv, k0, 0), nk, pr->D, ROWS_ADD);
+    put_dkv(a, dv, pr->dVs[2], dkv_part(a, g, b, h_kv, k0, 1), nk, pr->Dv, ROWS_ADD);
   }
 }
 
@@ -779,7 +811,8 @@ static void bwd_group_sum_dq(const void *vargs, int64_t qt, int64_t h, int64_t b
   int64_t ld, ld_r;
   float *dq = dq_rows(a, 0, b, h, q0, &ld);
   for (int64_t r = 1; r < a->plan.n_ranges; r++)
-    if (range_visible(a, r, q0, nq)) add_rows(dq, ld, dq_rows(a, r, b, h, q0, &ld_r), nq, a->pr.D, 0);
+    if (range_visible(a, r, q0, nq))
+      put_rows(dq, ld, dq_rows(a, r, b, h, q0, &ld_r), nq, a->pr.D, ROWS_ADD);
 }
 
 /* ATOMIC schedule: x = q-tile (heaviest causal tiles first), y = query head,
@@ -810,8 +843,10 @@ static void bwd_group_atomic(const void *vargs, int64_t x, int64_t h, int64_t b,
     bwd_pair(a, b, h, q0, nq, k0, nk, 0, 0, NULL, D, t, &w);
     bwd_dq(a, nq, nk, 0, 0, t, w.dQ, D, 0, &w);
     if (bf16_products) bwd_dkv_bf16(a, nk, 0, 1, nq, 1, t, &w);
-    add_dkv(a, a->dK + tg_attn_offset(pr->dKs, b, h_kv, k0), pr->dKs[2], t->dK, nk, D, 1);
-    add_dkv(a, a->dV + tg_attn_offset(pr->dVs, b, h_kv, k0), pr->dVs[2], t->dV, nk, Dv, 1);
+    put_dkv(a, a->dK + tg_attn_offset(pr->dKs, b, h_kv, k0), pr->dKs[2], t->dK, nk, D,
+            ROWS_ADD_ATOMIC);
+    put_dkv(a, a->dV + tg_attn_offset(pr->dVs, b, h_kv, k0), pr->dVs[2], t->dV, nk, Dv,
+            ROWS_ADD_ATOMIC);
   }
   float *dq = a->dQ + tg_attn_offset(pr->dQs, b, h, q0);
   for (int64_t i = 0; i < nq; i++)
@@ -1045,9 +1080,11 @@ static tg_status train_bwd(tg_ctx *ctx, const char *fn, tg_dtype dtype, const vo
     bwd_args a = make_args(&pr, ctx->ops, &plan);
     a.Q = Q, a.K = K, a.V = V, a.dO = dO, a.mask = mask, a.L = L, a.D_vec = D_vec;
     a.dQ = dQ, a.dK = dK, a.dV = dV;
-    st = tg_dispatch(ctx, a.plan.n_qtiles, pr.H, pr.B,
-                     bwd_scratch_bytes(&pr, &a.plan, 1, 0),
-                     bwd_group_atomic, &a);
+    const size_t scratch = bwd_scratch_bytes(&pr, &a.plan, 1, 0);
+    /* (the zeros ask for the pairs' scratch: a failure to get it comes
+     * before anything is written) */
+    if (pr.dkv_write) st = tg_dispatch(ctx, pr.H_kv, pr.B, 1, scratch, zero_dkv_group, &a);
+    if (st == TG_OK) st = tg_dispatch(ctx, a.plan.n_qtiles, pr.H, pr.B, scratch, bwd_group_atomic, &a);
   } else {
     const size_t ws_bytes = tg_attn_bwd_workspace_bytes(&plan);
     void *ws = NULL;

@@ -30,11 +30,13 @@ tg_status tg_attn_check_options(tg_ctx *ctx, const char *fn, const tg_attn_optio
                                 tg_attn_dropout *drop) {
   *drop = (tg_attn_dropout){0};
   if (!opt) return TG_OK;
-  if (opt->flags & ~(uint32_t)TG_ATTN_OPT_O_F32)
+  const uint32_t defined = TG_ATTN_OPT_O_F32 | TG_ATTN_OPT_DKV_WRITE;
+  if (opt->flags & ~defined)
     return tg_fail(ctx, TG_ERR_BAD_PARAMS,
                    "%s: opt->flags = 0x%x has bits that are not TG_ATTN_OPT_* flags "
-                   "(defined: TG_ATTN_OPT_O_F32 = 0x%x)",
-                   fn, (unsigned)opt->flags, (unsigned)TG_ATTN_OPT_O_F32);
+                   "(defined: TG_ATTN_OPT_O_F32 = 0x%x, TG_ATTN_OPT_DKV_WRITE = 0x%x)",
+                   fn, (unsigned)opt->flags, (unsigned)TG_ATTN_OPT_O_F32,
+                   (unsigned)TG_ATTN_OPT_DKV_WRITE);
   const float p = opt->dropout_p;
   if (!(p >= 0.0f && p < 1.0f)) /* NaN fails both */
     return tg_fail(ctx, TG_ERR_BAD_PARAMS, "%s: opt->dropout_p = %g; it must be in [0, 1)",
@@ -73,6 +75,7 @@ tg_status tg_attn_prepare(tg_ctx *ctx, const char *fn, tg_dtype dtype,
   out->sinks = opt ? opt->sinks : NULL;
   out->drop = drop;
   out->o_f32 = opt && (opt->flags & TG_ATTN_OPT_O_F32);
+  out->dkv_write = opt && (opt->flags & TG_ATTN_OPT_DKV_WRITE);
   /* float32 inputs always compute in f32 (tg_attn_precision) */
   out->precision = dtype == TG_DTYPE_BF16 ? ctx->attn_precision : TG_ATTN_PRECISION_EXACT;
   return TG_OK;

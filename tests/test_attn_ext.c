@@ -491,6 +491,63 @@ static void test_dkv_transposed_same_bits(void **state) {
   }
 }
 
+/* dK, dV of two steps are equal as values (NaN where the other is NaN;
+ * -0 and +0 equal), dQ the same bits. */
+static void assert_same_grad_values(const attn_problem *pb, const ext_out *a, const ext_out *b) {
+  assert_true(same_bits(a->dQ, b->dQ, sizeof(float) * pb->nQ));
+  for (int64_t e = 0; e < pb->nKout; e++) {
+    assert_true(a->dK[e] == b->dK[e] || (a->dK[e] != a->dK[e] && b->dK[e] != b->dK[e]));
+    assert_true(a->dV[e] == b->dV[e] || (a->dV[e] != a->dV[e] && b->dV[e] != b->dV[e]));
+  }
+}
+
+/* TG_ATTN_OPT_DKV_WRITE: dK, dV written, not accumulated. NaN-filled
+ * before the call, they come out as accumulating into zeros gives them
+ * (as values: a zero sum may come out -0 where that gives +0), and dQ the
+ * same bits: f32 inputs and bf16 in each precision mode, the KV schedule
+ * (planned for TU_PLAN_CPUS: key ranges and query groups, group 0 writing
+ * the key tiles it sees and zeros in the rest of its range) at 1 and 3
+ * threads, the ATOMIC one at 1 (a fixed order of its adds; the zeros
+ * first). The "chunks" problem (causal with qL < kL, dropout, -inf mask
+ * rows, gqa 2) without and with a sliding window (key tiles that the
+ * first q-tiles' group never sees). TG_TEST_SHORT (qemu): bf16 mode. */
+static void test_dkv_write(void **state) {
+  tu_rng r = tu_rng_make(tu_seed() + 31);
+  const attn_cfg c = {"dkv-write", 1, 4, 2, 150, 530, 40, 1, 0, 1, 0, 1.0f, 0.2f};
+  for (int wi = 0; wi < 2; wi++) {
+    attn_problem pb;
+    build(&pb, &c, &r, 1); /* dK0 = dV0 = 0 */
+    if (wi) pb.opt.window = 97;
+    float *zeros_k = pb.dK0, *zeros_v = pb.dV0;
+    float *nan_k = tu_alloc(sizeof(float) * pb.nKout), *nan_v = tu_alloc(sizeof(float) * pb.nKout);
+    tu_poison_f32(nan_k, pb.nKout);
+    tu_poison_f32(nan_v, pb.nKout);
+    ext_out acc = alloc_out(&pb), wr = alloc_out(&pb);
+    for (int v = tu_short() ? 3 : 0; v < 4; v++) /* f32; bf16 in exact, split, bf16 mode */
+      for (int run = 0; run < 3; run++) {        /* KV 1, 3 threads; ATOMIC 1 */
+        for (int w = 0; w < 2; w++) {
+          tg_ctx *ctx = attn_mode_ctx(run == 1 ? 3 : 1, TG_ISA_AUTO, &attn_modes[run == 2]);
+          static const tg_attn_precision precisions[] = {
+              TG_ATTN_PRECISION_EXACT, TG_ATTN_PRECISION_SPLIT, TG_ATTN_PRECISION_BF16};
+          if (v) assert_int_equal(tg_ctx_set_attn_precision(ctx, precisions[v - 1]), TG_OK);
+          pb.opt.flags = w ? TG_ATTN_OPT_DKV_WRITE : 0;
+          pb.dK0 = w ? nan_k : zeros_k, pb.dV0 = w ? nan_v : zeros_v;
+          if (v)
+            run_step_bf16(ctx, &pb, &pb.opt, w ? &wr : &acc);
+          else
+            run_step(ctx, &pb, &pb.opt, w ? &wr : &acc);
+          tg_ctx_destroy(ctx);
+        }
+        assert_true(same_bits(acc.O, wr.O, sizeof(float) * pb.nQ)); /* (the forward ignores it) */
+        assert_same_grad_values(&pb, &acc, &wr);
+      }
+    pb.dK0 = zeros_k, pb.dV0 = zeros_v, pb.opt.flags = 0;
+    free(nan_k), free(nan_v);
+    free_out(&acc), free_out(&wr);
+    attn_destroy(&pb);
+  }
+}
+
 /* The forward's q units per work item ((q-tile, query head) pairs of a kv
  * head, q-tile major; up to gqa of them where that leaves 4 items per
  * thread: here gqa 4 on one kv head, so at 1 thread an item holds 3 or 4
@@ -891,7 +948,7 @@ static void test_bad_options_write_nothing(void **state) {
       {{.dropout_p = 1.0f}, "dropout_p"},      {{.dropout_p = 1.5f}, "dropout_p"},
       {{.dropout_p = INFINITY}, "dropout_p"},  {{.dropout_p = -INFINITY}, "dropout_p"},
       {{.dropout_p = -0.0f - 1e-30f}, "dropout_p"},
-      {{.dropout_p = 0.1f, .flags = 2}, "flags"},
+      {{.dropout_p = 0.1f, .flags = 4}, "flags"},
       {{.flags = 0x80000000u | TG_ATTN_OPT_O_F32}, "flags"}};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     TU_EXPECT_STATUS(ctx, FWD(TG_DTYPE_F32, &bad[i].opt), TG_ERR_BAD_PARAMS);
@@ -975,6 +1032,7 @@ int main(void) {
       cmocka_unit_test(test_key_chunks_same_bits),
       cmocka_unit_test(test_dkv_units_same_bits),
       cmocka_unit_test(test_dkv_transposed_same_bits),
+      cmocka_unit_test(test_dkv_write),
       cmocka_unit_test(test_fwd_q_tiles_same_bits),
       cmocka_unit_test(test_bf16_f32_same_engine),
       cmocka_unit_test(test_dropout_deterministic),

@@ -1,5 +1,5 @@
 /*
- * tg_attn_options.flags and its one flag, TG_ATTN_OPT_O_F32 (docs/KERNELS.md,
+ * tg_attn_options.flags and its flag TG_ATTN_OPT_O_F32 (docs/KERNELS.md,
  * "CPU extension"): tg_attn_train_fwd with bf16 inputs stores O as f32.
  *
  * What is checked (each at 1, 2 and 3 threads on the ISA under test):
@@ -241,7 +241,7 @@ static void test_undefined_flags_refused(void **state) {
     snap[j] = tu_alloc(4 * n[j]);
     memcpy(snap[j], outs[j], 4 * n[j]);
   }
-  const uint32_t bad[] = {2u, 4u, 0x80000000u, TG_ATTN_OPT_O_F32 | 0x100u, 0xFFFFFFFFu};
+  const uint32_t bad[] = {4u, 8u, 0x80000000u, TG_ATTN_OPT_O_F32 | 0x100u, 0xFFFFFFFFu};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     tg_attn_options o = {.flags = bad[i]};
     TU_EXPECT_STATUS(ctx, fwd(ctx, &pb, O, L, bad[i]), TG_ERR_BAD_PARAMS);

@@ -63,8 +63,10 @@ ATTN_PRECISION_NAMES = {"exact": TG_ATTN_PRECISION_EXACT, "split": TG_ATTN_PRECI
 TG_DTYPE_BF16 = 0
 TG_DTYPE_F32 = 1
 DTYPE_NAMES = {"bf16": TG_DTYPE_BF16, "float32": TG_DTYPE_F32}
-# tg_attn_options.flags bits: the forward's O in float32 for bf16 inputs too
+# tg_attn_options.flags bits: the forward's O in float32 for bf16 inputs too;
+# the backward writes dK, dV instead of adding to them
 TG_ATTN_OPT_O_F32 = 1
+TG_ATTN_OPT_DKV_WRITE = 2
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 BUNDLED_LIB = os.path.join(_PKG_DIR, "_lib", "libtilegrad.so")
@@ -175,7 +177,9 @@ class AttnOptions(ctypes.Structure):
       drawn from Philox4x32-10 with key ``dropout_seed`` and counter base
       ``dropout_offset`` (docs/KERNELS.md);
     * ``flags``: ``TG_ATTN_OPT_*`` bits (``TG_ATTN_OPT_O_F32``, the forward's
-      O in float32 for bf16 inputs too; other bits are refused);
+      O in float32 for bf16 inputs too; ``TG_ATTN_OPT_DKV_WRITE``, the
+      backward writes dK, dV instead of adding to them; other bits are
+      refused);
     * ``window`` W >= 1: sliding window, key k visible to query i iff
       ``k > i + qL_off - W`` (0 = none);
     * ``v_head_dim`` Dv: the columns of V, O, dO and dV (a multiple of 8 up

@@ -170,14 +170,16 @@ def _need_attn_precision(op: str, attn_precision: int) -> int:
 
 def _attn_options(dropout_p: float, seed: Optional[Tensor], window: int = 0,
                   v_head_dim: int = 0, sinks: Optional[Tensor] = None,
-                  d_sinks: Optional[Tensor] = None) -> Optional["_capi.AttnOptions"]:
+                  d_sinks: Optional[Tensor] = None,
+                  flags: int = 0) -> Optional["_capi.AttnOptions"]:
     """tg_attn_options (None when every field has its default): dropout with
     Philox key = the seed tensor's value, drawn from torch's generator by the
     caller; the window (0 = none); v_head_dim (0 = D); sinks and d_sinks,
-    contiguous float32 [H] tensors the caller keeps alive over the call."""
-    if not (dropout_p or window or v_head_dim or sinks is not None):
+    contiguous float32 [H] tensors the caller keeps alive over the call;
+    TG_ATTN_OPT_* flags."""
+    if not (dropout_p or window or v_head_dim or sinks is not None or flags):
         return None
-    opt = _capi.AttnOptions()
+    opt = _capi.AttnOptions(flags=flags)
     if dropout_p:
         if seed is None or seed.numel() != 1 or seed.dtype != torch.int64:
             raise ValueError(f"dropout_p = {dropout_p} needs seed, a one-element int64 tensor")
@@ -282,12 +284,13 @@ def _attn_bwd_impl(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: 
     p = _attn_params(q, k, v, _bhl_strides(do), scale, softcap, q_offset)
     m, mp = _mask_args(mask, B, H, qL, k.shape[2])
     dq = torch.empty(q.shape, dtype=torch.float32)
-    dk = torch.zeros(k.shape, dtype=torch.float32)    # dK, dV (and d_sinks) accumulate
-    dv = torch.zeros(v.shape, dtype=torch.float32)
+    dk = torch.empty(k.shape, dtype=torch.float32)    # written (TG_ATTN_OPT_DKV_WRITE)
+    dv = torch.empty(v.shape, dtype=torch.float32)
     ctx.call("tg_attn_train_bwd", dt, _ptr(q), _ptr(k), _ptr(v), _ptr(lse), _ptr(do),
              _ptr(delta), _ptr(dq), _ptr(dk), _ptr(dv), p, mp,
              None if m is None else _ptr(m), 1 if causal else 0,
-             _attn_options(dropout_p, seed, window, Dv if Dv != D else 0, sinks, dsinks))
+             _attn_options(dropout_p, seed, window, Dv if Dv != D else 0, sinks, dsinks,
+                           _capi.TG_ATTN_OPT_DKV_WRITE))
     return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), dsinks
 
 

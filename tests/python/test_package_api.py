@@ -786,7 +786,7 @@ def test_capi_attn_float32_dropout(lib, dctx):
     refV = np.einsum("bhik,bhid->bkd", P * keep / (1 - np.float32(p)), dO.astype(np.float64))
     np.testing.assert_allclose(dV[:, 0], refV, rtol=0, atol=1e-5)
     for bad, field in ((capi.AttnOptions(dropout_p=1.0), "dropout_p"),
-                       (capi.AttnOptions(flags=2), "flags")):
+                       (capi.AttnOptions(flags=4), "flags")):
         o = np.full_like(O, 4.0)
         with pytest.raises(tg.BadParamsError, match=field):
             dctx.call("tg_attn_train_fwd", capi.TG_DTYPE_F32, Q, K, V, o, Lse, prm, None, None,
