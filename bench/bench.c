@@ -1220,7 +1220,7 @@ int tg_bench_main(const tg_bench_opts *o) {
       goto out;
     }
     printf("\nFlashAttention-2 backward step: compute_d + bwd + 3 casts "
-           "(dK/dV zero-fill untimed); FLOP = 10*B*H*L^2*D (x0.5 causal),\n"
+           "(dK/dV written: TG_ATTN_OPT_DKV_WRITE); FLOP = 10*B*H*L^2*D (x0.5 causal),\n"
            "with a window W: 10*B*H*D*(visible pairs)\n");
     printf("%-3s %-30s %9s %10s %10s %9s %7s %7s\n", "#", "B,H,Hkv,L,D,mask", "GFLOP",
            "ms(med)", "ms(min)", "GFLOP/s", "%FMA", "%ceil");
