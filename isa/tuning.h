@@ -178,24 +178,6 @@ enum { TG_ATTN_DKV_T_MAX_D = 128 };
  * threads 0.92-1.00. */
 enum { TG_ATTN_FWD_KEY_TILES = 4 };
 #define TG_ATTN_FWD_TILE_BYTES ((int64_t)256 * 1024)
-/* ... but with one bf16 part of P (bf16 mode) from head dim
- * TG_ATTN_FWD_ONE_PART_MIN_D on, no more keys than keep the f32 S [BQ,
- * keys] within TG_ATTN_FWD_ONE_PART_S_BYTES (the rows pass over it three
- * times): on amx (128-key tiles, 128 q rows where not causal) D 128-160
- * full had taken 384-512 keys, S 192-256 KiB; now 256. 2-core Xeon (amx,
- * 2 threads, paired calls, forward time capped / not, 11-15 pairs, bench/
- * results/xeon2-amx/ab-fwd-one-part-keys.txt): bf16 mode 0.930-0.941 at D
- * 160 full L 2560 (three runs), 0.959 at L 2304, 0.966-0.984 at D 128 full
- * L 2048, 0.993-1.008 at L 1024; keys that fit one uncapped tile stay one
- * (the L 384 shape read 1.06-1.09 split in 256 + 128); a cap of 256 keys
- * for causal D 128 too (64 q rows, S 128 KiB at 512 keys, which this rule
- * leaves) read 1.006-1.047, and 256 keys at D 64-96 1.04; exact mode, whose
- * three parts'
- * P.V gains from the longer k, read 1.04-1.06 at D 160 with the cap: it
- * keeps the rule above. Tables with 64-key tiles took at most 256 keys
- * (64 KiB of S) already. */
-enum { TG_ATTN_FWD_ONE_PART_MIN_D = 128 };
-#define TG_ATTN_FWD_ONE_PART_S_BYTES ((int64_t)128 * 1024)
 
 /* Forward: q units ((q-tile, query head) pairs of a kv head) per work item
  * (kernels/attention_fwd.c, fwd_q_tiles), which share each key tile's

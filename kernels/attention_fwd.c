@@ -329,29 +329,17 @@ static int64_t fwd_q_tile(const tg_attn_problem *pr, const tg_isa_ops *ops) {
  * fwd_bf16_tiles says so, but with a window) times as many, up to
  * TG_ATTN_FWD_KEY_TILES, as keep a key tile's K^T and V within
  * TG_ATTN_FWD_TILE_BYTES (f32, or bf16 pairs where the products that take
- * them run on the bf16 unit); with one bf16 part of P from
- * TG_ATTN_FWD_ONE_PART_MIN_D on, also the f32 S of q tile bq within
- * TG_ATTN_FWD_ONE_PART_S_BYTES where the keys take more than one tile.
- * Longer key tiles run the online softmax's
+ * them run on the bf16 unit). Longer key tiles run the online softmax's
  * per-row work (a max, the rescale, each row op's set-up) once per more
  * keys and give P.V a longer k loop. A function of the table, the
- * precision mode and the shape only (D, Dv, the q tile, kL): the tile sets
- * the order of the softmax sums, so O and L are the same bits on any
- * machine with that table. */
-static int64_t fwd_key_tile(const tg_attn_problem *pr, const tg_isa_ops *ops, int64_t bq) {
+ * precision mode and D, Dv only: the tile sets the order of the softmax
+ * sums, so O and L are the same bits on any machine with that table. */
+static int64_t fwd_key_tile(const tg_attn_problem *pr, const tg_isa_ops *ops) {
   const int64_t bk = fwd_bf16_tiles(pr, ops) && !pr->window ? ops->attn_bk_bf16 : tg_attn_bk(pr, ops);
-  const int bf16_pv = tg_attn_products_of(pr, ops, TG_ATTN_PASS_FWD) == TG_PRODUCTS_BF16_DOT;
-  const int64_t k_bytes = tg_attn_bf16_dot(pr, ops) ? 2 : 4, v_bytes = bf16_pv ? 2 : 4;
+  const int64_t k_bytes = tg_attn_bf16_dot(pr, ops) ? 2 : 4;
+  const int64_t v_bytes = tg_attn_products_of(pr, ops, TG_ATTN_PASS_FWD) == TG_PRODUCTS_BF16_DOT ? 2 : 4;
   const int64_t fit = TG_ATTN_FWD_TILE_BYTES / ((k_bytes * pr->D + v_bytes * pr->Dv) * bk);
-  const int64_t tile = bk * (fit < 1 ? 1 : fit > TG_ATTN_FWD_KEY_TILES ? TG_ATTN_FWD_KEY_TILES : fit);
-  /* one bf16 part of P (bf16 mode) from TG_ATTN_FWD_ONE_PART_MIN_D on: the
-   * f32 S [bq, keys] within TG_ATTN_FWD_ONE_PART_S_BYTES, unless the keys
-   * fit one tile (isa/tuning.h) */
-  const int64_t s_keys = TG_ATTN_FWD_ONE_PART_S_BYTES / ((int64_t)sizeof(float) * bq);
-  if (bf16_pv && tg_attn_parts(pr) == 1 && pr->D >= TG_ATTN_FWD_ONE_PART_MIN_D &&
-      tile > s_keys && pr->kL > tile)
-    return s_keys < bk ? bk : s_keys / bk * bk;
-  return tile;
+  return bk * (fit < 1 ? 1 : fit > TG_ATTN_FWD_KEY_TILES ? TG_ATTN_FWD_KEY_TILES : fit);
 }
 
 tg_status tg_attn_forward(tg_ctx *ctx, const tg_attn_problem *pr, const void *Q,
@@ -359,9 +347,8 @@ tg_status tg_attn_forward(tg_ctx *ctx, const tg_attn_problem *pr, const void *Q,
                           const void *dO, float *delta) {
   fwd_args a = {.pr = *pr, .Q = Q, .K = K, .V = V, .dO = dO, .mask = mask, .O = O, .L = L,
                 .delta = delta, .ops = ctx->ops, .BQ = fwd_q_tile(pr, ctx->ops),
-                .bf16_dot = tg_attn_bf16_dot(pr, ctx->ops),
+                .BK = fwd_key_tile(pr, ctx->ops), .bf16_dot = tg_attn_bf16_dot(pr, ctx->ops),
                 .products = tg_attn_products_of(pr, ctx->ops, TG_ATTN_PASS_FWD)};
-  a.BK = fwd_key_tile(pr, ctx->ops, a.BQ);
   a.n_qtiles = (pr->qL + a.BQ - 1) / a.BQ;
   a.FQ = fwd_q_tiles(pr, ctx->ops, a.BQ, a.n_qtiles, tg_threads(ctx));
   return tg_dispatch(ctx, (pr->gqa * a.n_qtiles + a.FQ - 1) / a.FQ, pr->H_kv, pr->B,
