@@ -333,8 +333,8 @@ typedef struct {
  * (O, L) pairs in f32). TG_ATTN_OPT_DKV_WRITE: tg_attn_train_bwd writes dK
  * and dV (every element, their earlier contents never read) instead of
  * accumulating into them: the gradients of one call, with no zero-filled
- * buffers to pass (the bits of accumulating into zeros; d_sinks still
- * accumulates). Each call ignores the other's flag, so one options struct
+ * buffers to pass (the values of accumulating into zeros, where a zero sum
+ * may come out -0; d_sinks still accumulates). Each call ignores the other's flag, so one options struct
  * serves the forward, the backward and tg_attn_dropout_keep. */
 enum { TG_ATTN_OPT_O_F32 = 1u, TG_ATTN_OPT_DKV_WRITE = 2u };
 

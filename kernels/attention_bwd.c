@@ -529,7 +529,7 @@ static void put_dkv(const bwd_args *a, float *dst, int64_t ld, const float *src,
   }
 }
 
-/* dK, dV rows of key tile kt of kv head h_kv, batch b = 0. */
+/* Zeros the dK, dV rows of key tile kt (kv head h_kv, batch b). */
 static void zero_dkv_tile(const bwd_args *a, int64_t b, int64_t h_kv, int64_t kt) {
   const tg_attn_problem *pr = &a->pr;
   const int64_t k0 = kt * a->plan.BK, nk = tile_rows(pr->kL, k0, a->plan.BK);
@@ -538,8 +538,8 @@ static void zero_dkv_tile(const bwd_args *a, int64_t b, int64_t h_kv, int64_t kt
            ROWS_WRITE);
 }
 
-/* ATOMIC schedule with pr->dkv_write: dK, dV of kv head h_kv, batch b = 0
- * before the pairs add to them. */
+/* ATOMIC schedule with pr->dkv_write: zeros dK, dV of kv head h_kv, batch
+ * b, before the pairs add to them. */
 static void zero_dkv_group(const void *vargs, int64_t h_kv, int64_t b, int64_t z,
                            void *scratch) {
   const bwd_args *a = vargs;
