@@ -344,21 +344,6 @@ enum { ATTN_BQ_BF16 = 128, ATTN_BK_BF16 = 128 };
 #else
 enum { ATTN_BQ_BF16 = ATTN_BQ, ATTN_BK_BF16 = ATTN_BK };
 #endif
-
-/* The amx tile GEMM (x86/amx.c, amx_gemm): where one group of two or three
- * parts (split and exact mode's P or dS against one operand) has a 32-row
- * A panel of more than TG_AMX_A_PANEL_BYTES (the L1d of the AMX Xeons),
- * its k runs in chunks of TG_AMX_PARTS_K_CHUNK: each panel's chunk (24 KiB
- * of three parts), a 32-column B chunk (8 KiB) and the C block (4 KiB)
- * stay in L1 while the panel meets every block of C, C going through
- * memory between chunks (f32, exactly: the same bits). 2-core Xeon (amx,
- * 2 threads, exact mode, paired calls, 9-13 pairs, bench/results/xeon2-amx/
- * ab-parts-k-chunks.txt): the forward at D 160 (P's three parts against
- * V over 384 keys, a 72 KiB panel) 0.85-0.89, D 96 0.96-0.98; chunks for
- * every group of parts longer than the chunk (D 256: 48 KiB panels) read
- * 1.02-1.08, and 160-key chunks (30 KiB panels) no gain at D 160. */
-#define TG_AMX_A_PANEL_BYTES ((int64_t)48 * 1024)
-enum { TG_AMX_PARTS_K_CHUNK = 128 };
 /* EXACT_PARTS_MIN_D_FWD, _BWD: from this head dim D on, exact mode with
  * bf16 inputs runs the products that take P or dS on the bf16 unit too, in
  * the forward (O += P.V), resp. the backward (dQ, dK, dV), each f32 operand

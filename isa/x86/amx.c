@@ -279,38 +279,20 @@ static void amx_gemm(int n, const tg_bf16_term *terms, int M, int N, int64_t lda
                      float *C, int64_t ldc, int accumulate) {
   if (M <= 0 || N <= 0) return;
   if (!amx_bracket) amx_configure();
-  /* one group of parts whose 32-row A panel passes TG_AMX_A_PANEL_BYTES:
-   * k in chunks of TG_AMX_PARTS_K_CHUNK */
-  int shared_a;
-  const int K = terms[0].K;
-  const int one_group = n > 1 && n <= 3 && amx_group_end(n, terms, 0, &shared_a) == n;
-  const int chunked = one_group && (int64_t)n * 32 * K * 2 > TG_AMX_A_PANEL_BYTES && N > 32;
-  const int kc = chunked ? TG_AMX_PARTS_K_CHUNK : K > 0 ? K : 1; /* (K 0: one pass) */
   for (int i = 0; i < M; i += 32)
-    for (int k0 = 0; k0 == 0 || k0 < K; k0 += kc) {
-      tg_bf16_term sub[3];
-      const tg_bf16_term *tt = terms;
-      if (chunked) {
-        const int kn = K - k0 < kc ? K - k0 : kc;
-        for (int t = 0; t < n; t++)
-          sub[t] = (tg_bf16_term){terms[t].A + k0, terms[t].Bp + (int64_t)(k0 / 2) * ldb, kn};
-        tt = sub;
+    for (int j = 0; j < N; j += 32) {
+      float *Cij = C + (int64_t)i * ldc + j;
+      if (i + 32 <= M && j + 32 <= N) {
+        amx_block32(n, terms, i, j, lda, ldb, Cij, ldc, accumulate);
+        continue;
       }
-      const int acc = accumulate || k0 > 0;
-      for (int j = 0; j < N; j += 32) {
-        float *Cij = C + (int64_t)i * ldc + j;
-        if (i + 32 <= M && j + 32 <= N) {
-          amx_block32(n, tt, i, j, lda, ldb, Cij, ldc, acc);
-          continue;
+      for (int ii = 0; ii < 32 && i + ii < M; ii += AMX_R)
+        for (int jj = 0; jj < 32 && j + jj < N; jj += AMX_R) {
+          const int rows = M - i - ii < AMX_R ? M - i - ii : AMX_R;
+          const int cols = N - j - jj < AMX_R ? N - j - jj : AMX_R;
+          amx_tile1(rows, cols, n, terms, i + ii, j + jj, lda, ldb,
+                    Cij + (int64_t)ii * ldc + jj, ldc, accumulate);
         }
-        for (int ii = 0; ii < 32 && i + ii < M; ii += AMX_R)
-          for (int jj = 0; jj < 32 && j + jj < N; jj += AMX_R) {
-            const int rows = M - i - ii < AMX_R ? M - i - ii : AMX_R;
-            const int cols = N - j - jj < AMX_R ? N - j - jj : AMX_R;
-            amx_tile1(rows, cols, n, tt, i + ii, j + jj, lda, ldb,
-                      Cij + (int64_t)ii * ldc + jj, ldc, acc);
-          }
-      }
     }
   if (!amx_bracket) _tile_release();
 }
