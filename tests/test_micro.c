@@ -218,7 +218,8 @@ static void terms_by_calls(const tg_isa_ops *o, int n, const tg_bf16_term *terms
  * A against 1-3 B (the transposed dK, dV sums: Q^T, dO^T against the
  * parts in pairs), and two key tiles' parts in turn (tile 1's A and B
  * further along k, its own K, as the backward's dQ passes them), on
- * ragged sizes (edge tiles, K % 32, a partial 32 x 32 block), and nothing
+ * ragged sizes (edge tiles, K % 32, a partial 32 x 32 block; k of 384 and
+ * 402 as the forward's P.V over long key tiles), and nothing
  * of C outside [M, N] written (NaN there must come back bit for bit). The
  * parts are a f32 block's hi, lo, lo2, as the attention passes them. */
 static void test_bf16_terms_gemm(void **state) {
@@ -227,7 +228,8 @@ static void test_bf16_terms_gemm(void **state) {
   const int nt = n_tables(tabs);
   int tested = 0;
   const int sizes[][3] = {{64, 64, 128}, {9, 33, 66}, {48, 256, 64}, {128, 128, 128},
-                          {17, 15, 40},  {33, 47, 80}, {1, 1, 2},     {0, 8, 32}};
+                          {17, 15, 40},  {33, 47, 80}, {1, 1, 2},     {0, 8, 32},
+                          {70, 80, 402}, {32, 64, 384}};
   for (int t = 0; t < nt; t++) {
     const tg_isa_ops *o = tabs[t];
     if (!o->mm_bf16_terms) continue;
