@@ -498,7 +498,9 @@ static void decode_ext(rd *r) {
   ext.optp = &ext.opt;
   switch ((e >> 1) & 7) {
     case 0: ext.optp = NULL; break;                       /* the defaults */
-    case 1: break;                                         /* p = 0 */
+    case 1: /* p = 0; dK, dV written or accumulated */
+      ext.opt.flags = (u8(r) & 1) ? TG_ATTN_OPT_DKV_WRITE : 0;
+      break;
     case 2: case 3:                                        /* dropout */
       ext.opt.dropout_p = (float)(u8(r) % 255) / 256.0f;
       ext.opt.dropout_seed = u64(r);
@@ -507,7 +509,7 @@ static void decode_ext(rd *r) {
     case 4: ext.opt.dropout_p = NAN, ext.bad = 1; break;
     case 5: ext.opt.dropout_p = 1.0f, ext.bad = 1; break;
     case 6: ext.opt.dropout_p = -0.25f, ext.bad = 1; break;
-    default: ext.opt.flags = (1u + u8(r)) << 1, ext.bad = 1; break; /* undefined bits */
+    default: ext.opt.flags = (1u + u8(r)) << 2, ext.bad = 1; break; /* undefined bits */
   }
   if ((e >> 4) == 15) ext.dtype = (tg_dtype)(2 + u8(r) % 3), ext.bad = 1;
   ext.es = ext.dtype == TG_DTYPE_BF16 ? 2 : 4; /* a bad dtype: 4, the larger */
