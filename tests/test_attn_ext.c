@@ -376,18 +376,25 @@ static void assert_same_step(const attn_problem *pb, const ext_out *a, const ext
   assert_same_grads(pb, a, b);
 }
 
-/* The step on a deterministic context of `threads` threads, as variant v:
- * 0 f32; 1-3 bf16 in exact, split and bf16 precision mode. */
-static void run_step_variant(int threads, const attn_problem *pb, int v, ext_out *out) {
+/* The step of variant v on ctx: 0 f32; 1-3 bf16 in exact, split and bf16
+ * precision mode (set on ctx). */
+static void run_variant_on(tg_ctx *ctx, const attn_problem *pb, int v, ext_out *out) {
   static const tg_attn_precision precisions[] = {TG_ATTN_PRECISION_EXACT,
                                                  TG_ATTN_PRECISION_SPLIT, TG_ATTN_PRECISION_BF16};
+  if (!v) {
+    run_step(ctx, pb, &pb->opt, out);
+    return;
+  }
+  assert_int_equal(tg_ctx_set_attn_precision(ctx, precisions[v - 1]), TG_OK);
+  run_step_bf16(ctx, pb, &pb->opt, out);
+}
+
+/* The step on a deterministic context of `threads` threads, as variant v
+ * (run_variant_on). */
+static void run_step_variant(int threads, const attn_problem *pb, int v, ext_out *out) {
   tg_ctx *ctx = tu_ctx(threads, TG_ISA_AUTO);
   tg_ctx_set_deterministic(ctx, 1);
-  if (v) assert_int_equal(tg_ctx_set_attn_precision(ctx, precisions[v - 1]), TG_OK);
-  if (v)
-    run_step_bf16(ctx, pb, &pb->opt, out);
-  else
-    run_step(ctx, pb, &pb->opt, out);
+  run_variant_on(ctx, pb, v, out);
   tg_ctx_destroy(ctx);
 }
 
@@ -477,10 +484,7 @@ static void test_dkv_transposed_same_bits(void **state) {
           tg_testing_attn_dkv_transposed(t);
           tg_ctx *ctx = attn_mode_ctx(run == 1 ? 3 : 1, TG_ISA_AUTO, &attn_modes[run == 2]);
           if (run < 2) assert_int_equal(tg_ctx_set_deterministic(ctx, 1), TG_OK);
-          static const tg_attn_precision precisions[] = {
-              TG_ATTN_PRECISION_EXACT, TG_ATTN_PRECISION_SPLIT, TG_ATTN_PRECISION_BF16};
-          assert_int_equal(tg_ctx_set_attn_precision(ctx, precisions[v - 1]), TG_OK);
-          run_step_bf16(ctx, &pb, &pb.opt, t ? &o : &first);
+          run_variant_on(ctx, &pb, v, t ? &o : &first);
           tg_ctx_destroy(ctx);
         }
         assert_same_grads(&pb, &first, &o);
@@ -527,15 +531,9 @@ static void test_dkv_write(void **state) {
       for (int run = 0; run < 3; run++) {        /* KV 1, 3 threads; ATOMIC 1 */
         for (int w = 0; w < 2; w++) {
           tg_ctx *ctx = attn_mode_ctx(run == 1 ? 3 : 1, TG_ISA_AUTO, &attn_modes[run == 2]);
-          static const tg_attn_precision precisions[] = {
-              TG_ATTN_PRECISION_EXACT, TG_ATTN_PRECISION_SPLIT, TG_ATTN_PRECISION_BF16};
-          if (v) assert_int_equal(tg_ctx_set_attn_precision(ctx, precisions[v - 1]), TG_OK);
           pb.opt.flags = w ? TG_ATTN_OPT_DKV_WRITE : 0;
           pb.dK0 = w ? nan_k : zeros_k, pb.dV0 = w ? nan_v : zeros_v;
-          if (v)
-            run_step_bf16(ctx, &pb, &pb.opt, w ? &wr : &acc);
-          else
-            run_step(ctx, &pb, &pb.opt, w ? &wr : &acc);
+          run_variant_on(ctx, &pb, v, w ? &wr : &acc);
           tg_ctx_destroy(ctx);
         }
         assert_true(same_bits(acc.O, wr.O, sizeof(float) * pb.nQ)); /* (the forward ignores it) */
