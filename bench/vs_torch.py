@@ -14,8 +14,9 @@ PyTorch build, so it is measured rather than assumed.
 All contenders get the same Q, K, V, dO (drawn in bf16; the float32 run gets
 them upcast, which is exact) and the same thread count; their runs alternate
 (torch f32, torch bf16, tilegrad, torch f32, ...), each timed call right
-after an untimed one, and each reports the median of --reps timed runs
-after one warm-up.
+after an untimed one (and 50 ms after the other's, only where a second
+OpenMP runtime is loaded: pause_between_contenders), and each reports the
+median of --reps timed runs after one warm-up.
 
   torch     autograd.grad of F.scaled_dot_product_attention (scale 1/sqrt(D),
             is_causal; GQA through repeat_interleave inside the graph, so its
@@ -194,6 +195,31 @@ def torch_cpu_capability():
         return torch.backends.cpu.get_cpu_capability()
     except AttributeError:  # older PyTorch
         return "unknown"
+
+
+def openmp_runtimes():
+    """The OpenMP runtime libraries mapped into this process (Linux's
+    /proc/self/maps; empty elsewhere). PyPI's torch ships libgomp.so.1 and
+    libtilegrad asks for that soname, so the loader gives both the one
+    runtime and one thread pool; a second runtime (Intel's or LLVM's, or a
+    renamed libgomp) brings a second pool whose idle threads spin."""
+    names = ("libgomp", "libiomp", "libomp")
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "/" in line}
+    except OSError:
+        return []
+    return sorted(p for p in paths if os.path.basename(p).startswith(names))
+
+
+def pause_between_contenders():
+    """Seconds to wait before each contender's calls: 50 ms where two
+    OpenMP runtimes share the process, so the other pool's spinning
+    threads go idle first; none with one runtime, where a pause only lets
+    the cores idle: on the 2-core Xeon VM the timed call after a pause and
+    an untimed call read p90s of 5-16 ms for calls of 0.5-3.5 ms (both
+    sides), against 0.6-3.8 ms back to back (bench/README.md)."""
+    return 0.05 if len(openmp_runtimes()) > 1 else 0.0
 
 
 def make_context(isa):
@@ -391,7 +417,7 @@ def check_agreement(tg_step, torch_steps):
     return diffs
 
 
-def run_shape(shape, threads, reps, ctx, seed, dtypes, forward=False):
+def run_shape(shape, threads, reps, ctx, seed, dtypes, forward=False, pause=0.0):
     B, H, Hkv, L, D, causal = shape[:6]
     window = shape[6] if len(shape) > 6 else 0
     if forward and window:
@@ -418,14 +444,12 @@ def run_shape(shape, threads, reps, ctx, seed, dtypes, forward=False):
     t_torch, t_tg = {name: [] for name in dtypes}, []
     for _ in range(reps):
         for name, step in torch_steps.items():
-            # A pause lets the other OpenMP runtime's idle threads stop
-            # spinning; an untimed call after it takes the cost of waking
-            # the idle cores (on a 2-core Xeon VM 5-10 ms a call after the
-            # pause, which had made both sides' short calls look alike).
-            time.sleep(0.05)
+            # An untimed call first takes the cost of the hand-over (and,
+            # after a pause, of waking the cores: pause_between_contenders)
+            time.sleep(pause)
             step()
             t_torch[name].append(timed(step))
-        time.sleep(0.05)
+        time.sleep(pause)
         tg_step()
         t_tg.append(timed(tg_step))
 
@@ -577,6 +601,9 @@ def main():
           f"{' and '.join(dtypes)}" + (", the peer is the faster per shape"
                                        if len(dtypes) > 1 else " only"))
     print(f"threads: {args.threads}; median of {args.reps} alternating runs after one warm-up")
+    runtimes, pause = openmp_runtimes(), pause_between_contenders()
+    print(f"OpenMP runtimes: {', '.join(runtimes) or 'none found'}; "
+          f"{pause * 1e3:.0f} ms pause before each contender's calls")
     results, summaries = [], []
     for threads in thread_counts:
         torch.set_num_threads(threads)
@@ -598,7 +625,8 @@ def main():
         print(fmt_row([c[0] for c in COLS]))
         rows = []
         for si, shape in enumerate(shapes):
-            r = run_shape(shape, threads, args.reps, ctx, args.seed + si, dtypes, args.forward)
+            r = run_shape(shape, threads, args.reps, ctx, args.seed + si, dtypes, args.forward,
+                          pause)
             r["pct_fma_peak"] = 100 * r["tilegrad_gflops"] / fma
             ceil = ceil_at(shape[4])
             r["pct_ceiling"] = 100 * r["tilegrad_gflops"] / ceil
@@ -621,6 +649,7 @@ def main():
                                "torch_gflops, speedup, torch_backend, max_rel_diff_vs_torch)",
                        "reps": args.reps,
                        "statistic": "median, alternating runs after one warm-up",
+                       "openmp_runtimes": runtimes, "pause_s": pause,
                        "summary": summaries, "results": results}, f, indent=1)
 
 
