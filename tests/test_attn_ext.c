@@ -514,14 +514,16 @@ static void assert_same_grad_values(const attn_problem *pb, const ext_out *a, co
  * threads, the ATOMIC one at 1 (a fixed order of its adds; the zeros
  * first). The "chunks" problem (causal with qL < kL, dropout, -inf mask
  * rows, gqa 2) without and with a sliding window (key tiles that the
- * first q-tiles' group never sees). TG_TEST_SHORT (qemu): bf16 mode. */
+ * first q-tiles' group never sees). D 40, where the bf16 products sum
+ * dK, dV transposed, and D 136, where they sum them by rows
+ * (TG_ATTN_DKV_T_MAX_D). TG_TEST_SHORT (qemu): bf16 mode. */
 static void test_dkv_write(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 31);
-  const attn_cfg c = {"dkv-write", 1, 4, 2, 150, 530, 40, 1, 0, 1, 0, 1.0f, 0.2f};
-  for (int wi = 0; wi < 2; wi++) {
+  for (int wi = 0; wi < 3; wi++) { /* D 40; D 40 with a window; D 136 */
+    const attn_cfg c = {"dkv-write", 1, 4, 2, 150, 530, wi < 2 ? 40 : 136, 1, 0, 1, 0, 1.0f, 0.2f};
     attn_problem pb;
     build(&pb, &c, &r, 1); /* dK0 = dV0 = 0 */
-    if (wi) pb.opt.window = 97;
+    if (wi == 1) pb.opt.window = 97;
     float *zeros_k = pb.dK0, *zeros_v = pb.dV0;
     float *nan_k = tu_alloc(sizeof(float) * pb.nKout), *nan_v = tu_alloc(sizeof(float) * pb.nKout);
     tu_poison_f32(nan_k, pb.nKout);

@@ -18,6 +18,10 @@
  * whether O, L, dQ, dK and dV have the same bits (a change meant to keep
  * them; TG_ISA= picks the table of both).
  *
+ * AB_DKV_WRITE=1: the backward writes dK, dV (TG_ATTN_OPT_DKV_WRITE, as
+ * the torch op and vs_torch.py run it) instead of adding to them; both
+ * builds must know the flag.
+ *
  * AB_PLAN_CPUS=N: both builds plan their work for N CPUs
  * (tg_testing_plan_cpus), whatever this machine has: on 2 cores the work
  * (the time at 2 threads) of the 16-CPU plan of a 16-core machine.
@@ -167,6 +171,9 @@ static int run_shape(build ab[2], const char *spec, int pairs) {
     return rc;
   }
   double t_fwd[2][MAX_PAIRS], t_bwd[2][MAX_PAIRS], r_fwd[MAX_PAIRS], r_bwd[MAX_PAIRS];
+  const char *write = getenv("AB_DKV_WRITE");
+  const tg_attn_options dkv_write = {.flags = TG_ATTN_OPT_DKV_WRITE};
+  const tg_attn_options *opt = write && atoi(write) ? &dkv_write : NULL;
   for (int it = -2; it < pairs; it++)
     for (int k = 0; k < 2; k++) {
       const int w = (it & 1) ? 1 - k : k; /* A B, then B A */
@@ -175,7 +182,7 @@ static int run_shape(build ab[2], const char *spec, int pairs) {
       const double t1 = seconds();
       if (!st)
         st = ab[w].bwd(ab[w].ctx, TG_DTYPE_BF16, Q, K, V, lse, dO, delta, dQ, dK, dV, &p, NULL, NULL,
-                       causal, NULL);
+                       causal, opt);
       const double t2 = seconds();
       if (st) {
         fprintf(stderr, "ab_calls: %s failed on build %c (status %d)\n", spec, 'A' + w, (int)st);
