@@ -147,6 +147,11 @@ typedef struct {
    * partials and a fixed tree, then the tail of n % LANES in order).
    * exp_f32's polynomial, except that e^x < 2^-126 (x <= -87.3) gives 0. */
   float (*attn_exp_sum_row)(float *s, int64_t n, float shift);
+  /* attn_exp_sum_row with P's bf16 rounding written to p[0, n) instead of
+   * the f32 P in place (s is left as it is): the sum's bits, and P's
+   * part of f32_to_bf16_split's one-part layouts (the forward in bf16
+   * mode, whose P.V takes that part: one pass over the row, not two). */
+  float (*attn_exp_sum_bf16_row)(const float *s, int64_t n, float shift, uint16_t *p);
   /* attn_score_row with shift 0, returning max_k s[k]: -inf when every key
    * is masked, NaN when any visible s[k] is NaN (a NaN input reaches its
    * row's max, so the softmax of that row is NaN, as in IEEE arithmetic). */

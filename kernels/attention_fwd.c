@@ -116,9 +116,12 @@ static fwd_scratch fwd_carve(void *base, int64_t D, int64_t Dv, int64_t BQ, int6
 }
 
 /* The scores of q unit t against the key tile [k0, k0 + nk) in S become
- * P = exp(S - m') (rows' new running max m'), with l and acc rescaled. */
+ * P = exp(S - m') (rows' new running max m'), with l and acc rescaled; P
+ * in S, or, with P16, as its bf16 part in P16's rows [nq, BK] (each padded
+ * to even with a 0: f32_to_bf16_split's one part of the f32 P, the same
+ * bits, in the exp's pass). */
 static void fwd_softmax_tile(const fwd_args *a, fwd_qtile *t, float *S, int64_t b, int64_t k0,
-                             int64_t nk) {
+                             int64_t nk, uint16_t *P16) {
   const tg_attn_problem *pr = &a->pr;
   const tg_isa_ops *ops = a->ops;
   const int64_t BK = a->BK, Dv = pr->Dv;
@@ -148,13 +151,17 @@ static void fwd_softmax_tile(const fwd_args *a, fwd_qtile *t, float *S, int64_t 
     /* NaN-propagating max: once a score of the row is NaN, so are its
      * running max, P, sum, O row and L (PyTorch's and IEEE's semantics) */
     const float m_new = tile_max > t->m[i] || tile_max != tile_max ? tile_max : t->m[i];
+    uint16_t *p16 = P16 ? P16 + i * BK : NULL;
+    if (p16 && nk % 2) p16[nk] = 0;
     if (m_new == -INFINITY) { /* nothing visible yet: P = 0, state unchanged */
-      memset(P, 0, sizeof(float) * (size_t)nk);
+      if (p16) memset(p16, 0, sizeof(uint16_t) * (size_t)nk);
+      else memset(P, 0, sizeof(float) * (size_t)nk);
       continue;
     }
     const float alpha = t->m[i] == m_new ? 1.0f /* the usual case, after a few tiles */
                         : t->m[i] == -INFINITY ? 0.0f : expf(t->m[i] - m_new);
-    const float sum = ops->attn_exp_sum_row(P, nk, m_new); /* P = exp(S - m') */
+    const float sum = p16 ? ops->attn_exp_sum_bf16_row(P, nk, m_new, p16)
+                          : ops->attn_exp_sum_row(P, nk, m_new); /* P = exp(S - m') */
     t->l[i] = alpha * t->l[i] + sum;
     t->m[i] = m_new;
     if (alpha != 1.0f) ops->scale2_f32(t->acc + i * Dv, Dv, alpha, 1.0f);
@@ -211,6 +218,11 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h_kv, int64_t b, voi
                             tg_attn_part_buffers(pr, a->products));
   tg_attn_dot_begin(ops, a->bf16_dot);
   const int64_t D = pr->D, Dv = pr->Dv, n_units = pr->gqa * a->n_qtiles;
+  /* bf16 mode without dropout: the exp rows write P's one part themselves */
+  uint16_t *P16 = a->products == TG_PRODUCTS_BF16_DOT && tg_attn_parts(pr) == 1 &&
+                          !pr->drop.threshold
+                      ? w.P_parts[0]
+                      : NULL;
   /* the item's q units (the last items, the heaviest under causality, first) */
   const int64_t n_items = (n_units + a->FQ - 1) / a->FQ, u0 = (n_items - 1 - x) * a->FQ;
   int64_t n_tiles = 0, key_end = 0;
@@ -264,14 +276,15 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h_kv, int64_t b, voi
                            (const uint32_t *)w.KT, BK, w.S, BK, 0); /* Q.K^T */
       else
         ops->mm_nn((int)nq, (int)nkt, (int)D, t->Q, D, w.KT, BK, w.S, BK, 0); /* Q.K^T */
-      fwd_softmax_tile(a, t, w.S, b, k0, nkt);
+      fwd_softmax_tile(a, t, w.S, b, k0, nkt, P16);
       if (pr->drop.threshold) { /* P -> P o keep; l and m keep the dropped weights */
         tg_attn_dropout_tile(ops, &pr->drop, pr, b, t->h, t->q0, nq, k0, nkt, w.keep, BK);
         tg_attn_dropout_apply(w.keep, BK, w.S, BK, nq, nkt, 1.0f);
       }
       if (a->products == TG_PRODUCTS_BF16_DOT) { /* P's bf16 parts, nkt padded to even */
-        ops->f32_to_bf16_split(nq, nkt, w.S, BK, TG_SPLIT_ROWS, w.P_parts[0], w.P_parts[1], w.P_parts[2],
-                               BK);
+        if (!P16)
+          ops->f32_to_bf16_split(nq, nkt, w.S, BK, TG_SPLIT_ROWS, w.P_parts[0], w.P_parts[1],
+                                 w.P_parts[2], BK);
         tg_attn_mm_parts(pr, ops, nq, Dv, nkt + nkt % 2, w.P_parts, BK, (const uint32_t *)w.V,
                          Dv, t->acc, Dv, 1); /* acc += P.V */
         continue;

@@ -375,6 +375,44 @@ static void test_exp_sum_row(void **state) {
     }
 }
 
+/* attn_exp_sum_bf16_row: on every table the bits of attn_exp_sum_row's sum
+ * and of the one bf16 part f32_to_bf16_split makes of its f32 P (TG_SPLIT_
+ * ROWS), s left as it was; rows near the max, over the whole range, with
+ * -inf entries, ragged lengths, and a NaN or +inf shift (the row NaN). */
+static void test_exp_sum_bf16_row(void **state) {
+  const tg_isa_ops *tabs[TU_MAX_ISAS];
+  const int nt = n_tables(tabs);
+  tu_rng r = tu_rng_make(tu_seed() + 15);
+  const int64_t lens[] = {1, 7, 16, 48, 77, 128, 1000};
+  enum { NMAX = 1000 };
+  float s0[NMAX], s[NMAX], ref[NMAX];
+  uint16_t p[NMAX + 2], want[NMAX + 2];
+  for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+    for (int fill = 0; fill < 5; fill++) { /* near the max, whole range, -inf, NaN, +inf shift */
+      const int64_t n = lens[li];
+      const float shift = fill == 3 ? NAN : fill == 4 ? INFINITY : fill == 0 ? 1.5f : -3.25f;
+      tu_fill_f32(&r, s0, n, fill == 0 ? -8.0f : -110.0f, 0.0f);
+      for (int64_t k = 0; k < n; k++) s0[k] += fill < 3 ? shift : 0.0f;
+      if (fill == 2)
+        for (int64_t k = 0; k < n; k += 3) s0[k] = -INFINITY;
+      if (fill == 4) s0[n / 2] = INFINITY;
+      for (int t = 0; t < nt; t++) {
+        memcpy(s, s0, sizeof(float) * (size_t)n);
+        memcpy(ref, s0, sizeof(float) * (size_t)n);
+        const float want_sum = tabs[t]->attn_exp_sum_row(ref, n, shift);
+        tabs[t]->f32_to_bf16_split(1, n, ref, n, TG_SPLIT_ROWS, want, NULL, NULL, NMAX + 2);
+        const float sum = tabs[t]->attn_exp_sum_bf16_row(s, n, shift, p);
+        if (memcmp(&sum, &want_sum, sizeof sum) && !(sum != sum && want_sum != want_sum))
+          TU_FAIL("%s attn_exp_sum_bf16_row n %lld fill %d: sum %a want %a", tabs[t]->name,
+                  (long long)n, fill, (double)sum, (double)want_sum);
+        if (memcmp(p, want, sizeof(uint16_t) * (size_t)n))
+          TU_FAIL("%s attn_exp_sum_bf16_row n %lld fill %d: P's bf16 part differs",
+                  tabs[t]->name, (long long)n, fill);
+        assert_memory_equal(s, s0, sizeof(float) * (size_t)n);
+      }
+    }
+}
+
 static void test_conversions_and_dot(void **state) {
   const tg_isa_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
@@ -1077,6 +1115,7 @@ int main(void) {
       cmocka_unit_test(test_bf16_terms_gemm),
       cmocka_unit_test(test_exp),
       cmocka_unit_test(test_exp_sum_row),
+      cmocka_unit_test(test_exp_sum_bf16_row),
       cmocka_unit_test(test_conversions_and_dot),
       cmocka_unit_test(test_attention_rows),
       cmocka_unit_test(test_dropout_keep),

@@ -332,6 +332,56 @@ float TG_NAME(attn_exp_sum_row)(float *restrict s, int64_t n, float shift) {
   return shift < __builtin_inff() ? exp_sum_row(s, n, shift, 1) : exp_sum_row(s, n, shift, 0);
 }
 
+/* attn_exp_sum_row's loops with each e written as its bf16 part to p
+ * (bf16_lanes, bf16_rne: f32_to_bf16_split's one part, the same bits),
+ * the tail's e kept for the sum in order. */
+static inline __attribute__((always_inline)) float exp_sum_bf16_row(
+    const float *restrict s, int64_t n, float shift, uint16_t *restrict p, const int nonpos) {
+  float acc[LANES] = {0}, tail[LANES];
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  const __m512 vshift = _mm512_set1_ps(shift);
+  __m512 vacc = _mm512_setzero_ps();
+  for (; i < n; i += LANES) {
+    const __mmask16 lanes = first_lanes(n - i);
+    const __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, s + i), vshift);
+    const __m512 e = nonpos ? exp_nonpos_lanes16(x) : exp_lanes16(x);
+    _mm256_mask_storeu_epi16(p + i, lanes, bf16_lanes(e, !nonpos));
+    if (lanes != 0xFFFF) {
+      _mm512_storeu_ps(tail, e);
+      break;
+    }
+    vacc = _mm512_add_ps(vacc, e);
+  }
+  _mm512_storeu_ps(acc, vacc);
+#else
+  for (; i + LANES <= n; i += LANES) {
+#pragma omp simd
+    for (int l = 0; l < LANES; l++) {
+      const float x = s[i + l] - shift;
+      const float e = nonpos ? exp_nonpos_lane(x) : exp_lane(x);
+      p[i + l] = bf16_rne(e);
+      acc[l] += e;
+    }
+  }
+  for (int64_t k = i; k < n; k++) {
+    tail[k - i] = nonpos ? exp_nonpos_lane(s[k] - shift) : exp_lane(s[k] - shift);
+    p[k] = bf16_rne(tail[k - i]);
+  }
+#endif
+  lanes_v v;
+  memcpy(&v, acc, sizeof v);
+  float sum = lanes_sum(&v);
+  for (int64_t k = i; k < n; k++) sum += tail[k - i]; /* the tail (< LANES) in order */
+  return sum;
+}
+
+float TG_NAME(attn_exp_sum_bf16_row)(const float *restrict s, int64_t n, float shift,
+                                     uint16_t *restrict p) {
+  return shift < __builtin_inff() ? exp_sum_bf16_row(s, n, shift, p, 1)
+                                  : exp_sum_bf16_row(s, n, shift, p, 0);
+}
+
 /* The masked loop of attn_score_max_row; *nan gets whether a score is NaN. */
 static inline __attribute__((always_inline)) float score_max_masked(
     float *restrict s, int64_t n_vis, float scale, const void *restrict mask, const tg_dtype t,

@@ -15,7 +15,7 @@ const tg_isa_ops TG_NAME(tg_isa_ops) = {
     .attn_bq_bf16 = ATTN_BQ_BF16,
     .attn_bk_bf16 = ATTN_BK_BF16,
     .exact_parts_min_d = {EXACT_PARTS_MIN_D_FWD, EXACT_PARTS_MIN_D_BWD},
-#if defined(__AVX512BF16__) /* common/bf16_pack.c's bf16_lanes */
+#if defined(__AVX512BF16__) /* x86/simd_avx512.h's bf16_lanes */
     .split_ftz = 1,
 #endif
     .mm_nn = TG_NAME(mm_nn),
@@ -40,6 +40,7 @@ const tg_isa_ops TG_NAME(tg_isa_ops) = {
     .attn_ds_row = TG_NAME(attn_ds_row),
     .attn_prob_row = TG_NAME(attn_prob_row),
     .attn_exp_sum_row = TG_NAME(attn_exp_sum_row),
+    .attn_exp_sum_bf16_row = TG_NAME(attn_exp_sum_bf16_row),
     .attn_score_max_row = TG_NAME(attn_score_max_row),
     .dropout_keep = TG_NAME(dropout_keep),
     .dot_f32 = TG_NAME(dot_f32),

@@ -56,6 +56,29 @@ static inline void bf16_narrow_block(const float *restrict src, uint16_t *restri
   _mm256_storeu_si256((__m256i *)dst, _mm512_cvtepi32_epi16(bf16_rne_lanes(_mm512_loadu_ps(src))));
 }
 
+/* The bf16 part of one-part operands (common/bf16_pack.c's split, and
+ * common/rows.c's attn_exp_sum_bf16_row, which must give its bits): */
+#if defined(__AVX512BF16__)
+/* 16 lanes to bf16 by vcvtneps2bf16 (nearest even, as bf16_rne_lanes, in
+ * one instruction instead of seven), NaN made 0x7FC0 as there. It reads
+ * and writes subnormals as 0: a part of x that would be subnormal (|x| <
+ * 2^-126, or a remainder that small) is 0, which is what the bf16 dot
+ * products (vdpbf16ps, TDPBF16PS) read a subnormal part as. The parts'
+ * products are those of the bf16_rne parts, but where a subnormal x
+ * rounds up to 2^-126 (docs/KERNELS.md's bound: 2^-126 per operand). */
+static inline __m256i bf16_lanes(__m512 v, const int any_nan) {
+  const __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
+  if (!any_nan) return h;
+  return _mm256_mask_mov_epi16(h, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q),
+                               _mm256_set1_epi16(0x7FC0));
+}
+#else
+static inline __m256i bf16_lanes(__m512 v, const int any_nan) {
+  (void)any_nan;
+  return _mm512_cvtepi32_epi16(bf16_rne_lanes(v));
+}
+#endif
+
 /* Transpose blocks of TB x TB floats; streaming needs each block row to be a
  * whole 64-byte line. */
 enum { TB = 16 };
