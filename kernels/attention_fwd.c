@@ -34,7 +34,8 @@
  * Precision modes (tg_attn_products): bf16 and split mode, and exact mode
  * where the table's exact_parts_min_d says so, run acc += P.V on the bf16
  * parts of P (1, 2 or 3: tg_attn_parts) against V's rows in pairs; l sums
- * the f32 P.
+ * the f32 P. bf16 mode's one part comes from the exp rows themselves
+ * (attn_exp_sum_bf16_row) where no dropout has to zero entries of P first.
  *
  * tg_attn_forward is the loop itself, on a validated problem with bf16 or
  * f32 inputs; kernel 10 (causal_attention.c) runs it on f32 token-major
