@@ -289,54 +289,14 @@ static inline float lanes_sum(const lanes_v *px) { /* by pointer: no vector ABI 
 /* attn_exp_sum_row's loops, exp_nonpos_lane (nonpos) or exp_lane: the sum
  * is taken as the exps are, LANES at a time into LANES partials held in
  * registers (the earlier second pass over s read its partials through the
- * stack on avx2: a quarter of the row's time), then the tail in order. */
+ * stack on avx2: a quarter of the row's time), then the tail in order.
+ * Each e goes to s in place, or, with p (attn_exp_sum_bf16_row; NULL or
+ * not, a constant where inlined), as its bf16 part to p (bf16_lanes,
+ * bf16_rne: f32_to_bf16_split's one part, the same bits), s untouched. */
 static inline __attribute__((always_inline)) float exp_sum_row(float *restrict s, int64_t n,
-                                                               float shift, const int nonpos) {
-  float acc[LANES] = {0};
-  int64_t i = 0;
-#if defined(__AVX512F__)
-  const __m512 vshift = _mm512_set1_ps(shift);
-  __m512 vacc = _mm512_setzero_ps();
-  for (; i < n; i += LANES) {
-    const __mmask16 lanes = first_lanes(n - i);
-    const __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, s + i), vshift);
-    const __m512 e = nonpos ? exp_nonpos_lanes16(x) : exp_lanes16(x);
-    _mm512_mask_storeu_ps(s + i, lanes, e);
-    if (lanes != 0xFFFF) break; /* the tail: summed in order below */
-    vacc = _mm512_add_ps(vacc, e);
-  }
-  _mm512_storeu_ps(acc, vacc);
-#else
-  for (; i + LANES <= n; i += LANES) {
-#pragma omp simd
-    for (int l = 0; l < LANES; l++) {
-      const float x = s[i + l] - shift;
-      const float e = nonpos ? exp_nonpos_lane(x) : exp_lane(x);
-      s[i + l] = e;
-      acc[l] += e;
-    }
-  }
-#pragma omp simd
-  for (int64_t k = i; k < n; k++) s[k] = nonpos ? exp_nonpos_lane(s[k] - shift) : exp_lane(s[k] - shift);
-#endif
-  lanes_v v;
-  memcpy(&v, acc, sizeof v);
-  float sum = lanes_sum(&v);
-  for (; i < n; i++) sum += s[i]; /* the tail (< LANES) in order */
-  return sum;
-}
-
-float TG_NAME(attn_exp_sum_row)(float *restrict s, int64_t n, float shift) {
-  /* shift +inf or NaN (a score overflowed or is NaN): exp_lane's NaN and
-   * overflow; else every s - shift is <= 0 or -inf */
-  return shift < __builtin_inff() ? exp_sum_row(s, n, shift, 1) : exp_sum_row(s, n, shift, 0);
-}
-
-/* attn_exp_sum_row's loops with each e written as its bf16 part to p
- * (bf16_lanes, bf16_rne: f32_to_bf16_split's one part, the same bits),
- * the tail's e kept for the sum in order. */
-static inline __attribute__((always_inline)) float exp_sum_bf16_row(
-    const float *restrict s, int64_t n, float shift, uint16_t *restrict p, const int nonpos) {
+                                                               float shift,
+                                                               uint16_t *restrict p,
+                                                               const int nonpos) {
   float acc[LANES] = {0}, tail[LANES];
   int64_t i = 0;
 #if defined(__AVX512F__)
@@ -346,8 +306,11 @@ static inline __attribute__((always_inline)) float exp_sum_bf16_row(
     const __mmask16 lanes = first_lanes(n - i);
     const __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, s + i), vshift);
     const __m512 e = nonpos ? exp_nonpos_lanes16(x) : exp_lanes16(x);
-    _mm256_mask_storeu_epi16(p + i, lanes, bf16_lanes(e, !nonpos));
-    if (lanes != 0xFFFF) {
+    if (p)
+      _mm256_mask_storeu_epi16(p + i, lanes, bf16_lanes(e, !nonpos));
+    else
+      _mm512_mask_storeu_ps(s + i, lanes, e);
+    if (lanes != 0xFFFF) { /* the tail: summed in order below */
       _mm512_storeu_ps(tail, e);
       break;
     }
@@ -360,13 +323,20 @@ static inline __attribute__((always_inline)) float exp_sum_bf16_row(
     for (int l = 0; l < LANES; l++) {
       const float x = s[i + l] - shift;
       const float e = nonpos ? exp_nonpos_lane(x) : exp_lane(x);
-      p[i + l] = bf16_rne(e);
+      if (p)
+        p[i + l] = bf16_rne(e);
+      else
+        s[i + l] = e;
       acc[l] += e;
     }
   }
+#pragma omp simd
   for (int64_t k = i; k < n; k++) {
     tail[k - i] = nonpos ? exp_nonpos_lane(s[k] - shift) : exp_lane(s[k] - shift);
-    p[k] = bf16_rne(tail[k - i]);
+    if (p)
+      p[k] = bf16_rne(tail[k - i]);
+    else
+      s[k] = tail[k - i];
   }
 #endif
   lanes_v v;
@@ -376,10 +346,18 @@ static inline __attribute__((always_inline)) float exp_sum_bf16_row(
   return sum;
 }
 
+float TG_NAME(attn_exp_sum_row)(float *restrict s, int64_t n, float shift) {
+  /* shift +inf or NaN (a score overflowed or is NaN): exp_lane's NaN and
+   * overflow; else every s - shift is <= 0 or -inf */
+  return shift < __builtin_inff() ? exp_sum_row(s, n, shift, NULL, 1)
+                                  : exp_sum_row(s, n, shift, NULL, 0);
+}
+
 float TG_NAME(attn_exp_sum_bf16_row)(const float *restrict s, int64_t n, float shift,
                                      uint16_t *restrict p) {
-  return shift < __builtin_inff() ? exp_sum_bf16_row(s, n, shift, p, 1)
-                                  : exp_sum_bf16_row(s, n, shift, p, 0);
+  float *row = (float *)(uintptr_t)s; /* (only read: p is not NULL) */
+  return shift < __builtin_inff() ? exp_sum_row(row, n, shift, p, 1)
+                                  : exp_sum_row(row, n, shift, p, 0);
 }
 
 /* The masked loop of attn_score_max_row; *nan gets whether a score is NaN. */
