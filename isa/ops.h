@@ -152,6 +152,15 @@ typedef struct {
    * part of f32_to_bf16_split's one-part layouts (the forward in bf16
    * mode, whose P.V takes that part: one pass over the row, not two). */
   float (*attn_exp_sum_bf16_row)(const float *s, int64_t n, float shift, uint16_t *p);
+  /* The forward's row with the running max m kept (a stale max, at most
+   * TG_ATTN_FWD_MAX_LAG below the row's): p[k] = bf16 of exp(scale s[k] -
+   * m), scale s[k] rounded first as attn_score_max_row stores it, so where
+   * the row's max does not pass m these are attn_score_max_row then
+   * attn_exp_sum_bf16_row's bits (exp_nonpos's for arguments <= 0,
+   * exp_f32's above); returns the sum, *max_out the max of scale s[k]
+   * (NaN where one is NaN); s is left as it is. One pass instead of two. */
+  float (*attn_exp_sum_lag_bf16_row)(const float *s, int64_t n, float scale, float m,
+                                     uint16_t *p, float *max_out);
   /* attn_score_row with shift 0, returning max_k s[k]: -inf when every key
    * is masked, NaN when any visible s[k] is NaN (a NaN input reaches its
    * row's max, so the softmax of that row is NaN, as in IEEE arithmetic). */

@@ -131,6 +131,28 @@ static void fwd_softmax_tile(const fwd_args *a, fwd_qtile *t, float *S, int64_t 
     const void *mrow = pr->Ms ? tg_attn_at(pr->in, a->mask, tg_attn_offset(pr->Ms, b, t->h, qi))
                               : NULL;
     float *P = S + i * BK, unused, tile_max;
+    uint16_t *p16 = P16 ? P16 + i * BK : NULL;
+    if (p16 && nk % 2) p16[nk] = 0;
+    /* bf16 part, no mask or softcap, a running max: one pass where the
+     * tile's scores stay within TG_ATTN_FWD_MAX_LAG above it (the raw
+     * scores are still in S for the two passes below where they do not) */
+    if (p16 && !mrow && pr->softcap == 0.0f && t->m[i] > -INFINITY && t->m[i] < INFINITY) {
+      const int64_t lo = tg_attn_hidden_left(pr, qi, k0, nk);
+      const int64_t n_vis = tg_attn_visible(pr, qi, k0, nk);
+      if (lo >= n_vis) { /* none visible: P = 0, state unchanged */
+        memset(p16, 0, sizeof(uint16_t) * (size_t)nk);
+        continue;
+      }
+      float row_max;
+      const float sum = ops->attn_exp_sum_lag_bf16_row(P + lo, n_vis - lo, pr->scale, t->m[i],
+                                                       p16 + lo, &row_max);
+      if (row_max <= t->m[i] + TG_ATTN_FWD_MAX_LAG) {
+        memset(p16, 0, sizeof(uint16_t) * (size_t)lo);
+        memset(p16 + n_vis, 0, sizeof(uint16_t) * (size_t)(nk - n_vis));
+        t->l[i] += sum;
+        continue;
+      }
+    }
     if (pr->softcap == 0.0f) {
       /* keys [0, lo) left of the window, [n_vis, nk) right of the diagonal */
       const int64_t lo = tg_attn_hidden_left(pr, qi, k0, nk);
@@ -152,8 +174,6 @@ static void fwd_softmax_tile(const fwd_args *a, fwd_qtile *t, float *S, int64_t 
     /* NaN-propagating max: once a score of the row is NaN, so are its
      * running max, P, sum, O row and L (PyTorch's and IEEE's semantics) */
     const float m_new = tile_max > t->m[i] || tile_max != tile_max ? tile_max : t->m[i];
-    uint16_t *p16 = P16 ? P16 + i * BK : NULL;
-    if (p16 && nk % 2) p16[nk] = 0;
     if (m_new == -INFINITY) { /* nothing visible yet: P = 0, state unchanged */
       if (p16) memset(p16, 0, sizeof(uint16_t) * (size_t)nk);
       else memset(P, 0, sizeof(float) * (size_t)nk);

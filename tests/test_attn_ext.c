@@ -577,6 +577,33 @@ static void test_fwd_q_tiles_same_bits(void **state) {
   attn_destroy(&pb);
 }
 
+/* bf16 mode's forward keeps a row's running max while a key tile's scores
+ * stay within TG_ATTN_FWD_MAX_LAG above it (one pass, isa/tuning.h), and
+ * its l sums the f32 P as exact mode's does, so their L agree to the f32
+ * sums' rounding: |L_bf16 - L_exact| <= 2 kL u (each of the two l's within
+ * kL u relative, log's error far below) + 4 u |L|. Scores of scale 6 so
+ * the running max moves by more than the lag on some tiles and less on
+ * others; several key tiles a row; no mask, softcap or dropout (the rows
+ * the one-pass path takes); every table. */
+static void test_fwd_lag_L(void **state) {
+  tu_rng r = tu_rng_make(tu_seed() + 17);
+  const attn_cfg c = {"lag", 1, 4, 2, 150, 1100, 64, 0, 0, 0, 0, 1.0f, 0};
+  attn_problem pb;
+  build(&pb, &c, &r, 0);
+  pb.p.scale = 6.0f / sqrtf(64.0f);
+  ext_out ex = alloc_out(&pb), bf = alloc_out(&pb);
+  run_step_variant(1, &pb, 1, &ex);
+  run_step_variant(1, &pb, 3, &bf);
+  for (int64_t e = 0; e < pb.nL; e++) {
+    const double bound = 2.0 * 1100 * U + 4 * U * fabs(ex.L[e]);
+    if (!(fabs((double)bf.L[e] - ex.L[e]) <= bound))
+      TU_FAIL("L[%lld]: bf16 mode %.9g, exact %.9g", (long long)e, (double)bf.L[e],
+              (double)ex.L[e]);
+  }
+  free_out(&ex), free_out(&bf);
+  attn_destroy(&pb);
+}
+
 /* p = 0 (any seed and offset) gives the bits of opt == NULL, in f32 and bf16;
  * bf16 with opt NULL gives the bits of the tg_flash_attn_*_bf16 entry points. */
 static void test_p0_bitwise_equals_no_options(void **state) {
@@ -1033,6 +1060,7 @@ int main(void) {
       cmocka_unit_test(test_dkv_units_same_bits),
       cmocka_unit_test(test_dkv_transposed_same_bits),
       cmocka_unit_test(test_dkv_write),
+      cmocka_unit_test(test_fwd_lag_L),
       cmocka_unit_test(test_fwd_q_tiles_same_bits),
       cmocka_unit_test(test_bf16_f32_same_engine),
       cmocka_unit_test(test_dropout_deterministic),

@@ -413,6 +413,68 @@ static void test_exp_sum_bf16_row(void **state) {
     }
 }
 
+/* attn_exp_sum_lag_bf16_row (the forward's pass with a stale max m): on
+ * every table P's bf16 parts are those of e = exp(f32(f32(scale s) - m))
+ * by exp_f32 (0 where the argument is <= -87.3, exp_nonpos's flush), so
+ * where every scale s <= m they are attn_score_max_row + attn_exp_sum_
+ * bf16_row's bits, and the sum is those e's sum within the exp-sum row's
+ * bound (test_exp_sum_row); *max_out the max of f32(scale s), NaN where a
+ * score is NaN; s untouched. Rows below m, up to 8 above it, ragged. */
+static void test_exp_sum_lag_bf16_row(void **state) {
+  const tg_isa_ops *tabs[TU_MAX_ISAS];
+  const int nt = n_tables(tabs);
+  tu_rng r = tu_rng_make(tu_seed() + 16);
+  const int64_t lens[] = {1, 7, 16, 48, 77, 128, 1000};
+  enum { NMAX = 1000 };
+  float s0[NMAX], s[NMAX], x[NMAX], e[NMAX], two[NMAX];
+  uint16_t p[NMAX + 2], want[NMAX + 2], want2[NMAX + 2];
+  const float scale = 0.125f, m = 3.0f;
+  for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+    for (int fill = 0; fill < 3; fill++) { /* below m, up to 8 above it, a NaN score */
+      const int64_t n = lens[li];
+      tu_fill_f32(&r, s0, n, -900.0f, fill == 0 ? 24.0f : 88.0f); /* scale s: -112.5 .. 3 / 11 */
+      if (fill == 2) s0[n / 3] = NAN;
+      float mx = -INFINITY;
+      for (int64_t k = 0; k < n; k++) {
+        const float sc = scale * s0[k];
+        x[k] = sc - m;
+        mx = sc > mx ? sc : mx;
+      }
+      for (int t = 0; t < nt; t++) {
+        memcpy(s, s0, sizeof(float) * (size_t)n);
+        float got_max;
+        const float sum = tabs[t]->attn_exp_sum_lag_bf16_row(s, n, scale, m, p, &got_max);
+        assert_memory_equal(s, s0, sizeof(float) * (size_t)n);
+        if (fill == 2) {
+          assert_true(isnan(got_max));
+          continue;
+        }
+        if (got_max != mx) TU_FAIL("%s lag row: max %a want %a", tabs[t]->name, (double)got_max, (double)mx);
+        tabs[t]->exp_f32(x, e, n);
+        double want_sum = 0;
+        for (int64_t k = 0; k < n; k++) {
+          if (x[k] <= -87.3f) e[k] = 0.0f;
+          want_sum += exp((double)x[k]) * (x[k] > -87.3f);
+        }
+        tabs[t]->f32_to_bf16_split(1, n, e, n, TG_SPLIT_ROWS, want, NULL, NULL, NMAX + 2);
+        if (memcmp(p, want, sizeof(uint16_t) * (size_t)n))
+          TU_FAIL("%s lag row n %lld fill %d: P's bf16 part differs", tabs[t]->name, (long long)n, fill);
+        const double bound = ((double)n / 16 + 8) * U * want_sum + (double)n * 0x1p-126;
+        if (fabs(sum - want_sum) > bound)
+          TU_FAIL("%s lag row n %lld: sum %g want %g", tabs[t]->name, (long long)n, (double)sum, want_sum);
+        if (fill == 0) { /* every scale s <= m: the two passes' bits */
+          memcpy(two, s0, sizeof(float) * (size_t)n);
+          const float tmax = tabs[t]->attn_score_max_row(two, n, n, scale, NULL, TG_DTYPE_F32);
+          const float m_new = tmax > m ? tmax : m;
+          const float sum2 = tabs[t]->attn_exp_sum_bf16_row(two, n, m_new, want2);
+          assert_true(m_new == m);
+          assert_memory_equal(&sum, &sum2, sizeof sum);
+          assert_memory_equal(p, want2, sizeof(uint16_t) * (size_t)n);
+        }
+      }
+    }
+}
+
 static void test_conversions_and_dot(void **state) {
   const tg_isa_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
@@ -1116,6 +1178,7 @@ int main(void) {
       cmocka_unit_test(test_exp),
       cmocka_unit_test(test_exp_sum_row),
       cmocka_unit_test(test_exp_sum_bf16_row),
+      cmocka_unit_test(test_exp_sum_lag_bf16_row),
       cmocka_unit_test(test_conversions_and_dot),
       cmocka_unit_test(test_attention_rows),
       cmocka_unit_test(test_dropout_keep),

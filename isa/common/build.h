@@ -92,6 +92,8 @@ void TG_NAME(attn_prob_row)(float *restrict s, int64_t n, int64_t n_vis, float s
 float TG_NAME(attn_exp_sum_row)(float *restrict s, int64_t n, float shift);
 float TG_NAME(attn_exp_sum_bf16_row)(const float *restrict s, int64_t n, float shift,
                                      uint16_t *restrict p);
+float TG_NAME(attn_exp_sum_lag_bf16_row)(const float *restrict s, int64_t n, float scale,
+                                         float m, uint16_t *restrict p, float *max_out);
 float TG_NAME(attn_score_max_row)(float *restrict s, int64_t n, int64_t n_vis, float scale,
                                   const void *restrict mask, tg_dtype mask_type);
 void TG_NAME(dropout_keep)(uint8_t *restrict keep, int64_t n, uint64_t n0, uint64_t seed,

@@ -360,6 +360,71 @@ float TG_NAME(attn_exp_sum_bf16_row)(const float *restrict s, int64_t n, float s
                                   : exp_sum_row(row, n, shift, p, 0);
 }
 
+/* The forward's row with a stale max (attn_exp_sum_lag_bf16_row): x =
+ * scale s - m (the product rounded first, as attn_score_max_row stores
+ * it), e = exp(x) by exp_nonpos_lane's bits where x <= 0 and exp_lane's
+ * above, its bf16 part to p, the sum as exp_sum_row takes it; *max_out the
+ * row's max of scale s (NaN where one is NaN). */
+float TG_NAME(attn_exp_sum_lag_bf16_row)(const float *restrict s, int64_t n, float scale,
+                                         float m, uint16_t *restrict p, float *max_out) {
+  float acc[LANES] = {0}, tail[LANES];
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  const __m512 vscale = _mm512_set1_ps(scale), vm = _mm512_set1_ps(m);
+  const __m512 lim = _mm512_set1_ps(-87.3f);
+  __m512 vacc = _mm512_setzero_ps(), vmax = _mm512_set1_ps(-__builtin_inff());
+  __mmask16 nan = 0;
+  for (; i < n; i += LANES) {
+    const __mmask16 lanes = first_lanes(n - i);
+    const __m512 sc = _mm512_mul_ps(vscale, _mm512_maskz_loadu_ps(lanes, s + i));
+    vmax = _mm512_mask_max_ps(vmax, lanes, vmax, sc);
+    nan |= _mm512_mask_cmp_ps_mask(lanes, sc, sc, _CMP_UNORD_Q);
+    /* no clamps: x is finite here unless a score is not (a NaN or inf
+     * score's row is redone by the caller), and 2^k by vscalefps takes any
+     * k; x <= -87.3 gives 0 as exp_nonpos_lane, x > 88.72 inf */
+    const __m512 x = _mm512_sub_ps(sc, vm);
+    __m512 k;
+    const __m512 er = exp_reduced16(x, &k);
+    const __m512 e = _mm512_maskz_scalef_ps(_mm512_cmp_ps_mask(x, lim, _CMP_GT_OQ), er, k);
+    _mm256_mask_storeu_epi16(p + i, lanes, bf16_lanes(e, 1));
+    if (lanes != 0xFFFF) {
+      _mm512_storeu_ps(tail, e);
+      break;
+    }
+    vacc = _mm512_add_ps(vacc, e);
+  }
+  _mm512_storeu_ps(acc, vacc);
+  *max_out = nan ? __builtin_nanf("") : _mm512_reduce_max_ps(vmax);
+#else
+  float mx = -__builtin_inff();
+  int nan = 0;
+  for (; i + LANES <= n; i += LANES) {
+#pragma omp simd reduction(max : mx) reduction(| : nan)
+    for (int l = 0; l < LANES; l++) {
+      const float sc = scale * s[i + l], x = sc - m;
+      const float e = x > 0.0f ? exp_lane(x) : exp_nonpos_lane(x);
+      p[i + l] = bf16_rne(e);
+      acc[l] += e;
+      mx = sc > mx ? sc : mx;
+      nan |= sc != sc;
+    }
+  }
+  for (int64_t k = i; k < n; k++) {
+    const float sc = scale * s[k], x = sc - m;
+    tail[k - i] = x > 0.0f ? exp_lane(x) : exp_nonpos_lane(x);
+    p[k] = bf16_rne(tail[k - i]);
+    mx = sc > mx ? sc : mx;
+    nan |= sc != sc;
+  }
+  *max_out = nan ? __builtin_nanf("") : mx;
+#endif
+  lanes_v v;
+  memcpy(&v, acc, sizeof v);
+  float sum = lanes_sum(&v);
+  for (int64_t k = i; k < n; k++) sum += tail[k - i]; /* the tail (< LANES) in order */
+  return sum;
+}
+
 /* The masked loop of attn_score_max_row; *nan gets whether a score is NaN. */
 static inline __attribute__((always_inline)) float score_max_masked(
     float *restrict s, int64_t n_vis, float scale, const void *restrict mask, const tg_dtype t,

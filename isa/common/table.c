@@ -41,6 +41,7 @@ const tg_isa_ops TG_NAME(tg_isa_ops) = {
     .attn_prob_row = TG_NAME(attn_prob_row),
     .attn_exp_sum_row = TG_NAME(attn_exp_sum_row),
     .attn_exp_sum_bf16_row = TG_NAME(attn_exp_sum_bf16_row),
+    .attn_exp_sum_lag_bf16_row = TG_NAME(attn_exp_sum_lag_bf16_row),
     .attn_score_max_row = TG_NAME(attn_score_max_row),
     .dropout_keep = TG_NAME(dropout_keep),
     .dot_f32 = TG_NAME(dot_f32),
