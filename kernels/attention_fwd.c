@@ -16,6 +16,9 @@
  *
  * and finishes with O = acc / l (bf16 or f32, through O_strides) and
  * L = m + log l. A row that sees no key (all -inf) gets O = 0 and L = -inf.
+ * In bf16 mode (P's bf16 part from the exp rows, no mask or softcap) m
+ * stays where it is while a tile's scores stay within TG_ATTN_FWD_MAX_LAG
+ * above it (P up to e^8; alpha = 1): one pass over the row instead of two.
  * Every row is computed by one item in a fixed order: the forward is
  * deterministic for any thread count.
  *
