@@ -286,6 +286,17 @@ static inline float lanes_sum(const lanes_v *px) { /* by pointer: no vector ABI 
   return (q[0] + q[2]) + (q[1] + q[3]);
 }
 
+/* The exp-sum rows' sum: LANES partials by lanes_sum's tree, then the
+ * tail's n_tail (< LANES) terms in order. */
+static inline float partials_and_tail_sum(const float acc[LANES], const float *tail,
+                                          int64_t n_tail) {
+  lanes_v v;
+  memcpy(&v, acc, sizeof v);
+  float sum = lanes_sum(&v);
+  for (int64_t k = 0; k < n_tail; k++) sum += tail[k];
+  return sum;
+}
+
 /* attn_exp_sum_row's loops, exp_nonpos_lane (nonpos) or exp_lane: the sum
  * is taken as the exps are, LANES at a time into LANES partials held in
  * registers (the earlier second pass over s read its partials through the
@@ -339,11 +350,7 @@ static inline __attribute__((always_inline)) float exp_sum_row(float *restrict s
       s[k] = tail[k - i];
   }
 #endif
-  lanes_v v;
-  memcpy(&v, acc, sizeof v);
-  float sum = lanes_sum(&v);
-  for (int64_t k = i; k < n; k++) sum += tail[k - i]; /* the tail (< LANES) in order */
-  return sum;
+  return partials_and_tail_sum(acc, tail, n - i);
 }
 
 float TG_NAME(attn_exp_sum_row)(float *restrict s, int64_t n, float shift) {
@@ -418,11 +425,7 @@ float TG_NAME(attn_exp_sum_lag_bf16_row)(const float *restrict s, int64_t n, flo
   }
   *max_out = nan ? __builtin_nanf("") : mx;
 #endif
-  lanes_v v;
-  memcpy(&v, acc, sizeof v);
-  float sum = lanes_sum(&v);
-  for (int64_t k = i; k < n; k++) sum += tail[k - i]; /* the tail (< LANES) in order */
-  return sum;
+  return partials_and_tail_sum(acc, tail, n - i);
 }
 
 /* The masked loop of attn_score_max_row; *nan gets whether a score is NaN. */
