@@ -301,21 +301,31 @@ static inline float partials_and_tail_sum(const float acc[LANES], const float *t
  * is taken as the exps are, LANES at a time into LANES partials held in
  * registers (the earlier second pass over s read its partials through the
  * stack on avx2: a quarter of the row's time), then the tail in order.
- * Each e goes to s in place, or, with p (attn_exp_sum_bf16_row; NULL or
- * not, a constant where inlined), as its bf16 part to p (bf16_lanes,
- * bf16_rne: f32_to_bf16_split's one part, the same bits), s untouched. */
+ * x = scale s - shift, the product rounded first (scale 1: s - shift).
+ * Each e goes to s in place, or, with p, as its bf16 part to p
+ * (bf16_lanes, bf16_rne: f32_to_bf16_split's one part, the same bits), s
+ * untouched; with max_out, *max_out gets the max of scale s (NaN where one
+ * is NaN). p and max_out, NULL or not, and scale are constants where this
+ * is inlined. */
 static inline __attribute__((always_inline)) float exp_sum_row(float *restrict s, int64_t n,
-                                                               float shift,
+                                                               float scale, float shift,
                                                                uint16_t *restrict p,
+                                                               float *restrict max_out,
                                                                const int nonpos) {
   float acc[LANES] = {0}, tail[LANES];
   int64_t i = 0;
 #if defined(__AVX512F__)
-  const __m512 vshift = _mm512_set1_ps(shift);
-  __m512 vacc = _mm512_setzero_ps();
+  const __m512 vscale = _mm512_set1_ps(scale), vshift = _mm512_set1_ps(shift);
+  __m512 vacc = _mm512_setzero_ps(), vmax = _mm512_set1_ps(-__builtin_inff());
+  __mmask16 nan = 0;
   for (; i < n; i += LANES) {
     const __mmask16 lanes = first_lanes(n - i);
-    const __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, s + i), vshift);
+    const __m512 sc = _mm512_mul_ps(vscale, _mm512_maskz_loadu_ps(lanes, s + i));
+    if (max_out) {
+      vmax = _mm512_mask_max_ps(vmax, lanes, vmax, sc);
+      nan |= _mm512_mask_cmp_ps_mask(lanes, sc, sc, _CMP_UNORD_Q);
+    }
+    const __m512 x = _mm512_sub_ps(sc, vshift);
     const __m512 e = nonpos ? exp_nonpos_lanes16(x) : exp_lanes16(x);
     if (p)
       _mm256_mask_storeu_epi16(p + i, lanes, bf16_lanes(e, !nonpos));
@@ -328,27 +338,35 @@ static inline __attribute__((always_inline)) float exp_sum_row(float *restrict s
     vacc = _mm512_add_ps(vacc, e);
   }
   _mm512_storeu_ps(acc, vacc);
+  if (max_out) *max_out = nan ? __builtin_nanf("") : _mm512_reduce_max_ps(vmax);
 #else
+  float mx = -__builtin_inff();
+  int nan = 0;
   for (; i + LANES <= n; i += LANES) {
-#pragma omp simd
+#pragma omp simd reduction(max : mx) reduction(| : nan)
     for (int l = 0; l < LANES; l++) {
-      const float x = s[i + l] - shift;
+      const float sc = scale * s[i + l], x = sc - shift;
       const float e = nonpos ? exp_nonpos_lane(x) : exp_lane(x);
       if (p)
         p[i + l] = bf16_rne(e);
       else
         s[i + l] = e;
       acc[l] += e;
+      mx = sc > mx ? sc : mx;
+      nan |= sc != sc;
     }
   }
-#pragma omp simd
   for (int64_t k = i; k < n; k++) {
-    tail[k - i] = nonpos ? exp_nonpos_lane(s[k] - shift) : exp_lane(s[k] - shift);
+    const float sc = scale * s[k], x = sc - shift;
+    tail[k - i] = nonpos ? exp_nonpos_lane(x) : exp_lane(x);
     if (p)
       p[k] = bf16_rne(tail[k - i]);
     else
       s[k] = tail[k - i];
+    mx = sc > mx ? sc : mx;
+    nan |= sc != sc;
   }
+  if (max_out) *max_out = nan ? __builtin_nanf("") : mx;
 #endif
   return partials_and_tail_sum(acc, tail, n - i);
 }
@@ -356,76 +374,24 @@ static inline __attribute__((always_inline)) float exp_sum_row(float *restrict s
 float TG_NAME(attn_exp_sum_row)(float *restrict s, int64_t n, float shift) {
   /* shift +inf or NaN (a score overflowed or is NaN): exp_lane's NaN and
    * overflow; else every s - shift is <= 0 or -inf */
-  return shift < __builtin_inff() ? exp_sum_row(s, n, shift, NULL, 1)
-                                  : exp_sum_row(s, n, shift, NULL, 0);
+  return shift < __builtin_inff() ? exp_sum_row(s, n, 1.0f, shift, NULL, NULL, 1)
+                                  : exp_sum_row(s, n, 1.0f, shift, NULL, NULL, 0);
 }
 
 float TG_NAME(attn_exp_sum_bf16_row)(const float *restrict s, int64_t n, float shift,
                                      uint16_t *restrict p) {
   float *row = (float *)(uintptr_t)s; /* (only read: p is not NULL) */
-  return shift < __builtin_inff() ? exp_sum_row(row, n, shift, p, 1)
-                                  : exp_sum_row(row, n, shift, p, 0);
+  return shift < __builtin_inff() ? exp_sum_row(row, n, 1.0f, shift, p, NULL, 1)
+                                  : exp_sum_row(row, n, 1.0f, shift, p, NULL, 0);
 }
 
-/* The forward's row with a stale max (attn_exp_sum_lag_bf16_row): x =
- * scale s - m (the product rounded first, as attn_score_max_row stores
- * it), e = exp(x) by exp_nonpos_lane's bits where x <= 0 and exp_lane's
- * above, its bf16 part to p, the sum as exp_sum_row takes it; *max_out the
- * row's max of scale s (NaN where one is NaN). */
+/* The forward's row with a stale max m: exp_nonpos_lane also serves x in
+ * (0, 88.7) with exp_lane's bits (er 2^k, one exact scaling either way);
+ * above that, or for a NaN score, the caller redoes the row (its max is
+ * more than TG_ATTN_FWD_MAX_LAG above m). */
 float TG_NAME(attn_exp_sum_lag_bf16_row)(const float *restrict s, int64_t n, float scale,
                                          float m, uint16_t *restrict p, float *max_out) {
-  float acc[LANES] = {0}, tail[LANES];
-  int64_t i = 0;
-#if defined(__AVX512F__)
-  const __m512 vscale = _mm512_set1_ps(scale), vm = _mm512_set1_ps(m);
-  const __m512 lim = _mm512_set1_ps(-87.3f);
-  __m512 vacc = _mm512_setzero_ps(), vmax = _mm512_set1_ps(-__builtin_inff());
-  __mmask16 nan = 0;
-  for (; i < n; i += LANES) {
-    const __mmask16 lanes = first_lanes(n - i);
-    const __m512 sc = _mm512_mul_ps(vscale, _mm512_maskz_loadu_ps(lanes, s + i));
-    vmax = _mm512_mask_max_ps(vmax, lanes, vmax, sc);
-    nan |= _mm512_mask_cmp_ps_mask(lanes, sc, sc, _CMP_UNORD_Q);
-    /* no clamps: x is finite here unless a score is not (a NaN or inf
-     * score's row is redone by the caller), and 2^k by vscalefps takes any
-     * k; x <= -87.3 gives 0 as exp_nonpos_lane, x > 88.72 inf */
-    const __m512 x = _mm512_sub_ps(sc, vm);
-    __m512 k;
-    const __m512 er = exp_reduced16(x, &k);
-    const __m512 e = _mm512_maskz_scalef_ps(_mm512_cmp_ps_mask(x, lim, _CMP_GT_OQ), er, k);
-    _mm256_mask_storeu_epi16(p + i, lanes, bf16_lanes(e, 1));
-    if (lanes != 0xFFFF) {
-      _mm512_storeu_ps(tail, e);
-      break;
-    }
-    vacc = _mm512_add_ps(vacc, e);
-  }
-  _mm512_storeu_ps(acc, vacc);
-  *max_out = nan ? __builtin_nanf("") : _mm512_reduce_max_ps(vmax);
-#else
-  float mx = -__builtin_inff();
-  int nan = 0;
-  for (; i + LANES <= n; i += LANES) {
-#pragma omp simd reduction(max : mx) reduction(| : nan)
-    for (int l = 0; l < LANES; l++) {
-      const float sc = scale * s[i + l], x = sc - m;
-      const float e = x > 0.0f ? exp_lane(x) : exp_nonpos_lane(x);
-      p[i + l] = bf16_rne(e);
-      acc[l] += e;
-      mx = sc > mx ? sc : mx;
-      nan |= sc != sc;
-    }
-  }
-  for (int64_t k = i; k < n; k++) {
-    const float sc = scale * s[k], x = sc - m;
-    tail[k - i] = x > 0.0f ? exp_lane(x) : exp_nonpos_lane(x);
-    p[k] = bf16_rne(tail[k - i]);
-    mx = sc > mx ? sc : mx;
-    nan |= sc != sc;
-  }
-  *max_out = nan ? __builtin_nanf("") : mx;
-#endif
-  return partials_and_tail_sum(acc, tail, n - i);
+  return exp_sum_row((float *)(uintptr_t)s, n, scale, m, p, max_out, 1);
 }
 
 /* The masked loop of attn_score_max_row; *nan gets whether a score is NaN. */
