@@ -206,15 +206,19 @@ enum { TG_ATTN_FWD_KEY_TILES = 4 };
  * units with no byte cap: 1.03-1.04x at D 512; 16 threads on the 16-core
  * Xeon: xeon16-amx/exp-split/). */
 enum { TG_ATTN_FWD_Q_TILES = 2, TG_ATTN_FWD_MAX_UNITS = 8 };
+#define TG_ATTN_FWD_ACC_BYTES ((int64_t)512 * 1024)
 
 /* Forward in bf16 mode (P's bf16 part from the exp rows): a row keeps its
  * running max m while a key tile's scores stay within TG_ATTN_FWD_MAX_LAG
  * above it (P up to e^8, well inside f32 and bf16), so the tile takes one
  * pass (attn_exp_sum_lag_bf16_row) instead of a max pass and an exp pass;
  * a tile whose max passes m by more takes both, moving m. Where the max
- * does not pass m the bits are those of the two passes. */
+ * does not pass m the bits are those of the two passes. The forward's time
+ * with it, paired calls against the two passes: 0.91-0.97 on the users'
+ * grid shapes of several key tiles on the 2-core Xeon (model 167, amx, 2
+ * threads; bench/results/xeon2-amx/ab-fwd-max-lag.txt), 0.93-0.99 at 2 and
+ * 16 threads on the lent 16-core one (xeon16-amx/exp-bf16-row/). */
 #define TG_ATTN_FWD_MAX_LAG 8.0f
-#define TG_ATTN_FWD_ACC_BYTES ((int64_t)512 * 1024)
 
 /* Backward, KV schedule, bf16 dot products: a key tile's dK += dS^T . Q and
  * dV += P^T . dO run over several q units of a work item at once (their
