@@ -2,10 +2,9 @@
  * `tilegrad bench`: throughput of the FlashAttention-2 backward step (and of
  * the memory-bound kernels) as a fraction of this machine's measured ceilings.
  *
- *   attention  one timed step = tg_flash_attn_train_bwd_compute_d_bf16
- *              + tg_attn_train_bwd (dK, dV written: TG_ATTN_OPT_DKV_WRITE)
- *              + three tg_f32_to_bf16_cast (dQ, dK, dV) -- what a training
- *              step pays.
+ *   attention  one timed step = tg_attn_train_bwd_step with bf16
+ *              gradients (D = rowsum(O * dO), the backward, dQ, dK, dV
+ *              written in bf16) -- what a training step pays.
  *              FLOPs = 10*B*H*qL*kL*D, halved for causal (qL == kL).
  *              The training forward (tg_flash_attn_train_fwd_bf16, O and L)
  *              is timed on its own on the same shapes and inputs: FLOPs =
@@ -66,10 +65,6 @@ static float urand(uint64_t seed, int64_t i, float lo, float hi) {
 static void fill_f32(float *x, int64_t n, uint64_t seed, float lo, float hi) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; i++) x[i] = urand(seed, i, lo, hi);
-}
-static void fill_zero(float *x, int64_t n) {
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; i++) x[i] = 0.0f;
 }
 static float bf16_to_f32(tg_bf16 h) {
   uint32_t u = (uint32_t)h << 16;
@@ -222,7 +217,6 @@ typedef struct {
   int nreps;
   double *ms;                               /* [nreps] whole step */
   double ms_med, ms_min;                    /* whole step */
-  double ms_d_med, ms_bwd_med, ms_cast_med; /* parts (medians) */
   double gflops, pct_fma, pct_ceil;
   int finite; /* dQ, dK, dV all finite after the last rep */
   double gflop_fwd, ms_fwd_med, ms_fwd_min, gflops_fwd, pct_fma_fwd; /* forward */
@@ -305,10 +299,11 @@ static int exact_logsumexp(const tg_bench_shape *s, const float *Qf, const float
   return failed ? -1 : 0;
 }
 
-static int all_finite(const float *x, int64_t n) {
+/* No bf16 of x[0..n) is an inf or NaN (exponent bits all ones). */
+static int all_finite_bf16(const tg_bf16 *x, int64_t n) {
   int bad = 0;
 #pragma omp parallel for schedule(static) reduction(| : bad)
-  for (int64_t i = 0; i < n; i++) bad |= !isfinite(x[i]);
+  for (int64_t i = 0; i < n; i++) bad |= (x[i] & 0x7f80u) == 0x7f80u;
   return !bad;
 }
 
@@ -326,14 +321,11 @@ static void run_attn_shape(tg_ctx *ctx, const tg_bench_opts *o, attn_result *r) 
   const tg_bench_shape *s = &r->s;
   const int64_t nq = (int64_t)s->B * s->H * s->L * s->D;   /* Q, O, dO, dQ */
   const int64_t nk = (int64_t)s->B * s->Hkv * s->L * s->D; /* K, V, dK, dV */
-  const int64_t nrow = (int64_t)s->B * s->H * s->L;        /* L, D_vec */
+  const int64_t nrow = (int64_t)s->B * s->H * s->L;        /* L */
   const float scale = 1.0f / sqrtf((float)s->D);
   r->gflop = attn_gflop(s);
   r->nreps = o->reps;
   r->ms = calloc((size_t)o->reps, sizeof(double));
-  double *ms_d = calloc((size_t)o->reps, sizeof(double));
-  double *ms_b = calloc((size_t)o->reps, sizeof(double));
-  double *ms_c = calloc((size_t)o->reps, sizeof(double));
   double *ms_f = calloc((size_t)o->reps, sizeof(double));
 
   tg_bf16 *Q = xalloc((size_t)nq * 2), *K = xalloc((size_t)nk * 2),
@@ -341,14 +333,13 @@ static void run_attn_shape(tg_ctx *ctx, const tg_bench_opts *o, attn_result *r) 
           *dO = xalloc((size_t)nq * 2);
   tg_bf16 *dQb = xalloc((size_t)nq * 2), *dKb = xalloc((size_t)nk * 2),
           *dVb = xalloc((size_t)nk * 2);
-  float *Lse = xalloc((size_t)nrow * 4), *Dv = xalloc((size_t)nrow * 4);
-  float *dQ = xalloc((size_t)nq * 4), *dK = xalloc((size_t)nk * 4), *dV = xalloc((size_t)nk * 4);
+  float *Lse = xalloc((size_t)nrow * 4);
   float *Qf = xalloc((size_t)nq * 4), *Kf = xalloc((size_t)nk * 4);
   tg_bf16 *Ofwd = xalloc((size_t)nq * 2); /* the forward's outputs: the */
   float *Lfwd = xalloc((size_t)nrow * 4);  /* backward's inputs stay as they are */
   r->gflop_fwd = attn_fwd_gflop(s);
-  if (!r->ms || !ms_d || !ms_b || !ms_c || !ms_f || !Q || !K || !V || !O || !dO || !dQb ||
-      !dKb || !dVb || !Lse || !Dv || !dQ || !dK || !dV || !Qf || !Kf || !Ofwd || !Lfwd) {
+  if (!r->ms || !ms_f || !Q || !K || !V || !O || !dO || !dQb || !dKb || !dVb || !Lse || !Qf ||
+      !Kf || !Ofwd || !Lfwd) {
     snprintf(r->err, sizeof r->err, "out of memory allocating the buffers");
     goto done;
   }
@@ -377,14 +368,12 @@ static void run_attn_shape(tg_ctx *ctx, const tg_bench_opts *o, attn_result *r) 
   free(Qf);
   free(Kf);
   Qf = Kf = NULL;
-  fill_zero(dQ, nq);
 
   tg_attn_params p;
   CHECK_TG(tg_attn_params_init(&p, s->B, s->H, s->Hkv, s->L, s->L, s->D, scale),
            "tg_attn_params_init");
-  /* The backward writes dK, dV (TG_ATTN_OPT_DKV_WRITE, as the torch op
-   * asks): no zero-filled buffers between steps; the forward ignores it. */
-  const tg_attn_options step_opt = {.flags = TG_ATTN_OPT_DKV_WRITE, .window = (uint32_t)s->window};
+  /* (the step writes dK, dV: no zero-filled buffers between steps) */
+  const tg_attn_options step_opt = {.window = (uint32_t)s->window};
   const tg_attn_options *opt = &step_opt;
 
   /* The forward alone, reps of its own (rep -1: untimed warm-up). */
@@ -402,39 +391,18 @@ static void run_attn_shape(tg_ctx *ctx, const tg_bench_opts *o, attn_result *r) 
   /* rep -1 is the untimed warm-up (first touch, scratch arenas, caches) */
   for (int rep = -1; rep < o->reps; rep++) {
     double t0 = omp_get_wtime();
-    CHECK_TG(tg_flash_attn_train_bwd_compute_d_bf16(ctx, O, dO, Dv, (uint32_t)s->B,
-                                                    (uint32_t)s->H, (uint32_t)s->L,
-                                                    (uint32_t)s->D),
-             "tg_flash_attn_train_bwd_compute_d_bf16");
-    double t1 = omp_get_wtime();
-    CHECK_TG(tg_attn_train_bwd(ctx, TG_DTYPE_BF16, Q, K, V, Lse, dO, Dv, dQ, dK, dV, &p,
-                               NULL, NULL, s->causal, opt),
-             "tg_attn_train_bwd");
-    double t2 = omp_get_wtime();
-    CHECK_TG(tg_f32_to_bf16_cast(ctx, dQ, dQb, (uint64_t)nq), "tg_f32_to_bf16_cast dQ");
-    CHECK_TG(tg_f32_to_bf16_cast(ctx, dK, dKb, (uint64_t)nk), "tg_f32_to_bf16_cast dK");
-    CHECK_TG(tg_f32_to_bf16_cast(ctx, dV, dVb, (uint64_t)nk), "tg_f32_to_bf16_cast dV");
-    double t3 = omp_get_wtime();
-    if (rep >= 0) {
-      r->ms[rep] = (t3 - t0) * 1e3;
-      ms_d[rep] = (t1 - t0) * 1e3;
-      ms_b[rep] = (t2 - t1) * 1e3;
-      ms_c[rep] = (t3 - t2) * 1e3;
-    }
+    CHECK_TG(tg_attn_train_bwd_step(ctx, TG_DTYPE_BF16, TG_DTYPE_BF16, Q, K, V, O, Lse, dO, dQb,
+                                    dKb, dVb, &p, NULL, NULL, s->causal, opt),
+             "tg_attn_train_bwd_step");
+    if (rep >= 0) r->ms[rep] = (omp_get_wtime() - t0) * 1e3;
   }
   r->ok = 1;
-  r->finite = all_finite(dQ, nq) && all_finite(dK, nk) && all_finite(dV, nk);
+  r->finite = all_finite_bf16(dQb, nq) && all_finite_bf16(dKb, nk) && all_finite_bf16(dVb, nk);
   r->ms_med = median(r->ms, o->reps);
   r->ms_min = minimum(r->ms, o->reps);
-  r->ms_d_med = median(ms_d, o->reps);
-  r->ms_bwd_med = median(ms_b, o->reps);
-  r->ms_cast_med = median(ms_c, o->reps);
   r->gflops = r->ms_med > 0 ? r->gflop / (r->ms_med * 1e-3) : 0.0;
 
 done:
-  free(ms_d);
-  free(ms_b);
-  free(ms_c);
   free(ms_f);
   free(Ofwd);
   free(Lfwd);
@@ -447,10 +415,6 @@ done:
   free(dKb);
   free(dVb);
   free(Lse);
-  free(Dv);
-  free(dQ);
-  free(dK);
-  free(dV);
   free(Qf);
   free(Kf);
 }
@@ -929,7 +893,7 @@ static int write_json(const char *path, const tg_bench_opts *o, const char *cpu,
                                                     : "1/(0.4/unit + 0.6/fma_f32)");
 
   fprintf(f, "  \"attention_bwd\": {\n");
-  fprintf(f, "    \"timed\": \"compute_d + bwd + 3 casts (dK/dV zero-fill not timed)\",\n");
+  fprintf(f, "    \"timed\": \"tg_attn_train_bwd_step, bf16 gradients (D, bwd, dK/dV written)\",\n");
   fprintf(f, "    \"flops\": \"10*B*H*qL*kL*D, x0.5 when causal; with a window: "
              "10*B*H*D*visible_pairs\",\n    \"results\": [");
   for (int i = 0; i < na; i++) {
@@ -950,12 +914,6 @@ static int write_json(const char *path, const tg_bench_opts *o, const char *cpu,
     json_num(f, r->ms_med);
     fprintf(f, ", \"ms_min\": ");
     json_num(f, r->ms_min);
-    fprintf(f, ", \"ms_compute_d\": ");
-    json_num(f, r->ms_d_med);
-    fprintf(f, ", \"ms_bwd\": ");
-    json_num(f, r->ms_bwd_med);
-    fprintf(f, ", \"ms_casts\": ");
-    json_num(f, r->ms_cast_med);
     fprintf(f, ", \"ms_reps\": [");
     for (int k = 0; k < r->nreps; k++) {
       if (k) fprintf(f, ", ");
@@ -1219,8 +1177,8 @@ int tg_bench_main(const tg_bench_opts *o) {
       rc = 1;
       goto out;
     }
-    printf("\nFlashAttention-2 backward step: compute_d + bwd + 3 casts "
-           "(dK/dV written: TG_ATTN_OPT_DKV_WRITE); FLOP = 10*B*H*L^2*D (x0.5 causal),\n"
+    printf("\nFlashAttention-2 backward step: tg_attn_train_bwd_step, bf16 gradients "
+           "(D, bwd, dK/dV written); FLOP = 10*B*H*L^2*D (x0.5 causal),\n"
            "with a window W: 10*B*H*D*(visible pairs)\n");
     printf("%-3s %-30s %9s %10s %10s %9s %7s %7s\n", "#", "B,H,Hkv,L,D,mask", "GFLOP",
            "ms(med)", "ms(min)", "GFLOP/s", "%FMA", "%ceil");

@@ -18,7 +18,7 @@ void tg_cli_bench_usage(FILE *f) {
   fprintf(f,
           "usage: tilegrad bench [options]\n"
           "\n"
-          "Times the FlashAttention-2 backward step (compute_d + bwd + 3 bf16 casts)\n"
+          "Times the FlashAttention-2 backward step (one tg_attn_train_bwd_step call)\n"
           "and the memory-bound kernels, as a fraction of this machine's measured\n"
           "ceilings (f32 FMA peak, bf16 dot peak, triad bandwidth) at the same\n"
           "thread count. A sliding-window shape's FLOP counts only its visible (i, k) pairs.\n"

@@ -365,6 +365,28 @@ tg_status tg_attn_train_bwd(tg_ctx *ctx, tg_dtype dtype, const void *Q, const vo
                             const tg_attn_params *p, const tg_attn_mask_params *mp,
                             const void *mask, int causal, const tg_attn_options *opt);
 
+/* The whole backward step in one call, as PyTorch's attention backward
+ * takes it (O and L from the forward, gradients in the inputs' dtype):
+ * D_vec = rowsum(dO o O) in a workspace of the context's, then the
+ * backward above with dK, dV written (TG_ATTN_OPT_DKV_WRITE is implied),
+ * and dQ [B,H,qL,D], dK [B,H_kv,kL,D], dV [B,H_kv,kL,Dv] contiguous of
+ * grad_dtype (writes): TG_DTYPE_F32 the f32 gradients, TG_DTYPE_BF16
+ * their round to nearest even. The same bits as tg_attn_train_bwd_compute_d,
+ * tg_attn_train_bwd (with TG_ATTN_OPT_DKV_WRITE) and, for bf16 gradients,
+ * tg_f32_to_bf16_cast of each, with no f32 gradient buffers in between:
+ * bf16 gradients are rounded as the backward's last sums are written.
+ * O has dO's layout (the params' O_strides, [B,H,qL,Dv], type dtype) and
+ * is an input; opt->d_sinks accumulates as in tg_attn_train_bwd. Checks as
+ * tg_attn_train_bwd, and a grad_dtype outside tg_dtype is
+ * TG_ERR_BAD_PARAMS (nothing written). bf16 gradients run the KV schedule
+ * whatever tg_ctx_set_attn_schedule asked (the ATOMIC one adds to f32). */
+tg_status tg_attn_train_bwd_step(tg_ctx *ctx, tg_dtype dtype, tg_dtype grad_dtype,
+                                 const void *Q, const void *K, const void *V, const void *O,
+                                 const float *L, const void *dO, void *dQ, void *dK,
+                                 void *dV, const tg_attn_params *p,
+                                 const tg_attn_mask_params *mp, const void *mask, int causal,
+                                 const tg_attn_options *opt);
+
 /* Backward pre-pass: D_out[b,h,i] = sum_d O[b,h,i,d] * dO[b,h,i,d] with O, dO
  * contiguous [B,H,qL,D] of type dtype; D_out [B,H,qL] f32 (writes). With a
  * value head dim Dv, pass head_dim = Dv (O and dO have Dv columns). */

@@ -91,14 +91,16 @@ tg_status tg_attn_check_alias_fwd(tg_ctx *ctx, const char *fn, const tg_attn_pro
                                   const void *mask, const void *O, const float *L);
 
 /* The backward's check: outputs dQ (pr->dQs), dK (pr->dKs), dV (pr->dVs),
- * all f32, and d_sinks ([H] f32; NULL without) against each other and the
- * inputs Q, K, V, dO (type pr->in; dO through pr->Os), L, D_vec ([B, H, qL]
- * f32), mask and pr->sinks. No exact in place. */
+ * of grad_bytes elements (f32 or bf16), and d_sinks ([H] f32; NULL without)
+ * against each other and the inputs Q, K, V, dO, O (type pr->in; dO and O
+ * through pr->Os; O NULL without), L, D_vec ([B, H, qL] f32; NULL without),
+ * mask and pr->sinks. No exact in place. */
 tg_status tg_attn_check_alias_bwd(tg_ctx *ctx, const char *fn, const tg_attn_problem *pr,
                                   const void *Q, const void *K, const void *V,
-                                  const float *L, const void *dO, const float *D_vec,
-                                  const void *mask, const float *dQ, const float *dK,
-                                  const float *dV, const float *d_sinks);
+                                  const float *L, const void *dO, const void *O,
+                                  const float *D_vec, const void *mask, const void *dQ,
+                                  const void *dK, const void *dV, size_t grad_bytes,
+                                  const float *d_sinks);
 
 /* What the dtype / options entry points (tg_attn_train_fwd, ...) check
  * beyond tg_attn_validate (attention_options.c); TG_ERR_BAD_PARAMS with a

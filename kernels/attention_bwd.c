@@ -102,6 +102,13 @@ typedef struct {
   float *dQ_partial; /* KV schedule: [plan.n_ranges - 1][B, H, qL, D] */
   float *dK_partial; /* KV schedule: [plan.n_qgroups - 1][B, H_kv, kL, D] */
   float *dV_partial; /* KV schedule: [plan.n_qgroups - 1][B, H_kv, kL, Dv] */
+  /* bf16 gradients (tg_attn_train_bwd_step; NULL: f32 into dQ, dK, dV),
+   * through pr.dQs, dKs, dVs, written as the last sums of their rows are:
+   * dQ as range 0 finishes a q unit's rows (one key range) or by the pass
+   * after the ranges (dQ holds range 0's f32 sums either way), dK, dV from
+   * the key tiles' sums (one query group: dK, dV unused) or by the pass
+   * after the groups (dK, dV then hold group 0's f32 sums). */
+  uint16_t *dQ16, *dK16, *dV16;
 } bwd_args;
 
 /* Rows of the tile that starts at row `start` of `len`: `tile`, or fewer at
@@ -529,13 +536,63 @@ static void put_dkv(const bwd_args *a, float *dst, int64_t ld, const float *src,
   }
 }
 
+/* bf16 rows dst [n, cols] (row stride ldd) = src [n, cols] (row stride
+ * lds) rounded to nearest even (the cast's op: tg_f32_to_bf16_cast's bits). */
+static void rows_to_bf16(const tg_isa_ops *ops, const float *src, int64_t lds, uint16_t *dst,
+                         int64_t ldd, int64_t n, int64_t cols) {
+  for (int64_t r = 0; r < n; r++) ops->f32_to_bf16(src + r * lds, dst + r * ldd, cols);
+}
+
+/* bf16 gradients with one query group: a key tile's dK or dV sum (as
+ * put_dkv's src; NULL: zeros) rounded into bf16 rows [nk, cols] at stride
+ * ld. A transposed sum goes through the stack 8 rows at a time. */
+static void write_dkv_bf16(const bwd_args *a, uint16_t *dst, int64_t ld, const float *src,
+                           int64_t nk, int64_t cols) {
+  if (!src) {
+    for (int64_t r = 0; r < nk; r++) memset(dst + r * ld, 0, sizeof(uint16_t) * (size_t)cols);
+  } else if (!a->plan.dkv_transposed) {
+    rows_to_bf16(a->ops, src, cols, dst, ld, nk, cols);
+  } else {
+    float rows[8 * TG_ATTN_MAX_D];
+    for (int64_t r0 = 0; r0 < nk; r0 += 8) {
+      const int64_t nr = tile_rows(nk, r0, 8);
+      a->ops->transpose_f32(cols, nr, src + r0, nk, rows, cols, 0); /* [nr, cols] */
+      rows_to_bf16(a->ops, rows, cols, dst + r0 * ld, ld, nr, cols);
+    }
+  }
+}
+
+/* bf16 gradients written straight from the key tiles' sums: one query
+ * group, so no parts are added after them. */
+static int dkv_to_bf16(const bwd_args *a) { return a->dK16 && a->plan.n_qgroups == 1; }
+
+/* bf16 gradients: dQ rows rounded as range 0 finishes them (while they are
+ * in the caches), where one key range leaves no partials to add. */
+static int dq_to_bf16(const bwd_args *a) { return a->dQ16 && a->plan.n_ranges == 1; }
+
+/* Key tile k0's sums dk [nk, D], dv [nk, Dv] (put_dkv's layout; NULL:
+ * zeros) into dK, dV (f32, as put_dkv with `mode`) or, dkv_to_bf16, their
+ * bf16 rows. */
+static void put_dkv_tile(const bwd_args *a, int64_t b, int64_t h_kv, int64_t k0, int64_t nk,
+                         const float *dk, const float *dv, rows_mode mode) {
+  const tg_attn_problem *pr = &a->pr;
+  if (dkv_to_bf16(a)) {
+    write_dkv_bf16(a, a->dK16 + tg_attn_offset(pr->dKs, b, h_kv, k0), pr->dKs[2], dk, nk, pr->D);
+    write_dkv_bf16(a, a->dV16 + tg_attn_offset(pr->dVs, b, h_kv, k0), pr->dVs[2], dv, nk,
+                   pr->Dv);
+  } else if (!dk) {
+    put_rows(a->dK + tg_attn_offset(pr->dKs, b, h_kv, k0), pr->dKs[2], NULL, nk, pr->D, mode);
+    put_rows(a->dV + tg_attn_offset(pr->dVs, b, h_kv, k0), pr->dVs[2], NULL, nk, pr->Dv, mode);
+  } else {
+    put_dkv(a, a->dK + tg_attn_offset(pr->dKs, b, h_kv, k0), pr->dKs[2], dk, nk, pr->D, mode);
+    put_dkv(a, a->dV + tg_attn_offset(pr->dVs, b, h_kv, k0), pr->dVs[2], dv, nk, pr->Dv, mode);
+  }
+}
+
 /* Zeros the dK, dV rows of key tile kt (kv head h_kv, batch b). */
 static void zero_dkv_tile(const bwd_args *a, int64_t b, int64_t h_kv, int64_t kt) {
-  const tg_attn_problem *pr = &a->pr;
-  const int64_t k0 = kt * a->plan.BK, nk = tile_rows(pr->kL, k0, a->plan.BK);
-  put_rows(a->dK + tg_attn_offset(pr->dKs, b, h_kv, k0), pr->dKs[2], NULL, nk, pr->D, ROWS_WRITE);
-  put_rows(a->dV + tg_attn_offset(pr->dVs, b, h_kv, k0), pr->dVs[2], NULL, nk, pr->Dv,
-           ROWS_WRITE);
+  const int64_t k0 = kt * a->plan.BK;
+  put_dkv_tile(a, b, h_kv, k0, tile_rows(a->pr.kL, k0, a->plan.BK), NULL, NULL, ROWS_WRITE);
 }
 
 /* ATOMIC schedule with pr->dkv_write: zeros dK, dV of kv head h_kv, batch
@@ -620,6 +677,7 @@ static int range_visible(const bwd_args *a, int64_t range, int64_t q0, int64_t n
  * range's first it sees, relative to the chunk), its dQ rows (row stride ld). */
 typedef struct {
   int64_t h, q0, nq, j0, j1, j_first, ld;
+  int last_chunk; /* the chunk holds the range's last key tile it sees */
   float *dq;
 } q_slot;
 
@@ -662,6 +720,8 @@ static void bwd_group_kv(const void *vargs, int64_t x, int64_t b, int64_t range,
       int64_t ld;
       float *dq = dq_rows(a, 0, b, h, q0, &ld);
       put_rows(dq, ld, NULL, nq, D, ROWS_WRITE);
+      if (dq_to_bf16(a))
+        rows_to_bf16(a->ops, dq, ld, a->dQ16 + tg_attn_offset(pr->dQs, b, h, q0), ld, nq, D);
     }
   /* the key tiles of the range that the group sees: the others' dK, dV
    * sums would be 0 */
@@ -722,6 +782,7 @@ static void bwd_group_kv(const void *vargs, int64_t x, int64_t b, int64_t range,
         q->j0 = first > c0 ? first - c0 : 0;
         q->j1 = end - c0 < nc ? end - c0 : nc;
         q->j_first = first - c0;
+        q->last_chunk = end - c0 <= nc;
         if (q->j0 < q->j1) { /* sees some of the chunk's keys */
           q->dq = dq_rows(a, range, b, q->h, q->q0, &q->ld);
           load_qtile(a, b, q->h, q->q0, q->nq, ns - 1, &w);
@@ -745,6 +806,9 @@ static void bwd_group_kv(const void *vargs, int64_t x, int64_t b, int64_t range,
               const int64_t js = dq_over_chunk ? q->j0 : j;
               bwd_dq(a, q->nq, (j - js) * BK + nk, s, col - (j - js) * BK, &w.kt[js], q->dq,
                      q->ld, js == q->j_first, &w);
+              if (j == q->j1 - 1 && q->last_chunk && dq_to_bf16(a))
+                rows_to_bf16(a->ops, q->dq, q->ld,
+                             a->dQ16 + tg_attn_offset(pr->dQs, b, q->h, q->q0), q->ld, q->nq, D);
             }
             if (pr->compensated) { /* this q-tile's part into the sums; t->dK, t->dV = 0 */
               a->ops->add_compensated_f32(t->dK_sum, t->dK_comp, t->dK, nk * D);
@@ -771,8 +835,7 @@ static void bwd_group_kv(const void *vargs, int64_t x, int64_t b, int64_t range,
       const float *dk = pr->compensated ? t->dK_sum : t->dK;
       const float *dv = pr->compensated ? t->dV_sum : t->dV;
       if (group == 0) {
-        put_dkv(a, a->dK + tg_attn_offset(pr->dKs, b, h_kv, k0), pr->dKs[2], dk, nk, D, group0);
-        put_dkv(a, a->dV + tg_attn_offset(pr->dVs, b, h_kv, k0), pr->dVs[2], dv, nk, Dv, group0);
+        put_dkv_tile(a, b, h_kv, k0, nk, dk, dv, group0);
       } else if (!in_part) {
         memcpy(dkv_part(a, group, b, h_kv, k0, 0), dk, sizeof(float) * (size_t)(nk * D));
         memcpy(dkv_part(a, group, b, h_kv, k0, 1), dv, sizeof(float) * (size_t)(nk * Dv));
@@ -784,7 +847,8 @@ static void bwd_group_kv(const void *vargs, int64_t x, int64_t b, int64_t range,
 
 /* KV schedule, second pass over the key tiles when there are several query
  * groups: dK, dV (group 0's sums already added) += the parts of groups 1..
- * in group order; x = key tile, y = kv head, z = batch. */
+ * in group order, then rounded into dK16, dV16 for bf16 gradients; x = key
+ * tile, y = kv head, z = batch. */
 static void bwd_group_sum_dkv(const void *vargs, int64_t kt, int64_t h_kv, int64_t b,
                               void *scratch) {
   const bwd_args *a = vargs;
@@ -799,11 +863,18 @@ static void bwd_group_sum_dkv(const void *vargs, int64_t kt, int64_t h_kv, int64
     put_dkv(a, dk, pr->dKs[2], dkv_part(a, g, b, h_kv, k0, 0), nk, pr->D, ROWS_ADD);
     put_dkv(a, dv, pr->dVs[2], dkv_part(a, g, b, h_kv, k0, 1), nk, pr->Dv, ROWS_ADD);
   }
+  if (a->dK16) {
+    rows_to_bf16(a->ops, dk, pr->dKs[2], a->dK16 + tg_attn_offset(pr->dKs, b, h_kv, k0),
+                 pr->dKs[2], nk, pr->D);
+    rows_to_bf16(a->ops, dv, pr->dVs[2], a->dV16 + tg_attn_offset(pr->dVs, b, h_kv, k0),
+                 pr->dVs[2], nk, pr->Dv);
+  }
 }
 
 /* KV schedule, second pass: dQ += the partials of ranges 1.. in range order,
- * one q-tile (x) of query head y, batch z at a time; a partial's rows that
- * its range never wrote are skipped. */
+ * one q-tile (x) of query head y, batch z at a time (a partial's rows that
+ * its range never wrote are skipped), then rounded into dQ16 for bf16
+ * gradients (one range: dq_to_bf16 did it). */
 static void bwd_group_sum_dq(const void *vargs, int64_t qt, int64_t h, int64_t b,
                              void *scratch) {
   const bwd_args *a = vargs;
@@ -813,6 +884,8 @@ static void bwd_group_sum_dq(const void *vargs, int64_t qt, int64_t h, int64_t b
   for (int64_t r = 1; r < a->plan.n_ranges; r++)
     if (range_visible(a, r, q0, nq))
       put_rows(dq, ld, dq_rows(a, r, b, h, q0, &ld_r), nq, a->pr.D, ROWS_ADD);
+  if (a->dQ16)
+    rows_to_bf16(a->ops, dq, ld, a->dQ16 + tg_attn_offset(a->pr.dQs, b, h, q0), ld, nq, a->pr.D);
 }
 
 /* ATOMIC schedule: x = q-tile (heaviest causal tiles first), y = query head,
@@ -1007,6 +1080,26 @@ static bwd_args make_args(const tg_attn_problem *pr, const tg_isa_ops *ops,
   return (bwd_args){.pr = *pr, .ops = ops, .plan = *plan};
 }
 
+/* The KV schedule on prepared args (inputs, outputs set); workspace: the
+ * dQ partials, then dK parts, then dV parts (NULL: none of them). */
+static tg_status run_kv(tg_ctx *ctx, bwd_args *a, void *workspace) {
+  const tg_attn_problem *pr = &a->pr;
+  if (workspace) {
+    a->dQ_partial = workspace;
+    a->dK_partial = a->dQ_partial + (a->plan.n_ranges - 1) * a->plan.dq_elems;
+    a->dV_partial = a->dK_partial + (a->plan.n_qgroups - 1) * a->plan.dk_elems;
+  }
+  tg_status st = tg_dispatch(ctx, pr->H_kv * a->plan.n_qgroups, pr->B, a->plan.n_ranges,
+                             bwd_scratch_bytes(pr, &a->plan, a->plan.chunk_tiles, pr->compensated),
+                             bwd_group_kv, a);
+  /* The second passes need no scratch: they cannot fail once the first wrote. */
+  if (st == TG_OK && a->plan.n_ranges > 1)
+    st = tg_dispatch(ctx, a->plan.n_qtiles, pr->H, pr->B, 0, bwd_group_sum_dq, a);
+  if (st == TG_OK && a->plan.n_qgroups > 1)
+    st = tg_dispatch(ctx, a->plan.n_ktiles, pr->H_kv, pr->B, 0, bwd_group_sum_dkv, a);
+  return st;
+}
+
 tg_status tg_attn_backward_kv(tg_ctx *ctx, const tg_attn_problem *pr,
                               const tg_attn_bwd_plan *plan, const void *Q, const void *K,
                               const void *V, const void *dO, const void *mask, const float *L,
@@ -1015,20 +1108,7 @@ tg_status tg_attn_backward_kv(tg_ctx *ctx, const tg_attn_problem *pr,
   bwd_args a = make_args(pr, ctx->ops, plan);
   a.Q = Q, a.K = K, a.V = V, a.dO = dO, a.mask = mask, a.L = L, a.D_vec = D_vec;
   a.dQ = dQ, a.dK = dK, a.dV = dV;
-  if (workspace) { /* dQ partials, then dK parts, then dV parts (NULL: none of them) */
-    a.dQ_partial = workspace;
-    a.dK_partial = a.dQ_partial + (a.plan.n_ranges - 1) * a.plan.dq_elems;
-    a.dV_partial = a.dK_partial + (a.plan.n_qgroups - 1) * a.plan.dk_elems;
-  }
-  tg_status st = tg_dispatch(ctx, pr->H_kv * a.plan.n_qgroups, pr->B, a.plan.n_ranges,
-                             bwd_scratch_bytes(pr, &a.plan, a.plan.chunk_tiles, pr->compensated),
-                             bwd_group_kv, &a);
-  /* The second passes need no scratch: they cannot fail once the first wrote. */
-  if (st == TG_OK && a.plan.n_ranges > 1)
-    st = tg_dispatch(ctx, a.plan.n_qtiles, pr->H, pr->B, 0, bwd_group_sum_dq, &a);
-  if (st == TG_OK && a.plan.n_qgroups > 1)
-    st = tg_dispatch(ctx, a.plan.n_ktiles, pr->H_kv, pr->B, 0, bwd_group_sum_dkv, &a);
-  return st;
+  return run_kv(ctx, &a, workspace);
 }
 
 /* --- the sinks' gradient ----------------------------------------------------
@@ -1056,44 +1136,89 @@ static void sinks_grad_group(const void *vargs, int64_t h, int64_t y, int64_t z,
   a->d_sinks[h] += (float)-sum;
 }
 
-/* The entry points' shared body; fn names the public function in messages. */
-static tg_status train_bwd(tg_ctx *ctx, const char *fn, tg_dtype dtype, const void *Q,
-                           const void *K, const void *V, const float *L, const void *dO,
-                           const float *D_vec, float *dQ, float *dK, float *dV,
-                           const tg_attn_params *p, const tg_attn_mask_params *mp,
-                           const void *mask, int causal, const tg_attn_options *opt) {
+static tg_status compute_d_rows(tg_ctx *ctx, tg_dtype dtype, const void *O, const void *dO,
+                                const tg_attn_problem *pr, float *D_out);
+
+/* bf16 gradients: where their f32 sums are kept (bwd_args.dQ16), carved
+ * from the workspace before the partials: dQ's range-0 sums, and with
+ * several query groups group 0's dK, dV sums, all contiguous like the
+ * gradients. Returns the bytes. */
+static size_t carve_grad_sums(const tg_attn_bwd_plan *plan, void *base, bwd_args *a) {
+  const size_t dq = tg_align64(sizeof(float) * (size_t)plan->dq_elems);
+  const size_t dk = plan->n_qgroups > 1 ? tg_align64(sizeof(float) * (size_t)plan->dk_elems) : 0;
+  const size_t dv = plan->n_qgroups > 1 ? tg_align64(sizeof(float) * (size_t)plan->dv_elems) : 0;
+  if (base) {
+    a->dQ = base;
+    a->dK = dk ? (float *)(void *)((char *)base + dq) : NULL;
+    a->dV = dv ? (float *)(void *)((char *)base + dq + dk) : NULL;
+  }
+  return dq + dk + dv;
+}
+
+/* The entry points' shared body; fn names the public function in messages.
+ * step (tg_attn_train_bwd_step): O given, D_vec computed into the
+ * workspace, dK, dV written, gradients of type grad; otherwise D_vec
+ * given and f32 gradients. */
+static tg_status train_bwd(tg_ctx *ctx, const char *fn, int step, tg_dtype dtype,
+                           tg_dtype grad, const void *Q, const void *K, const void *V,
+                           const float *L, const void *dO, const void *O, const float *D_vec,
+                           void *dQ, void *dK, void *dV, const tg_attn_params *p,
+                           const tg_attn_mask_params *mp, const void *mask, int causal,
+                           const tg_attn_options *opt) {
   if (!ctx) return TG_ERR_NULL_ARG;
   TG_ENTER(ctx);
-  const void *bufs[] = {Q, K, V, L, dO, D_vec, dQ, dK, dV};
-  const char *names[] = {"Q", "K", "V", "L", "dO", "D_vec", "dQ", "dK", "dV"};
+  const void *bufs[] = {Q, K, V, L, dO, step ? O : D_vec, dQ, dK, dV};
+  const char *names[] = {"Q", "K", "V", "L", "dO", step ? "O" : "D_vec", "dQ", "dK", "dV"};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
     if (!bufs[i]) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: %s is NULL", fn, names[i]);
   tg_attn_problem pr;
   tg_status st = tg_attn_prepare(ctx, fn, dtype, opt, p, mp, mask, causal, &pr);
   if (st != TG_OK) return st;
+  if (grad != TG_DTYPE_F32 && grad != TG_DTYPE_BF16)
+    return tg_fail(ctx, TG_ERR_BAD_PARAMS,
+                   "%s: grad_dtype %d is not a tg_dtype (TG_DTYPE_BF16 0, TG_DTYPE_F32 1)", fn,
+                   (int)grad);
   pr.compensated = dtype == TG_DTYPE_F32;
+  pr.dkv_write |= step;
   float *d_sinks = opt ? opt->d_sinks : NULL;
-  st = tg_attn_check_alias_bwd(ctx, fn, &pr, Q, K, V, L, dO, D_vec, mask, dQ, dK, dV, d_sinks);
+  st = tg_attn_check_alias_bwd(ctx, fn, &pr, Q, K, V, L, dO, step ? O : NULL,
+                               step ? NULL : D_vec, mask, dQ, dK, dV,
+                               grad == TG_DTYPE_BF16 ? sizeof(tg_bf16) : sizeof(float), d_sinks);
   if (st != TG_OK) return st;
   const tg_attn_bwd_plan plan = tg_attn_bwd_plan_make(&pr, ctx->ops, tg_ctx_plan_cpus(ctx));
-  if (ctx->attn_schedule == TG_ATTN_SCHEDULE_ATOMIC && !ctx->deterministic) {
-    bwd_args a = make_args(&pr, ctx->ops, &plan);
-    a.Q = Q, a.K = K, a.V = V, a.dO = dO, a.mask = mask, a.L = L, a.D_vec = D_vec;
-    a.dQ = dQ, a.dK = dK, a.dV = dV;
+  bwd_args a = make_args(&pr, ctx->ops, &plan);
+  a.Q = Q, a.K = K, a.V = V, a.dO = dO, a.mask = mask, a.L = L, a.D_vec = D_vec;
+  a.dQ = dQ, a.dK = dK, a.dV = dV;
+  const int bf16_grads = grad == TG_DTYPE_BF16;
+  /* the workspace: D_vec (step), the bf16 gradients' f32 sums, the partials */
+  const size_t d_bytes = step ? tg_align64(sizeof(float) * (size_t)(pr.B * pr.H * pr.qL)) : 0;
+  const size_t sums_bytes = bf16_grads ? carve_grad_sums(&plan, NULL, &a) : 0;
+  const int atomic = ctx->attn_schedule == TG_ATTN_SCHEDULE_ATOMIC && !ctx->deterministic &&
+                     !bf16_grads;
+  const size_t ws_bytes = d_bytes + sums_bytes + (atomic ? 0 : tg_attn_bwd_workspace_bytes(&plan));
+  char *ws = NULL;
+  if (ws_bytes > 0 && (st = tg_workspace(ctx, ws_bytes, (void **)&ws)) != TG_OK) return st;
+  if (step) {
+    a.D_vec = (float *)(void *)ws;
+    if ((st = compute_d_rows(ctx, dtype, O, dO, &pr, (float *)(void *)ws)) != TG_OK) return st;
+  }
+  if (bf16_grads) {
+    a.dQ16 = dQ, a.dK16 = dK, a.dV16 = dV;
+    carve_grad_sums(&plan, ws + d_bytes, &a);
+  }
+  if (atomic) {
     const size_t scratch = bwd_scratch_bytes(&pr, &a.plan, 1, 0);
     /* (the zeros ask for the pairs' scratch: a failure to get it comes
      * before anything is written) */
     if (pr.dkv_write) st = tg_dispatch(ctx, pr.H_kv, pr.B, 1, scratch, zero_dkv_group, &a);
     if (st == TG_OK) st = tg_dispatch(ctx, a.plan.n_qtiles, pr.H, pr.B, scratch, bwd_group_atomic, &a);
   } else {
-    const size_t ws_bytes = tg_attn_bwd_workspace_bytes(&plan);
-    void *ws = NULL;
-    if (ws_bytes > 0 && (st = tg_workspace(ctx, ws_bytes, &ws)) != TG_OK) return st;
-    st = tg_attn_backward_kv(ctx, &pr, &plan, Q, K, V, dO, mask, L, D_vec, dQ, dK, dV, ws);
+    const size_t partials = tg_attn_bwd_workspace_bytes(&plan);
+    st = run_kv(ctx, &a, partials ? ws + d_bytes + sums_bytes : NULL);
   }
   if (st != TG_OK || !d_sinks) return st;
   /* needs no scratch: cannot fail once the key gradients are written */
-  const sinks_grad_args sa = {pr.sinks, L, D_vec, d_sinks, pr.B, pr.H, pr.qL};
+  const sinks_grad_args sa = {pr.sinks, L, a.D_vec, d_sinks, pr.B, pr.H, pr.qL};
   return tg_dispatch(ctx, pr.H, 1, 1, 0, sinks_grad_group, &sa);
 }
 
@@ -1102,8 +1227,18 @@ tg_status tg_attn_train_bwd(tg_ctx *ctx, tg_dtype dtype, const void *Q, const vo
                             const float *D_vec, float *dQ, float *dK, float *dV,
                             const tg_attn_params *p, const tg_attn_mask_params *mp,
                             const void *mask, int causal, const tg_attn_options *opt) {
-  return train_bwd(ctx, "tg_attn_train_bwd", dtype, Q, K, V, L, dO, D_vec, dQ, dK, dV, p, mp,
-                   mask, causal, opt);
+  return train_bwd(ctx, "tg_attn_train_bwd", 0, dtype, TG_DTYPE_F32, Q, K, V, L, dO, NULL, D_vec,
+                   dQ, dK, dV, p, mp, mask, causal, opt);
+}
+
+tg_status tg_attn_train_bwd_step(tg_ctx *ctx, tg_dtype dtype, tg_dtype grad_dtype,
+                                 const void *Q, const void *K, const void *V, const void *O,
+                                 const float *L, const void *dO, void *dQ, void *dK,
+                                 void *dV, const tg_attn_params *p,
+                                 const tg_attn_mask_params *mp, const void *mask, int causal,
+                                 const tg_attn_options *opt) {
+  return train_bwd(ctx, "tg_attn_train_bwd_step", 1, dtype, grad_dtype, Q, K, V, L, dO, O, NULL,
+                   dQ, dK, dV, p, mp, mask, causal, opt);
 }
 
 tg_status tg_flash_attn_train_bwd_bf16(tg_ctx *ctx, const tg_bf16 *Q, const tg_bf16 *K,
@@ -1112,8 +1247,8 @@ tg_status tg_flash_attn_train_bwd_bf16(tg_ctx *ctx, const tg_bf16 *Q, const tg_b
                                        float *dK, float *dV, const tg_attn_params *p,
                                        const tg_attn_mask_params *mp,
                                        const tg_bf16 *mask, int causal) {
-  return train_bwd(ctx, "tg_flash_attn_train_bwd_bf16", TG_DTYPE_BF16, Q, K, V, L, dO, D_vec,
-                   dQ, dK, dV, p, mp, mask, causal, NULL);
+  return train_bwd(ctx, "tg_flash_attn_train_bwd_bf16", 0, TG_DTYPE_BF16, TG_DTYPE_F32, Q, K, V,
+                   L, dO, NULL, D_vec, dQ, dK, dV, p, mp, mask, causal, NULL);
 }
 
 /* --- 1. pre-pass: D[b,h,i] = sum_d O[b,h,i,d] * dO[b,h,i,d] ----------------
@@ -1127,6 +1262,11 @@ typedef struct {
   float *D_out;
   int64_t rows, D;
   const tg_isa_ops *ops;
+  /* NULL: O, dO contiguous [rows, D]; else their [batch, head, row]
+   * strides (tg_attn_train_bwd_step: the params' O_strides), H heads of qL
+   * rows */
+  const int64_t *Os;
+  int64_t H, qL;
 } compute_d_args;
 
 static void compute_d_group(const void *vargs, int64_t blk, int64_t y, int64_t z,
@@ -1135,15 +1275,28 @@ static void compute_d_group(const void *vargs, int64_t blk, int64_t y, int64_t z
   const int64_t r0 = blk * TG_ATTN_D_ROWS_PER_GROUP;
   const int64_t r1 =
       r0 + TG_ATTN_D_ROWS_PER_GROUP < a->rows ? r0 + TG_ATTN_D_ROWS_PER_GROUP : a->rows;
-  if (a->t == TG_DTYPE_F32) {
-    const float *O = a->O, *dO = a->dO;
-    for (int64_t r = r0; r < r1; r++)
-      a->D_out[r] = a->ops->dot_f32(O + r * a->D, dO + r * a->D, a->D);
-  } else {
-    const tg_bf16 *O = a->O, *dO = a->dO;
-    for (int64_t r = r0; r < r1; r++)
-      a->D_out[r] = a->ops->dot_bf16(O + r * a->D, dO + r * a->D, a->D);
+  for (int64_t r = r0; r < r1; r++) {
+    const int64_t at = a->Os ? tg_attn_offset(a->Os, r / a->qL / a->H, r / a->qL % a->H, r % a->qL)
+                             : r * a->D;
+    if (a->t == TG_DTYPE_F32)
+      a->D_out[r] = a->ops->dot_f32((const float *)a->O + at, (const float *)a->dO + at, a->D);
+    else
+      a->D_out[r] = a->ops->dot_bf16((const tg_bf16 *)a->O + at, (const tg_bf16 *)a->dO + at,
+                                     a->D);
   }
+}
+
+static tg_status dispatch_compute_d(tg_ctx *ctx, const compute_d_args *a) {
+  return tg_dispatch(ctx, (a->rows + TG_ATTN_D_ROWS_PER_GROUP - 1) / TG_ATTN_D_ROWS_PER_GROUP, 1,
+                     1, 0, compute_d_group, a);
+}
+
+/* tg_attn_train_bwd_step's D_vec: O and dO rows through pr->Os, Dv long. */
+static tg_status compute_d_rows(tg_ctx *ctx, tg_dtype dtype, const void *O, const void *dO,
+                                const tg_attn_problem *pr, float *D_out) {
+  const compute_d_args a = {O,      dO,      dtype, D_out, pr->B * pr->H * pr->qL,
+                            pr->Dv, ctx->ops, pr->Os, pr->H, pr->qL};
+  return dispatch_compute_d(ctx, &a);
 }
 
 /* The entry points' shared body; fn names the public function in messages. */
@@ -1170,9 +1323,8 @@ static tg_status compute_d(tg_ctx *ctx, const char *fn, tg_dtype dtype, const vo
   const tg_buf bufs[] = {tg_in("O", O, (uint64_t)elems * e), tg_in("dO", dO, (uint64_t)elems * e),
                          tg_out("D_out", D_out, (uint64_t)rows * sizeof(float))};
   if ((st = tg_check_alias(ctx, fn, bufs, TG_LEN(bufs)))) return st;
-  const compute_d_args a = {O, dO, dtype, D_out, rows, head_dim, ctx->ops};
-  return tg_dispatch(ctx, (rows + TG_ATTN_D_ROWS_PER_GROUP - 1) / TG_ATTN_D_ROWS_PER_GROUP, 1, 1, 0,
-                     compute_d_group, &a);
+  const compute_d_args a = {O, dO, dtype, D_out, rows, head_dim, ctx->ops, NULL, 0, 0};
+  return dispatch_compute_d(ctx, &a);
 }
 
 tg_status tg_attn_train_bwd_compute_d(tg_ctx *ctx, tg_dtype dtype, const void *O,

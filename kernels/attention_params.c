@@ -200,9 +200,10 @@ tg_status tg_attn_check_alias_fwd(tg_ctx *ctx, const char *fn, const tg_attn_pro
 
 tg_status tg_attn_check_alias_bwd(tg_ctx *ctx, const char *fn, const tg_attn_problem *pr,
                                   const void *Q, const void *K, const void *V,
-                                  const float *L, const void *dO, const float *D_vec,
-                                  const void *mask, const float *dQ, const float *dK,
-                                  const float *dV, const float *d_sinks) {
+                                  const float *L, const void *dO, const void *O,
+                                  const float *D_vec, const void *mask, const void *dQ,
+                                  const void *dK, const void *dV, size_t grad_bytes,
+                                  const float *d_sinks) {
   const int64_t B = pr->B, H = pr->H, H_kv = pr->H_kv, qL = pr->qL, kL = pr->kL, D = pr->D;
   const int64_t Dv = pr->Dv;
   const size_t e = in_bytes(pr);
@@ -213,12 +214,13 @@ tg_status tg_attn_check_alias_bwd(tg_ctx *ctx, const char *fn, const tg_attn_pro
       tg_attn_buf("V", V, pr->Vs, B, H_kv, kL, Dv, e, 0),
       tg_in("L", L, row_stats),
       tg_attn_buf("dO", dO, pr->Os, B, H, qL, Dv, e, 0),
-      tg_in("D_vec", D_vec, row_stats),
+      O ? tg_attn_buf("O", O, pr->Os, B, H, qL, Dv, e, 0) : tg_in("O", NULL, 0),
+      tg_in("D_vec", D_vec, D_vec ? row_stats : 0),
       mask_buf(pr, mask),
       sinks_buf("sinks", pr->sinks, pr, 0),
-      tg_attn_buf("dQ", dQ, pr->dQs, B, H, qL, D, sizeof(float), 1),
-      tg_attn_buf("dK", dK, pr->dKs, B, H_kv, kL, D, sizeof(float), 1),
-      tg_attn_buf("dV", dV, pr->dVs, B, H_kv, kL, Dv, sizeof(float), 1),
+      tg_attn_buf("dQ", dQ, pr->dQs, B, H, qL, D, grad_bytes, 1),
+      tg_attn_buf("dK", dK, pr->dKs, B, H_kv, kL, D, grad_bytes, 1),
+      tg_attn_buf("dV", dV, pr->dVs, B, H_kv, kL, Dv, grad_bytes, 1),
       sinks_buf("d_sinks", d_sinks, pr, 1)};
   return tg_check_alias(ctx, fn, bufs, TG_LEN(bufs));
 }
