@@ -23,9 +23,9 @@ median of --reps timed runs after one warm-up.
             backward sums the group's gradients) on the flash attention CPU
             backend when torch takes the shape, else whatever SDPA picks (the
             table says which). Gradients come out in the run's dtype.
-  tilegrad  compute_d + tg_attn_train_bwd (dK/dV written, not added to:
-            TG_ATTN_OPT_DKV_WRITE, as the torch op passes it) + the three bf16
-            casts of dQ/dK/dV, i.e. the same bf16-in/bf16-out step. O and L
+  tilegrad  tg_attn_train_bwd_step, as the torch op calls it: compute_d and
+            the backward (dK/dV written, not added to) in one call, writing
+            dQ/dK/dV in bf16, i.e. the same bf16-in/bf16-out step. O and L
             come from tilegrad's forward (untimed).
 
 Throughput is 10*B*H*L^2*D FLOP (x0.5 causal) over the median time, also
@@ -346,8 +346,13 @@ class TorchWindowStep:
 
 
 class TilegradStep:
-    """The backward step; with a window W (tg_attn_options.window) the
-    forward is part of the timed step too."""
+    """The backward step, tg_attn_train_bwd_step: D = rowsum(dO*O), the
+    backward and the bf16 gradients in one call (into self.grads); with a
+    window W (tg_attn_options.window) the forward is part of the timed step
+    too. The f32 buffers Dv, dq, dk, dv (never touched by the step) are
+    for scripts that time the parts apart with compute_d, tg_attn_train_bwd
+    (self.opt has TG_ATTN_OPT_DKV_WRITE) and the three casts into self.grads
+    (bench/results/xeon16-amx/step-parts/step_parts.py)."""
 
     def __init__(self, ctx, q, k, v, do, causal, scale, window=0):
         B, H, L, D = q.shape
@@ -355,34 +360,29 @@ class TilegradStep:
         self.ctx, self.causal, self.shape = ctx, int(causal), (B, H, L, D)
         self.p = capi.attn_params_init(B, H, Hkv, L, L, D, scale)
         self.window = window
+        # the forward ignores the flag, the step implies it, the parts' bwd needs it
         self.opt = capi.AttnOptions(flags=capi.TG_ATTN_OPT_DKV_WRITE, window=window)
         self.q, self.k, self.v, self.do = bits(q), bits(k), bits(v), bits(do)
         self.o = np.empty(q.shape, np.uint16)
         self.L = np.empty((B, H, L), np.float32)
         self.forward()
+        self.grads = [np.empty(a.shape, np.uint16) for a in (q, k, v)]
         self.Dv = np.empty((B, H, L), np.float32)
         self.dq = np.empty(q.shape, np.float32)
         self.dk = np.empty(k.shape, np.float32)
         self.dv = np.empty(k.shape, np.float32)
-        self.grads = [np.empty(a.shape, np.uint16) for a in (self.dq, self.dk, self.dv)]
 
     def forward(self):
-        # (the forward ignores the backward's flag)
         self.ctx.call("tg_attn_train_fwd", BF16, self.q, self.k, self.v, self.o, self.L,
                       self.p, None, None, self.causal, self.opt)
         return [self.o]
 
     def __call__(self):
-        B, H, L, D = self.shape
         if self.window:
             self.forward()
-        self.ctx.call("tg_flash_attn_train_bwd_compute_d_bf16", self.o, self.do, self.Dv,
-                      B, H, L, D)
-        self.ctx.call("tg_attn_train_bwd", BF16, self.q, self.k, self.v, self.L, self.do,
-                      self.Dv, self.dq, self.dk, self.dv, self.p, None, None, self.causal,
-                      self.opt)
-        for src, dst in zip((self.dq, self.dk, self.dv), self.grads):
-            self.ctx.call("tg_f32_to_bf16_cast", src, dst, src.size)
+        dq, dk, dv = self.grads
+        self.ctx.call("tg_attn_train_bwd_step", BF16, BF16, self.q, self.k, self.v, self.o,
+                      self.L, self.do, dq, dk, dv, self.p, None, None, self.causal, self.opt)
         return self.grads
 
 

@@ -12,8 +12,9 @@ numpy arrays) or :mod:`tilegrad.torch`. This module is the layer below them:
   optional explicit strides;
 * :class:`AttnOptions` -- ``tg_attn_options`` (dropout, sliding window,
   value head dim, attention sinks; 48 bytes, asserted) for the dtype
-  entry points ``tg_attn_train_fwd`` / ``_bwd`` / ``_bwd_compute_d`` (a CPU
-  extension: float32 attention, ``TG_DTYPE_*``) and ``tg_attn_dropout_keep``;
+  entry points ``tg_attn_train_fwd`` / ``_bwd`` / ``_bwd_compute_d`` /
+  ``_bwd_step`` (a CPU extension: float32 attention, ``TG_DTYPE_*``; the
+  step's gradients in bf16 or float32) and ``tg_attn_dropout_keep``;
 * :class:`Library` -- the CDLL with argtypes declared from the header;
   ``has(name)`` says whether an entry point is exported;
 * :data:`ISA_NAMES` -- ``{name: tg_isa value}`` of the ISAs the library
@@ -59,7 +60,8 @@ TG_ATTN_PRECISION_SPLIT = 1
 TG_ATTN_PRECISION_BF16 = 2
 ATTN_PRECISION_NAMES = {"exact": TG_ATTN_PRECISION_EXACT, "split": TG_ATTN_PRECISION_SPLIT,
                         "bf16": TG_ATTN_PRECISION_BF16}
-# tg_dtype (element type of Q, K, V, dO, O and the mask in tg_attn_train_*)
+# tg_dtype (element type of Q, K, V, dO, O and the mask in tg_attn_train_*;
+# also tg_attn_train_bwd_step's grad_dtype, the type of dQ, dK, dV)
 TG_DTYPE_BF16 = 0
 TG_DTYPE_F32 = 1
 DTYPE_NAMES = {"bf16": TG_DTYPE_BF16, "float32": TG_DTYPE_F32}
@@ -270,6 +272,8 @@ KERNEL_SIGNATURES = {
     # the dtype / options entry points (CPU extension): ctx, tg_dtype, then as above
     "tg_attn_train_fwd": [_P, _I] + [_P] * 5 + [_PP, _PM, _P, _I, _PO],
     "tg_attn_train_bwd": [_P, _I] + [_P] * 9 + [_PP, _PM, _P, _I, _PO],
+    # ctx, tg_dtype dtype, tg_dtype grad_dtype, Q, K, V, O, L, dO, dQ, dK, dV, ...
+    "tg_attn_train_bwd_step": [_P, _I, _I] + [_P] * 9 + [_PP, _PM, _P, _I, _PO],
     "tg_attn_train_bwd_compute_d": [_P, _I, _P, _P, _P, _U32, _U32, _U32, _U32],
     "tg_attn_dropout_keep": [_P, _PO, _U32, _U32, _U32, _U32, _P],
 }

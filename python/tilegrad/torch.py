@@ -16,8 +16,9 @@ autograd, so ``torch.compile(fullgraph=True)``, ``torch.export`` and
 * ``tilegrad::attn_bwd(do, q, k, v, o, lse, mask, causal, scale, softcap,
   q_offset, dropout_p, seed, threads, deterministic, attn_precision,
   window=0, sinks=None) -> (dq, dk, dv, dsinks)`` --
-  ``tg_attn_train_bwd_compute_d`` + ``tg_attn_train_bwd``; dsinks float32
-  [H] (shape (0,) without sinks);
+  ``tg_attn_train_bwd_step`` (compute_d and the backward in one call,
+  dq, dk, dv written in q's dtype); dsinks float32 [H] (shape (0,) without
+  sinks);
 * ``tilegrad::rms_norm_fwd(x, weight, eps, threads, deterministic) -> (y, r)``
   -- ``tg_rms_norm_forward_f32``;
 * ``tilegrad::rms_norm_bwd(dy, x, weight, r, threads, deterministic) ->
@@ -256,10 +257,12 @@ def _attn_bwd_impl(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: 
                    q_offset: int, dropout_p: float, seed: Optional[Tensor], threads: int,
                    deterministic: bool, attn_precision: int, window: int = 0,
                    sinks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The FA-2 backward: dq, dk, dv of q's dtype, contiguous, shapes of q, k,
-    v (the kernel's f32 results, rounded once to bf16 (RNE) for bf16), and
-    dsinks, float32 [H] (the kernel's d_sinks, accumulated into zeros; shape
-    (0,) when sinks is None). attn_precision: the tg_attn_precision of
+    """The FA-2 backward in one call, tg_attn_train_bwd_step (D = rowsum(dO*O),
+    then the backward with dK, dV written): dq, dk, dv of q's dtype,
+    contiguous, shapes of q, k, v (the kernel's f32 results, rounded once to
+    bf16 (RNE) for bf16, by the kernel as it writes them), and dsinks,
+    float32 [H] (the kernel's d_sinks, accumulated into zeros; shape (0,)
+    when sinks is None). attn_precision: the tg_attn_precision of
     dQ += dS.K, dK += dS^T.Q and dV += P^T.dO (bfloat16 only)."""
     dt = _need_attn_dtype("tilegrad::attn_bwd", q, do=do, k=k, v=v, o=o, mask=mask)
     _need_dtype("tilegrad::attn_bwd", torch.float32, lse=lse)
@@ -275,23 +278,22 @@ def _attn_bwd_impl(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: 
             dsinks.copy_(_sinks_grad(sinks, lse, delta))
         return q.new_zeros(q.shape), k.new_zeros(k.shape), v.new_zeros(v.shape), dsinks
     q, k, v = _inner_unit(q), _inner_unit(k), _inner_unit(v)
-    do, o, lse = do.contiguous(), o.contiguous(), lse.contiguous()   # compute_d: contiguous
+    # O is read through dO's strides (the params' O_strides): both contiguous
+    do, o, lse = do.contiguous(), o.contiguous(), lse.contiguous()
     if sinks is not None:
         sinks = sinks.contiguous()
     ctx = _context(threads, deterministic, ap)
-    delta = lse.new_empty((B, H, qL))
-    ctx.call("tg_attn_train_bwd_compute_d", dt, _ptr(o), _ptr(do), _ptr(delta), B, H, qL, Dv)
     p = _attn_params(q, k, v, _bhl_strides(do), scale, softcap, q_offset)
     m, mp = _mask_args(mask, B, H, qL, k.shape[2])
-    dq = torch.empty(q.shape, dtype=torch.float32)
-    dk = torch.empty(k.shape, dtype=torch.float32)    # written (TG_ATTN_OPT_DKV_WRITE)
-    dv = torch.empty(v.shape, dtype=torch.float32)
-    ctx.call("tg_attn_train_bwd", dt, _ptr(q), _ptr(k), _ptr(v), _ptr(lse), _ptr(do),
-             _ptr(delta), _ptr(dq), _ptr(dk), _ptr(dv), p, mp,
+    # written in q's dtype (grad_dtype = dt), contiguous; TG_ATTN_OPT_DKV_WRITE is implied
+    dq = torch.empty(q.shape, dtype=q.dtype)
+    dk = torch.empty(k.shape, dtype=q.dtype)
+    dv = torch.empty(v.shape, dtype=q.dtype)
+    ctx.call("tg_attn_train_bwd_step", dt, dt, _ptr(q), _ptr(k), _ptr(v), _ptr(o), _ptr(lse),
+             _ptr(do), _ptr(dq), _ptr(dk), _ptr(dv), p, mp,
              None if m is None else _ptr(m), 1 if causal else 0,
-             _attn_options(dropout_p, seed, window, Dv if Dv != D else 0, sinks, dsinks,
-                           _capi.TG_ATTN_OPT_DKV_WRITE))
-    return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), dsinks
+             _attn_options(dropout_p, seed, window, Dv if Dv != D else 0, sinks, dsinks))
+    return dq, dk, dv, dsinks
 
 
 def _attn_bwd_fake(do, q, k, v, o, lse, mask, causal, scale, softcap, q_offset, dropout_p,
