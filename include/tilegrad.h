@@ -40,7 +40,7 @@ extern "C" {
  * package's tilegradConfigVersion.cmake and tilegrad.pc. */
 #define TG_VERSION_MAJOR 0
 #define TG_VERSION_MINOR 2
-#define TG_VERSION_PATCH 0
+#define TG_VERSION_PATCH 1
 
 #define TG_VERSION_STR_(x) #x
 #define TG_VERSION_STR(x) TG_VERSION_STR_(x)

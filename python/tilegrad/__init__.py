@@ -29,7 +29,7 @@ from .errors import (AliasError, BadIndexError, BadParamsError, BadShapeError, B
 from .kernels import *  # noqa: F401,F403
 from .kernels import __all__ as _kernel_names
 
-__version__ = "0.2.0"
+__version__ = "0.2.1"
 
 f32_to_bf16 = f32_to_bf16_cast  # noqa: F405  (short alias)
 
