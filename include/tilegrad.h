@@ -377,7 +377,8 @@ tg_status tg_attn_train_bwd(tg_ctx *ctx, tg_dtype dtype, const void *Q, const vo
  * bf16 gradients are rounded as the backward's last sums are written.
  * O has dO's layout (the params' O_strides, [B,H,qL,Dv], type dtype) and
  * is an input; opt->d_sinks accumulates as in tg_attn_train_bwd. Checks as
- * tg_attn_train_bwd, and a grad_dtype outside tg_dtype is
+ * tg_attn_train_bwd, and a grad_dtype outside tg_dtype and, with bf16
+ * inputs, TG_ATTN_OPT_O_F32 in opt->flags (an f32 O from the forward) are
  * TG_ERR_BAD_PARAMS (nothing written). bf16 gradients run the KV schedule
  * whatever tg_ctx_set_attn_schedule asked (the ATOMIC one adds to f32). */
 tg_status tg_attn_train_bwd_step(tg_ctx *ctx, tg_dtype dtype, tg_dtype grad_dtype,

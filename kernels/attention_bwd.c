@@ -1178,6 +1178,13 @@ static tg_status train_bwd(tg_ctx *ctx, const char *fn, int step, tg_dtype dtype
     return tg_fail(ctx, TG_ERR_BAD_PARAMS,
                    "%s: grad_dtype %d is not a tg_dtype (TG_DTYPE_BF16 0, TG_DTYPE_F32 1)", fn,
                    (int)grad);
+  /* The forward's options may carry TG_ATTN_OPT_O_F32: its O is then f32,
+   * which the step would read as bf16. */
+  if (step && pr.o_f32 && dtype == TG_DTYPE_BF16)
+    return tg_fail(ctx, TG_ERR_BAD_PARAMS,
+                   "%s: flags has TG_ATTN_OPT_O_F32, but the step reads O as dtype (bf16); "
+                   "round O to bf16, or call tg_attn_train_bwd_compute_d and "
+                   "tg_attn_train_bwd", fn);
   pr.compensated = dtype == TG_DTYPE_F32;
   pr.dkv_write |= step;
   float *d_sinks = opt ? opt->d_sinks : NULL;
