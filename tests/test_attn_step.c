@@ -59,7 +59,10 @@
  * the other attention suites' time): each shape of a test takes one input
  * type / precision mode, in turn (every one taken across the shapes: takes),
  * the shapes of test_step_matches_three_calls in deterministic mode only,
- * test_step_dkv_transposed_forced D 64 only; the f64, bad-argument and
+ * test_step_dkv_transposed_forced D 64 in bf16 mode only, the ATOMIC
+ * context's bf16 gradients at 2 threads only, test_step_context_reuse
+ * without its D 256 call, test_step_key_chunks one
+ * planned L2 per shape and type (alternating); the f64, bad-argument and
  * allocation tests as in Release.
  */
 #include <math.h>
@@ -589,7 +592,7 @@ static void test_step_deterministic_threads(void **state) {
  * three-call path in both, at D 64 (transposed by the plan's own rule) and
  * D 160 (by rows), in each precision mode whose backward runs on the bf16
  * unit of the table under test (elsewhere the hook changes nothing: left
- * out). TG_TEST_SHORT: D 64. */
+ * out). TG_TEST_SHORT: D 64, bf16 mode. */
 static void test_step_dkv_transposed_forced(void **state) {
   (void)state;
   tu_rng r = tu_rng_make(tu_seed() + 103);
@@ -599,7 +602,7 @@ static void test_step_dkv_transposed_forced(void **state) {
     step_problem pb;
     build(&pb, &shapes[which[wi]], &r);
     grad_sets s = alloc_sets(&pb);
-    for (int vi = 1; vi < N_VARIANTS; vi++) /* bf16 inputs */
+    for (int vi = tu_short() ? N_VARIANTS - 1 : 1; vi < N_VARIANTS; vi++) /* bf16 inputs */
       for (int mode = 0; mode <= 1; mode++) {
         tg_ctx *ctx = make_ctx(2, 1, TG_ATTN_SCHEDULE_KV, variants[vi].prec);
         if (tg_testing_attn_bf16_parts(tg_ctx_get_isa(ctx), variants[vi].prec, pb.c.D, 1) <= 0) {
@@ -650,7 +653,7 @@ static void test_step_atomic_schedule(void **state) {
       run_step(at1, &pb, dt, &s.got32, 0);
       failures += !same_grads(&pb, &s.ref32, &s.got32, what);
       tg_ctx_destroy(at1);
-      for (int threads = 1; threads <= 2; threads++) {
+      for (int threads = tu_short() ? 2 : 1; threads <= 2; threads++) {
         tg_ctx *kv = make_ctx(threads, 0, TG_ATTN_SCHEDULE_KV, variants[vi].prec);
         tg_ctx *at = make_ctx(threads, 0, TG_ATTN_SCHEDULE_ATOMIC, variants[vi].prec);
         run_three_calls(kv, &pb, dt, &s.ref32);
@@ -688,6 +691,7 @@ static void test_step_context_reuse(void **state) {
   tg_ctx *reused = make_ctx(2, 1, TG_ATTN_SCHEDULE_KV, TG_ATTN_PRECISION_EXACT);
   for (int oi = 0; oi < N_ORDER; oi++) {
     const int si = order[oi], vi = oi % N_VARIANTS;
+    if (tu_short() && si == S_D256) continue; /* (the longest; the others grow it too) */
     if (!built[si]) build(&pb[si], &shapes[si], &r), built[si] = 1;
     grad_sets s = alloc_sets(&pb[si]);
     assert_int_equal(tg_ctx_set_attn_precision(reused, variants[vi].prec), TG_OK);
@@ -731,6 +735,7 @@ static void test_step_key_chunks(void **state) {
     tg_testing_plan_cpus(1);
     for (int vi = 0; vi < N_VARIANTS; vi++)
       for (int li = 0; li < 2 && takes((int)wi, vi); li++) {
+        if (tu_short() && li != (int)(wi + (size_t)vi) % 2) continue; /* one L2 each */
         tg_testing_plan_l2_bytes(l2[li]);
         tg_ctx *ctx = make_ctx(1, 0, TG_ATTN_SCHEDULE_KV, variants[vi].prec);
         char what[256];
