@@ -365,8 +365,8 @@ tg_status tg_attn_train_bwd(tg_ctx *ctx, tg_dtype dtype, const void *Q, const vo
                             const tg_attn_params *p, const tg_attn_mask_params *mp,
                             const void *mask, int causal, const tg_attn_options *opt);
 
-/* The whole backward step in one call, as PyTorch's attention backward
- * takes it (O and L from the forward, gradients in the inputs' dtype):
+/* The whole backward step in one call (since 0.2.1), as PyTorch's
+ * attention backward takes it (O and L from the forward, gradients in the inputs' dtype):
  * D_vec = rowsum(dO o O) in a workspace of the context's, then the
  * backward above with dK, dV written (TG_ATTN_OPT_DKV_WRITE is implied),
  * and dQ [B,H,qL,D], dK [B,H_kv,kL,D], dV [B,H_kv,kL,Dv] contiguous of
