@@ -26,7 +26,10 @@ median of --reps timed runs after one warm-up.
   tilegrad  tg_attn_train_bwd_step, as the torch op calls it: compute_d and
             the backward (dK/dV written, not added to) in one call, writing
             dQ/dK/dV in bf16, i.e. the same bf16-in/bf16-out step. O and L
-            come from tilegrad's forward (untimed).
+            come from tilegrad's forward (untimed). With --via-op: autograd.grad
+            through tilegrad.torch.attention instead (the torch op, what a
+            model's backward pays: the same call, plus PyTorch's dispatch and
+            the returned gradients' allocation, as on torch's side).
 
 Throughput is 10*B*H*L^2*D FLOP (x0.5 causal) over the median time, also
 given as a fraction of the ceilings `tilegrad bench --section peaks` measures
@@ -386,6 +389,22 @@ class TilegradStep:
         return self.grads
 
 
+class TilegradOpStep:
+    """--via-op: the backward through the torch op, autograd.grad of
+    tilegrad.torch.attention's output (the forward, untimed, keeps its
+    graph), as a model's training step runs it."""
+
+    def __init__(self, ctx, q, k, v, do, causal, scale):
+        from tilegrad import torch as tt
+        self.do = do
+        self.inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+        self.out = tt.attention(*self.inputs, causal=bool(causal), scale=scale,
+                                attn_precision=ctx.attn_precision, threads=ctx.threads)
+
+    def __call__(self):
+        return torch.autograd.grad(self.out, self.inputs, self.do, retain_graph=True)
+
+
 def timed(fn):
     t0 = time.perf_counter()
     fn()
@@ -409,7 +428,8 @@ def check_agreement(tg_step, torch_steps):
     """The gradient check, which is also every contender's warm-up run:
     tilegrad vs each torch dtype, and torch bf16 vs torch f32 (what bf16
     itself costs in PyTorch, to read tilegrad's f32 difference against)."""
-    ours = [torch.from_numpy(g.view(np.int16)).view(torch.bfloat16) for g in tg_step()]
+    ours = [g if isinstance(g, torch.Tensor) else
+            torch.from_numpy(g.view(np.int16)).view(torch.bfloat16) for g in tg_step()]
     theirs = {name: step() for name, step in torch_steps.items()}
     diffs = {name: max_rel_diff(ours, g) for name, g in theirs.items()}
     if "f32" in theirs and "bf16" in theirs:
@@ -417,12 +437,14 @@ def check_agreement(tg_step, torch_steps):
     return diffs
 
 
-def run_shape(shape, threads, reps, ctx, seed, dtypes, forward=False, pause=0.0):
+def run_shape(shape, threads, reps, ctx, seed, dtypes, forward=False, pause=0.0, via_op=False):
     B, H, Hkv, L, D, causal = shape[:6]
     window = shape[6] if len(shape) > 6 else 0
     if forward and window:
         sys.exit("vs_torch.py: --forward takes shapes without a window (a windowed row "
                  "already times forward + backward)")
+    if via_op and (forward or window):
+        sys.exit("vs_torch.py: --via-op times the backward of unwindowed shapes only")
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(B, H, L, D, generator=g).bfloat16()
     k = torch.randn(B, Hkv, L, D, generator=g).bfloat16()
@@ -438,8 +460,11 @@ def run_shape(shape, threads, reps, ctx, seed, dtypes, forward=False, pause=0.0)
     else:
         torch_steps = {name: TorchStep(q, k, v, do, causal, scale, TORCH_DTYPES[name])
                        for name in dtypes}
-    tilegrad = TilegradStep(ctx, q, k, v, do, causal, scale, window)
-    tg_step = tilegrad.forward if forward else tilegrad
+    if via_op:
+        tg_step = TilegradOpStep(ctx, q, k, v, do, causal, scale)
+    else:
+        tilegrad = TilegradStep(ctx, q, k, v, do, causal, scale, window)
+        tg_step = tilegrad.forward if forward else tilegrad
     diffs = check_agreement(tg_step, torch_steps)
     t_torch, t_tg = {name: [] for name in dtypes}, []
     for _ in range(reps):
@@ -568,6 +593,9 @@ def main():
     ap.add_argument("--forward", action="store_true",
                     help="time the training forward alone on both sides (tg_attn_train_fwd: "
                     "O and L; SDPA without a graph), FLOP = 4*B*H*L^2*D (x0.5 causal)")
+    ap.add_argument("--via-op", action="store_true",
+                    help="time tilegrad's backward through its torch op (autograd.grad of "
+                    "tilegrad.torch.attention) instead of the C call")
     ap.add_argument("--isa", help="tilegrad's microkernel set: auto or one of the names "
                     "`tilegrad bench --help` lists (sets TG_ISA); default: the library's choice")
     ap.add_argument("--torch-dtypes", type=parse_dtypes, default=list(TORCH_DTYPES),
@@ -596,7 +624,8 @@ def main():
     print(f"CPU: {cpu} ({os.cpu_count()} cpus)")
     requested = os.environ.get("TG_ISA")  # --isa, or the caller's environment
     asked = f"TG_ISA={requested}" if requested else "the library's choice"
-    print(f"tilegrad: ISA {ctx.isa} ({asked}), precision {args.precision}, {ctx.lib.path}")
+    print(f"tilegrad: ISA {ctx.isa} ({asked}), precision {args.precision}, {ctx.lib.path}"
+          + (", through the torch op (--via-op)" if args.via_op else ""))
     print(f"torch {torch.__version__}, CPU capability {capability}; timed in "
           f"{' and '.join(dtypes)}" + (", the peer is the faster per shape"
                                        if len(dtypes) > 1 else " only"))
@@ -626,7 +655,7 @@ def main():
         rows = []
         for si, shape in enumerate(shapes):
             r = run_shape(shape, threads, args.reps, ctx, args.seed + si, dtypes, args.forward,
-                          pause)
+                          pause, args.via_op)
             r["pct_fma_peak"] = 100 * r["tilegrad_gflops"] / fma
             ceil = ceil_at(shape[4])
             r["pct_ceiling"] = 100 * r["tilegrad_gflops"] / ceil
@@ -642,7 +671,7 @@ def main():
         with open(args.json, "w") as f:
             json.dump({"tool": "bench/vs_torch.py", "cpu": cpu, "threads": thread_counts,
                        "tilegrad_isa": isa, "isa_requested": requested,
-                       "tilegrad_precision": args.precision,
+                       "tilegrad_precision": args.precision, "via_op": args.via_op,
                        "torch": torch.__version__, "torch_cpu_capability": capability,
                        "torch_dtypes": dtypes,
                        "peer": "the faster of torch_dtypes per shape (ms_torch, "
