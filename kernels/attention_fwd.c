@@ -136,16 +136,16 @@ static void fwd_softmax_tile(const fwd_args *a, fwd_qtile *t, float *S, int64_t 
     float *P = S + i * BK, unused, tile_max;
     uint16_t *p16 = P16 ? P16 + i * BK : NULL;
     if (p16 && nk % 2) p16[nk] = 0;
-    /* bf16 part, no mask or softcap, a running max: one pass where the
-     * tile's scores stay within TG_ATTN_FWD_MAX_LAG above it (the raw
-     * scores are still in S for the two passes below where they do not) */
-    if (p16 && !mrow && pr->softcap == 0.0f && t->m[i] > -INFINITY && t->m[i] < INFINITY) {
-      const int64_t lo = tg_attn_hidden_left(pr, qi, k0, nk);
-      const int64_t n_vis = tg_attn_visible(pr, qi, k0, nk);
-      if (lo >= n_vis) { /* none visible: P = 0, state unchanged */
-        memset(p16, 0, sizeof(uint16_t) * (size_t)nk);
-        continue;
-      }
+    /* without softcap: keys [0, lo) left of the window, [n_vis, nk) right
+     * of the diagonal */
+    const int64_t lo = pr->softcap == 0.0f ? tg_attn_hidden_left(pr, qi, k0, nk) : 0;
+    const int64_t n_vis = pr->softcap == 0.0f ? tg_attn_visible(pr, qi, k0, nk) : nk;
+    /* bf16 part, no mask or softcap, a running max, some key visible: one
+     * pass where the tile's scores stay within TG_ATTN_FWD_MAX_LAG above it
+     * (the raw scores are still in S for the two passes below where they
+     * do not) */
+    if (p16 && !mrow && pr->softcap == 0.0f && lo < n_vis && t->m[i] > -INFINITY &&
+        t->m[i] < INFINITY) {
       float row_max;
       const float sum = ops->attn_exp_sum_lag_bf16_row(P + lo, n_vis - lo, pr->scale, t->m[i],
                                                        p16 + lo, &row_max);
@@ -157,9 +157,6 @@ static void fwd_softmax_tile(const fwd_args *a, fwd_qtile *t, float *S, int64_t 
       }
     }
     if (pr->softcap == 0.0f) {
-      /* keys [0, lo) left of the window, [n_vis, nk) right of the diagonal */
-      const int64_t lo = tg_attn_hidden_left(pr, qi, k0, nk);
-      const int64_t n_vis = tg_attn_visible(pr, qi, k0, nk);
       if (lo >= n_vis) { /* none visible */
         for (int64_t k = 0; k < nk; k++) P[k] = -INFINITY;
         tile_max = -INFINITY;
