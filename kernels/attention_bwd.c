@@ -515,10 +515,10 @@ static void put_rows(float *dst, int64_t ld, const float *src, int64_t n, int64_
 /* A key tile's dK or dV sum (cols columns, nk rows; [cols, nk] transposed
  * where plan.dkv_transposed) put into rows [nk, cols] at stride ld as
  * put_rows (the transposed sum written through the table's transpose, added
- * by add_transposed_f32, or atomically 16 x 16 at a time). */
+ * by add_transposed_f32, or atomically 16 x 16 at a time; NULL: zeros). */
 static void put_dkv(const bwd_args *a, float *dst, int64_t ld, const float *src, int64_t nk,
                     int64_t cols, rows_mode mode) {
-  if (!a->plan.dkv_transposed) {
+  if (!src || !a->plan.dkv_transposed) {
     put_rows(dst, ld, src, nk, cols, mode);
   } else if (mode == ROWS_WRITE) {
     a->ops->transpose_f32(cols, nk, src, nk, dst, ld, 0);
@@ -580,9 +580,6 @@ static void put_dkv_tile(const bwd_args *a, int64_t b, int64_t h_kv, int64_t k0,
     write_dkv_bf16(a, a->dK16 + tg_attn_offset(pr->dKs, b, h_kv, k0), pr->dKs[2], dk, nk, pr->D);
     write_dkv_bf16(a, a->dV16 + tg_attn_offset(pr->dVs, b, h_kv, k0), pr->dVs[2], dv, nk,
                    pr->Dv);
-  } else if (!dk) {
-    put_rows(a->dK + tg_attn_offset(pr->dKs, b, h_kv, k0), pr->dKs[2], NULL, nk, pr->D, mode);
-    put_rows(a->dV + tg_attn_offset(pr->dVs, b, h_kv, k0), pr->dVs[2], NULL, nk, pr->Dv, mode);
   } else {
     put_dkv(a, a->dK + tg_attn_offset(pr->dKs, b, h_kv, k0), pr->dKs[2], dk, nk, pr->D, mode);
     put_dkv(a, a->dV + tg_attn_offset(pr->dVs, b, h_kv, k0), pr->dVs[2], dv, nk, pr->Dv, mode);
@@ -1269,11 +1266,9 @@ typedef struct {
   float *D_out;
   int64_t rows, D;
   const tg_isa_ops *ops;
-  /* NULL: O, dO contiguous [rows, D]; else their [batch, head, row]
-   * strides (tg_attn_train_bwd_step: the params' O_strides), H heads of qL
-   * rows */
-  const int64_t *Os;
-  int64_t H, qL;
+  /* O's and dO's [batch, head, row] strides (contiguous for the pre-pass,
+   * the params' O_strides for tg_attn_train_bwd_step), H heads of qL rows */
+  int64_t Os[3], H, qL;
 } compute_d_args;
 
 static void compute_d_group(const void *vargs, int64_t blk, int64_t y, int64_t z,
@@ -1282,14 +1277,17 @@ static void compute_d_group(const void *vargs, int64_t blk, int64_t y, int64_t z
   const int64_t r0 = blk * TG_ATTN_D_ROWS_PER_GROUP;
   const int64_t r1 =
       r0 + TG_ATTN_D_ROWS_PER_GROUP < a->rows ? r0 + TG_ATTN_D_ROWS_PER_GROUP : a->rows;
-  for (int64_t r = r0; r < r1; r++) {
-    const int64_t at = a->Os ? tg_attn_offset(a->Os, r / a->qL / a->H, r / a->qL % a->H, r % a->qL)
-                             : r * a->D;
-    if (a->t == TG_DTYPE_F32)
-      a->D_out[r] = a->ops->dot_f32((const float *)a->O + at, (const float *)a->dO + at, a->D);
-    else
-      a->D_out[r] = a->ops->dot_bf16((const tg_bf16 *)a->O + at, (const tg_bf16 *)a->dO + at,
-                                     a->D);
+  for (int64_t r = r0; r < r1;) { /* a head's rows at a time */
+    const int64_t bh = r / a->qL, end = (bh + 1) * a->qL < r1 ? (bh + 1) * a->qL : r1;
+    const int64_t head = tg_attn_offset(a->Os, bh / a->H, bh % a->H, 0);
+    for (int64_t i = r % a->qL; r < end; r++, i++) {
+      const int64_t at = head + i * a->Os[2];
+      if (a->t == TG_DTYPE_F32)
+        a->D_out[r] = a->ops->dot_f32((const float *)a->O + at, (const float *)a->dO + at, a->D);
+      else
+        a->D_out[r] = a->ops->dot_bf16((const tg_bf16 *)a->O + at, (const tg_bf16 *)a->dO + at,
+                                       a->D);
+    }
   }
 }
 
@@ -1301,8 +1299,10 @@ static tg_status dispatch_compute_d(tg_ctx *ctx, const compute_d_args *a) {
 /* tg_attn_train_bwd_step's D_vec: O and dO rows through pr->Os, Dv long. */
 static tg_status compute_d_rows(tg_ctx *ctx, tg_dtype dtype, const void *O, const void *dO,
                                 const tg_attn_problem *pr, float *D_out) {
-  const compute_d_args a = {O,      dO,      dtype, D_out, pr->B * pr->H * pr->qL,
-                            pr->Dv, ctx->ops, pr->Os, pr->H, pr->qL};
+  const compute_d_args a = {O,      dO,       dtype,
+                            D_out,  pr->B * pr->H * pr->qL,
+                            pr->Dv, ctx->ops, {pr->Os[0], pr->Os[1], pr->Os[2]},
+                            pr->H,  pr->qL};
   return dispatch_compute_d(ctx, &a);
 }
 
@@ -1330,7 +1330,8 @@ static tg_status compute_d(tg_ctx *ctx, const char *fn, tg_dtype dtype, const vo
   const tg_buf bufs[] = {tg_in("O", O, (uint64_t)elems * e), tg_in("dO", dO, (uint64_t)elems * e),
                          tg_out("D_out", D_out, (uint64_t)rows * sizeof(float))};
   if ((st = tg_check_alias(ctx, fn, bufs, TG_LEN(bufs)))) return st;
-  const compute_d_args a = {O, dO, dtype, D_out, rows, head_dim, ctx->ops, NULL, 0, 0};
+  const int64_t D = head_dim, L = q_seq_len, H = n_q_heads; /* contiguous [B, H, L, D] */
+  const compute_d_args a = {O, dO, dtype, D_out, rows, D, ctx->ops, {H * L * D, L * D, D}, H, L};
   return dispatch_compute_d(ctx, &a);
 }
 
