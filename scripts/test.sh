@@ -71,6 +71,10 @@ assert transformers.__version__ == "5.17.0"' 2>/dev/null; then
 fi
 TILEGRAD_LIB="$PWD/build/libtilegrad.so" TG_REQUIRE_CUSTOM_OPS=1 TG_REQUIRE_TRANSFORMERS=1 \
   "$tv/bin/python" -m pytest tests/python -q
+# eager calls skip the dispatcher (tilegrad.torch._direct); the torch
+# front's suites once more with them through the custom ops
+TILEGRAD_LIB="$PWD/build/libtilegrad.so" TG_REQUIRE_CUSTOM_OPS=1 TG_TORCH_VIA_OPS=1 \
+  "$tv/bin/python" -m pytest tests/python/test_torch_*.py tests/python/test_bwd_step.py -q
 
 stage pip-install "pip install ./python in a fresh venv, then import it from elsewhere"
 bash python/ci_install_check.sh --offline

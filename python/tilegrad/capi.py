@@ -213,6 +213,9 @@ for _name, _off in _EXPECTED_OPTION_OFFSETS.items():
     assert getattr(AttnOptions, _name).offset == _off, (_name, getattr(AttnOptions, _name).offset)
 
 
+_I64x3 = ctypes.c_int64 * 3
+
+
 def _set_strides(p, Q_strides=None, K_strides=None, V_strides=None, O_strides=None):
     for field, s in (("Q_strides", Q_strides), ("K_strides", K_strides),
                      ("V_strides", V_strides), ("O_strides", O_strides)):
@@ -228,17 +231,15 @@ def attn_params(B, H, H_kv, qL, kL, D, scale, softcapping=1.0,
     """Pure-Python twin of ``tg_attn_params_init`` (contiguous
     ``[B, heads, L, D]`` by default), with optional explicit strides. Does not
     validate: it can build the inconsistent structs the tests need."""
-    p = AttnParams()
-    p.B, p.H, p.D, p.qL, p.kL = B, H, D, qL, kL
-    p.gqa_factor = H // H_kv
-    p.scale, p.softcapping = scale, softcapping
-    p.NQ, p.NK = -(-qL // 32), -(-kL // 16)
-    p.NQ_aligned, p.NK_aligned = qL // 32, kL // 16
-    p.qL_rem, p.kL_rem = qL % 32, kL % 16
-    p.qL_off, p._pad = kL - qL, 0
-    _set_strides(p, (H * qL * D, qL * D, D), (H_kv * kL * D, kL * D, D),
-                 (H_kv * kL * D, kL * D, D), (H * qL * D, qL * D, D))
-    return _set_strides(p, Q_strides, K_strides, V_strides, O_strides)
+    q_rows, kv_rows = (H * qL * D, qL * D, D), (H_kv * kL * D, kL * D, D)
+    Qs = q_rows if Q_strides is None else Q_strides
+    Ks = kv_rows if K_strides is None else K_strides
+    Vs = kv_rows if V_strides is None else V_strides
+    Os = q_rows if O_strides is None else O_strides
+    # one constructor call, the fields in order (the torch ops build one a call)
+    return AttnParams(B, H, D, qL, kL, H // H_kv, scale, softcapping,
+                      -(-qL // 32), -(-kL // 16), qL // 32, kL // 16, qL % 32, kL % 16,
+                      kL - qL, 0, _I64x3(*Qs), _I64x3(*Ks), _I64x3(*Vs), _I64x3(*Os))
 
 
 # --------------------------------------------------------------------------
@@ -405,10 +406,13 @@ _BUFFER_DTYPES = (np.dtype(np.float32), np.dtype(np.uint16), np.dtype(np.uint32)
                   np.dtype(np.uint8))
 
 
+_AS_IS = (int, float, ctypes.c_void_p)  # (addresses and scalars: as they are)
+
+
 def as_pointer(a):
     """ctypes argument for one raw buffer / struct / scalar."""
-    if a is None:
-        return None
+    if a is None or type(a) in _AS_IS:
+        return a
     if isinstance(a, np.ndarray):
         if a.dtype not in _BUFFER_DTYPES and a.dtype.name != "bfloat16":
             raise TypeError(f"unsupported buffer dtype {a.dtype} (float32, uint16 = raw "
@@ -598,7 +602,7 @@ class Context:
         """Calls ``name(ctx, *args)`` with raw arguments; raises a
         TilegradError subclass on a non-zero status."""
         f = self.lib.func(name)
-        self._check(name, f(self.handle, *[as_pointer(a) for a in args]))
+        self._check(name, f(self.handle, *map(as_pointer, args)))
 
     # -- lifetime -----------------------------------------------------------
     def close(self):

@@ -28,8 +28,13 @@ The ops take tensors directly: the C functions get ``t.data_ptr()`` through
 ctypes inside the op's implementation (opaque to Dynamo), contiguous inputs
 are never copied and strided ``[B, H, L, D]`` views (e.g.
 ``x.view(B, L, H, D).transpose(1, 2)``) go to the attention kernels by their
-strides. On PyTorch < 2.4 (Debian's 1.13) the same implementations run
-behind plain ``torch.autograd.Function`` s (no compile/export support).
+strides. Plain eager calls (no torch.compile, export or jit tracing, no
+torch_function or torch_dispatch mode, no functorch transform, no tensor
+subclass) run the same implementations behind plain
+``torch.autograd.Function`` s instead of through the dispatcher: the same
+bits, about 0.2 ms less per forward + backward (``_direct``); with no graph
+to record the forward is the implementation alone. On PyTorch < 2.4
+(Debian's 1.13) the Functions are the only path (no compile/export support).
 
 User-facing functions: :func:`attention`, :func:`scaled_dot_product_attention`,
 :func:`rms_norm`; modules :class:`RMSNorm`, :class:`Attention`,
@@ -444,6 +449,17 @@ def _attn_grads(attn_bwd, saved, args, do: Tensor, need: Sequence[bool]):
     return dq, dk, dv, dm, ds if need[4] else None
 
 
+def _rms_grads(rms_bwd, ctx, dy: Tensor):
+    """rms_norm's (dx, dw, None, None, None) from ctx's saved (x, weight, r)
+    and args (threads, deterministic)."""
+    x, weight, r = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    if not (need[0] or need[1]):
+        return None, None, None, None, None
+    dx, dw = rms_bwd(dy, x, weight, r, *ctx.args)
+    return dx if need[0] else None, dw if need[1] else None, None, None, None
+
+
 if HAVE_CUSTOM_OPS:
     def _custom_op(name, impl, fake):
         """tilegrad::<name>, a CPU op with no mutated arguments, and its fake."""
@@ -481,65 +497,113 @@ if HAVE_CUSTOM_OPS:
         ctx.save_for_backward(x, weight, output[1])
 
     def _rms_backward(ctx, dy, dr):
-        x, weight, r = ctx.saved_tensors
-        if not (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
-            return None, None, None, None, None
-        dx, dw = rms_norm_bwd(dy, x, weight, r, *ctx.args)
-        return (dx if ctx.needs_input_grad[0] else None,
-                dw if ctx.needs_input_grad[1] else None, None, None, None)
+        return _rms_grads(rms_norm_bwd, ctx, dy)
 
     rms_norm_fwd.register_autograd(_rms_backward, setup_context=_rms_setup_context)
 
-    def _attn_call(q, k, v, mask, causal, scale, softcap, q_offset, dropout_p, seed, threads,
-                   deterministic, attn_precision, window, sinks):
-        return attn_fwd(q, k, v, mask, causal, scale, softcap, q_offset, dropout_p, seed,
-                        threads, deterministic, attn_precision, window, sinks)[0]
-
-    def _rms_call(x, weight, eps, threads, deterministic):
-        return rms_norm_fwd(x, weight, eps, threads, deterministic)[0]
-
-else:  # PyTorch < 2.4: the same implementations behind autograd Functions
+else:  # PyTorch < 2.4: the autograd Functions below are the only path
     attn_fwd = attn_bwd = rms_norm_fwd = rms_norm_bwd = None
 
-    class _AttnFunction(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, q, k, v, mask, causal, scale, softcap, q_offset, dropout_p, seed,
-                    threads, deterministic, attn_precision, window, sinks):
-            o, lse = _attn_fwd_impl(q, k, v, mask, causal, scale, softcap, q_offset,
-                                    dropout_p, seed, threads, deterministic, attn_precision,
-                                    window, sinks)
-            ctx.args = (causal, scale, softcap, q_offset, dropout_p, threads, deterministic,
-                        attn_precision, window)
-            ctx.save_for_backward(q, k, v, o, lse, mask, seed, sinks)
-            return o
 
-        @staticmethod
-        def backward(ctx, do):
-            need = ctx.needs_input_grad
-            dq, dk, dv, dm, ds = _attn_grads(_attn_bwd_impl, ctx.saved_tensors, ctx.args, do,
-                                             need[:4] + need[14:15])
-            return (dq, dk, dv, dm) + (None,) * 10 + (ds,)
+class _AttnFunction(torch.autograd.Function):
+    """attn_fwd / attn_bwd's implementations behind autograd, without the
+    dispatcher (see _direct)."""
 
-    class _RMSFunction(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x, weight, eps, threads, deterministic):
-            y, r = _rms_fwd_impl(x, weight, eps, threads, deterministic)
-            ctx.args = (threads, deterministic)
-            ctx.save_for_backward(x, weight, r)
-            return y
+    @staticmethod
+    def forward(ctx, q, k, v, mask, causal, scale, softcap, q_offset, dropout_p, seed,
+                threads, deterministic, attn_precision, window, sinks):
+        o, lse = _attn_fwd_impl(q, k, v, mask, causal, scale, softcap, q_offset,
+                                dropout_p, seed, threads, deterministic, attn_precision,
+                                window, sinks)
+        ctx.args = (causal, scale, softcap, q_offset, dropout_p, threads, deterministic,
+                    attn_precision, window)
+        ctx.save_for_backward(q, k, v, o, lse, mask, seed, sinks)
+        return o
 
-        @staticmethod
-        def backward(ctx, dy):
-            x, weight, r = ctx.saved_tensors
-            dx, dw = _rms_bwd_impl(dy, x, weight, r, *ctx.args)
-            return (dx if ctx.needs_input_grad[0] else None,
-                    dw if ctx.needs_input_grad[1] else None, None, None, None)
+    @staticmethod
+    def backward(ctx, do):
+        need = ctx.needs_input_grad
+        dq, dk, dv, dm, ds = _attn_grads(_attn_bwd_impl, ctx.saved_tensors, ctx.args, do,
+                                         need[:4] + need[14:15])
+        return (dq, dk, dv, dm) + (None,) * 10 + (ds,)
 
-    def _attn_call(*args):
-        return _AttnFunction.apply(*args)
 
-    def _rms_call(*args):
-        return _RMSFunction.apply(*args)
+class _RMSFunction(torch.autograd.Function):
+    """rms_norm_fwd / rms_norm_bwd's implementations behind autograd."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps, threads, deterministic):
+        y, r = _rms_fwd_impl(x, weight, eps, threads, deterministic)
+        ctx.args = (threads, deterministic)
+        ctx.save_for_backward(x, weight, r)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _rms_grads(_rms_bwd_impl, ctx, dy)
+
+
+def _private(path: str):
+    """torch.<path> (a private function the checks below read), or None."""
+    obj = torch
+    for name in path.split("."):
+        obj = getattr(obj, name, None)
+        if obj is None:
+            return None
+    return obj
+
+
+_IS_COMPILING = _private("compiler.is_compiling") or _private("_dynamo.is_compiling")
+_IS_TRACING = _private("jit.is_tracing")
+_FUNCTION_MODE = _private("_C._is_torch_function_mode_enabled")
+_DISPATCH_MODES = _private("_C._len_torch_dispatch_stack")
+_FUNCTORCH_LEVEL = _private("_C._functorch.peek_interpreter_stack")
+_CAN_GO_DIRECT = HAVE_CUSTOM_OPS and None not in (_IS_COMPILING, _IS_TRACING, _FUNCTION_MODE,
+                                                  _DISPATCH_MODES, _FUNCTORCH_LEVEL)
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+def _direct(*ts: Optional[Tensor]) -> bool:
+    """May the ops' implementations run behind the autograd Functions above
+    instead of through the dispatcher? In eager mode on plain tensors: no
+    torch.compile / torch.export / jit tracing, no torch_function or
+    torch_dispatch mode (FakeTensorMode, FlopCounterMode, ``with
+    torch.device(...)``), no functorch transform, no tensor subclass. The
+    same implementations, so the same bits; the dispatcher's custom-op path
+    (argument defaults filled per call, autograd's generated Function, the
+    backward op's own dispatch) cost about 0.2 ms per forward + backward
+    (bench/results/xeon2-amx/op-overhead.txt). Elsewhere, and on PyTorch
+    whose private checks here are missing, the custom ops."""
+    return (_CAN_GO_DIRECT and not _IS_COMPILING() and not _IS_TRACING()
+            and not _FUNCTION_MODE() and _DISPATCH_MODES() == 0
+            and _FUNCTORCH_LEVEL() is None
+            and all(t is None or type(t) in _PLAIN_TYPES for t in ts))
+
+
+def _needs_grad(*ts: Optional[Tensor]) -> bool:
+    """Will autograd record a graph for these inputs?"""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in ts)
+
+
+def _attn_call(q, k, v, mask, causal, scale, softcap, q_offset, dropout_p, seed, threads,
+               deterministic, attn_precision, window, sinks):
+    """attention's o: through tilegrad::attn_fwd, or directly (_direct)."""
+    args = (q, k, v, mask, causal, scale, softcap, q_offset, dropout_p, seed, threads,
+            deterministic, attn_precision, window, sinks)
+    if HAVE_CUSTOM_OPS and not _direct(q, k, v, mask, seed, sinks):
+        return attn_fwd(*args)[0]
+    if not _needs_grad(q, k, v, mask, sinks):  # (no graph to record: the kernel alone)
+        return _attn_fwd_impl(*args)[0]
+    return _AttnFunction.apply(*args)
+
+
+def _rms_call(x, weight, eps, threads, deterministic):
+    """rms_norm's y: through tilegrad::rms_norm_fwd, or directly (_direct)."""
+    if HAVE_CUSTOM_OPS and not _direct(x, weight):
+        return rms_norm_fwd(x, weight, eps, threads, deterministic)[0]
+    if not _needs_grad(x, weight):
+        return _rms_fwd_impl(x, weight, eps, threads, deterministic)[0]
+    return _RMSFunction.apply(x, weight, eps, threads, deterministic)
 
 
 # ---------------------------------------------------------------------------
@@ -716,7 +780,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None,
         if x > _I32_MAX:
             raise ValueError(f"{n} = {x} does not fit the kernels' int32")
     dtype = q.dtype
-    q, k, v = (t.to(cdtype) for t in (q, k, v))
+    if dtype != cdtype:
+        q, k, v = (t.to(cdtype) for t in (q, k, v))
     m = _prepare_mask(mask, B, H, qL, kL, cdtype)
     if scale is None:
         scale = 1.0 / math.sqrt(D) if D > 0 else 1.0

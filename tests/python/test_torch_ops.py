@@ -260,3 +260,94 @@ def test_cpu_autocast_casts_the_inputs():
     assert o.dtype == torch.bfloat16 and torch.equal(o, ref)
     o.float().sum().backward()
     assert q.grad.dtype == torch.float32 and v.grad.dtype == torch.bfloat16
+
+
+# ---------------------------------------------------------------------------
+# eager calls skip the dispatcher (tt._direct); traced and fake ones do not
+
+def _attn_outputs(monkeypatch, direct, **kw):
+    """attention's output and q, k, v, mask, sinks gradients through the
+    direct path or through the custom op (tt._direct forced off); dropout's
+    seed drawn after torch.manual_seed(5)."""
+    monkeypatch.setattr(tt, "_CAN_GO_DIRECT", direct)
+    g = torch.Generator().manual_seed(11)
+    B, H, Hkv, qL, kL, D = 2, 4, 2, 13, 21, 16
+    q, k, v, mask, do = (torch.randn(s, generator=g).bfloat16() for s in
+                         ((B, H, qL, D), (B, Hkv, kL, D), (B, Hkv, kL, D), (1, H, qL, kL),
+                          (B, H, qL, D)))
+    sinks = torch.nn.Parameter(torch.randn(H, generator=g))
+    ins = [t.requires_grad_(True) for t in (q, k, v, mask)] + [sinks]
+    torch.manual_seed(5)
+    o = tt.attention(q, k, v, mask, causal=True, sinks=sinks, deterministic=True, **kw)
+    o.backward(do)
+    return [o.detach()] + [t.grad for t in ins]
+
+
+@pytest.mark.parametrize("kw", [{}, {"attn_precision": "bf16", "window": 5},
+                                {"dropout_p": 0.25, "softcap": 20.0}])
+def test_direct_path_matches_the_op_bitwise(monkeypatch, kw):
+    """The autograd Function that eager calls take and the custom op run the
+    same implementations: the same output and gradients, bit for bit (bf16,
+    a mask and sinks that take gradients, dropout drawn from one seed)."""
+    direct = _attn_outputs(monkeypatch, True, **kw)
+    op = _attn_outputs(monkeypatch, False, **kw)
+    for a, b in zip(direct, op):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+def test_direct_path_rms_norm_matches_the_op(monkeypatch):
+    out = []
+    for direct in (True, False):
+        monkeypatch.setattr(tt, "_CAN_GO_DIRECT", direct)
+        x = torch.randn(3, 5, 24, generator=torch.Generator().manual_seed(2), requires_grad=True)
+        w = torch.nn.Parameter(torch.linspace(0.5, 1.5, 24))
+        y = tt.rms_norm(x, w, 1e-5)
+        y.square().sum().backward()
+        out.append((y.detach(), x.grad, w.grad))
+    for a, b in zip(*out):
+        assert torch.equal(a, b)
+
+
+def test_direct_path_taken_only_in_plain_eager(monkeypatch):
+    """Plain eager calls (tensors and Parameters, grad or no grad) skip the
+    dispatcher; fake tensors, torch_function and torch_dispatch modes,
+    compile and functorch transforms reach the custom op (the Function
+    raises here if they did not)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.flop_counter import FlopCounterMode
+    if None in (tt._IS_COMPILING, tt._IS_TRACING, tt._FUNCTION_MODE, tt._DISPATCH_MODES,
+                tt._FUNCTORCH_LEVEL):
+        pytest.skip(f"torch {torch.__version__} lacks a check of tt._direct: custom ops only")
+    monkeypatch.setattr(tt, "_CAN_GO_DIRECT", True)   # (TG_TORCH_VIA_OPS=1 turns it off)
+    q = bf(1, 2, 8, 16)
+    assert tt._direct(q, torch.nn.Parameter(q.float()), None)
+    calls = []
+    real_apply, real_impl = tt._AttnFunction.apply, tt._attn_fwd_impl
+    monkeypatch.setattr(tt._AttnFunction, "apply",
+                        lambda *a: (calls.append("Function"), real_apply(*a))[1])
+    monkeypatch.setattr(tt, "_attn_fwd_impl",
+                        lambda *a: (calls.append("impl"), real_impl(*a))[1])
+    qg = q.clone().requires_grad_(True)
+    ref = tt.attention(qg, q, q)                 # a graph: the Function (then its impl)
+    with torch.no_grad():
+        tt.attention(qg, q, q)                   # none: the implementation alone
+    tt.attention(q, q, q)
+    assert calls == ["Function", "impl", "impl", "impl"]
+
+    def refuse(*a):
+        raise AssertionError("the direct path ran under a mode or transform")
+    # (the op's registered implementation is the original function object)
+    monkeypatch.setattr(tt._AttnFunction, "apply", refuse)
+    monkeypatch.setattr(tt, "_attn_fwd_impl", refuse)
+    with FakeTensorMode():
+        x = torch.empty(1, 2, 8, 16, dtype=torch.bfloat16)
+        assert tt.attention(x, x, x).shape == (1, 2, 8, 16)
+    with torch.device("cpu"):                       # a torch_function mode
+        tt.attention(q, q, q)
+    with FlopCounterMode(display=False):            # a torch_dispatch mode
+        tt.attention(q, q, q)
+    compiled = torch.compile(lambda a: tt.attention(a, a, a), fullgraph=True,
+                             backend="aot_eager")
+    assert torch.equal(compiled(q), ref)
+    with pytest.raises(RuntimeError, match="setup_context"):  # functorch: the op's message
+        torch.func.grad(lambda a: tt.attention(a, a, a).float().sum())(q)
