@@ -65,7 +65,7 @@ def _ptr(t: Tensor) -> ctypes.c_void_p:
 def _bhl_strides(t: Tensor) -> Tuple[int, int, int]:
     """(batch, head, row) element strides of a 4-D tensor the kernels take
     in place (innermost stride 1)."""
-    return tuple(int(s) for s in t.stride()[:3])
+    return t.stride()[:3]
 
 
 def _inner_unit(t: Tensor) -> Tensor:
