@@ -4,7 +4,8 @@ forward + backward (autograd.grad) and a forward alone (no_grad) through the
 autograd Functions that eager calls take (tilegrad.torch._direct) and
 through the torch.library custom ops (the path before, still the one that
 torch.compile, export and fake tensors take), with PyTorch's SDPA beside
-them; bf16 tensors, bf16 mode, alternating call by call, medians of PAIRS.
+them; bf16 tensors, bf16 mode, alternating call by call (the two paths
+swap places every round), medians of PAIRS.
 
   python op_overhead.py THREADS PAIRS "B,H,Hkv,L,D,causal;..."
 """
@@ -60,8 +61,9 @@ def main():
             times = {n: [] for n in runs}
             for f in runs.values():
                 f()
-            for _ in range(pairs):
-                for n, f in runs.items():
+            order = list(runs.items())
+            for i in range(pairs):   # direct and ops swap places every round
+                for n, f in (order if i % 2 == 0 else [order[1], order[0], order[2]]):
                     a = time.perf_counter()
                     f()
                     times[n].append(time.perf_counter() - a)
