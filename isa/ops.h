@@ -148,16 +148,18 @@ typedef struct {
    * exp_f32's polynomial, except that e^x < 2^-126 (x <= -87.3) gives 0. */
   float (*attn_exp_sum_row)(float *s, int64_t n, float shift);
   /* attn_exp_sum_row with P's bf16 rounding written to p[0, n) instead of
-   * the f32 P in place (s is left as it is): the sum's bits, and P's
-   * part of f32_to_bf16_split's one-part layouts (the forward in bf16
-   * mode, whose P.V takes that part: one pass over the row, not two). */
+   * the f32 P in place (s is left as it is; the forward in bf16 mode,
+   * whose P.V takes that part: one pass over the row, not two). Its exp
+   * is a shorter one, within 3.2e-6 (2^-18.2) of e^x instead of 1 ulp
+   * (rows.c, exp_bf16_lane): p[k] is the one bf16 part f32_to_bf16_split
+   * makes of that e, the sum those e's in attn_exp_sum_row's order. */
   float (*attn_exp_sum_bf16_row)(const float *s, int64_t n, float shift, uint16_t *p);
   /* The forward's row with the running max m kept (a stale max, at most
    * TG_ATTN_FWD_MAX_LAG below the row's): p[k] = bf16 of exp(scale s[k] -
    * m), scale s[k] rounded first as attn_score_max_row stores it, so where
    * the row's max does not pass m these are attn_score_max_row then
-   * attn_exp_sum_bf16_row's bits (exp_nonpos's for arguments <= 0,
-   * exp_f32's above); returns the sum, *max_out the max of scale s[k]
+   * attn_exp_sum_bf16_row's bits (its exp for arguments above 0 too);
+   * returns the sum, *max_out the max of scale s[k]
    * (NaN where one is NaN); s is left as it is. One pass instead of two. */
   float (*attn_exp_sum_lag_bf16_row)(const float *s, int64_t n, float scale, float m,
                                      uint16_t *p, float *max_out);

@@ -122,8 +122,8 @@ static fwd_scratch fwd_carve(void *base, int64_t D, int64_t Dv, int64_t BQ, int6
 /* The scores of q unit t against the key tile [k0, k0 + nk) in S become
  * P = exp(S - m') (rows' new running max m'), with l and acc rescaled; P
  * in S, or, with P16, as its bf16 part in P16's rows [nq, BK] (each padded
- * to even with a 0: f32_to_bf16_split's one part of the f32 P, the same
- * bits, in the exp's pass). */
+ * to even with a 0; the exp rows' shorter exp for a value rounded to bf16
+ * next, within 2^-18 of e^x: ops.h, attn_exp_sum_bf16_row). */
 static void fwd_softmax_tile(const fwd_args *a, fwd_qtile *t, float *S, int64_t b, int64_t k0,
                              int64_t nk, uint16_t *P16) {
   const tg_attn_problem *pr = &a->pr;

@@ -375,17 +375,46 @@ static void test_exp_sum_row(void **state) {
     }
 }
 
-/* attn_exp_sum_bf16_row: on every table the bits of attn_exp_sum_row's sum
- * and of the one bf16 part f32_to_bf16_split makes of its f32 P (TG_SPLIT_
- * ROWS), s left as it was; rows near the max, over the whole range, with
- * -inf entries, ragged lengths, and a NaN or +inf shift (the row NaN). */
+/* The exp of P's bf16 part (isa/common/rows.c, exp_bf16_lane): within
+ * EXPB_REL of e^x, 0 where x <= -87.3. */
+static const double EXPB_REL = 3.2e-6;
+
+/* Is p the bf16 (nearest even) of a value within EXPB_REL of e^x? Rounding
+ * is monotonic: p lies between the roundings of the interval's ends (a
+ * part below 2^-126 may be written as 0, as vcvtneps2bf16 writes it). */
+static int is_bf16_of_exp(uint16_t p, float x) {
+  if (x <= -87.3f) return p == 0;
+  const double e = exp((double)x);
+  const float lo = nextafterf((float)(e * (1 - EXPB_REL)), 0.0f);
+  const float hi = nextafterf((float)(e * (1 + EXPB_REL)), INFINITY);
+  const float got = tg_bf16_to_f32(p);
+  return (got >= tg_bf16_to_f32(tg_f32_to_bf16(lo)) && got <= tg_bf16_to_f32(tg_f32_to_bf16(hi))) ||
+         (p == 0 && lo < 0x1p-126f);
+}
+
+/* The sum of n exps within EXPB_REL each (0 where x <= -87.3) against
+ * their f64 sum: the exp-sum row's f32 bound (test_exp_sum_row) plus
+ * EXPB_REL. */
+static int exp_sum_within(float sum, const float *x, int64_t n) {
+  double want = 0;
+  for (int64_t k = 0; k < n; k++) want += x[k] > -87.3f ? exp((double)x[k]) : 0.0;
+  return fabs(sum - want) <= (((double)n / 16 + 8) * U + EXPB_REL) * want + (double)n * 0x1p-126;
+}
+
+/* attn_exp_sum_bf16_row: on every table P's bf16 part of an exp within
+ * EXPB_REL of e^(s - shift) and their sum within the f32 sums' bound
+ * (s - shift <= 0: the shorter exp); with a NaN or +inf shift, the bits of
+ * attn_exp_sum_row's sum and of the one bf16 part f32_to_bf16_split makes
+ * of its P (the row NaN: exp_lane's NaN and overflow). s is left as it was;
+ * rows near the max, over the whole range, with -inf entries (P = 0),
+ * ragged lengths. */
 static void test_exp_sum_bf16_row(void **state) {
   const tg_isa_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 15);
   const int64_t lens[] = {1, 7, 16, 48, 77, 128, 1000};
   enum { NMAX = 1000 };
-  float s0[NMAX], s[NMAX], ref[NMAX];
+  float s0[NMAX], s[NMAX], ref[NMAX], x[NMAX];
   uint16_t p[NMAX + 2], want[NMAX + 2];
   for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
     for (int fill = 0; fill < 5; fill++) { /* near the max, whole range, -inf, NaN, +inf shift */
@@ -396,38 +425,50 @@ static void test_exp_sum_bf16_row(void **state) {
       if (fill == 2)
         for (int64_t k = 0; k < n; k += 3) s0[k] = -INFINITY;
       if (fill == 4) s0[n / 2] = INFINITY;
+      for (int64_t k = 0; k < n; k++) x[k] = s0[k] - shift;
       for (int t = 0; t < nt; t++) {
         memcpy(s, s0, sizeof(float) * (size_t)n);
-        memcpy(ref, s0, sizeof(float) * (size_t)n);
-        const float want_sum = tabs[t]->attn_exp_sum_row(ref, n, shift);
-        tabs[t]->f32_to_bf16_split(1, n, ref, n, TG_SPLIT_ROWS, want, NULL, NULL, NMAX + 2);
         const float sum = tabs[t]->attn_exp_sum_bf16_row(s, n, shift, p);
-        if (memcmp(&sum, &want_sum, sizeof sum) && !(sum != sum && want_sum != want_sum))
-          TU_FAIL("%s attn_exp_sum_bf16_row n %lld fill %d: sum %a want %a", tabs[t]->name,
-                  (long long)n, fill, (double)sum, (double)want_sum);
-        if (memcmp(p, want, sizeof(uint16_t) * (size_t)n))
-          TU_FAIL("%s attn_exp_sum_bf16_row n %lld fill %d: P's bf16 part differs",
-                  tabs[t]->name, (long long)n, fill);
         assert_memory_equal(s, s0, sizeof(float) * (size_t)n);
+        if (fill >= 3) { /* the NaN row: attn_exp_sum_row's bits */
+          memcpy(ref, s0, sizeof(float) * (size_t)n);
+          const float want_sum = tabs[t]->attn_exp_sum_row(ref, n, shift);
+          tabs[t]->f32_to_bf16_split(1, n, ref, n, TG_SPLIT_ROWS, want, NULL, NULL, NMAX + 2);
+          if (!(sum != sum && want_sum != want_sum))
+            TU_FAIL("%s attn_exp_sum_bf16_row n %lld fill %d: sum %a want NaN", tabs[t]->name,
+                    (long long)n, fill, (double)sum);
+          if (memcmp(p, want, sizeof(uint16_t) * (size_t)n))
+            TU_FAIL("%s attn_exp_sum_bf16_row n %lld fill %d: P's bf16 part differs",
+                    tabs[t]->name, (long long)n, fill);
+          continue;
+        }
+        for (int64_t k = 0; k < n; k++)
+          if (!is_bf16_of_exp(p[k], x[k]))
+            TU_FAIL("%s attn_exp_sum_bf16_row n %lld fill %d: P[%lld] %a for e^%a = %a",
+                    tabs[t]->name, (long long)n, fill, (long long)k,
+                    (double)tg_bf16_to_f32(p[k]), (double)x[k], exp((double)x[k]));
+        if (!exp_sum_within(sum, x, n))
+          TU_FAIL("%s attn_exp_sum_bf16_row n %lld fill %d: sum %a", tabs[t]->name,
+                  (long long)n, fill, (double)sum);
       }
     }
 }
 
 /* attn_exp_sum_lag_bf16_row (the forward's pass with a stale max m): on
- * every table P's bf16 parts are those of e = exp(f32(f32(scale s) - m))
- * by exp_f32 (0 where the argument is <= -87.3, exp_nonpos's flush), so
- * where every scale s <= m they are attn_score_max_row + attn_exp_sum_
- * bf16_row's bits, and the sum is those e's sum within the exp-sum row's
- * bound (test_exp_sum_row); *max_out the max of f32(scale s), NaN where a
- * score is NaN; s untouched. Rows below m, up to 8 above it, ragged. */
+ * every table P's bf16 parts are those of an exp within EXPB_REL of
+ * e^(f32(f32(scale s) - m)) (0 where the argument is <= -87.3), and where
+ * every scale s <= m they are attn_score_max_row + attn_exp_sum_bf16_row's
+ * bits; the sum is within exp_sum_within's bound; *max_out the max of
+ * f32(scale s), NaN where a score is NaN; s untouched. Rows below m, up to
+ * 8 above it, ragged. */
 static void test_exp_sum_lag_bf16_row(void **state) {
   const tg_isa_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   tu_rng r = tu_rng_make(tu_seed() + 16);
   const int64_t lens[] = {1, 7, 16, 48, 77, 128, 1000};
   enum { NMAX = 1000 };
-  float s0[NMAX], s[NMAX], x[NMAX], e[NMAX], two[NMAX];
-  uint16_t p[NMAX + 2], want[NMAX + 2], want2[NMAX + 2];
+  float s0[NMAX], s[NMAX], x[NMAX], two[NMAX];
+  uint16_t p[NMAX + 2], want2[NMAX + 2];
   const float scale = 0.125f, m = 3.0f;
   for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
     for (int fill = 0; fill < 3; fill++) { /* below m, up to 8 above it, a NaN score */
@@ -450,18 +491,12 @@ static void test_exp_sum_lag_bf16_row(void **state) {
           continue;
         }
         if (got_max != mx) TU_FAIL("%s lag row: max %a want %a", tabs[t]->name, (double)got_max, (double)mx);
-        tabs[t]->exp_f32(x, e, n);
-        double want_sum = 0;
-        for (int64_t k = 0; k < n; k++) {
-          if (x[k] <= -87.3f) e[k] = 0.0f;
-          want_sum += exp((double)x[k]) * (x[k] > -87.3f);
-        }
-        tabs[t]->f32_to_bf16_split(1, n, e, n, TG_SPLIT_ROWS, want, NULL, NULL, NMAX + 2);
-        if (memcmp(p, want, sizeof(uint16_t) * (size_t)n))
-          TU_FAIL("%s lag row n %lld fill %d: P's bf16 part differs", tabs[t]->name, (long long)n, fill);
-        const double bound = ((double)n / 16 + 8) * U * want_sum + (double)n * 0x1p-126;
-        if (fabs(sum - want_sum) > bound)
-          TU_FAIL("%s lag row n %lld: sum %g want %g", tabs[t]->name, (long long)n, (double)sum, want_sum);
+        for (int64_t k = 0; k < n; k++)
+          if (!is_bf16_of_exp(p[k], x[k]))
+            TU_FAIL("%s lag row n %lld fill %d: P[%lld] %a for e^%a", tabs[t]->name,
+                    (long long)n, fill, (long long)k, (double)tg_bf16_to_f32(p[k]), (double)x[k]);
+        if (!exp_sum_within(sum, x, n))
+          TU_FAIL("%s lag row n %lld: sum %a", tabs[t]->name, (long long)n, (double)sum);
         if (fill == 0) { /* every scale s <= m: the two passes' bits */
           memcpy(two, s0, sizeof(float) * (size_t)n);
           const float tmax = tabs[t]->attn_score_max_row(two, n, n, scale, NULL, TG_DTYPE_F32);
