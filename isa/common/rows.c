@@ -135,8 +135,9 @@ static inline float exp_nonpos_lane(float x) {
 
 /*
  * exp(x) for a value that is rounded to bf16 next (the forward's P part in
- * bf16 mode) and summed in f32 (its row sum l): x <= 8 and not NaN (-inf
- * included), x <= -87.3 giving 0 as exp_nonpos_lane. The same reduction,
+ * bf16 mode) and summed in f32 (its row sum l): x below 88.7 (-inf
+ * included; a NaN gives 0), x <= -87.3 giving 0 as exp_nonpos_lane. The
+ * same reduction,
  * e^r by a degree-4 polynomial instead of 7: within 3.2e-6 = 2^-18.2 of
  * e^x (the polynomial's 2^-18.4 and the reduction's), 2^9 times under
  * bf16's half ulp, so P's bf16 part is bf16(e^x) but where e^x lies that
@@ -196,8 +197,10 @@ static inline __m512 exp_nonpos_lanes16(__m512 x) {
 /* exp_bf16_lane on 16 lanes: r by one FMA with ln2 rounded to f32 (its
  * error, under 126 x 1.9e-9 in r, is inside the bound), 2^k and the zero
  * below -87.3 by one masked vscalefps: 10 vector instructions where
- * exp_nonpos_lanes16 takes 16. The forward in bf16 mode took 0.88-0.94x
- * the time with it (2-core Xeon, amx, 2 threads, D 64-256). */
+ * exp_nonpos_lanes16 takes 16. The forward in bf16 mode took 0.90-0.99x
+ * the time with it on the users' grid (2-core Xeon, amx, 2 threads), and
+ * 0.88-0.98x on the lent one at 16 threads (paired calls,
+ * bench/results/xeon2-amx/ab-exp-bf16-part.txt, ../xeon16-amx/exp-bf16-part/). */
 static inline __m512 exp_bf16_lanes16(__m512 x) {
   const __m512 lim = _mm512_set1_ps(-87.3f), magic = _mm512_set1_ps(EXP_MAGIC);
   const __m512 xc = _mm512_max_ps(lim, x);
@@ -352,9 +355,9 @@ static inline float partials_and_tail_sum(const float acc[LANES], const float *t
  * x = scale s - shift, the product rounded first (scale 1: s - shift).
  * Each e goes to s in place, or, with p, is exp_bf16_lane's (nonpos) and
  * goes to p as its bf16 part (bf16_lanes, bf16_rne: the one part
- * f32_to_bf16_split makes of it), s untouched; with max_out, *max_out gets the max of scale s (NaN where one
- * is NaN). p and max_out, NULL or not, and scale are constants where this
- * is inlined. */
+ * f32_to_bf16_split makes of it), s untouched; with max_out, *max_out
+ * gets the max of scale s (NaN where one is NaN). p and max_out, NULL or
+ * not, and scale are constants where this is inlined. */
 static inline __attribute__((always_inline)) float exp_sum_row(float *restrict s, int64_t n,
                                                                float scale, float shift,
                                                                uint16_t *restrict p,
