@@ -449,6 +449,36 @@ def _attn_grads(attn_bwd, saved, args, do: Tensor, need: Sequence[bool]):
     return dq, dk, dv, dm, ds if need[4] else None
 
 
+def _attn_save(ctx, inputs, o: Tensor, lse: Tensor) -> None:
+    """What the backward takes, saved on ctx from attention's 15 inputs
+    (attn_fwd's arguments) and its outputs: the custom op's setup_context
+    and the autograd Function's forward."""
+    (q, k, v, mask, causal, scale, softcap, q_offset, dropout_p, seed, threads,
+     deterministic, attn_precision, window, sinks) = inputs
+    ctx.args = (causal, scale, softcap, q_offset, dropout_p, threads, deterministic,
+                attn_precision, window)
+    ctx.save_for_backward(q, k, v, o, lse, mask, seed, sinks)
+
+
+def _attn_input_grads(attn_bwd, ctx, do: Tensor):
+    """The gradients of attention's 15 inputs from ctx (_attn_save) and do,
+    by attn_bwd (the custom op or its implementation). The dispatcher drops
+    trailing arguments equal to their defaults (window=0, sinks=None):
+    needs_input_grad covers those passed, and autograd drops the trailing
+    None gradients of the others."""
+    need = tuple(ctx.needs_input_grad) + (False,) * 15
+    dq, dk, dv, dm, ds = _attn_grads(attn_bwd, ctx.saved_tensors, ctx.args, do,
+                                     need[:4] + need[14:15])
+    return (dq, dk, dv, dm) + (None,) * 10 + (ds,)
+
+
+def _rms_save(ctx, inputs, r: Tensor) -> None:
+    """rms_norm's (x, weight, eps, threads, deterministic) and its r, saved
+    on ctx for _rms_grads (both paths)."""
+    ctx.args = tuple(inputs[3:])
+    ctx.save_for_backward(inputs[0], inputs[1], r)
+
+
 def _rms_grads(rms_bwd, ctx, dy: Tensor):
     """rms_norm's (dx, dw, None, None, None) from ctx's saved (x, weight, r)
     and args (threads, deterministic)."""
@@ -474,27 +504,15 @@ if HAVE_CUSTOM_OPS:
     rms_norm_bwd = _custom_op("rms_norm_bwd", _rms_bwd_impl, _rms_bwd_fake)
 
     def _attn_setup_context(ctx, inputs, output):
-        (q, k, v, mask, causal, scale, softcap, q_offset, dropout_p, seed, threads,
-         deterministic, attn_precision, window, sinks) = inputs
-        ctx.args = (causal, scale, softcap, q_offset, dropout_p, threads, deterministic,
-                    attn_precision, window)
-        ctx.save_for_backward(q, k, v, output[0], output[1], mask, seed, sinks)
+        _attn_save(ctx, inputs, output[0], output[1])
 
     def _attn_backward(ctx, do, dlse):
-        # the dispatcher drops trailing arguments equal to their defaults
-        # (window=0, sinks=None): needs_input_grad covers those passed, and
-        # autograd drops the trailing None gradients of the others
-        need = tuple(ctx.needs_input_grad) + (False,) * 15
-        dq, dk, dv, dm, ds = _attn_grads(attn_bwd, ctx.saved_tensors, ctx.args, do,
-                                         need[:4] + need[14:15])
-        return (dq, dk, dv, dm) + (None,) * 10 + (ds,)
+        return _attn_input_grads(attn_bwd, ctx, do)
 
     attn_fwd.register_autograd(_attn_backward, setup_context=_attn_setup_context)
 
     def _rms_setup_context(ctx, inputs, output):
-        x, weight = inputs[:2]
-        ctx.args = tuple(inputs[3:])
-        ctx.save_for_backward(x, weight, output[1])
+        _rms_save(ctx, inputs, output[1])
 
     def _rms_backward(ctx, dy, dr):
         return _rms_grads(rms_norm_bwd, ctx, dy)
@@ -510,32 +528,23 @@ class _AttnFunction(torch.autograd.Function):
     dispatcher (see _direct)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, mask, causal, scale, softcap, q_offset, dropout_p, seed,
-                threads, deterministic, attn_precision, window, sinks):
-        o, lse = _attn_fwd_impl(q, k, v, mask, causal, scale, softcap, q_offset,
-                                dropout_p, seed, threads, deterministic, attn_precision,
-                                window, sinks)
-        ctx.args = (causal, scale, softcap, q_offset, dropout_p, threads, deterministic,
-                    attn_precision, window)
-        ctx.save_for_backward(q, k, v, o, lse, mask, seed, sinks)
+    def forward(ctx, *inputs):
+        o, lse = _attn_fwd_impl(*inputs)
+        _attn_save(ctx, inputs, o, lse)
         return o
 
     @staticmethod
     def backward(ctx, do):
-        need = ctx.needs_input_grad
-        dq, dk, dv, dm, ds = _attn_grads(_attn_bwd_impl, ctx.saved_tensors, ctx.args, do,
-                                         need[:4] + need[14:15])
-        return (dq, dk, dv, dm) + (None,) * 10 + (ds,)
+        return _attn_input_grads(_attn_bwd_impl, ctx, do)
 
 
 class _RMSFunction(torch.autograd.Function):
     """rms_norm_fwd / rms_norm_bwd's implementations behind autograd."""
 
     @staticmethod
-    def forward(ctx, x, weight, eps, threads, deterministic):
-        y, r = _rms_fwd_impl(x, weight, eps, threads, deterministic)
-        ctx.args = (threads, deterministic)
-        ctx.save_for_backward(x, weight, r)
+    def forward(ctx, *inputs):
+        y, r = _rms_fwd_impl(*inputs)
+        _rms_save(ctx, inputs, r)
         return y
 
     @staticmethod
@@ -585,25 +594,30 @@ def _needs_grad(*ts: Optional[Tensor]) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in ts)
 
 
+def _forward(op, function, impl, tensors, args):
+    """The first output of op(*args) through the dispatcher (a custom op),
+    or, where _direct allows, function.apply(*args) (its autograd
+    Function), or with no graph to record impl(*args) alone. tensors: the
+    args that are tensors (or None)."""
+    if HAVE_CUSTOM_OPS and not _direct(*tensors):
+        return op(*args)[0]
+    if not _needs_grad(*tensors):
+        return impl(*args)[0]
+    return function.apply(*args)
+
+
 def _attn_call(q, k, v, mask, causal, scale, softcap, q_offset, dropout_p, seed, threads,
                deterministic, attn_precision, window, sinks):
-    """attention's o: through tilegrad::attn_fwd, or directly (_direct)."""
-    args = (q, k, v, mask, causal, scale, softcap, q_offset, dropout_p, seed, threads,
-            deterministic, attn_precision, window, sinks)
-    if HAVE_CUSTOM_OPS and not _direct(q, k, v, mask, seed, sinks):
-        return attn_fwd(*args)[0]
-    if not _needs_grad(q, k, v, mask, sinks):  # (no graph to record: the kernel alone)
-        return _attn_fwd_impl(*args)[0]
-    return _AttnFunction.apply(*args)
+    """attention's o (_forward)."""
+    return _forward(attn_fwd, _AttnFunction, _attn_fwd_impl, (q, k, v, mask, seed, sinks),
+                    (q, k, v, mask, causal, scale, softcap, q_offset, dropout_p, seed,
+                     threads, deterministic, attn_precision, window, sinks))
 
 
 def _rms_call(x, weight, eps, threads, deterministic):
-    """rms_norm's y: through tilegrad::rms_norm_fwd, or directly (_direct)."""
-    if HAVE_CUSTOM_OPS and not _direct(x, weight):
-        return rms_norm_fwd(x, weight, eps, threads, deterministic)[0]
-    if not _needs_grad(x, weight):
-        return _rms_fwd_impl(x, weight, eps, threads, deterministic)[0]
-    return _RMSFunction.apply(x, weight, eps, threads, deterministic)
+    """rms_norm's y (_forward)."""
+    return _forward(rms_norm_fwd, _RMSFunction, _rms_fwd_impl, (x, weight),
+                    (x, weight, eps, threads, deterministic))
 
 
 # ---------------------------------------------------------------------------
