@@ -32,7 +32,7 @@ strides. Plain eager calls (no torch.compile, export or jit tracing, no
 torch_function or torch_dispatch mode, no functorch transform, no tensor
 subclass) run the same implementations behind plain
 ``torch.autograd.Function`` s instead of through the dispatcher: the same
-bits, about 0.2 ms less per forward + backward (``_direct``); with no graph
+bits, 0.1-0.4 ms less per forward + backward (``_direct``); with no graph
 to record the forward is the implementation alone. On PyTorch < 2.4
 (Debian's 1.13) the Functions are the only path (no compile/export support).
 
@@ -580,7 +580,7 @@ def _direct(*ts: Optional[Tensor]) -> bool:
     torch.device(...)``), no functorch transform, no tensor subclass. The
     same implementations, so the same bits; the dispatcher's custom-op path
     (argument defaults filled per call, autograd's generated Function, the
-    backward op's own dispatch) cost about 0.2 ms per forward + backward
+    backward op's own dispatch) cost 0.1-0.4 ms per forward + backward
     (bench/results/xeon2-amx/op-overhead.txt). Elsewhere, and on PyTorch
     whose private checks here are missing, the custom ops."""
     return (_CAN_GO_DIRECT and not _IS_COMPILING() and not _IS_TRACING()
