@@ -2,7 +2,7 @@
 """1 -> 16 thread scaling of the step from `tilegrad bench` outputs in this
 folder (scale-MODE-1t[-rN].txt against scale-MODE-16t[-rN].txt): per shape
 the step's speedup, and that over the FMA peak's speedup measured in the
-same two runs (the issue's target: >= 0.9)."""
+same two runs (the target: >= 0.9)."""
 import glob
 import os
 import re
