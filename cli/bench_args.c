@@ -14,7 +14,7 @@
 enum { DEFAULT_REPS = 5, DEFAULT_TRIAD_MIB = 256 };
 
 void tg_cli_bench_usage(FILE *f) {
-  char isa_names[TG_CLI_ISA_NAMES_LEN];
+  char isa_names[TG_CLI_ISA_NAMES_LEN], isa_tables[TG_CLI_ISA_TABLES_LEN];
   fprintf(f,
           "usage: tilegrad bench [options]\n"
           "\n"
@@ -38,6 +38,7 @@ void tg_cli_bench_usage(FILE *f) {
           "                     checked before the bench starts)\n"
           "  --isa I            %s (default:\n"
           "                     auto, or $TG_ISA)\n"
+          "%s"
           "  --deterministic    run the kernels in deterministic mode\n"
           "  --precision P      exact | split | bf16: the attention's products that take\n"
           "                     P or dS (tg_ctx_set_attn_precision; default exact)\n"
@@ -52,6 +53,7 @@ void tg_cli_bench_usage(FILE *f) {
           "Numbers are decimal integers (no leading zeros, no hex); a bad one is refused\n"
           "with exit 2 before anything is measured.\n",
           DEFAULT_REPS, tg_cli_isa_names(isa_names, sizeof isa_names, "|"),
+          tg_cli_isa_tables(isa_tables, sizeof isa_tables, "                     "),
           DEFAULT_TRIAD_MIB);
 }
 

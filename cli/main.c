@@ -20,7 +20,7 @@
 int tg_cli_train_main(int argc, char **argv); /* cli/train.c */
 
 static void usage(FILE *out) {
-  char isa_names[TG_CLI_ISA_NAMES_LEN];
+  char isa_names[TG_CLI_ISA_NAMES_LEN], isa_tables[TG_CLI_ISA_TABLES_LEN];
   fprintf(out,
           "usage: tilegrad <command> [args]\n"
           "\n"
@@ -39,8 +39,12 @@ static void usage(FILE *out) {
           "  --version      print the version and the ISA this CPU gets\n"
           "  --help         this text\n"
           "\n"
+          "--isa (run, bench; or TG_ISA=):\n"
+          "%s"
+          "\n"
           "kernels:\n",
-          tg_cli_isa_names(isa_names, sizeof isa_names, "|"));
+          tg_cli_isa_names(isa_names, sizeof isa_names, "|"),
+          tg_cli_isa_tables(isa_tables, sizeof isa_tables, "  "));
   tg_cli_run_list(out);
 }
 

@@ -59,7 +59,7 @@ void tg_cli_run_list(FILE *out) {
 }
 
 static void run_usage(FILE *out) {
-  char isa_names[TG_CLI_ISA_NAMES_LEN];
+  char isa_names[TG_CLI_ISA_NAMES_LEN], isa_tables[TG_CLI_ISA_TABLES_LEN];
   fprintf(out,
           "usage: tilegrad run <kernel> --in NAME=file.npy ... --out NAME=file.npy ...\n"
           "                    [--param k=v ...] [--threads N] [--deterministic]\n"
@@ -67,6 +67,9 @@ static void run_usage(FILE *out) {
           "                    [--window W] [--sinks FILE] [--v-head-dim Dv] [--quiet]\n"
           "       tilegrad run --help            all kernels and their buffers\n"
           "       tilegrad run <kernel> --help   one kernel\n"
+          "\n"
+          "--isa:\n"
+          "%s"
           "\n"
           "Buffer names are the C parameter names of include/tilegrad.h. Sizes come from\n"
           "the input arrays' shapes; other scalars from --param. Roles: in = input,\n"
@@ -98,7 +101,8 @@ static void run_usage(FILE *out) {
           "Numbers (--param, --threads) are decimal: no octal leading zeros, no hex,\n"
           "no inf/nan; a float must fit float32 and not underflow to 0 or a subnormal.\n"
           "Exit status: 0 ok, 1 the kernel returned an error, 2 bad arguments or files.\n",
-          tg_cli_isa_names(isa_names, sizeof isa_names, "|"));
+          tg_cli_isa_names(isa_names, sizeof isa_names, "|"),
+          tg_cli_isa_tables(isa_tables, sizeof isa_tables, "  "));
 }
 
 int tg_cli_run_help(FILE *out, const char *name) {

@@ -15,6 +15,7 @@ term (the scale of f32 rounding error for that element). Exact kernels
 (cast, transpose) must match bit for bit.
 """
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -709,6 +710,32 @@ def write_raw_npy(path, header, payload):
         f.write(b"\x93NUMPY\x01\x00" + len(h).to_bytes(2, "little") + h + payload)
 
 
+def test_isa_help(rng):
+    """Every --isa help names every table of the public tg_isa enum and says
+    which this build has and which this CPU runs (cli/isa_names.c)."""
+    tables = ["portable", "avx2", "avx512", "avx512bf16", "amx", "neon", "neonbf16"]
+    for args in (["--help"], ["bench", "--help"], ["run", "--help"]):
+        p = subprocess.run([BIN] + args, capture_output=True, text=True)
+        text = " ".join((p.stdout + p.stderr).split())
+        lst = r"((?:[a-z0-9]+, )*[a-z0-9]+)"
+        m = re.search(r"tables: " + lst + r"; this build has " + lst +
+                      r"(?: \(not " + lst + r": another architecture's\))?; this CPU runs " + lst,
+                      text)
+        if p.returncode != 0 or not m:
+            fail(f"tilegrad {' '.join(args)}: rc {p.returncode}, no --isa tables line")
+            continue
+        names = lambda g: [w.strip() for w in (g or "").split(",") if w.strip()]
+        listed, built, other = names(m.group(1)), names(m.group(2)), names(m.group(3))
+        if sorted(listed) != sorted(tables):
+            fail(f"tilegrad {' '.join(args)}: tables {listed}, want {tables}")
+        if sorted(built + other) != sorted(tables) or set(built) & set(other):
+            fail(f"tilegrad {' '.join(args)}: built {built} + not built {other} != {tables}")
+        runs = names(m.group(4))
+        if "portable" not in built or not set(runs) <= set(built) or "portable" not in runs:
+            fail(f"tilegrad {' '.join(args)}: runs {runs} not within built {built} with portable")
+    WORST["isa help: every table named"] = 0.0
+
+
 def test_errors(rng):
     # a head dim the kernel does not take: library error, exit 1, status + detail
     B, H, qL, D = 1, 1, 8, 12
@@ -778,7 +805,7 @@ def main():
         tests = [test_cast, test_compute_d, test_attention, test_attention_pipeline, test_forward,
                  test_variant_forward, test_variant_pipeline, test_variant_errors,
                  test_rmsnorm, test_softmax_backward, test_embedding, test_cross_entropy,
-                 test_transpose, test_causal_attention, test_decode, test_errors]
+                 test_transpose, test_causal_attention, test_decode, test_errors, test_isa_help]
         for t in tests:
             try:
                 t(rng)
