@@ -355,7 +355,7 @@ class TilegradStep:
     too. The f32 buffers Dv, dq, dk, dv (never touched by the step) are
     for scripts that time the parts apart with compute_d, tg_attn_train_bwd
     (self.opt has TG_ATTN_OPT_DKV_WRITE) and the three casts into self.grads
-    (bench/results/xeon16-amx/step-parts/step_parts.py)."""
+    (such a script, step_parts.py, is in git history at commit 6dbc783)."""
 
     def __init__(self, ctx, q, k, v, do, causal, scale, window=0):
         B, H, L, D = q.shape
