@@ -486,6 +486,97 @@ tg_status tg_flash_attn_vec_reduce_tq_hb_undo(tg_ctx *ctx, const float *htmp,
 tg_status tg_fwht_sign_undo_f32(tg_ctx *ctx, float *data, uint32_t num_heads,
                                 uint32_t head_dim);
 
+/* --- 12. rotary position embedding (RoPE), forward and backward ----------
+ * HF transformers' apply_rotary_pos_emb on one of q or k (call once each):
+ * x, y [B, H, L, D] through their strides (batch, head, row in elements;
+ * the D features of a row contiguous), so q.transpose(1, 2) views of
+ * [B, L, H, D] storage go in as they are; cos, sin [B or 1, L, R] through
+ * theirs (batch stride 0: one table for every batch; the R entries of a
+ * row contiguous), R = rotary_dim, as the model computes them (the two
+ * halves of a row are not assumed equal: Llama 3 and YaRN scaling live in
+ * the tables). The first R features of a row rotate, the rest pass
+ * through unchanged (partial rotary, Phi); h = R/2:
+ *   TG_ROPE_ROTATE_HALF (Llama, Qwen, Gemma, Mistral), i < h:
+ *     y[i]   = x[i]   cos[i]   - x[i+h] sin[i]
+ *     y[i+h] = x[i+h] cos[i+h] + x[i]   sin[i+h]
+ *   TG_ROPE_INTERLEAVED (GPT-J pairs), i < h:
+ *     y[2i]   = x[2i]   cos[2i]   - x[2i+1] sin[2i]
+ *     y[2i+1] = x[2i+1] cos[2i+1] + x[2i]   sin[2i+1]
+ * Computed in f32 (bf16 inputs widened exactly), each output rounded once
+ * to y_dtype. The backward is the transpose, dx from dy with the same
+ * tables: rotate-half dx[i] = dy[i] cos[i] + dy[i+h] sin[i+h], dx[i+h] =
+ * dy[i+h] cos[i+h] - dy[i] sin[i]; pairs likewise (2i, 2i+1 for i, i+h).
+ * Since 0.2.1; grows only at its end, behind a flags bit. */
+typedef enum { TG_ROPE_ROTATE_HALF = 0, TG_ROPE_INTERLEAVED = 1 } tg_rope_layout;
+
+typedef struct {
+  int32_t B, H, L, D;         /* x, y: [B, H, L, D] */
+  int32_t rotary_dim;         /* R: even, 2 <= R <= D */
+  int32_t layout;             /* tg_rope_layout */
+  int32_t x_dtype, y_dtype;   /* tg_dtype of x (backward: dy) and y (backward: dx) */
+  int32_t table_dtype;        /* tg_dtype of cos and sin */
+  uint32_t flags;             /* 0; other bits are refused */
+  int64_t x_strides[3];       /* batch, head, row (elements); >= 0 */
+  int64_t y_strides[3];       /* the same for y; y's rows may not overlap */
+  int64_t cos_strides[2];     /* batch (0 = broadcast), row; >= 0 */
+  int64_t sin_strides[2];
+} tg_rope_params;             /* 120 bytes */
+
+/* Fills *p for contiguous x and y [B, H, L, D] of float32, and contiguous
+ * float32 tables [1, L, R] shared by every batch (batch stride 0).
+ * TG_ERR_NULL_ARG, TG_ERR_BAD_SHAPE (a size < 1), TG_ERR_BAD_PARAMS
+ * (rotary_dim odd or outside [2, D], layout outside the enum),
+ * TG_ERR_OVERFLOW; *p untouched on failure. */
+tg_status tg_rope_params_init(tg_rope_params *p, int B, int H, int L, int D, int rotary_dim,
+                              tg_rope_layout layout);
+
+/* y = RoPE(x) (writes; the D - R pass-through features too). May be in
+ * place: y == x with the same strides and dtype; any other overlap of y
+ * with x, cos or sin is refused (x's, y's extents from their strides).
+ * x, cos and sin may overlap each other. Every field of p is checked
+ * (sizes, rotary_dim, layout, dtypes, flags, strides >= 0, offsets within
+ * int64, y's rows disjoint) before anything is written. A NaN or inf in x
+ * or a table reaches only the outputs whose formula reads it. */
+tg_status tg_rope_forward(tg_ctx *ctx, const void *x, const void *cos, const void *sin,
+                          void *y, const tg_rope_params *p);
+/* dx = RoPE^T(dy): p->x_* describe dy and p->y_* dx; the rest as forward
+ * (may be in place: dx == dy). */
+tg_status tg_rope_backward(tg_ctx *ctx, const void *dy, const void *cos, const void *sin,
+                           void *dx, const tg_rope_params *p);
+
+/* --- 13. gated linear units (SwiGLU, GeGLU), forward and backward --------
+ * gate, up, y, dy, dgate, dup [rows, cols], each through its own row
+ * stride in elements (>= cols when rows > 1), so the two chunks of a fused
+ * gate_up projection (Phi-3) are views of one buffer. act:
+ *   TG_GLU_SILU       silu(g) = g sigmoid(g)                 (SwiGLU: Llama, Qwen, Mistral)
+ *   TG_GLU_GELU_TANH  gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))
+ *                     (GeGLU: Gemma's gelu_pytorch_tanh, torch's gelu(approximate='tanh'))
+ *   forward:  y = act(gate) * up
+ *   backward: dgate = dy * up * act'(gate),  dup = dy * act(gate)
+ * All tensors of one dtype (TG_DTYPE_BF16 or TG_DTYPE_F32), computed in
+ * f32 and rounded once. The sigmoid is evaluated so that it never
+ * overflows (sigmoid(-100) = 3.7e-44, not 1/inf): within a few ulps over
+ * the whole f32 range where the result is normal (docs/KERNELS.md); NaN in
+ * an input makes the outputs of its element NaN; a gate of +-inf gives the
+ * functions' limits (act(-inf) = -0, act(+inf) = +inf, act'(+inf) = 1,
+ * act'(-inf) = 0), not the formula's 0 * inf = NaN.
+ * Aliasing: inputs may overlap each other. forward: y may be in place over
+ * gate or over up (the same address and stride); backward: dgate may be in
+ * place over gate and dup over up. Any other overlap of an output with an
+ * input or the other output is refused, with row-strided views judged
+ * row by row: chunks of one fused buffer (same stride, disjoint columns)
+ * do not overlap. */
+typedef enum { TG_GLU_SILU = 0, TG_GLU_GELU_TANH = 1 } tg_glu_act;
+
+tg_status tg_glu_forward(tg_ctx *ctx, const void *gate, const void *up, void *y,
+                         tg_glu_act act, tg_dtype dtype, uint32_t rows, uint32_t cols,
+                         int64_t gate_stride, int64_t up_stride, int64_t y_stride);
+tg_status tg_glu_backward(tg_ctx *ctx, const void *gate, const void *up, const void *dy,
+                          void *dgate, void *dup, tg_glu_act act, tg_dtype dtype,
+                          uint32_t rows, uint32_t cols, int64_t gate_stride,
+                          int64_t up_stride, int64_t dy_stride, int64_t dgate_stride,
+                          int64_t dup_stride);
+
 #ifdef __cplusplus
 }
 #endif

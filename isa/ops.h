@@ -248,6 +248,30 @@ typedef struct {
   /* Orders the unfenced non-temporal stores of the ops above before any
    * later store (before the work item ends). */
   void (*stream_fence)(void);
+
+  /* --- RoPE and gated-linear-unit rows (kernels/rope.c, kernels/glu.c);
+   * row_ops.c, without FMA contraction -------------------------------------
+   * One head row's rotary part, R even: with s the kernel's signed sine
+   * (its signs and, in the backward, its halves or pairs swapped: rope.c),
+   *   rotate-half (interleaved 0), h = R/2, i < h:
+   *     y[i] = x[i] c[i] + x[i+h] s[i],  y[i+h] = x[i+h] c[i+h] + x[i] s[i+h]
+   *   interleaved pairs, i < h:
+   *     y[2i] = x[2i] c[2i] + x[2i+1] s[2i],  y[2i+1] = x[2i+1] c[2i+1] + x[2i] s[2i+1]
+   * each output two products and a sum, rounded as written. y overlaps
+   * nothing. */
+  void (*rope_row_f32)(const float *x, const float *c, const float *s, float *y, int64_t R,
+                       int interleaved);
+  /* Gated linear units, act a tg_glu_act (silu or gelu_tanh), S = sigmoid:
+   * silu(g) = g S(g), gelu_tanh(g) = g S(z) with z = 2 sqrt(2/pi) (g + 0.044715
+   * g^3) (0.5 (1 + tanh(z/2)) = S(z)); S and 1 - S from e = exp(-|z|) by
+   * exp_f32 (so only its bits differ between tables), never overflowing.
+   *   forward:  y[k] = act(g[k]) u[k]; y may be g or u exactly
+   *   backward: du[k] = dy[k] act(g[k]), dg[k] = dy[k] u[k] act'(g[k]);
+   *             dg may be g and du may be u exactly (each element is read
+   *             before it is written) */
+  void (*glu_fwd_f32)(const float *g, const float *u, float *y, int64_t n, int act);
+  void (*glu_bwd_f32)(const float *g, const float *u, const float *dy, float *dg, float *du,
+                      int64_t n, int act);
 } tg_isa_ops;
 
 #define TG_ISA_DECLARE(name, id, cpu, pick) extern const tg_isa_ops tg_isa_ops_##name;

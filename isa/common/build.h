@@ -130,6 +130,12 @@ void TG_NAME(rms_bwd_row)(const float *restrict x, const float *restrict w,
                           const float *restrict dy, float r, float c, float *restrict part,
                           float *restrict dx, int64_t n, int stream);
 void TG_NAME(stream_fence)(void);
+void TG_NAME(rope_row_f32)(const float *restrict x, const float *restrict c,
+                           const float *restrict s, float *restrict y, int64_t R,
+                           int interleaved);
+void TG_NAME(glu_fwd_f32)(const float *g, const float *u, float *y, int64_t n, int act);
+void TG_NAME(glu_bwd_f32)(const float *g, const float *u, const float *dy, float *dg, float *du,
+                          int64_t n, int act);
 /* x86/bf16_dot.c (avx512bf16), arm/bf16_mmla.c (neonbf16) */
 void TG_NAME(mm_bf16_pairs)(int M, int N, int K, const uint16_t *restrict A, int64_t lda,
                             const uint32_t *restrict Bp, int64_t ldb, float *restrict C,

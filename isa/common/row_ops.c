@@ -412,6 +412,125 @@ void TG_NAME(rms_bwd_row)(const float *restrict x, const float *restrict w,
  * where there are such stores). */
 void TG_NAME(stream_fence)(void) { stream_fence(); }
 
+/* RoPE, one head row's rotary part (kernels/rope.c builds the signed sine
+ * s, so one loop serves the forward and the backward): every output is
+ * x c + x' s of its own element and its partner's, two products and a sum. */
+void TG_NAME(rope_row_f32)(const float *restrict x, const float *restrict c,
+                           const float *restrict s, float *restrict y, int64_t R,
+                           int interleaved) {
+  const int64_t h = R / 2;
+  if (!interleaved) {
+#pragma omp simd
+    for (int64_t i = 0; i < h; i++) {
+      y[i] = x[i] * c[i] + x[i + h] * s[i];
+      y[i + h] = x[i + h] * c[i + h] + x[i] * s[i + h];
+    }
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < h; i++) {
+      y[2 * i] = x[2 * i] * c[2 * i] + x[2 * i + 1] * s[2 * i];
+      y[2 * i + 1] = x[2 * i + 1] * c[2 * i + 1] + x[2 * i] * s[2 * i + 1];
+    }
+  }
+}
+
+/*
+ * Gated linear units. The activation's sigmoid S(z) (z = g for silu, z =
+ * 2 sqrt(2/pi) (g + 0.044715 g^3) for gelu_tanh, whose 0.5 (1 + tanh(z/2))
+ * is S(z)) comes with its complement Sc = 1 - S from e = exp(-|z|) in (0, 1]:
+ *   z >= 0: S = 1 / (1 + e), Sc = e / (1 + e);   z < 0: the two swapped.
+ * Neither cancels nor overflows for any z (sigmoid(-100) is e = 3.7e-44
+ * over 1, not 1 over an infinite 1 + e^100), so both are within a few ulps
+ * of the true values wherever they are normal, and act' needs no 1 - S.
+ * Rows go GLU_CHUNK at a time: -|z| into e, the table's exp_f32 over it
+ * (the one exp of the ISA layer), then the products from e. NaN in g makes
+ * z, e, S and every output of that element NaN. +-inf gates take the
+ * functions' limits, not the formula's 0 * inf: act(-inf) = -0 (S = 0),
+ * act(+inf) = +inf, act'(+inf) = 1, act'(-inf) = 0 (the selects on S == 0
+ * and Sc == 0 change nothing for a finite g, whose product there is the
+ * same zero).
+ */
+enum { GLU_CHUNK = 256 };
+#define GLU_K2 1.59576912160573071f /* 2 sqrt(2/pi) */
+#define GLU_A 0.044715f
+#define GLU_A3 0.134145f /* 3 * 0.044715 */
+
+static inline __attribute__((always_inline)) float glu_z(float g, const int act) {
+  return act == TG_GLU_SILU ? g : GLU_K2 * (g + GLU_A * (g * g * g));
+}
+
+/* e[k] = exp(-|z(g[k])|) for k < m */
+static inline __attribute__((always_inline)) void glu_exp(const float *g, float *restrict e,
+                                                         int64_t m, const int act) {
+#pragma omp simd
+  for (int64_t k = 0; k < m; k++) e[k] = -__builtin_fabsf(glu_z(g[k], act));
+  TG_NAME(exp_f32)(e, e, m);
+}
+
+/* g, u, y: y may be g or u exactly (element k is read before it is written,
+ * and the simd loop reads each vector before it stores it), hence no restrict */
+static inline __attribute__((always_inline)) void glu_fwd(const float *g, const float *u,
+                                                         float *y, int64_t n, const int act) {
+  float e[GLU_CHUNK];
+  for (int64_t k0 = 0; k0 < n; k0 += GLU_CHUNK) {
+    const int64_t m = n - k0 < GLU_CHUNK ? n - k0 : GLU_CHUNK;
+    glu_exp(g + k0, e, m, act);
+#pragma omp simd
+    for (int64_t k = 0; k < m; k++) {
+      const float x = g[k0 + k], z = glu_z(x, act), r = 1.0f / (1.0f + e[k]);
+      const float S = z >= 0.0f ? r : e[k] * r; /* NaN: e[k] * r, NaN */
+      const float a = S == 0.0f ? -0.0f : x * S;
+      y[k0 + k] = a * u[k0 + k];
+    }
+  }
+}
+
+void TG_NAME(glu_fwd_f32)(const float *g, const float *u, float *y, int64_t n, int act) {
+  if (act == TG_GLU_SILU)
+    glu_fwd(g, u, y, n, TG_GLU_SILU);
+  else
+    glu_fwd(g, u, y, n, TG_GLU_GELU_TANH);
+}
+
+/* act'(g): silu' = S (1 + g Sc); gelu_tanh' = S + g S Sc z'(g), z' = 2
+ * sqrt(2/pi) (1 + 3 0.044715 g^2). Past |g| = 64 (z > 18000) e is 0, so S
+ * Sc is exactly 0, and g is clamped there in that term so that g^2 cannot
+ * overflow into 0 * inf; a NaN passes the clamp. */
+static inline __attribute__((always_inline)) void glu_bwd(const float *g, const float *u,
+                                                         const float *restrict dy, float *dg,
+                                                         float *du, int64_t n, const int act) {
+  float e[GLU_CHUNK];
+  for (int64_t k0 = 0; k0 < n; k0 += GLU_CHUNK) {
+    const int64_t m = n - k0 < GLU_CHUNK ? n - k0 : GLU_CHUNK;
+    glu_exp(g + k0, e, m, act);
+#pragma omp simd
+    for (int64_t k = 0; k < m; k++) {
+      const float x = g[k0 + k], up = u[k0 + k], d = dy[k0 + k];
+      const float z = glu_z(x, act), r = 1.0f / (1.0f + e[k]), er = e[k] * r;
+      const float S = z >= 0.0f ? r : er, Sc = z >= 0.0f ? er : r;
+      const float a = S == 0.0f ? -0.0f : x * S;
+      float da;
+      if (act == TG_GLU_SILU) {
+        const float xsc = Sc == 0.0f ? 0.0f : x * Sc;
+        da = S == 0.0f ? -0.0f : S * (1.0f + xsc);
+      } else {
+        const float xc = x > 64.0f ? 64.0f : x < -64.0f ? -64.0f : x;
+        da = S + (xc * (S * Sc)) * (GLU_K2 * (1.0f + GLU_A3 * (xc * xc)));
+      }
+      du[k0 + k] = d * a;
+      dg[k0 + k] = (d * up) * da;
+    }
+  }
+}
+
+void TG_NAME(glu_bwd_f32)(const float *g, const float *u, const float *dy, float *dg, float *du,
+                          int64_t n, int act) {
+  if (act == TG_GLU_SILU)
+    glu_bwd(g, u, dy, dg, du, n, TG_GLU_SILU);
+  else
+    glu_bwd(g, u, dy, dg, du, n, TG_GLU_GELU_TANH);
+}
+
 #if !defined(__clang__)
 #pragma GCC pop_options
 #endif

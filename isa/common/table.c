@@ -61,4 +61,7 @@ const tg_isa_ops TG_NAME(tg_isa_ops) = {
     .rms_sums_f32 = TG_NAME(rms_sums_f32),
     .rms_bwd_row = TG_NAME(rms_bwd_row),
     .stream_fence = TG_NAME(stream_fence),
+    .rope_row_f32 = TG_NAME(rope_row_f32),
+    .glu_fwd_f32 = TG_NAME(glu_fwd_f32),
+    .glu_bwd_f32 = TG_NAME(glu_bwd_f32),
 };
