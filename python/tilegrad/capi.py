@@ -302,6 +302,36 @@ _OTHER_SIGNATURES = {
 }
 
 
+# RoPE and the gated linear units (kernels 12 and 13)
+class RopeParams(ctypes.Structure):
+    """``tg_rope_params`` (120 bytes) of ``tg_rope_forward`` / ``_backward``:
+    x, y ``[B, H, L, D]`` through element strides (batch, head, row), cos and
+    sin ``[B or 1, L, rotary_dim]`` (batch stride 0: broadcast); ``layout``
+    ``TG_ROPE_ROTATE_HALF`` or ``TG_ROPE_INTERLEAVED``; dtypes ``TG_DTYPE_*``."""
+    _fields_ = [("B", ctypes.c_int32), ("H", ctypes.c_int32), ("L", ctypes.c_int32),
+                ("D", ctypes.c_int32), ("rotary_dim", ctypes.c_int32),
+                ("layout", ctypes.c_int32), ("x_dtype", ctypes.c_int32),
+                ("y_dtype", ctypes.c_int32), ("table_dtype", ctypes.c_int32),
+                ("flags", ctypes.c_uint32), ("x_strides", ctypes.c_int64 * 3),
+                ("y_strides", ctypes.c_int64 * 3), ("cos_strides", ctypes.c_int64 * 2),
+                ("sin_strides", ctypes.c_int64 * 2)]
+
+
+TG_ROPE_ROTATE_HALF, TG_ROPE_INTERLEAVED = 0, 1
+TG_GLU_SILU, TG_GLU_GELU_TANH = 0, 1
+_I64 = ctypes.c_int64
+KERNEL_SIGNATURES.update({
+    # ctx, x (dy), cos, sin, y (dx), params
+    "tg_rope_forward": [_P, _P, _P, _P, _P, ctypes.POINTER(RopeParams)],
+    "tg_rope_backward": [_P, _P, _P, _P, _P, ctypes.POINTER(RopeParams)],
+    # ctx, gate, up, y, act, dtype, rows, cols, gate/up/y strides
+    "tg_glu_forward": [_P, _P, _P, _P, _I, _I, _U32, _U32, _I64, _I64, _I64],
+    # ctx, gate, up, dy, dgate, dup, act, dtype, rows, cols, 5 strides
+    "tg_glu_backward": [_P] * 6 + [_I, _I, _U32, _U32] + [_I64] * 5,
+})
+_OTHER_SIGNATURES["tg_rope_params_init"] = (_I, [ctypes.POINTER(RopeParams)] + [_I] * 6)
+
+
 class Library:
     """The loaded shared library with declared signatures."""
 

@@ -33,6 +33,7 @@ import numpy as np
 
 from . import bf16 as _bf16
 from .capi import AttnMaskParams, _set_strides, attn_params_init, default_context
+from .capi import RopeParams
 
 __all__ = [
     "attn_params", "flash_attn_train_fwd", "flash_attn_train_bwd_compute_d",
@@ -636,3 +637,163 @@ def fwht_sign_undo(data, *, ctx=None):
     """Out-of-place :func:`fwht_sign_undo_` (returns a new float32 array)."""
     d = np.array(data, dtype=np.float32, order="C", copy=True)
     return fwht_sign_undo_(d, ctx=ctx)
+
+
+# ---------------------------------------------------------------------------
+# 12. RoPE, 13. gated linear units
+
+__all__ += ["rope_forward", "rope_backward", "glu_forward", "glu_backward"]
+
+_ROPE_LAYOUTS = {"rotate_half": 0, "interleaved": 1}
+_GLU_ACTS = {"silu": 0, "gelu_tanh": 1}
+
+
+def _f32_or_bf16(a, name):
+    """-> (array the kernel reads: float32 or raw uint16 bits, tg_dtype,
+    original dtype); floats other than float32 are converted."""
+    a = np.asarray(a)
+    if _bf16.is_bf16_dtype(a.dtype):
+        return _bf16.bits(a, name), 0, a.dtype
+    if a.dtype.kind != "f":
+        raise TypeError(f"{name}: expected float32 or bf16 data, got dtype {a.dtype}")
+    return (a if a.dtype == np.float32 else a.astype(np.float32)), 1, np.dtype(np.float32)
+
+
+def _strides_or_copy(a, ndim, name):
+    """(array, element strides of all but the last dim), copying a layout
+    whose innermost stride is not 1 or whose strides are negative."""
+    if a.ndim != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimensions, got shape {a.shape}")
+    it = a.itemsize
+    bad = any(s < 0 or s % it for s in a.strides) or (a.shape[-1] > 1 and a.strides[-1] != it)
+    if bad:
+        a = np.ascontiguousarray(a)
+    return a, tuple(s // it for s in a.strides[:-1])
+
+
+def _rope(name, x, cos, sin, layout, out, out_dtype, ctx):
+    ctx = _ctx(ctx)
+    if layout not in _ROPE_LAYOUTS:
+        raise ValueError(f"layout must be one of {sorted(_ROPE_LAYOUTS)}, got {layout!r}")
+    xs, xt, xdt = _f32_or_bf16(x, "x")
+    xs, xst = _strides_or_copy(xs, 4, "x")
+    B, H, L, D = xs.shape
+    tabs = []
+    for nm, t in (("cos", cos), ("sin", sin)):
+        ts, tt_, tdt = _f32_or_bf16(t, nm)
+        if ts.ndim == 2:
+            ts = ts[None]
+        ts, tst = _strides_or_copy(ts, 3, nm)
+        if ts.shape[0] not in (1, B) or ts.shape[1] != L:
+            raise ValueError(f"{nm}: expected shape [{B} or 1, {L}, R], got {ts.shape}")
+        tabs.append((ts, tt_, tdt, (tst[0] if ts.shape[0] == B and B > 1 else 0, tst[1])))
+    (cs, ct, cdt, cst), (ss, st_, sdt, sst) = tabs
+    if ct != st_ or cs.shape != ss.shape:
+        raise ValueError("cos and sin must have one dtype and one shape")
+    R = cs.shape[2]
+    if out_dtype is None:  # torch's promotion of x and the tables
+        out_dtype = xdt if xt == ct else np.float32
+    out_dtype = np.dtype(out_dtype)
+    yt = 0 if _bf16.is_bf16_dtype(out_dtype) else 1
+    if yt == 1 and out_dtype != np.float32:
+        raise TypeError(f"out_dtype must be float32 or bf16, got {out_dtype}")
+    if out is None:
+        y = np.empty((B, H, L, D), np.uint16 if yt == 0 else np.float32)
+    else:
+        y = out if yt == 1 else _bf16.bits(out, "out")
+        if y.shape != (B, H, L, D) or not y.flags["WRITEABLE"]:
+            raise ValueError(f"out: expected a writeable array of shape {(B, H, L, D)}")
+        if (y.dtype == np.float32) != (yt == 1):
+            raise TypeError(f"out: expected dtype {out_dtype}, got {out.dtype}")
+    y, yst = _strides_or_copy(y, 4, "out")
+    if out is not None and not np.shares_memory(y, out):
+        raise ValueError("out: its layout cannot be written in place (inner stride != 1)")
+    p = RopeParams()
+    p.B, p.H, p.L, p.D, p.rotary_dim = B, H, L, D, R
+    p.layout, p.x_dtype, p.y_dtype, p.table_dtype = _ROPE_LAYOUTS[layout], xt, yt, ct
+    for j in range(3):
+        p.x_strides[j], p.y_strides[j] = xst[j], yst[j]
+    for j in range(2):
+        p.cos_strides[j], p.sin_strides[j] = cst[j], sst[j]
+    _call(ctx, name, _ptr(xs), _ptr(cs), _ptr(ss), _ptr(y), ctypes.byref(p))
+    return _bf16.like(y, out_dtype) if yt == 0 and out is None else (out if out is not None else y)
+
+
+def rope_forward(x, cos, sin, *, layout="rotate_half", out=None, out_dtype=None, ctx=None):
+    """RoPE as HF's ``apply_rotary_pos_emb`` on one of q, k
+    (``tg_rope_forward``). x ``[B, H, L, D]`` (float32 or bf16; strided views
+    such as a ``[B, L, H, D]`` buffer transposed go in as they are), cos and
+    sin ``[B or 1, L, R]`` or ``[L, R]`` (R = rotary_dim: the first R features
+    rotate, the rest pass through), ``layout`` "rotate_half" or
+    "interleaved". The result has ``out_dtype`` (default: x's dtype if the
+    tables share it, else float32, as torch promotes); ``out`` may be x
+    itself (in place)."""
+    return _rope("tg_rope_forward", x, cos, sin, layout, out, out_dtype, ctx)
+
+
+def rope_backward(dy, cos, sin, *, layout="rotate_half", out=None, out_dtype=None, ctx=None):
+    """The transpose of :func:`rope_forward` (``tg_rope_backward``): dx from
+    dy with the same tables and conventions."""
+    return _rope("tg_rope_backward", dy, cos, sin, layout, out, out_dtype, ctx)
+
+
+def _glu_2d(a, name, shape=None):
+    """-> (array, tg_dtype, dtype, row stride in elements) of a 2-D operand."""
+    b, t, dt = _f32_or_bf16(a, name)
+    b, st = _strides_or_copy(b, 2, name)
+    if shape is not None and b.shape != shape:
+        raise ValueError(f"{name}: expected shape {shape}, got {b.shape}")
+    return b, t, dt, st[0] if b.shape[0] > 1 else b.shape[1]
+
+
+def _glu_out(out, name, shape, t, dt):
+    if out is None:
+        o = np.empty(shape, np.float32 if t == 1 else np.uint16)
+        return o, o, shape[1]
+    b, ot, _, st = _glu_2d(out, name, shape)
+    if ot != t or not b.flags["WRITEABLE"] or not np.shares_memory(b, out):
+        raise ValueError(f"{name}: expected a writeable {dt} array of shape {shape} "
+                         "with inner stride 1")
+    return out, b, st
+
+
+def glu_forward(gate, up, act="silu", *, out=None, ctx=None):
+    """``act(gate) * up`` (``tg_glu_forward``), act "silu" (SwiGLU) or
+    "gelu_tanh" (GeGLU). gate, up ``[rows, cols]`` of one dtype (float32 or
+    bf16), row-strided views allowed (the chunks of a fused gate_up); ``out``
+    may be gate or up itself."""
+    ctx = _ctx(ctx)
+    if act not in _GLU_ACTS:
+        raise ValueError(f"act must be one of {sorted(_GLU_ACTS)}, got {act!r}")
+    g, t, dt, gs = _glu_2d(gate, "gate")
+    u, ut, _, us = _glu_2d(up, "up", g.shape)
+    if ut != t:
+        raise TypeError("gate and up must have one dtype")
+    res, y, ys = _glu_out(out, "out", g.shape, t, dt)
+    rows, cols = _u32("rows", g.shape[0]), _u32("cols", g.shape[1])
+    _call(ctx, "tg_glu_forward", _ptr(g), _ptr(u), _ptr(y), _GLU_ACTS[act], t, rows, cols,
+          ctypes.c_int64(gs), ctypes.c_int64(us), ctypes.c_int64(ys))
+    return _bf16.like(res, dt) if out is None and t == 0 else res
+
+
+def glu_backward(gate, up, dy, act="silu", *, dgate=None, dup=None, ctx=None):
+    """``(dgate, dup) = (dy * up * act'(gate), dy * act(gate))``
+    (``tg_glu_backward``); dgate may be gate itself and dup up itself."""
+    ctx = _ctx(ctx)
+    if act not in _GLU_ACTS:
+        raise ValueError(f"act must be one of {sorted(_GLU_ACTS)}, got {act!r}")
+    g, t, dt, gs = _glu_2d(gate, "gate")
+    u, ut, _, us = _glu_2d(up, "up", g.shape)
+    d, dyt, _, ds = _glu_2d(dy, "dy", g.shape)
+    if not (ut == t == dyt):
+        raise TypeError("gate, up and dy must have one dtype")
+    rg, og, ogs = _glu_out(dgate, "dgate", g.shape, t, dt)
+    ru, ou, ous = _glu_out(dup, "dup", g.shape, t, dt)
+    rows, cols = _u32("rows", g.shape[0]), _u32("cols", g.shape[1])
+    _call(ctx, "tg_glu_backward", _ptr(g), _ptr(u), _ptr(d), _ptr(og), _ptr(ou),
+          _GLU_ACTS[act], t, rows, cols, ctypes.c_int64(gs), ctypes.c_int64(us),
+          ctypes.c_int64(ds), ctypes.c_int64(ogs), ctypes.c_int64(ous))
+    if t == 0:
+        rg = _bf16.like(rg, dt) if dgate is None else rg
+        ru = _bf16.like(ru, dt) if dup is None else ru
+    return rg, ru
