@@ -1,147 +1,101 @@
 #!/usr/bin/env python3
-"""Train a Hugging Face Llama on the CPU: tilegrad's attention vs sdpa and eager.
+"""Train Hugging Face models of real families on the CPU: sdpa vs tilegrad.
 
-What a user of transformers sees: a whole training step (forward, loss,
-backward, gradient clipping, AdamW) of a Llama-style model built from a
-LlamaConfig, with attn_implementation = "tilegrad" (registered by
-`tilegrad.transformers`), "sdpa" or "eager"; nothing else differs.
+What a user of transformers sees: a whole training step (forward, the loss as
+`model(input_ids, labels=labels).loss`, backward, gradient clipping at 1.0,
+AdamW with float32 moments) of a model built with `from_config` from a real
+family's published config (random weights, seeded: no download), for each
+backend in a process of its own:
 
-  * Model: byte-level vocabulary (256 tokens, so no tokenizer download),
-    GQA; the default is hidden 512, 8 layers, 8 query / 2 KV heads of 64,
-    MLP 2048: 30.7M parameters. --quick: 2 layers of hidden 256 (2.1M).
-  * Data: deterministic text (a seeded generator of English-like sentences
-    with numbers and arithmetic, or --text FILE), cut into consecutive
-    windows of --seq bytes; every backend gets the same batches and the same
-    initial weights (both checked by SHA-256 of the bytes).
-  * dtype: bf16 autocast (f32 weights, f32 AdamW: the master copy) where the
+  sdpa          attn_implementation="sdpa"
+  tilegrad      attn_implementation="tilegrad" (`import tilegrad.transformers`)
+  tilegrad-all  the same plus tilegrad.transformers.use_tilegrad_kernels(model,
+                rope=True, swiglu=True, rms_norm=True,
+                fused_linear_cross_entropy=True) (skipped, said so, where that
+                function is missing or refuses the model)
+  sdpa-compile  torch.compile(model) with sdpa: what a user might pick
+                instead (a compile failure is reported by name; skipped when
+                the first step takes over --compile-timeout; --no-compile)
+  eager         attn_implementation="eager" (optional: the loss check's yardstick)
+
+  * Configs (--configs): the published values are in CONFIGS below (widths,
+    heads, vocabulary, rope, windows, softcaps, tied embeddings as
+    published); where the layers are cut for 2 cores / 24 GiB the output
+    names the reduction (--layers N overrides). Changes for every config:
+    use_cache off (training) and dropout off (the backends draw different
+    dropout masks, and the loss check compares curves step by step).
+    --quick: a byte-level toy Llama (the CI smoke test).
+  * Data: deterministic generated text (English-like sentences, sums,
+    counts), one byte per token, the 256 bytes mapped to 256 ids of the
+    config's vocabulary (seeded; ids >= 1000, clear of special tokens):
+    learnable, while the LM head and the loss still span the whole
+    vocabulary. BERT: a window's label is whether it holds more digits than
+    the median window. Every backend gets the same batches and the same
+    initial weights (both checked by SHA-256).
+  * dtype: bf16 autocast (f32 weights and AdamW: the master copy) where the
     CPU has a bf16 unit (x86 avx512_bf16 / amx_bf16, aarch64 bf16), float32
-    elsewhere: PyTorch's faster dtype on each, as bench/vs_torch.py measures
-    it. --dtype overrides; all backends run the same one.
-  * Fairness: each backend trains in its own process (so its peak RSS is
-    its own), all at --threads (torch.set_num_threads and OMP_NUM_THREADS,
-    which tilegrad's OpenMP reads too); the processes take turns, --block
-    steps at a time in an order that rotates every round, so drift of the
-    machine's speed hits every backend alike.
+    elsewhere: PyTorch's faster dtype on each (bench/vs_torch.py).
+  * Fairness: every backend at the same --threads (torch.set_num_threads
+    and OMP_NUM_THREADS, which tilegrad's OpenMP reads too); the processes
+    are built one after another, then take turns, --block steps at a time
+    in an order that rotates every round, so drift of the machine's speed
+    hits every backend alike. They all stay alive (weights + AdamW state,
+    ~16 bytes a parameter each): the machine must hold them together.
 
-Reported per backend and sequence length: tokens/s (median over the steps
-after --warmup), the attention's share of the step (the attention function
-timed in the forward by a wrapper, and in the backward between two identity
-autograd nodes around it; median of the per-step shares), peak RSS
-(ru_maxrss of the backend's process) and the RSS before training (model
-built), final loss. The loss curves are overlaid in a PNG (matplotlib; skipped
-with a note where it is missing) and must agree within bf16 noise: the
-trailing moving average (window --smooth) of each backend's loss stays within
---loss-rtol (default 1%, relative) of sdpa's (or, without sdpa, the first
-backend's) at every step. 1% is a few bf16 roundings of the loss (relative
-spacing 2^-8 = 0.39%): the two stock backends, eager and sdpa, differed by
-0.07% over 30 steps at seq 512 in bf16 (AMD EPYC, 2 threads), while a wrong
-mask or gradient moves the curve by far more within a few steps (a causal
-leak drops the loss at once). eager vs sdpa is printed as the yardstick. The
-exit status is 1 where a backend disagrees or failed.
+Reported per config x seq x threads x backend: tokens/s (median over the
+steps after --warmup), peak RSS (ru_maxrss of the backend's process) and
+RSS once the model is built, the loss curve (PNG, overlaid per config; skipped
+with a note without matplotlib) and the loss check: the trailing moving
+average (window --smooth) of each backend's loss stays within --loss-rtol
+(default 1%, relative) of sdpa's at every step. 1% is a few bf16 roundings
+of the loss (relative spacing 2^-8 = 0.39%): the two stock backends, eager
+and sdpa, differed by 0.07% over 30 steps at seq 512 in bf16 (AMD EPYC, 2
+threads), while a wrong mask or gradient moves the curve by far more within
+a few steps (a causal leak drops the loss at once).
+
+Where the time goes: after the timed steps, --profile-steps step(s) per backend
+under torch.profiler (CPU), the self time of every traced op (no double
+counting) put into one category: attention (anything under the attention
+function the model calls, or an sdpa / tilegrad attention op or its backward
+node), loss (cross-entropy, log_softmax, nll, a linear cross-entropy, and
+non-GEMM ops on [.., V] logits: their float copies, the softcap, the fill_ of
+their gradient), lm_head (GEMMs with a vocabulary-sized dim, [V, H] weight
+casts and gradient adds), gemm (aten::mm/addmm/bmm/linear/matmul and their
+backward nodes), embedding (the embedding and its backward), norm_elementwise
+(norms, activations, mul/add, rope pieces, tilegrad's step kernels), copies
+(to/_to_copy/copy_/contiguous/clone, autocast casts), optimizer (AdamW,
+zero_grad, clip_grad_norm_), other; untraced: the step's wall time less the
+traced self times (Python between ops). The check of issue 47: the
+categories a backend does not replace among gemm, lm_head, copies and other
+must cost the same as with sdpa within 5% (PASS/FAIL with the ratio; printed
+and in the JSON, not in the exit status: it is a target, and one step on a
+shared machine is noisy). Per process the OpenMP runtime torch's library and
+tilegrad's resolved to (dlsym of omp_get_max_threads through each library's
+handle, dladdr) and every libgomp/libomp in /proc/self/maps: one pool serves
+both only if they are the same file.
+
+The exit status is 1 where a backend other than sdpa-compile / eager failed or
+its loss disagrees.
 
   python bench/train_model.py --quick --threads 2
-  python bench/train_model.py --seq 2048,4096 --threads 16 --json train-16t.json  # + .png
+  python bench/train_model.py --configs qwen2.5-0.5b --seq 2048 --threads 16 --json q.json  # + q.png
 """
 import argparse
 import hashlib
 import json
 import os
 import platform
-import random
 import statistics
 import sys
 import time
 import traceback
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BACKENDS = ("tilegrad", "sdpa", "eager")
-
-# (hidden, layers, heads, kv heads, MLP width): head dim = hidden / heads.
-DEFAULT_MODEL = (512, 8, 8, 2, 2048)
-QUICK_MODEL = (256, 2, 4, 2, 1024)
-
-
-# ----------------------------------------------------------------- the data
-
-WORDS = {
-    "name": "Ada Bram Cleo Dara Emil Fenn Gala Hugo Iris Jude Kira Lars Mona Nils Oona Per".split(),
-    "noun": ("kernel tile thread cache buffer matrix vector head query key value gradient "
-             "batch token layer model loop stride block lane register queue").split(),
-    "adj": "small large fast slow warm cold even odd dense sparse exact wide narrow".split(),
-    "verb": "reads writes sums scales copies splits moves sorts checks loads stores packs".split(),
-    "place": "the first row|the last column|each tile|the shared cache|every lane|the next block".split("|"),
-}
-
-
-def sentence(rng):
-    """One line: a templated sentence, a sum, or a count; all learnable."""
-    kind = rng.random()
-    if kind < 0.55:
-        return (f"{rng.choice(WORDS['name'])} {rng.choice(WORDS['verb'])} the "
-                f"{rng.choice(WORDS['adj'])} {rng.choice(WORDS['noun'])} in "
-                f"{rng.choice(WORDS['place'])}.")
-    if kind < 0.8:
-        a, b = rng.randrange(1000), rng.randrange(1000)
-        return f"{a} + {b} = {a + b}"
-    noun = rng.choice(WORDS["noun"])
-    n = rng.randrange(2, 9)
-    return f"The {noun}s: " + ", ".join(f"{noun} {i}" for i in range(1, n + 1)) + "."
-
-
-def generated_text(nbytes, seed):
-    """At least nbytes of deterministic text (paragraphs of sentences)."""
-    rng, parts, size = random.Random(seed), [], 0
-    while size < nbytes:
-        para = " ".join(sentence(rng) for _ in range(rng.randrange(3, 8))) + "\n\n"
-        parts.append(para)
-        size += len(para)
-    return "".join(parts).encode("ascii")
-
-
-def token_stream(nbytes, seed, text_file):
-    """nbytes byte tokens: the file (repeated as needed) or generated text."""
-    if text_file:
-        with open(text_file, "rb") as f:
-            data = f.read()
-        if not data:
-            raise ValueError(f"{text_file} is empty")
-        return (data * (nbytes // len(data) + 1))[:nbytes]
-    return generated_text(nbytes, seed)[:nbytes]
-
-
-# ----------------------------------------------------- the machine and dtype
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("model name", "Model Name")):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def cpu_has_bf16_unit():
-    """x86: avx512_bf16 or amx_bf16; aarch64: bf16 (FEAT_BF16). Linux only;
-    elsewhere False (float32)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = set()
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    flags.update(line.split(":", 1)[1].split())
-    except OSError:
-        return False
-    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
-
-
-def pick_dtype(requested):
-    if requested != "auto":
-        return requested, "--dtype"
-    if cpu_has_bf16_unit():
-        return "bf16", "auto: the CPU has a bf16 unit"
-    return "f32", "auto: no bf16 unit on this CPU"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from train_model_parts import (  # noqa: E402  (bench/ on the path first)
+    BACKENDS, CATEGORIES, CHECKED, CONFIGS, DEFAULT_BACKENDS, REAL, breakdown, config_kwargs,
+    cpu_has_bf16_unit, cpu_model, describe, layers_run, make_batches, openmp_report,
+    replaced_categories)
 
 
 # --------------------------------------------------------------- the worker
@@ -150,8 +104,8 @@ def worker_main(conn, cfg):
     """One backend's process: build, then train --block steps per request."""
     try:
         _worker(conn, cfg)
-    except BaseException:  # the parent reports it and goes on with the others
-        conn.send({"error": traceback.format_exc()})
+    except BaseException as e:  # the parent reports it and goes on with the others
+        conn.send({"error": traceback.format_exc(), "error_name": type(e).__name__})
     finally:
         conn.close()
 
@@ -162,61 +116,94 @@ def _worker(conn, cfg):
 
     import torch
     import transformers
-    from transformers import AutoModelForCausalLM, LlamaConfig
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-    from transformers.models.llama import modeling_llama
+    from torch.profiler import ProfilerActivity, profile, record_function
 
-    backend = cfg["backend"]
+    backend, name, seq, batch = cfg["backend"], cfg["config"], cfg["seq"], cfg["batch"]
     torch.set_num_threads(cfg["threads"])
     info = {"torch": torch.__version__, "transformers": transformers.__version__,
-            "isa": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads()}
-    if backend == "tilegrad":
+            "torch_isa": torch.backends.cpu.get_cpu_capability(),
+            "threads": torch.get_num_threads()}
+    attn, tg_lib, tgt = {"sdpa-compile": "sdpa", "tilegrad-all": "tilegrad"}.get(
+        backend, backend), None, None
+    if attn == "tilegrad":
         sys.path.insert(0, os.path.join(REPO, "python"))
         import tilegrad
-        import tilegrad.transformers
-        tilegrad.transformers.register(attn_precision=cfg["tilegrad_precision"])
-        info["tilegrad_precision"] = cfg["tilegrad_precision"]
-        info["tilegrad_isa"] = tilegrad.Context().isa
-        info["tilegrad_lib"] = tilegrad.library().path
+        import tilegrad.transformers as tgt
+        tgt.register(attn_precision=cfg["attn_precision"])
+        tg_lib = tilegrad.library().path
+        info.update(tilegrad_lib=tg_lib, tilegrad_isa=tilegrad.Context().isa,
+                    attn_precision=cfg["attn_precision"])
+    info["openmp"] = openmp_report(torch, tg_lib)
 
-    hidden, layers, heads, kv_heads, mlp = cfg["model"]
-    config = LlamaConfig(
-        vocab_size=256, hidden_size=hidden, intermediate_size=mlp, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=hidden // heads,
-        max_position_embeddings=cfg["seq"], tie_word_embeddings=False, use_cache=False,
-        attention_dropout=0.0, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    family = CONFIGS[name]["family"]
+    cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+           "gemma2": transformers.Gemma2Config, "bert": transformers.BertConfig}[family]
+    # this model's own config object (from_config writes attn_implementation into it)
+    config = cls(**config_kwargs(name, layers_run(name, cfg["layers"])[0]))
+    auto = (transformers.AutoModelForSequenceClassification if family == "bert"
+            else transformers.AutoModelForCausalLM)
     torch.manual_seed(cfg["seed"])
-    model = AutoModelForCausalLM.from_config(config, attn_implementation=backend,
-                                             dtype=torch.float32)
-    if model.config._attn_implementation != backend:
-        raise RuntimeError(f"transformers runs {model.config._attn_implementation!r}, "
-                           f"not {backend!r}")
+    model = auto.from_config(config, attn_implementation=attn, dtype=torch.float32)
+    if model.config._attn_implementation != attn:
+        raise RuntimeError(f"transformers runs {model.config._attn_implementation!r}, not {attn!r}")
     model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    init_hash = hashlib.sha256()
+    init_hash, seen = hashlib.sha256(), set()
     for _, p in sorted(model.state_dict().items()):
-        init_hash.update(p.detach().contiguous().numpy().tobytes())
+        if p.data_ptr() not in seen:             # tied weights once
+            seen.add(p.data_ptr())
+            init_hash.update(p.detach().contiguous().numpy())
+    info["rope"] = getattr(model.config, "rope_parameters", None)
+    info["layer_types"] = getattr(model.config, "layer_types", None)
 
-    # Tokens: steps x batch windows of seq bytes, the same for every backend.
-    per_step = cfg["batch"] * cfg["seq"]
-    stream = token_stream(cfg["steps"] * per_step, cfg["seed"], cfg["text"])
-    tokens = torch.frombuffer(bytearray(stream), dtype=torch.uint8).long()
-    tokens = tokens.view(cfg["steps"], cfg["batch"], cfg["seq"])
+    if backend == "tilegrad-all":
+        use = getattr(tgt, "use_tilegrad_kernels", None)
+        if use is None:
+            conn.send({"skipped": "use_tilegrad_kernels missing"})
+            return
+        try:
+            replaced = use(model, rope=True, swiglu=True, rms_norm=True,
+                           fused_linear_cross_entropy=True)
+        except NotImplementedError as e:
+            conn.send({"skipped": f"use_tilegrad_kernels refused: {e}"})
+            return
+        info["replaced"] = dict(replaced) if isinstance(replaced, dict) else repr(replaced)
+    if backend != "sdpa-compile" and attn != "eager":
+        plain = ALL_ATTENTION_FUNCTIONS.get_interface(attn, None)
 
-    clock = AttentionClock(torch)
-    plain = ALL_ATTENTION_FUNCTIONS.get_interface(backend, modeling_llama.eager_attention_forward)
-    ALL_ATTENTION_FUNCTIONS[backend] = clock.wrap(plain)  # this process's mapping only
+        def attention_function(*a, **kw):  # the attention category's anchor in the profile
+            with record_function("attention_function"):
+                return plain(*a, **kw)
+        ALL_ATTENTION_FUNCTIONS[attn] = attention_function   # this process's mapping only
+    step_model = torch.compile(model) if backend == "sdpa-compile" else model
 
+    c = model.config
+    dims = {c.hidden_size, c.intermediate_size, seq, batch * seq,
+            c.num_attention_heads * getattr(c, "head_dim", 0) or c.hidden_size}
+    # the breakdown's [.., V] / [V, H] rules: causal LMs whose V is no other dim
+    vocab = None if c.vocab_size in dims or family == "bert" else c.vocab_size
+    params = [p for p in model.parameters() if p.requires_grad]
+    ids, labels, stream = make_batches(torch, name, cfg["steps"] + cfg["profile_steps"],
+                                       batch, seq, cfg["seed"])
     opt = torch.optim.AdamW(params, lr=cfg["lr"], betas=(0.9, 0.95), weight_decay=0.1)
     autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if cfg["dtype"] == "bf16"
                 else nullcontext())
-    rss_unit = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes vs KiB
 
     def peak_rss():
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * rss_unit
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+    def train_step(i):
+        with autocast:
+            loss = step_model(input_ids=ids[i], labels=labels[i]).loss
+        loss.backward()
+        with record_function("clip_grad_norm_"):
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.item()
 
     conn.send({"ready": True, "info": info, "init_sha256": init_hash.hexdigest(),
-               "data_sha256": hashlib.sha256(stream).hexdigest(),
+               "data_sha256": hashlib.sha256(stream + labels.numpy().tobytes()).hexdigest(),
                "params": sum(p.numel() for p in params), "rss_before": peak_rss()})
     step = 0
     while True:
@@ -224,156 +211,175 @@ def _worker(conn, cfg):
         if cmd == "finish":
             conn.send({"peak_rss": peak_rss()})
             return
+        if cmd == "profile":
+            runs = []
+            for _ in range(arg):
+                with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+                    t0 = time.perf_counter()
+                    train_step(step)
+                    wall = time.perf_counter() - t0
+                step += 1
+                runs.append((breakdown(prof, wall, vocab), wall))
+            cats = {c: statistics.median(r[0][0][c] for r in runs) for c in CATEGORIES}
+            conn.send({"breakdown_ms": cats, "breakdown_top": runs[-1][0][1],
+                       "profiled_step_s": statistics.median(r[1] for r in runs)})
+            continue
         records = []
         for _ in range(arg):
-            batch = tokens[step]
-            clock.reset()
             t0 = time.perf_counter()
-            with autocast:
-                loss = model(input_ids=batch, labels=batch).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            seconds = time.perf_counter() - t0
-            records.append({"step": step, "loss": loss.item(), "seconds": seconds,
-                            "attn_fwd": clock.fwd, "attn_bwd": clock.bwd})
+            loss = train_step(step)
+            records.append({"step": step, "loss": loss, "seconds": time.perf_counter() - t0})
             step += 1
         conn.send({"records": records})
 
 
-class AttentionClock:
-    """Times an attention function, forward and backward, in a training step.
-
-    Forward: perf_counter around the call. Backward: an identity autograd
-    node after the attention (its backward runs first: the clock starts) and
-    one before it on (q, k, v) (its backward runs once dq, dk, dv are all
-    done: the clock stops). CPU autograd runs one node at a time on the
-    calling thread, and nothing else in a Llama layer is ready between the two
-    (the residual's gradient waits for the attention's), so the span is the
-    attention's backward. All backends get the same wrapper."""
-
-    def __init__(self, torch):
-        self.fwd = self.bwd = 0.0
-        self._bwd_start = None
-        clock = self
-
-        class AfterAttention(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx, out):
-                return out
-
-            @staticmethod
-            def backward(ctx, grad):
-                if clock._bwd_start is not None:
-                    raise RuntimeError("two attention backwards overlap: the clock cannot time them")
-                clock._bwd_start = time.perf_counter()
-                return grad
-
-        class BeforeAttention(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx, q, k, v):
-                return q, k, v
-
-            @staticmethod
-            def backward(ctx, dq, dk, dv):
-                clock.bwd += time.perf_counter() - clock._bwd_start
-                clock._bwd_start = None
-                return dq, dk, dv
-
-        self._after, self._before = AfterAttention.apply, BeforeAttention.apply
-
-    def reset(self):
-        self.fwd = self.bwd = 0.0
-
-    def wrap(self, attention):
-        def timed_attention(module, query, key, value, attention_mask, **kwargs):
-            query, key, value = self._before(query, key, value)
-            t0 = time.perf_counter()
-            out, weights = attention(module, query, key, value, attention_mask, **kwargs)
-            self.fwd += time.perf_counter() - t0
-            return self._after(out), weights
-        return timed_attention
-
-
 # --------------------------------------------------------------- the parent
 
-def run_seq(args, seq, model_shape, dtype):
-    """Train every backend at one sequence length, turn by turn; returns
-    {backend: result dict}."""
-    import multiprocessing as mp
-
-    spawn = mp.get_context("spawn")
-    cfg = {"seq": seq, "model": model_shape, "dtype": dtype, "threads": args.threads,
-           "steps": args.steps, "batch": args.batch, "lr": args.lr, "seed": args.seed,
-           "text": args.text, "tilegrad_precision": args.tilegrad_precision}
-    workers = {}
-    for name in args.backends:
-        here, there = spawn.Pipe()
-        proc = spawn.Process(target=worker_main, args=(there, dict(cfg, backend=name)),
-                             daemon=True)
-        proc.start()
-        there.close()
-        workers[name] = (proc, here)
-    results = {}
-    for name, (proc, conn) in workers.items():
-        msg = receive(conn, proc)
-        results[name] = msg if "error" in msg else dict(msg, records=[])
-    alive = [n for n in args.backends if "error" not in results[n]]
-    for field in ("init_sha256", "data_sha256"):
-        values = {results[n][field] for n in alive}
-        if len(values) > 1:
-            sys.exit(f"train_model.py: the backends' {field} differ: {values}")
-    if alive:
-        r = results[alive[0]]
-        progress(f"seq {seq}: {r['params'] / 1e6:.1f}M parameters, {dtype}, "
-                 f"{args.threads} threads, {', '.join(alive)} take turns of {args.block} step(s)")
-    done, rnd = 0, 0
-    while done < args.steps and alive:
-        k = min(args.block, args.steps - done)
-        order = alive[rnd % len(alive):] + alive[:rnd % len(alive)]
-        for name in order:
-            proc, conn = workers[name]
-            conn.send(("run", k))
-            msg = receive(conn, proc)
-            if "error" in msg:
-                results[name] = msg
-            else:
-                results[name]["records"] += msg["records"]
-        alive = [n for n in alive if "error" not in results[n]]
-        done += k
-        rnd += 1
-        progress(f"seq {seq} step {done}/{args.steps}  " + " | ".join(
-            f"{n} {seq * args.batch / results[n]['records'][-1]['seconds']:.0f} tok/s "
-            f"loss {results[n]['records'][-1]['loss']:.3f}" for n in alive))
-    for name in alive:
-        proc, conn = workers[name]
-        conn.send(("finish", None))
-        results[name].update(receive(conn, proc))
-    for proc, conn in workers.values():
-        proc.join(timeout=30)
-        conn.close()
-    for name in args.backends:
-        if "error" in results[name]:
-            progress(f"seq {seq}: {name} failed:\n{results[name]['error']}")
-    return results
-
-
-def receive(conn, proc):
-    """The worker's next message, or an error if it died without one."""
+def receive(conn, proc, timeout=None):
+    """The worker's next message; an error if it died without one, a skip if
+    it took longer than timeout (then it is killed)."""
+    if timeout is not None and not conn.poll(timeout):
+        proc.kill()
+        proc.join(timeout=10)
+        return {"skipped": f"the first step (torch.compile) took over {timeout:g} s "
+                           "(--compile-timeout)"}
     try:
         return conn.recv()
     except EOFError:
         proc.join(timeout=5)
-        return {"error": f"the worker exited with status {proc.exitcode} (out of memory?)"}
+        return {"error": f"the worker exited with status {proc.exitcode} (out of memory?)",
+                "error_name": "WorkerDied"}
 
 
 def progress(line):
     print(line, file=sys.stderr, flush=True)
 
 
+def mem_available():
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def worker_estimate(name, ready, batch, seq):
+    """A worker's peak, roughly (bytes): its RSS once built, gradients and
+    AdamW's two moments (12 bytes a parameter), activations (per token: the
+    logits' bf16 / f32 copies and gradients ~12 bytes per vocabulary entry,
+    ~60 bytes per hidden unit and layer)."""
+    c = CONFIGS[name]["config"]
+    vocab = c["vocab_size"] if CONFIGS[name]["family"] != "bert" else 0
+    layers = layers_run(name, ready["layers"])[0]
+    return (ready["rss_before"] + 12 * ready["params"]
+            + batch * seq * (12 * vocab + 60 * c["hidden_size"] * layers))
+
+
+def run_one(args, name, seq, threads, dtype):
+    """Every backend on one config x seq x threads -> ({backend: result}, batch,
+    schedule): processes taking turns (alternate), or one after another
+    (sequential) where their estimated sum exceeds the memory available."""
+    import multiprocessing as mp
+
+    spawn = mp.get_context("spawn")
+    os.environ["OMP_NUM_THREADS"] = str(threads)   # read by the spawned workers' OpenMP
+    batch = args.batch or CONFIGS[name].get("batch", {}).get(seq, 1)
+    cfg = {"config": name, "layers": args.layers, "seq": seq, "batch": batch, "dtype": dtype,
+           "threads": threads, "steps": args.steps, "profile_steps": args.profile_steps,
+           "lr": args.lr or CONFIGS[name].get("lr", 3e-4), "seed": args.seed,
+           "attn_precision": args.attn_precision}
+    workers, results, hashes = {}, {}, {}
+    tag = f"{name} seq {seq} {threads}t"
+
+    def start(b):
+        here, there = spawn.Pipe()
+        proc = spawn.Process(target=worker_main, args=(there, dict(cfg, backend=b)), daemon=True)
+        proc.start()
+        there.close()
+        workers[b] = (proc, here)
+        msg = receive(here, proc)
+        results[b] = dict(msg, records=[], layers=args.layers) if "ready" in msg else msg
+        progress(f"{tag}: {b} " + (
+            f"built ({msg['params'] / 1e6:.1f}M parameters, RSS {msg['rss_before'] / 2**30:.2f} GiB)"
+            if "ready" in msg else status_line(msg)))
+        for field in ("init_sha256", "data_sha256") if "ready" in msg else ():
+            if hashes.setdefault(field, msg[field]) != msg[field]:
+                sys.exit(f"train_model.py: {tag}: {b}'s {field} differs from the first backend's")
+        return "ready" in msg
+
+    def train(group):
+        """The steps, the profiles and the end of the backends in group."""
+        done, rnd = 0, 0
+        alive = [b for b in group if "ready" in results[b]]
+        while done < args.steps and alive:
+            k = min(args.block, args.steps - done)
+            for b in alive[rnd % len(alive):] + alive[:rnd % len(alive)]:
+                proc, conn = workers[b]
+                conn.send(("run", k))
+                first = b == "sdpa-compile" and done == 0
+                msg = receive(conn, proc, args.compile_timeout if first else None)
+                if "records" in msg:
+                    results[b]["records"] += msg["records"]
+                else:
+                    results[b] = msg
+            alive = [b for b in alive if "ready" in results[b]]
+            done, rnd = done + k, rnd + 1
+            progress(f"{tag} step {done}/{args.steps}  " + " | ".join(
+                f"{b} {seq * batch / results[b]['records'][-1]['seconds']:.0f} tok/s "
+                f"loss {results[b]['records'][-1]['loss']:.3f}" for b in alive))
+        # every profile before any worker exits (a process tearing down takes CPU)
+        for cmd, arg in (("profile", args.profile_steps), ("finish", None)):
+            for b in (x for x in alive if "ready" in results[x]):
+                if cmd == "profile" and not arg:
+                    continue
+                proc, conn = workers[b]
+                conn.send((cmd, arg))
+                msg = receive(conn, proc)
+                results[b] = msg if "error" in msg else {**results[b], **msg}
+        for b in group:
+            proc, conn = workers[b]
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+            conn.close()
+
+    schedule, pending = args.schedule, list(args.backends)
+    while pending and not start(pending[0]):     # the first that builds decides
+        train([pending.pop(0)])
+    if pending and schedule == "auto":
+        need = len(pending) * worker_estimate(name, results[pending[0]], batch, seq)
+        avail = mem_available()
+        schedule = "alternate" if avail is None or need <= 0.9 * (
+            avail + results[pending[0]]["rss_before"]) else "sequential"
+        progress(f"{tag}: {len(pending)} workers need ~{need / 2**30:.1f} GiB, "
+                 f"{'unknown' if avail is None else f'{avail / 2**30:.1f} GiB'} available: "
+                 f"{schedule}")
+    if schedule == "sequential":
+        for i, b in enumerate(pending):
+            if i:
+                start(b)
+            train([b])
+    else:
+        for b in pending[1:]:
+            start(b)
+        train(pending)
+    for b, r in results.items():
+        if "error" in r:
+            progress(f"{tag}: {b} failed:\n{r['error']}")
+    return results, batch, schedule
+
+
+def status_line(r):
+    if "skipped" in r:
+        return f"skipped: {r['skipped']}"
+    last = r["error"].strip().splitlines()[-1]
+    return f"failed ({r.get('error_name')}): {last}"
+
+
 def moving_average(xs, window):
-    """Trailing mean of the last `window` values (fewer at the start)."""
     out, acc = [], 0.0
     for i, x in enumerate(xs):
         acc += x
@@ -383,143 +389,207 @@ def moving_average(xs, window):
     return out
 
 
-def summarize(results, seq, batch, warmup, smooth, rtol):
-    """Per-backend figures and the loss agreement, from the raw records."""
+def summarize(results, seq, batch, args):
+    """Per-backend figures, the loss agreement and the breakdown check."""
     rows = {}
-    for name, r in results.items():
-        if "error" in r:
-            rows[name] = {"error": r["error"]}
+    for b, r in results.items():
+        if "ready" not in r:
+            rows[b] = {k: r[k] for k in ("skipped", "error", "error_name") if k in r}
             continue
-        timed = r["records"][warmup:]
+        timed = r["records"][args.warmup:]
         losses = [x["loss"] for x in r["records"]]
-        rows[name] = {
+        rows[b] = {
             "tokens_per_s": statistics.median(batch * seq / x["seconds"] for x in timed),
             "step_s": statistics.median(x["seconds"] for x in timed),
-            "attn_share": statistics.median((x["attn_fwd"] + x["attn_bwd"]) / x["seconds"]
-                                            for x in timed),
-            "attn_fwd_s": statistics.median(x["attn_fwd"] for x in timed),
-            "attn_bwd_s": statistics.median(x["attn_bwd"] for x in timed),
+            "first_step_s": r["records"][0]["seconds"],
             "peak_rss_mib": r["peak_rss"] / 2**20, "rss_before_mib": r["rss_before"] / 2**20,
-            "final_loss": losses[-1], "final_loss_smoothed": moving_average(losses, smooth)[-1],
             "losses": losses, "step_seconds": [x["seconds"] for x in r["records"]],
-            "attn_seconds": [x["attn_fwd"] + x["attn_bwd"] for x in r["records"]],
-            "params": r["params"], "info": r["info"]}
-    ok = [n for n in rows if "error" not in rows[n]]
-    agreement = {}
-    if len(ok) > 1:
-        ref = "sdpa" if "sdpa" in ok else ok[0]
-        ref_ma = moving_average(rows[ref]["losses"], smooth)
-        for name in (n for n in ok if n != ref):
-            ma = moving_average(rows[name]["losses"], smooth)
-            worst = max(abs(a - b) / abs(b) for a, b in zip(ma, ref_ma))
-            agreement[name] = {"vs": ref, "max_rel_diff": worst, "ok": worst <= rtol}
-    return rows, agreement
+            "final_loss": losses[-1], "params": r["params"], "info": r["info"],
+            "breakdown_ms": r.get("breakdown_ms"), "breakdown_top": r.get("breakdown_top"),
+            "profiled_step_s": r.get("profiled_step_s")}
+    ok = [b for b in rows if "losses" in rows[b]]
+    agreement, check = {}, {}
+    ref = "sdpa" if "sdpa" in ok else (ok[0] if ok else None)
+    if ref:
+        ref_ma = moving_average(rows[ref]["losses"], args.smooth)
+        for b in (x for x in ok if x != ref):
+            ma = moving_average(rows[b]["losses"], args.smooth)
+            worst = max(abs(a - c) / abs(c) for a, c in zip(ma, ref_ma))
+            agreement[b] = {"vs": ref, "max_rel_diff": worst, "ok": worst <= args.loss_rtol}
+    base = rows.get("sdpa", {}).get("breakdown_ms")
+    for b in (x for x in ok if x.startswith("tilegrad") and base and rows[x]["breakdown_ms"]):
+        check[b] = {}
+        replaced = replaced_categories(b, rows[b]["info"].get("replaced"))
+        for c in (c for c in CHECKED if c not in replaced):
+            mine, theirs = rows[b]["breakdown_ms"][c], base[c]
+            share = theirs / (1e3 * rows["sdpa"]["profiled_step_s"])
+            ratio = mine / theirs if theirs > 0 else (1.0 if mine == 0 else float("inf"))
+            # below 1% of sdpa's step (a model without an LM head...): shown, not judged
+            check[b][c] = {"ratio": ratio, "ok": None if share < 0.01 else abs(ratio - 1) <= 0.05,
+                           "share_of_sdpa_step": share}
+    return rows, agreement, check
 
 
-def print_table(seq, rows, agreement, rtol, smooth):
-    print(f"\nseq {seq}")
-    print(f"{'backend':<9} {'tokens/s':>9} {'vs sdpa':>8} {'step s':>8} {'attn share':>10} "
-          f"{'attn fwd s':>10} {'attn bwd s':>10} {'peak RSS MiB':>12} {'RSS before':>10} "
-          f"{'final loss':>10}")
+def print_run(run, args):
+    rows, agreement, check = run["backends"], run["loss_agreement"], run["breakdown_check"]
+    params = next((r["params"] for r in rows.values() if "params" in r), 0)
+    print(f"\n{run['config']}, seq {run['seq']}, batch {run['batch']}, {run['threads']} threads "
+          f"({params / 1e6:.1f}M parameters; processes: {run['schedule']})")
+    print(f"{'backend':<13} {'tokens/s':>9} {'vs sdpa':>8} {'step s':>8} {'1st step s':>10} "
+          f"{'peak RSS MiB':>12} {'RSS before':>10} {'final loss':>10}")
     sdpa = rows.get("sdpa", {}).get("tokens_per_s")
-    for name, r in rows.items():
-        if "error" in r:
-            print(f"{name:<9} failed: {r['error'].strip().splitlines()[-1]}")
+    for b, r in rows.items():
+        if "losses" not in r:
+            print(f"{b:<13} {status_line(r)}")
             continue
         speed = f"{r['tokens_per_s'] / sdpa:.2f}x" if sdpa else "-"
-        print(f"{name:<9} {r['tokens_per_s']:>9.0f} {speed:>8} {r['step_s']:>8.3f} "
-              f"{100 * r['attn_share']:>9.1f}% {r['attn_fwd_s']:>10.3f} {r['attn_bwd_s']:>10.3f} "
-              f"{r['peak_rss_mib']:>12.0f} {r['rss_before_mib']:>10.0f} {r['final_loss']:>10.4f}")
-    for name, a in agreement.items():
-        print(f"loss curve {name} vs {a['vs']}: max relative difference of the {smooth}-step "
+        print(f"{b:<13} {r['tokens_per_s']:>9.0f} {speed:>8} {r['step_s']:>8.3f} "
+              f"{r['first_step_s']:>10.2f} {r['peak_rss_mib']:>12.0f} "
+              f"{r['rss_before_mib']:>10.0f} {r['final_loss']:>10.4f}")
+    for b, a in agreement.items():
+        print(f"loss curve {b} vs {a['vs']}: max relative difference of the {args.smooth}-step "
               f"moving average {100 * a['max_rel_diff']:.2f}% "
-              f"({'ok' if a['ok'] else 'FAIL'}, limit {100 * rtol:g}%)")
+              f"({'ok' if a['ok'] else 'FAIL'}, limit {100 * args.loss_rtol:g}%)")
+    prof = [b for b, r in rows.items() if r.get("breakdown_ms")]
+    if prof:
+        print(f"where the time goes: self time of the traced ops in {args.profile_steps} "
+              "profiled step(s), ms (% of the step)")
+        print(f"{'category':<17}" + "".join(f"{b:>20}" for b in prof))
+        for c in CATEGORIES:
+            print(f"{c:<17}" + "".join(
+                f"{rows[b]['breakdown_ms'][c]:>12.1f} ({100 * rows[b]['breakdown_ms'][c] / (1e3 * rows[b]['profiled_step_s']):>3.0f}%)"
+                for b in prof))
+        print(f"{'step (profiled)':<17}" + "".join(
+            f"{1e3 * rows[b]['profiled_step_s']:>12.1f}{'':>7}" for b in prof))
+    for b, cats in check.items():
+        print(f"check {b} vs sdpa (not replaced, the same within 5%): " + ", ".join(
+            f"{c} {v['ratio']:.3f} "
+            f"{'PASS' if v['ok'] else 'FAIL' if v['ok'] is not None else '(< 1% of the step)'}"
+            for c, v in cats.items()))
+    for b, r in rows.items():
+        if "replaced" in r.get("info", {}):
+            print(f"{b}: use_tilegrad_kernels replaced {r['info']['replaced']}")
+        omp = r.get("info", {}).get("openmp")
+        if omp:
+            line = f"OpenMP {b}: torch -> {omp['torch']}"
+            if "tilegrad" in omp:
+                line += (f"; tilegrad -> {omp['tilegrad']} ("
+                         f"{'one pool' if omp['one_pool'] else 'two pools: different files'})")
+            print(line + f"; mapped: {', '.join(omp['mapped']) or 'none'}")
 
 
-def plot(path, per_seq, smooth):
-    """The loss curves, one panel per seq; a line style per backend, so that
-    curves lying on each other stay visible."""
+def plot(path, runs, smooth):
+    """The loss curves: a panel per config (and seq), a line per backend
+    (x threads), line styles that keep curves on each other visible."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        import matplotlib.ticker
     except ImportError:
         print(f"matplotlib is not importable: no PNG ({path})")
         return None
-    fig, axes = plt.subplots(1, len(per_seq), figsize=(6 * len(per_seq), 4), squeeze=False)
-    for ax, (seq, rows) in zip(axes[0], per_seq.items()):
-        for i, (name, r) in enumerate(x for x in rows.items() if "error" not in x[1]):
-            ax.plot(r["losses"], color=f"C{i}", linestyle=("-", "--", ":")[i % 3],
-                    linewidth=2.5 - 0.7 * i, label=name)
-        ax.set_title(f"seq {seq} (the check: {smooth}-step moving averages)")
+    panels = {}
+    for run in runs:
+        panels.setdefault((run["config"], run["seq"]), []).append(run)
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
+    for ax, ((name, seq), group) in zip(axes[0], panels.items()):
+        i = 0
+        for run in group:
+            for b, r in run["backends"].items():
+                if "losses" in r:
+                    label = b + (f" {run['threads']}t" if len(group) > 1 else "")
+                    ax.plot(r["losses"], color=f"C{i}", linestyle=("-", "--", ":", "-.")[i % 4],
+                            linewidth=max(0.8, 2.5 - 0.5 * i), label=label)
+                    i += 1
+        ax.set_title(f"{name}, seq {seq} (the check: {smooth}-step moving averages)", fontsize=9)
         ax.set_xlabel("step")
-        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-        ax.set_ylabel("loss (nats/byte)")
-        ax.legend()
+        ax.set_ylabel("loss (nats)")
+        ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
     print(f"loss curves: {path}")
     return path
 
 
+def int_list(s):
+    return [int(x) for x in s.split(",") if x.strip()]
+
+
 def parse_args(argv):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 2)[2],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
-                    help="a 2-layer model of 2.1M at seq 1024 for 12 steps: about a minute on 2 cores")
-    ap.add_argument("--seq", default=None,
-                    help="comma list of sequence lengths (default 2048,4096; --quick 1024)")
-    ap.add_argument("--steps", type=int, default=None, help="steps per backend (default 20; --quick 12)")
-    ap.add_argument("--warmup", type=int, default=None,
-                    help="first steps left out of the timings (default 2)")
+                    help="the byte-level toy Llama (2 layers of hidden 256) at seq 512, 8 steps, "
+                         "without sdpa-compile: the CI smoke test, under a minute on 2 cores")
+    ap.add_argument("--configs", default=None,
+                    help=f"comma list of {', '.join(CONFIGS)} (default: all but toy; --quick: toy)")
+    ap.add_argument("--backends", default=None,
+                    help=f"comma list of {', '.join(BACKENDS)} (default {','.join(DEFAULT_BACKENDS)})")
+    ap.add_argument("--no-compile", action="store_true", help="leave sdpa-compile out")
+    ap.add_argument("--compile-timeout", type=float, default=900,
+                    help="seconds sdpa-compile's first step may take before it is skipped (900)")
+    ap.add_argument("--seq", default=None, help="comma list of sequence lengths (default: per config)")
+    ap.add_argument("--batch", type=int, default=None,
+                    help="sequences per step (default 1; bert-base 32 at seq 128, 8 at 512)")
+    ap.add_argument("--threads", default=str(os.cpu_count()),
+                    help="comma list of thread counts (default: all CPUs)")
+    ap.add_argument("--layers", type=int, default=None,
+                    help="layers of every model (default: each config's reduction, or in full)")
+    ap.add_argument("--steps", type=int, default=None, help="steps per backend (default 20; --quick 8)")
+    ap.add_argument("--warmup", type=int, default=2, help="first steps left out of the timings (2)")
+    ap.add_argument("--schedule", default="auto", choices=("auto", "alternate", "sequential"),
+                    help="backends' processes alive together, taking turns (alternate), or one "
+                         "after another (sequential); auto: alternate where their estimated "
+                         "peaks fit in the memory available (default)")
     ap.add_argument("--block", type=int, default=1, help="steps per turn (default 1)")
-    ap.add_argument("--backends", default=",".join(BACKENDS),
-                    help="comma list of tilegrad, sdpa, eager (default all three)")
-    ap.add_argument("--threads", type=int, default=os.cpu_count(), help="threads (default: all CPUs)")
+    ap.add_argument("--profile-steps", type=int, default=1,
+                    help="profiled steps per backend after the timed ones (median; 0: none; default 1)")
+    ap.add_argument("--attn-precision", "--tilegrad-precision", default="exact",
+                    choices=("exact", "split", "bf16"),
+                    help="tilegrad.transformers.register(attn_precision=): how tilegrad's bf16 "
+                         "kernels multiply by P and dS (default exact)")
     ap.add_argument("--dtype", default="auto", choices=("auto", "bf16", "f32"),
                     help="bf16 autocast or float32 (default auto: bf16 where the CPU has a bf16 unit)")
-    ap.add_argument("--tilegrad-precision", default="exact", choices=("exact", "split", "bf16"),
-                    help="tilegrad.transformers.register(attn_precision=): how tilegrad's bf16 "
-                    "kernels multiply by P and dS (default exact)")
-    ap.add_argument("--model", default=None,
-                    help="hidden,layers,heads,kv_heads,mlp (default %s; --quick %s)"
-                    % (",".join(map(str, DEFAULT_MODEL)), ",".join(map(str, QUICK_MODEL))))
-    ap.add_argument("--batch", type=int, default=1, help="sequences per step (default 1)")
-    ap.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
-    ap.add_argument("--seed", type=int, default=0, help="weights and text seed (default 0)")
-    ap.add_argument("--text", default=None, help="train on this file's bytes instead of generated text")
+    ap.add_argument("--lr", type=float, default=None, help="AdamW learning rate (default 3e-4, bert-base 5e-5; --quick 1e-3)")
+    ap.add_argument("--seed", type=int, default=0, help="weights and data seed (default 0)")
     ap.add_argument("--smooth", type=int, default=None,
                     help="moving-average window of the loss check (default 5; --quick 3)")
     ap.add_argument("--loss-rtol", type=float, default=0.01,
                     help="allowed relative difference of the smoothed losses (default 0.01)")
+    ap.add_argument("--json", default=None, help="write every figure to this file (the PNG beside it)")
     ap.add_argument("--png", default=None,
                     help="loss-curve plot (default: the --json path with .png, else train_model.png)")
-    ap.add_argument("--json", default=None, help="write every figure and loss to this file")
     args = ap.parse_args(argv)
 
-    quick = args.quick
-    args.seq = [int(s) for s in (args.seq or ("1024" if quick else "2048,4096")).split(",")]
-    args.steps = args.steps if args.steps is not None else (12 if quick else 20)
-    args.warmup = args.warmup if args.warmup is not None else 2
-    args.smooth = args.smooth if args.smooth is not None else (3 if quick else 5)
-    model = args.model.split(",") if args.model else (QUICK_MODEL if quick else DEFAULT_MODEL)
-    args.model = tuple(int(x) for x in model)
-    args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
-    bad = [b for b in args.backends if b not in BACKENDS]
-    if bad or not args.backends or len(set(args.backends)) != len(args.backends):
+    q = args.quick
+    args.configs = [c.strip() for c in (args.configs or ("toy" if q else ",".join(REAL))).split(",")
+                    if c.strip()]
+    bad = [c for c in args.configs if c not in CONFIGS]
+    if bad or not args.configs:
+        ap.error(f"--configs: names from {', '.join(CONFIGS)}")
+    backends = args.backends or ",".join(b for b in DEFAULT_BACKENDS
+                                         if not (q and b == "sdpa-compile"))
+    args.backends = [b.strip() for b in backends.split(",") if b.strip()]
+    if args.no_compile:
+        args.backends = [b for b in args.backends if b != "sdpa-compile"]
+    if any(b not in BACKENDS for b in args.backends) or not args.backends \
+            or len(set(args.backends)) != len(args.backends):
         ap.error(f"--backends: a comma list of distinct names from {', '.join(BACKENDS)}")
-    if len(args.model) != 5 or args.model[0] % args.model[2] or args.model[2] % args.model[3] \
-            or (args.model[0] // args.model[2]) % 2:
-        ap.error("--model: hidden,layers,heads,kv_heads,mlp with heads | hidden, kv_heads | heads "
-                 "and an even head dim (rotary embeddings)")
-    if min(args.seq) < 2 or args.steps < 1 or args.batch < 1 or args.block < 1 \
-            or args.threads < 1 or args.smooth < 1:
-        ap.error("--seq (>= 2), --steps, --batch, --block, --threads and --smooth must be positive")
+    args.seq = int_list(args.seq) if args.seq else None
+    args.threads = int_list(args.threads)
+    args.steps = args.steps if args.steps is not None else (8 if q else 20)
+    args.smooth = args.smooth if args.smooth is not None else (3 if q else 5)
+    args.lr = args.lr if args.lr is not None else (1e-3 if q else None)
+    if (args.seq and min(args.seq) < 2) or args.steps < 1 or (args.batch or 1) < 1 \
+            or args.block < 1 or not args.threads or min(args.threads) < 1 or args.smooth < 1 \
+            or args.profile_steps < 0 or (args.layers is not None and args.layers < 1):
+        ap.error("--seq (>= 2), --steps, --batch, --block, --threads, --smooth, --layers must "
+                 "be positive, --profile-steps >= 0")
     if not 0 <= args.warmup < args.steps:
         ap.error("--warmup must be >= 0 and below --steps")
-    if args.text and not os.path.isfile(args.text):
-        ap.error(f"--text {args.text}: no such file")
+    if "bert-base" in args.configs and args.seq and max(args.seq) > 512:
+        ap.error("bert-base: seq <= 512 (its max_position_embeddings)")
     if not args.png:
         args.png = os.path.splitext(args.json)[0] + ".png" if args.json else "train_model.png"
     return args
@@ -527,57 +597,66 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(argv)
-    # Before any worker starts: torch's and tilegrad's OpenMP both read it.
-    os.environ["OMP_NUM_THREADS"] = str(args.threads)
-    dtype, why = pick_dtype(args.dtype)
+    if args.dtype != "auto":
+        dtype, why = args.dtype, "--dtype"
+    else:
+        dtype = "bf16" if cpu_has_bf16_unit() else "f32"
+        why = "auto: the CPU has a bf16 unit" if dtype == "bf16" else "auto: no bf16 unit"
     t0 = time.perf_counter()
-    per_seq, agreements, report = {}, {}, {"seqs": {}}
-    for seq in args.seq:
-        results = run_seq(args, seq, args.model, dtype)
-        rows, agreement = summarize(results, seq, args.batch, args.warmup, args.smooth,
-                                    args.loss_rtol)
-        per_seq[seq], agreements[seq] = rows, agreement
-        report["seqs"][str(seq)] = {"backends": rows, "loss_agreement": agreement}
+    runs = []
+    for name in args.configs:
+        progress(describe(name, args.layers))
+        for seq in args.seq or CONFIGS[name]["seq"]:
+            for threads in args.threads:
+                results, batch, schedule = run_one(args, name, seq, threads, dtype)
+                rows, agreement, check = summarize(results, seq, batch, args)
+                runs.append({"config": name, "seq": seq, "batch": batch, "threads": threads,
+                             "schedule": schedule,
+                             "backends": rows, "loss_agreement": agreement,
+                             "breakdown_check": check})
 
-    infos = [r["info"] for rows in per_seq.values() for r in rows.values() if "error" not in r]
-    info = dict(infos[0]) if infos else {}
-    for other in infos:  # the tilegrad worker's info has the library's ISA
-        info.update(other)
-    params = next((r["params"] for rows in per_seq.values() for r in rows.values()
-                   if "error" not in r), 0)
-    hidden, layers, heads, kv_heads, mlp = args.model
-    print(f"CPU {cpu_model()}; torch ISA {info.get('isa')}; {info.get('threads')} threads "
-          f"(OMP_WAIT_POLICY {os.environ.get('OMP_WAIT_POLICY', 'unset')}); "
-          f"torch {info.get('torch')}; transformers {info.get('transformers')}"
-          + (f"; tilegrad ISA {info['tilegrad_isa']}, attn_precision "
-             f"{info['tilegrad_precision']} ({info['tilegrad_lib']})"
-             if "tilegrad_isa" in info else ""))
-    print(f"model: Llama, hidden {hidden}, {layers} layers, {heads} heads / {kv_heads} KV heads "
-          f"of {hidden // heads}, MLP {mlp}, vocab 256 (bytes): {params / 1e6:.1f}M parameters; "
-          f"batch {args.batch}; {args.steps} steps ({args.warmup} warm-up); AdamW lr {args.lr}")
-    print(f"dtype: {'bf16 autocast, f32 weights and AdamW' if dtype == 'bf16' else 'float32'} ({why})")
-    print(f"data: {'bytes of ' + args.text if args.text else 'generated text, seed %d' % args.seed}")
-    for seq in args.seq:
-        print_table(seq, per_seq[seq], agreements[seq], args.loss_rtol, args.smooth)
-    ran = any("error" not in r for rows in per_seq.values() for r in rows.values())
-    png = plot(args.png, per_seq, args.smooth) if ran else None
+    infos = [r["info"] for run in runs for r in run["backends"].values() if "info" in r]
+    info = {}
+    for other in infos:        # a tilegrad worker's info has the library's ISA
+        info.update({k: v for k, v in other.items() if k != "openmp"})
+    print(f"CPU {cpu_model()}; torch ISA {info.get('torch_isa')}; torch {info.get('torch')}; "
+          f"transformers {info.get('transformers')}; OMP_WAIT_POLICY "
+          f"{os.environ.get('OMP_WAIT_POLICY', 'unset')}" + (
+              f"; tilegrad ISA {info['tilegrad_isa']}, attn_precision {info['attn_precision']} "
+              f"({info['tilegrad_lib']})" if "tilegrad_isa" in info else ""))
+    print(f"dtype: {'bf16 autocast, f32 weights and AdamW' if dtype == 'bf16' else 'float32'} "
+          f"({why}); {args.steps} steps ({args.warmup} warm-up), AdamW lr "
+          f"{args.lr or 'per config (3e-4, bert-base 5e-5)'}, clip 1.0")
+    for name in args.configs:
+        print(describe(name, args.layers))
+    for run in runs:
+        print_run(run, args)
+    ran = any("losses" in r for run in runs for r in run["backends"].values())
+    png = plot(args.png, runs, args.smooth) if ran else None
     wall = time.perf_counter() - t0
     print(f"wall time {wall:.0f} s")
 
-    failed = any("error" in r for rows in per_seq.values() for r in rows.values())
-    disagree = any(not a["ok"] for ag in agreements.values() for a in ag.values())
+    lenient = ("sdpa-compile", "eager")
+    failed = any("error" in r for run in runs for b, r in run["backends"].items()
+                 if b not in lenient)
+    disagree = any(not a["ok"] for run in runs for b, a in run["loss_agreement"].items()
+                   if b not in lenient)
     if args.json:
-        report.update({
+        report = {
             "cpu": cpu_model(), "machine": platform.machine(), "info": info,
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-            "model": {"hidden": hidden, "layers": layers, "heads": heads, "kv_heads": kv_heads,
-                      "mlp": mlp, "vocab": 256, "params": params},
-            "dtype": dtype, "dtype_why": why, "threads": args.threads, "batch": args.batch,
-            "steps": args.steps, "warmup": args.warmup, "block": args.block, "lr": args.lr,
-            "seed": args.seed, "text": args.text, "smooth": args.smooth,
-            "tilegrad_precision": args.tilegrad_precision,
-            "loss_rtol": args.loss_rtol, "png": png, "wall_s": wall,
-            "ok": not failed and not disagree})
+            "configs": {n: {"description": describe(n, args.layers),
+                            "layers_run": layers_run(n, args.layers)[0],
+                            "reduction": layers_run(n, args.layers)[1],
+                            "layers_published": CONFIGS[n]["config"]["num_hidden_layers"],
+                            "kwargs": config_kwargs(n, layers_run(n, args.layers)[0])}
+                        for n in args.configs},
+            "runs": runs, "dtype": dtype, "dtype_why": why, "threads": args.threads,
+            "steps": args.steps, "warmup": args.warmup, "block": args.block,
+            "profile_steps": args.profile_steps, "lr": args.lr, "seed": args.seed,
+            "smooth": args.smooth, "loss_rtol": args.loss_rtol,
+            "attn_precision": args.attn_precision, "backends": args.backends, "png": png,
+            "wall_s": wall, "ok": not failed and not disagree}
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
