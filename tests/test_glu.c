@@ -39,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dtype_elems.h"
 #include "testutil.h"
 
 #define NELEM(a) ((int)(sizeof(a) / sizeof((a)[0])))
@@ -46,33 +47,6 @@
 #define U 0x1p-24
 #define K2 1.5957691216057308 /* 2 sqrt(2/pi) */
 #define A 0.044715
-
-static size_t esize(int t) { return t == TG_DTYPE_F32 ? 4 : 2; }
-
-static double get(const void *p, int t, int64_t i) {
-  if (t == TG_DTYPE_F32) return ((const float *)p)[i];
-  const uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
-static void put(void *p, int t, int64_t i, float v) {
-  if (t == TG_DTYPE_F32) {
-    ((float *)p)[i] = v;
-  } else {
-    uint32_t u;
-    memcpy(&u, &v, 4);
-    ((uint16_t *)p)[i] = (uint16_t)(u >> 16); /* exact for the values put */
-  }
-}
-
-static void poison(void *p, int t, int64_t n) {
-  if (t == TG_DTYPE_F32)
-    tu_poison_f32(p, n);
-  else
-    for (int64_t i = 0; i < n; i++) ((uint16_t *)p)[i] = 0x7FC1;
-}
 
 /* The f64 reference of one element and its bounds (see the top). */
 typedef struct {
@@ -152,23 +126,23 @@ static void check_case(const glu_case *k, uint64_t seed) {
   const int64_t us = k->fused ? 2 * cols : cols;
   const int64_t os = cols + (k->pad ? 5 : 0); /* y, dy, dgate, dup */
   const int64_t ngu = rows * (k->fused ? 2 * cols : gs) + cols, nout = rows * os;
-  void *gbuf = tu_alloc(ngu * esize(t)), *ubuf = k->fused ? gbuf : tu_alloc(rows * us * esize(t));
-  void *dy = tu_alloc(nout * esize(t));
+  void *gbuf = tu_alloc(ngu * te_size(t)), *ubuf = k->fused ? gbuf : tu_alloc(rows * us * te_size(t));
+  void *dy = tu_alloc(nout * te_size(t));
   const int64_t uoff = k->fused ? cols : 0;
   const int64_t n = rows * cols;
-  for (int64_t i = 0; i < ngu; i++) put(gbuf, t, i, gate_value(&rng));
+  for (int64_t i = 0; i < ngu; i++) te_put(gbuf, t, i, gate_value(&rng));
   if (!k->fused)
-    for (int64_t i = 0; i < rows * us; i++) put(ubuf, t, i, (float)tu_uniform(&rng, -3, 3));
+    for (int64_t i = 0; i < rows * us; i++) te_put(ubuf, t, i, (float)tu_uniform(&rng, -3, 3));
   else
     for (int64_t r = 0; r < rows; r++)
-      for (int64_t j = 0; j < cols; j++) put(gbuf, t, r * us + uoff + j, (float)tu_uniform(&rng, -3, 3));
-  for (int64_t i = 0; i < nout; i++) put(dy, t, i, (float)tu_uniform(&rng, -2, 2));
+      for (int64_t j = 0; j < cols; j++) te_put(gbuf, t, r * us + uoff + j, (float)tu_uniform(&rng, -3, 3));
+  for (int64_t i = 0; i < nout; i++) te_put(dy, t, i, (float)tu_uniform(&rng, -2, 2));
   if (k->specials) {
-    put(gbuf, t, (int64_t)(tu_next(&rng) % cols), NAN);
-    put(gbuf, t, (rows - 1) * gs + (int64_t)(tu_next(&rng) % cols), INFINITY);
-    put(gbuf, t, (int64_t)(tu_next(&rng) % cols) * 0 + gs * (rows / 2), -INFINITY);
-    put(ubuf, t, uoff + (rows / 2) * us + cols - 1, NAN);
-    put(dy, t, (rows - 1) * os, INFINITY);
+    te_put(gbuf, t, (int64_t)(tu_next(&rng) % cols), NAN);
+    te_put(gbuf, t, (rows - 1) * gs + (int64_t)(tu_next(&rng) % cols), INFINITY);
+    te_put(gbuf, t, (int64_t)(tu_next(&rng) % cols) * 0 + gs * (rows / 2), -INFINITY);
+    te_put(ubuf, t, uoff + (rows / 2) * us + cols - 1, NAN);
+    te_put(dy, t, (rows - 1) * os, INFINITY);
   }
   /* reference */
   double *w[3], *e[3], *may[3];
@@ -178,8 +152,8 @@ static void check_case(const glu_case *k, uint64_t seed) {
   for (int64_t r = 0; r < rows; r++)
     for (int64_t j = 0; j < cols; j++) {
       const int64_t o = r * cols + j;
-      const glu_ref f = ref_elem(k->act, get(gbuf, t, r * gs + j), get(ubuf, t, uoff + r * us + j),
-                                 get(dy, t, r * os + j));
+      const glu_ref f = ref_elem(k->act, te_get(gbuf, t, r * gs + j), te_get(ubuf, t, uoff + r * us + j),
+                                 te_get(dy, t, r * os + j));
       w[0][o] = f.y, w[1][o] = f.dup, w[2][o] = f.dg;
       for (int i = 0; i < 3; i++) may[i][o] = f.may[i];
       e[0][o] = t == TG_DTYPE_F32 ? f.ey : bf16_bound(f.y, f.ey);
@@ -187,12 +161,12 @@ static void check_case(const glu_case *k, uint64_t seed) {
       e[2][o] = t == TG_DTYPE_F32 ? f.edg : bf16_bound(f.dg, f.edg);
     }
   /* the runs: outputs in their own poisoned buffers, or over the inputs */
-  const size_t gbytes = ngu * esize(t), ubytes = k->fused ? 0 : rows * us * esize(t);
+  const size_t gbytes = ngu * te_size(t), ubytes = k->fused ? 0 : rows * us * te_size(t);
   void *g0 = tu_alloc(gbytes), *u0 = ubytes ? tu_alloc(ubytes) : NULL;
   memcpy(g0, gbuf, gbytes);
   if (ubytes) memcpy(u0, ubuf, ubytes);
-  void *o1 = tu_alloc(nout * esize(t)), *o2 = tu_alloc(nout * esize(t));
-  const size_t fbytes = gbytes + ubytes + 2 * nout * esize(t);
+  void *o1 = tu_alloc(nout * te_size(t)), *o2 = tu_alloc(nout * te_size(t));
+  const size_t fbytes = gbytes + ubytes + 2 * nout * te_size(t);
   void *f1 = tu_alloc(fbytes), *f2 = tu_alloc(fbytes);
   float *got = tu_alloc(n * sizeof(float));
   char what[200];
@@ -205,8 +179,8 @@ static void check_case(const glu_case *k, uint64_t seed) {
       tg_ctx *ctx = tu_ctx(tu_thread_counts[ti], TG_ISA_AUTO);
       memcpy(gbuf, g0, gbytes);
       if (ubytes) memcpy(ubuf, u0, ubytes);
-      poison(o1, t, nout), poison(o2, t, nout);
-      char *G = gbuf, *Up = (char *)ubuf + uoff * esize(t);
+      te_poison(o1, t, nout), te_poison(o2, t, nout);
+      char *G = gbuf, *Up = (char *)ubuf + uoff * te_size(t);
       /* outputs: o1 / o2 at stride os, or the gate / up views */
       void *out1 = o1, *out2 = o2;
       int64_t s1 = os, s2 = os;
@@ -222,7 +196,7 @@ static void check_case(const glu_case *k, uint64_t seed) {
         const void *o = which ? out2 : out1;
         const int64_t so = which ? s2 : s1;
         for (int64_t r = 0; r < rows; r++)
-          for (int64_t j = 0; j < cols; j++) got[r * cols + j] = (float)get(o, t, r * so + j);
+          for (int64_t j = 0; j < cols; j++) got[r * cols + j] = (float)te_get(o, t, r * so + j);
         const int ref = !bwd ? 0 : which ? 1 : 2; /* out1 of bwd: dgate; out2: dup */
         if (!tu_check_ieee(!bwd ? "y" : which ? "dup" : "dgate", got, w[ref], e[ref], may[ref], n))
           TU_FAIL("%s %s threads=%d", bwd ? "bwd" : "fwd", what, tu_thread_counts[ti]);
@@ -230,14 +204,14 @@ static void check_case(const glu_case *k, uint64_t seed) {
         if (o == o1 || o == o2)
           for (int64_t r = 0; r < rows; r++)
             for (int64_t j = cols; j < so && r * so + j < nout; j++)
-              if (!isnan(get(o, t, r * so + j))) TU_FAIL("%s: a gap of an output was written", what);
+              if (!isnan(te_get(o, t, r * so + j))) TU_FAIL("%s: a gap of an output was written", what);
       }
       /* every run the same bits (elementwise; one ISA per context) */
       char *f = ti == 0 ? f1 : f2;
       memcpy(f, gbuf, gbytes);
       if (ubytes) memcpy(f + gbytes, ubuf, ubytes);
-      memcpy(f + gbytes + ubytes, o1, nout * esize(t));
-      memcpy(f + gbytes + ubytes + nout * esize(t), o2, nout * esize(t));
+      memcpy(f + gbytes + ubytes, o1, nout * te_size(t));
+      memcpy(f + gbytes + ubytes + nout * te_size(t), o2, nout * te_size(t));
       if (ti > 0 && memcmp(f1, f2, fbytes))
         TU_FAIL("%s: threads=%d differs bitwise from threads=1", what, tu_thread_counts[ti]);
       tg_ctx_destroy(ctx);

@@ -23,46 +23,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dtype_elems.h"
 #include "testutil.h"
 
 #define NELEM(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 #define U 0x1p-24
-
-static size_t esize(int t) { return t == TG_DTYPE_F32 ? 4 : 2; }
-
-static double get(const void *p, int t, int64_t i) {
-  if (t == TG_DTYPE_F32) return ((const float *)p)[i];
-  const uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
-static void put(void *p, int t, int64_t i, float v) {
-  if (t == TG_DTYPE_F32) {
-    ((float *)p)[i] = v;
-  } else {
-    uint32_t u;
-    memcpy(&u, &v, 4);
-    ((uint16_t *)p)[i] = (uint16_t)(u >> 16); /* truncation: exact for the specials used */
-  }
-}
-
-static void fill(tu_rng *rng, void *p, int t, int64_t n, double lo, double hi) {
-  if (t == TG_DTYPE_F32)
-    tu_fill_f32(rng, p, n, lo, hi);
-  else
-    tu_fill_bf16(rng, p, n, lo, hi);
-}
-
-static void poison(void *p, int t, int64_t n) {
-  if (t == TG_DTYPE_F32) {
-    tu_poison_f32(p, n);
-  } else {
-    for (int64_t i = 0; i < n; i++) ((uint16_t *)p)[i] = 0x7FC1; /* a NaN no kernel writes */
-  }
-}
 
 /* Strides (batch, head, row) of a [B, H, L, D] tensor in view v:
  * 0 contiguous, 1 [B, L, H, D] storage (HF's q.transpose(1, 2)), 2 padded. */
@@ -104,16 +70,16 @@ static void check_case(const rope_case *k, uint64_t seed) {
   p.sin_strides[1] = srow, p.sin_strides[0] = k->tbatch ? k->L * srow : 0;
   const int64_t nx = extent(&p, p.x_strides), ny = extent(&p, p.y_strides);
   const int64_t nc = nt * k->L * crow, ns = nt * k->L * srow;
-  void *x = tu_alloc(nx * esize(k->xt)), *c = tu_alloc(nc * esize(k->tt));
-  void *s = tu_alloc(ns * esize(k->tt));
-  fill(&rng, x, k->xt, nx, -3, 3);
-  fill(&rng, c, k->tt, nc, -1.5, 1.5); /* any values: the halves are not assumed equal */
-  fill(&rng, s, k->tt, ns, -1.5, 1.5);
+  void *x = tu_alloc(nx * te_size(k->xt)), *c = tu_alloc(nc * te_size(k->tt));
+  void *s = tu_alloc(ns * te_size(k->tt));
+  te_fill(&rng, x, k->xt, nx, -3, 3);
+  te_fill(&rng, c, k->tt, nc, -1.5, 1.5); /* any values: the halves are not assumed equal */
+  te_fill(&rng, s, k->tt, ns, -1.5, 1.5);
   if (k->specials) { /* a NaN and an inf in x, an inf in each table */
-    put(x, k->xt, (int64_t)(tu_next(&rng) % nx), NAN);
-    put(x, k->xt, (int64_t)(tu_next(&rng) % nx), -INFINITY);
-    put(c, k->tt, (int64_t)(tu_next(&rng) % nc), INFINITY);
-    put(s, k->tt, (int64_t)(tu_next(&rng) % ns), -INFINITY);
+    te_put(x, k->xt, (int64_t)(tu_next(&rng) % nx), NAN);
+    te_put(x, k->xt, (int64_t)(tu_next(&rng) % nx), -INFINITY);
+    te_put(c, k->tt, (int64_t)(tu_next(&rng) % nc), INFINITY);
+    te_put(s, k->tt, (int64_t)(tu_next(&rng) % ns), -INFINITY);
   }
   /* reference over the logical [B, H, L, D] */
   const int64_t n = (int64_t)k->B * k->H * k->L * D;
@@ -130,7 +96,7 @@ static void check_case(const rope_case *k, uint64_t seed) {
         for (int64_t j = 0; j < D; j++) {
           const int64_t o = ((b * k->H + hh) * k->L + l) * D + j;
           addressed[yo + j] = 1;
-          const double xj = get(x, k->xt, xo + j);
+          const double xj = te_get(x, k->xt, xo + j);
           if (j >= R) {
             want[o] = xj;
             bound[o] = k->yt == TG_DTYPE_BF16 && k->xt == TG_DTYPE_F32
@@ -140,24 +106,24 @@ static void check_case(const rope_case *k, uint64_t seed) {
           const int first = k->layout == TG_ROPE_ROTATE_HALF ? j < h : j % 2 == 0;
           const int64_t partner = k->layout == TG_ROPE_ROTATE_HALF ? (first ? j + h : j - h)
                                                                    : (j ^ 1);
-          const double xp = get(x, k->xt, xo + partner);
-          const double p1 = xj * get(c, k->tt, co + j);
+          const double xp = te_get(x, k->xt, xo + partner);
+          const double p1 = xj * te_get(c, k->tt, co + j);
           double p2;
           if (!k->backward)
-            p2 = (first ? -1 : 1) * xp * get(s, k->tt, so + j);
+            p2 = (first ? -1 : 1) * xp * te_get(s, k->tt, so + j);
           else
-            p2 = (first ? 1 : -1) * xp * get(s, k->tt, so + partner);
+            p2 = (first ? 1 : -1) * xp * te_get(s, k->tt, so + partner);
           want[o] = p1 + p2;
           bound[o] = 2.0001 * U * (fabs(p1) + fabs(p2)) + 0x1p-148;
           if (k->yt == TG_DTYPE_BF16) bound[o] += 0x1p-8 * (fabs(want[o]) + bound[o]) + 0x1p-134;
         }
       }
-  void *y = tu_alloc(ny * esize(k->yt)), *y0 = tu_alloc(ny * esize(k->yt));
-  void *yfirst = tu_alloc(ny * esize(k->yt));
+  void *y = tu_alloc(ny * te_size(k->yt)), *y0 = tu_alloc(ny * te_size(k->yt));
+  void *yfirst = tu_alloc(ny * te_size(k->yt));
   if (k->in_place)
-    memcpy(y0, x, nx * esize(k->xt));
+    memcpy(y0, x, nx * te_size(k->xt));
   else
-    poison(y0, k->yt, ny);
+    te_poison(y0, k->yt, ny);
   char what[256];
   snprintf(what, sizeof what,
            "%s %s B%d H%d L%d D%d R%d x%s y%s t%s view %d/%d tbatch %d inplace %d specials %d",
@@ -170,7 +136,7 @@ static void check_case(const rope_case *k, uint64_t seed) {
   for (int ii = 0; ii < n_isas; ii++)
     for (int ti = 0; ti < tu_n_thread_counts; ti++) {
       tg_ctx *ctx = tu_ctx(tu_thread_counts[ti], isas[ii]);
-      memcpy(y, y0, ny * esize(k->yt));
+      memcpy(y, y0, ny * te_size(k->yt));
       void *in = k->in_place ? y : x;
       const tg_status st = k->backward ? tg_rope_backward(ctx, in, c, s, y, &p)
                                        : tg_rope_forward(ctx, in, c, s, y, &p);
@@ -180,18 +146,18 @@ static void check_case(const rope_case *k, uint64_t seed) {
           for (int64_t l = 0; l < k->L; l++) {
             const int64_t yo = b * p.y_strides[0] + hh * p.y_strides[1] + l * p.y_strides[2];
             for (int64_t j = 0; j < D; j++)
-              got[((b * k->H + hh) * k->L + l) * D + j] = (float)get(y, k->yt, yo + j);
+              got[((b * k->H + hh) * k->L + l) * D + j] = (float)te_get(y, k->yt, yo + j);
           }
       if (!tu_check_ieee("rope", got, want, bound, NULL, n))
         TU_FAIL("%s threads=%d isa=%s", what, tu_thread_counts[ti], tg_isa_name(isas[ii]));
       for (int64_t i = 0; i < ny; i++) /* the gaps between y's rows: untouched */
-        if (!addressed[i] && memcmp((char *)y + i * esize(k->yt), (char *)y0 + i * esize(k->yt),
-                                    esize(k->yt)))
+        if (!addressed[i] && memcmp((char *)y + i * te_size(k->yt), (char *)y0 + i * te_size(k->yt),
+                                    te_size(k->yt)))
           TU_FAIL("%s: element %lld of y's storage outside its rows was written", what,
                   (long long)i);
       if (first_run)
-        memcpy(yfirst, y, ny * esize(k->yt)), first_run = 0;
-      else if (memcmp(yfirst, y, ny * esize(k->yt)))
+        memcpy(yfirst, y, ny * te_size(k->yt)), first_run = 0;
+      else if (memcmp(yfirst, y, ny * te_size(k->yt)))
         TU_FAIL("%s: threads=%d isa=%s differs bitwise from the first run", what,
                 tu_thread_counts[ti], tg_isa_name(isas[ii]));
       tg_ctx_destroy(ctx);
