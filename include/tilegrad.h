@@ -455,6 +455,49 @@ tg_status tg_cross_entropy_fwd_bwd(tg_ctx *ctx, const float *logits,
                                    uint32_t n_pos, uint32_t vocab, uint32_t pad_id,
                                    uint32_t count);
 
+/* Cross-entropy as PyTorch's loss takes it (since 0.2.1): F.cross_entropy
+ * with ignore_index and label_smoothing, a divisor of the caller's (HF's
+ * num_items_in_batch), rows with a stride, f32 or bf16 logits. The options;
+ * opt = NULL means TG_CE_OPTIONS_INIT. */
+typedef struct {
+  int64_t ignore_index;  /* targets equal to it are ignored: grad row 0, no
+                          * loss (torch's -100 by default) */
+  float label_smoothing; /* eps in [0, 1], as torch: the target distribution
+                          * (1 - eps) onehot + eps / vocab; 0 = none */
+  float grad_scale;      /* the grad is multiplied by it (finite); 1 = none */
+  uint32_t flags;        /* none defined yet: must be 0 */
+  uint32_t reserved;     /* ignored; keep 0 */
+} tg_ce_options;         /* 24 bytes */
+#define TG_CE_OPTIONS_INIT {-100, 0.0f, 1.0f, 0u, 0u}
+
+/* logits [n_pos, vocab] of dtype (TG_DTYPE_F32: float, TG_DTYPE_BF16:
+ * tg_bf16), row t at logits + t * row_stride elements (row_stride >= vocab;
+ * 0 = vocab), targets [n_pos] int64, grad with logits' dtype and layout
+ * (writes; in bf16 the f32 value rounded once, RNE). For row t, y =
+ * targets[t], eps = label_smoothing, b = grad_scale / count:
+ *   y == ignore_index: grad row = 0, no loss (its logits are not read);
+ *   otherwise (0 <= y < vocab), p = softmax(logits[t]), z = logits[t]:
+ *     loss_t = (1 - eps) (lse - z_y) + eps (lse - mean_j z_j)
+ *     grad[t,j] = (p_j - (1 - eps) [j == y] - eps / vocab) * b      (writes)
+ *   loss_out[0] += sum_t loss_t / count                        (accumulates)
+ * With eps = 0, f32 and grad_scale 1 the values (bits) of
+ * tg_cross_entropy_fwd_bwd with pad_id = ignore_index. loss_out: the sum in
+ * double in position order, one rounding to f32: bitwise the same for every
+ * thread count. Numerics of -inf / +inf / NaN logits as kernel 8 (a -inf
+ * logit with eps > 0 makes loss_t +inf).
+ * Checks (nothing written on failure): dtype outside the two, opt->flags
+ * != 0, count not finite or <= 0, label_smoothing NaN or outside [0, 1],
+ * grad_scale not finite: TG_ERR_BAD_PARAMS; a target outside [0, vocab)
+ * that is not ignore_index: TG_ERR_BAD_INDEX; n_pos or vocab 0 or
+ * row_stride < vocab: TG_ERR_BAD_SHAPE.
+ * Aliasing: grad may be in place (grad == logits, same layout); otherwise
+ * grad and loss_out overlap no input (logits by its extent, (n_pos - 1) *
+ * row_stride + vocab elements, and targets) and not each other. */
+tg_status tg_cross_entropy_fwd_bwd_ex(tg_ctx *ctx, tg_dtype dtype, const void *logits,
+                                      const int64_t *targets, void *grad, float *loss_out,
+                                      uint32_t n_pos, uint32_t vocab, uint64_t row_stride,
+                                      double count, const tg_ce_options *opt);
+
 /* --- 9. transpose: output[c,r] = input[r,c] --------------------------------
  * Not in place: output may not overlap input, not even for a square matrix. */
 tg_status tg_transpose_2d(tg_ctx *ctx, const float *input, float *output, uint32_t rows,
