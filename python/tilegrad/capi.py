@@ -242,6 +242,21 @@ def attn_params(B, H, H_kv, qL, kL, D, scale, softcapping=1.0,
                       kL - qL, 0, _I64x3(*Qs), _I64x3(*Ks), _I64x3(*Vs), _I64x3(*Os))
 
 
+class CeOptions(ctypes.Structure):
+    """``tg_ce_options`` (24 bytes) of ``tg_cross_entropy_fwd_bwd_ex``; the
+    defaults are ``TG_CE_OPTIONS_INIT`` (pass ``None`` for them):
+    ``ignore_index`` -100 (targets equal to it: grad row 0, no loss),
+    ``label_smoothing`` eps in [0, 1] (torch's), ``grad_scale`` 1 (the grad
+    is multiplied by it), ``flags`` 0 (none defined)."""
+    _fields_ = [("ignore_index", ctypes.c_int64), ("label_smoothing", ctypes.c_float),
+                ("grad_scale", ctypes.c_float), ("flags", ctypes.c_uint32),
+                ("reserved", ctypes.c_uint32)]
+
+    def __init__(self, ignore_index=-100, label_smoothing=0.0, grad_scale=1.0, flags=0):
+        super().__init__(int(ignore_index), float(label_smoothing), float(grad_scale),
+                         int(flags), 0)
+
+
 # --------------------------------------------------------------------------
 # Signatures (include/tilegrad.h); every kernel takes the tg_ctx first
 
@@ -265,6 +280,10 @@ KERNEL_SIGNATURES = {
     "tg_softmax_backward": [_P, _P, _P, _P, _U32, _U32],
     "tg_embedding_backward": [_P, _P, _P, _P, _U32, _U32, _U32],
     "tg_cross_entropy_fwd_bwd": [_P, _P, _P, _P, _P, _U32, _U32, _U32, _U32],
+    # ctx, tg_dtype, logits, targets (int64), grad, loss_out, n_pos, vocab, row_stride,
+    # count (double), opt
+    "tg_cross_entropy_fwd_bwd_ex": [_P, _I, _P, _P, _P, _P, _U32, _U32, ctypes.c_uint64,
+                                    ctypes.c_double, ctypes.POINTER(CeOptions)],
     "tg_transpose_2d": [_P, _P, _P, _U32, _U32],
     "tg_causal_attention_backward": [_P] * 8 + [_U32, _U32, _U32, _U32],
     "tg_flash_attn_vec_reduce": [_P, _P, _P, _U32, _U32, _U32],

@@ -33,6 +33,7 @@ import numpy as np
 
 from . import bf16 as _bf16
 from .capi import AttnMaskParams, _set_strides, attn_params_init, default_context
+from .capi import CeOptions
 from .capi import RopeParams
 
 __all__ = [
@@ -40,7 +41,7 @@ __all__ = [
     "flash_attn_train_bwd", "flash_attn_backward", "f32_to_bf16_cast", "bf16_to_f32",
     "rms_norm_forward", "rms_norm_compute_rms_inv", "rms_norm_backward_dx",
     "rms_norm_backward_dw", "rms_norm_backward", "softmax_backward", "embedding_backward",
-    "cross_entropy_fwd_bwd", "transpose_2d", "causal_attention_backward",
+    "cross_entropy_fwd_bwd", "cross_entropy_fwd_bwd_ex", "transpose_2d", "causal_attention_backward",
     "flash_attn_vec_reduce", "flash_attn_vec_reduce_tq_hb_undo", "fwht_sign_undo",
     "fwht_sign_undo_", "pack_vec_partials",
 ]
@@ -506,6 +507,72 @@ def cross_entropy_fwd_bwd(logits, targets, pad_id, count=None, *, grad=None, los
         lo = _out(loss, "loss", (1,))
     _call(ctx, "tg_cross_entropy_fwd_bwd", _ptr(lg), _ptr(tg), _ptr(g), _ptr(lo), n_pos,
           vocab, pad, cnt)
+    return float(lo[0]), g
+
+
+def cross_entropy_fwd_bwd_ex(logits, targets, count=None, *, ignore_index=-100,
+                             label_smoothing=0.0, grad_scale=1.0, grad=None, loss=None,
+                             ctx=None):
+    """PyTorch's cross-entropy loss and its gradient
+    (``tg_cross_entropy_fwd_bwd_ex``).
+
+    logits ``[n_pos, vocab]`` float32 or bf16 (raw ``uint16`` bits or
+    ``ml_dtypes.bfloat16``); a view with a row stride (unit inner stride) is
+    used as it is. targets ``[n_pos]`` integer; rows whose target is
+    ``ignore_index`` are ignored (grad row 0). count: the divisor, any
+    positive number (default: the non-ignored rows). label_smoothing eps as
+    ``torch.nn.functional.cross_entropy``; the grad is multiplied by
+    ``grad_scale``. Returns ``(loss, grad)``: loss a Python float (``loss``
+    may be a 1-element float32 array, accumulated into), grad like logits
+    (its dtype; ``grad=logits`` computes in place; a given grad must have
+    logits' layout). A target outside [0, vocab) that is not ignore_index
+    raises BadIndexError, nothing written; with every row ignored and no
+    count given, returns ``(nan, zeros)`` as torch's mean."""
+    ctx = _ctx(ctx)
+    lg = np.asarray(logits)
+    is_bf16 = _bf16.is_bf16_dtype(lg.dtype)
+    if not is_bf16:
+        if lg.dtype.kind != "f":
+            raise TypeError(f"logits: expected float32 or bf16, got dtype {lg.dtype}")
+        if lg.dtype != np.float32:
+            lg = lg.astype(np.float32)
+    bits = _bf16.bits(lg, "logits") if is_bf16 else lg
+    if bits.ndim != 2:
+        raise ValueError(f"logits must be 2-D [n_pos, vocab], got shape {bits.shape}")
+    it = bits.itemsize
+    if (bits.shape[1] > 1 and bits.strides[1] != it) or bits.strides[0] < 0 or \
+            bits.strides[0] % it:
+        bits = np.ascontiguousarray(bits)
+    n_pos, vocab = _u32("n_pos", bits.shape[0]), _u32("vocab", bits.shape[1])
+    ld = bits.strides[0] // it if n_pos > 1 else vocab
+    tg = np.asarray(targets)
+    if tg.dtype.kind not in "iu":
+        raise TypeError(f"targets: expected an integer array, got dtype {tg.dtype}")
+    if tg.shape != (n_pos,):
+        raise ValueError(f"targets must have shape ({n_pos},), got {tg.shape}")
+    tg = np.ascontiguousarray(tg, dtype=np.int64)
+    kept = int((tg != ignore_index).sum())
+    if count is None:
+        count = kept
+    if grad is None:
+        g = np.zeros(bits.shape, lg.dtype)
+        g_bits, g_ld = (_bf16.bits(g) if is_bf16 else g), vocab
+    else:
+        g_bits = _bf16.bits(grad, "grad") if is_bf16 else grad
+        if not isinstance(grad, np.ndarray) or g_bits.dtype != bits.dtype or \
+                g_bits.shape != bits.shape or g_bits.strides != bits.strides:
+            raise ValueError("grad must be an array of logits' dtype, shape and strides")
+        g, g_ld = grad, ld
+    if g_ld != ld:           # a fresh grad is contiguous: copy logits to its layout
+        bits = np.ascontiguousarray(bits)
+        ld = vocab
+    lo = np.zeros(1, np.float32) if loss is None else _out(loss, "loss", (1,))
+    if count == 0 and kept == 0:        # torch's mean over no token: nan, zero grads
+        g_bits[...] = 0
+        return float("nan"), g
+    opt = CeOptions(ignore_index, label_smoothing, grad_scale)
+    _call(ctx, "tg_cross_entropy_fwd_bwd_ex", 0 if is_bf16 else 1, _ptr(bits), _ptr(tg),
+          _ptr(g_bits), _ptr(lo), n_pos, vocab, ld, float(count), opt)
     return float(lo[0]), g
 
 
