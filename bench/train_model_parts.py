@@ -1,6 +1,7 @@
 """bench/train_model.py's parts: the configs of real families (published
 values), the data, the machine (CPU, bf16 unit, OpenMP runtimes) and the
-step's breakdown by category from a torch.profiler trace. See train_model.py."""
+step's breakdown by category from a torch.profiler trace, the loss plot.
+See train_model.py."""
 import os
 import platform
 import random
@@ -330,7 +331,8 @@ def categorize(ev, vocab, memo):
 
 
 def breakdown(prof, wall_s, vocab):
-    """{category: ms} (self times) and the top ops of each category."""
+    """{category: ms} (self times) and each category's top ops, by name and
+    input shapes (where to look: which copy, of what)."""
     ms = dict.fromkeys(CATEGORIES, 0.0)
     ops, memo = {}, {}
     for ev in prof.events():
@@ -339,9 +341,45 @@ def breakdown(prof, wall_s, vocab):
             continue
         cat = categorize(ev, vocab, memo)
         ms[cat] += t
-        key = (cat, ev.name)
+        key = (cat, f"{ev.name} {[s for s in (ev.input_shapes or []) if s][:3]}")
         ops[key] = ops.get(key, 0.0) + t
     ms["untraced"] = max(0.0, 1e3 * wall_s - sum(ms.values()))
     top = {c: sorted(((n, round(t, 2)) for (c2, n), t in ops.items() if c2 == c),
-                     key=lambda x: -x[1])[:6] for c in CATEGORIES}
+                     key=lambda x: -x[1])[:8] for c in CATEGORIES}
     return ms, top
+
+
+# ------------------------------------------------------------ the loss plot
+
+def plot(path, runs, smooth):
+    """The loss curves: a panel per config (and seq), a line per backend
+    (x threads), line styles that keep curves on each other visible."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"matplotlib is not importable: no PNG ({path})")
+        return None
+    panels = {}
+    for run in runs:
+        panels.setdefault((run["config"], run["seq"]), []).append(run)
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
+    for ax, ((name, seq), group) in zip(axes[0], panels.items()):
+        i = 0
+        for run in group:
+            for b, r in run["backends"].items():
+                if "losses" in r:
+                    label = b + (f" {run['threads']}t" if len(group) > 1 else "")
+                    ax.plot(r["losses"], color=f"C{i}", linestyle=("-", "--", ":", "-.")[i % 4],
+                            linewidth=max(0.8, 2.5 - 0.5 * i), label=label)
+                    i += 1
+        ax.set_title(f"{name}, seq {seq} (the check: {smooth}-step moving averages)", fontsize=9)
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss (nats)")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    print(f"loss curves: {path}")
+    return path
