@@ -35,11 +35,12 @@ def main(argv=None):
     import torch
     import torch.nn.functional as F
     import tilegrad.torch as tt
+    import tilegrad._torch_paths as paths
     threads, pairs = a.threads, a.pairs
     if not tt.HAVE_CUSTOM_OPS:
         raise SystemExit(f"torch {torch.__version__} has no custom ops (needs >= 2.4): nothing to compare")
     torch.set_num_threads(threads)
-    direct_ok = tt._CAN_GO_DIRECT
+    direct_ok = paths._CAN_GO_DIRECT
     print(f"torch {torch.__version__}, {threads} threads, bf16 mode, {pairs} rounds; "
           "medians, us (direct: the autograd Functions; ops: the custom ops)")
     print(f"{'B,H,Hkv,L,D,causal':20s} {'fwd+bwd direct':>14s} {'ops':>8s} {'SDPA':>8s} "
@@ -52,7 +53,7 @@ def main(argv=None):
         gqa = H != Hkv
 
         def ours(direct, grad):
-            tt._CAN_GO_DIRECT = direct
+            paths._CAN_GO_DIRECT = direct
             if not grad:
                 with torch.no_grad():
                     tt.attention(q, k, v, causal=bool(causal), attn_precision="bf16")
@@ -86,7 +87,7 @@ def main(argv=None):
             row.append(f"{m['direct']:10.0f} {m['ops']:8.0f} {m['sdpa']:8.0f} "
                        f"{m['direct'] / m['ops']:10.3f}")
         print(f"{spec:20s} {row[0][:]:>} | {row[1]}", flush=True)
-    tt._CAN_GO_DIRECT = direct_ok
+    paths._CAN_GO_DIRECT = direct_ok
 
 
 if __name__ == "__main__":

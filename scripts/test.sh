@@ -74,13 +74,18 @@ TILEGRAD_LIB="$PWD/build/libtilegrad.so" TG_REQUIRE_CUSTOM_OPS=1 TG_REQUIRE_TRAN
 # eager calls skip the dispatcher (tilegrad.torch._direct); the torch
 # front's suites once more with them through the custom ops
 TILEGRAD_LIB="$PWD/build/libtilegrad.so" TG_REQUIRE_CUSTOM_OPS=1 TG_TORCH_VIA_OPS=1 \
-  "$tv/bin/python" -m pytest tests/python/test_torch_*.py tests/python/test_bwd_step.py -q
+  "$tv/bin/python" -m pytest tests/python/test_torch_*.py tests/python/test_bwd_step.py \
+  tests/python/test_linear_cross_entropy.py tests/python/test_step_kernels.py -q
 # the bench/ tools behind cited figures (bench/README.md), on one tiny shape: seconds
 TILEGRAD_LIB="$PWD/build/libtilegrad.so" TILEGRAD_CLI="$PWD/build/tilegrad" bash bench/users_grid.sh \
   --python "$tv/bin/python" --threads 1 --precisions bf16 --reps 1 --shapes '1,2,1,64,32,1' --out build/smoke >/dev/null
 TILEGRAD_LIB="$PWD/build/libtilegrad.so" "$tv/bin/python" bench/op_overhead.py --threads 1 --pairs 1 --shapes '1,1,1,16,64,1' >/dev/null
 for n in 1 2; do build/tilegrad bench --section attn --shapes '1,2,1,64,32,1' --reps 1 --threads $n >build/smoke/attn-$n.txt; done
 python3 bench/scaling_ratio.py build/smoke/attn-1.txt build/smoke/attn-2.txt >/dev/null
+TILEGRAD_LIB="$PWD/build/libtilegrad.so" "$tv/bin/python" bench/lce_bench.py --T 64 --hidden 32 \
+  --vocab 1000 --runs 1 --steps 1 --threads 1 >/dev/null
+TILEGRAD_LIB="$PWD/build/libtilegrad.so" "$tv/bin/python" bench/train_model.py --quick --steps 3 \
+  --threads 1 --profile-steps 1 --json build/smoke/train-quick.json >/dev/null
 
 stage pip-install "pip install ./python in a fresh venv, then import it from elsewhere"
 bash python/ci_install_check.sh --offline

@@ -59,17 +59,21 @@ from ._torch_common import (_ATTN_DTYPES, ATTN_PRECISIONS, _attn_params,  # noqa
                             _sinks_arg, _sinks_grad, _threads_arg, _window_arg)
 # context-parallel attention over torch.distributed, re-exported
 from .ring import ring_attention, ring_positions, ring_shard, ring_unshard
+# how the ops run (custom ops, or their Functions on eager calls), shared with
+# the step kernels' and the fused loss's modules
+from ._torch_paths import (HAVE_CUSTOM_OPS, _autocast_cast, _check_cpu, _custom_op,  # noqa: F401
+                           _direct, _forward, _needs_grad)
+# the step's memory-bound kernels (RoPE, SwiGLU/GeGLU) and the fused linear
+# cross-entropy (the LM head and the loss in chunks), re-exported
+from ._torch_lce import causal_lm_loss, linear_cross_entropy
+from ._torch_step import apply_rotary_pos_emb, geglu, rope, swiglu
 
 __all__ = ["attention", "scaled_dot_product_attention", "rms_norm", "RMSNorm", "Attention",
            "MultiHeadAttention", "HAVE_CUSTOM_OPS", "ring_attention", "ring_shard",
-           "ring_unshard", "ring_positions"]
+           "ring_unshard", "ring_positions", "rope", "apply_rotary_pos_emb", "swiglu", "geglu",
+           "linear_cross_entropy", "causal_lm_loss"]
 
 Tensor = torch.Tensor
-
-#: True when the kernels are registered as ``torch.library.custom_op`` s
-#: (PyTorch >= 2.4); False: plain autograd Functions (no compile/export).
-HAVE_CUSTOM_OPS = hasattr(torch, "library") and hasattr(torch.library, "custom_op") \
-    and hasattr(torch.library, "register_autograd")
 
 _I32_MAX = 2 ** 31 - 1
 
@@ -491,13 +495,6 @@ def _rms_grads(rms_bwd, ctx, dy: Tensor):
 
 
 if HAVE_CUSTOM_OPS:
-    def _custom_op(name, impl, fake):
-        """tilegrad::<name>, a CPU op with no mutated arguments, and its fake."""
-        op = torch.library.custom_op(f"tilegrad::{name}", mutates_args=(),
-                                     device_types="cpu")(impl)
-        op.register_fake(fake)
-        return op
-
     attn_fwd = _custom_op("attn_fwd", _attn_fwd_impl, _attn_fwd_fake)
     attn_bwd = _custom_op("attn_bwd", _attn_bwd_impl, _attn_bwd_fake)
     rms_norm_fwd = _custom_op("rms_norm_fwd", _rms_fwd_impl, _rms_fwd_fake)
@@ -552,60 +549,6 @@ class _RMSFunction(torch.autograd.Function):
         return _rms_grads(_rms_bwd_impl, ctx, dy)
 
 
-def _private(path: str):
-    """torch.<path> (a private function the checks below read), or None."""
-    obj = torch
-    for name in path.split("."):
-        obj = getattr(obj, name, None)
-        if obj is None:
-            return None
-    return obj
-
-
-_IS_COMPILING = _private("compiler.is_compiling") or _private("_dynamo.is_compiling")
-_IS_TRACING = _private("jit.is_tracing")
-_FUNCTION_MODE = _private("_C._is_torch_function_mode_enabled")
-_DISPATCH_MODES = _private("_C._len_torch_dispatch_stack")
-_FUNCTORCH_LEVEL = _private("_C._functorch.peek_interpreter_stack")
-_CAN_GO_DIRECT = HAVE_CUSTOM_OPS and None not in (_IS_COMPILING, _IS_TRACING, _FUNCTION_MODE,
-                                                  _DISPATCH_MODES, _FUNCTORCH_LEVEL)
-_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
-
-
-def _direct(*ts: Optional[Tensor]) -> bool:
-    """May the ops' implementations run behind the autograd Functions above
-    instead of through the dispatcher? In eager mode on plain tensors: no
-    torch.compile / torch.export / jit tracing, no torch_function or
-    torch_dispatch mode (FakeTensorMode, FlopCounterMode, ``with
-    torch.device(...)``), no functorch transform, no tensor subclass. The
-    same implementations, so the same bits; the dispatcher's custom-op path
-    (argument defaults filled per call, autograd's generated Function, the
-    backward op's own dispatch) cost 0.1-0.4 ms per forward + backward
-    (bench/results/xeon2-amx/op-overhead.txt). Elsewhere, and on PyTorch
-    whose private checks here are missing, the custom ops."""
-    return (_CAN_GO_DIRECT and not _IS_COMPILING() and not _IS_TRACING()
-            and not _FUNCTION_MODE() and _DISPATCH_MODES() == 0
-            and _FUNCTORCH_LEVEL() is None
-            and all(t is None or type(t) in _PLAIN_TYPES for t in ts))
-
-
-def _needs_grad(*ts: Optional[Tensor]) -> bool:
-    """Will autograd record a graph for these inputs?"""
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in ts)
-
-
-def _forward(op, function, impl, tensors, args):
-    """The first output of op(*args) through the dispatcher (a custom op),
-    or, where _direct allows, function.apply(*args) (its autograd
-    Function), or with no graph to record impl(*args) alone. tensors: the
-    args that are tensors (or None)."""
-    if HAVE_CUSTOM_OPS and not _direct(*tensors):
-        return op(*args)[0]
-    if not _needs_grad(*tensors):
-        return impl(*args)[0]
-    return function.apply(*args)
-
-
 def _attn_call(q, k, v, mask, causal, scale, softcap, q_offset, dropout_p, seed, threads,
                deterministic, attn_precision, window, sinks):
     """attention's o (_forward)."""
@@ -627,25 +570,6 @@ def _rms_call(x, weight, eps, threads, deterministic):
 #: dtypes converted), "bf16" in bfloat16 (inputs rounded to bf16).
 PRECISIONS = ("f32", "bf16")
 # ATTN_PRECISIONS, the attn_precision= values: from _torch_common (ring takes them too)
-
-
-def _autocast_cast(*ts):
-    """Under CPU autocast, the floating tensors in autocast's dtype, as
-    autocast hands SDPA its inputs (so a model whose rotary step returns q
-    and k in float32 beside a bf16 v runs in bf16, as with SDPA)."""
-    if hasattr(torch, "get_autocast_dtype"):  # torch >= 2.4
-        on, dt = torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")
-    else:
-        on, dt = torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype()
-    if not on:
-        return ts
-    return tuple(t.to(dt) if t.is_floating_point() else t for t in ts)
-
-
-def _check_cpu(*ts):
-    for t in ts:
-        if t is not None and t.device.type != "cpu":
-            raise ValueError(f"tilegrad runs on the CPU; got a tensor on {t.device}")
 
 
 def _compute_dtype(dtype: torch.dtype, precision: Optional[str]) -> torch.dtype:

@@ -31,9 +31,17 @@ never formed), a ``position_bias``, a flex ``BlockMask``, a sliding window
 on a bidirectional layer without a mask.
 
 :func:`use_tilegrad_rms_norm` (off unless called) swaps the RMSNorm modules
-of the supported families for tilegrad's ``rms_norm`` op.
+of the supported families for tilegrad's ``rms_norm`` op;
+:func:`use_tilegrad_kernels` (off unless called) puts every step kernel
+into one model: RoPE, SwiGLU / GeGLU, RMSNorm and the fused linear
+cross-entropy.
 """
-from typing import Optional, Tuple
+import contextvars
+import dataclasses
+import functools
+import inspect
+import sys
+from typing import Dict, Optional, Tuple
 
 import torch
 from transformers import AttentionInterface
@@ -42,7 +50,7 @@ from transformers import masking_utils as _mu
 from . import torch as tt
 
 __all__ = ["register", "attention_forward", "attention_mask", "use_tilegrad_rms_norm",
-           "TilegradRMSNorm", "NAME"]
+           "use_tilegrad_kernels", "TilegradRMSNorm", "NAME"]
 
 #: the name registered with transformers' attention and mask interfaces
 NAME = "tilegrad"
@@ -243,6 +251,222 @@ def use_tilegrad_rms_norm(model: torch.nn.Module) -> int:
     for parent, name, new in swaps:
         setattr(parent, name, new)
     return len(swaps)
+
+
+# ---------------------------------------------------------------------------
+# the step's other kernels in one call
+
+#: model_type -> the kernels use_tilegrad_kernels can put into that family.
+#: "rope": its modeling module's apply_rotary_pos_emb is the rotate-half one
+#: over the first cos.shape[-1] features (Phi slices q and k before it, Phi-3
+#: inside it); "swiglu"/"geglu": MLPs act(gate_proj(x)) * up_proj(x) (Phi-3:
+#: one gate_up_proj, gate first); "fused_linear_cross_entropy": the causal LM
+#: head is lm_head(hidden) (+ Gemma's final_logit_softcapping) and its loss
+#: transformers' ForCausalLMLoss. Granite (logits_scaling) and Cohere
+#: (logit_scale) scale their logits in the forward and are not listed.
+_STEP_FAMILIES = {
+    "llama": {"rope", "swiglu", "rms_norm", "fused_linear_cross_entropy"},
+    "mistral": {"rope", "swiglu", "rms_norm", "fused_linear_cross_entropy"},
+    "qwen2": {"rope", "swiglu", "rms_norm", "fused_linear_cross_entropy"},
+    "qwen3": {"rope", "swiglu", "rms_norm", "fused_linear_cross_entropy"},
+    "olmo2": {"rope", "swiglu", "fused_linear_cross_entropy"},
+    "gemma2": {"rope", "geglu", "rms_norm", "fused_linear_cross_entropy"},
+    "gemma3_text": {"rope", "geglu", "rms_norm", "fused_linear_cross_entropy"},
+    "phi": {"rope", "fused_linear_cross_entropy"},
+    "phi3": {"rope", "swiglu", "fused_linear_cross_entropy"},
+    # encoders: LayerNorm, an ungated erf GELU, absolute positions, a small
+    # classification head: no step kernel fits (attention: attn_implementation)
+    "bert": set(),
+    "roberta": set(),
+}
+
+#: MLP activations by class name -> the gated unit they make
+_GLU_ACTS = {"SiLUActivation": "swiglu", "SiLU": "swiglu", "GELUTanh": "geglu",
+             "PytorchGELUTanh": "geglu"}
+
+# the kernels in force inside a patched model's forward: the rotary step is
+# a module-level function of each modeling file, so it is patched there once
+# and reads this at every call (models of the same family that were not
+# patched, in the same process, keep transformers' own)
+_STEP_KERNELS = contextvars.ContextVar("tilegrad_step_kernels", default=frozenset())
+_ROPE_ORIGINALS: Dict[str, object] = {}
+
+
+def _rope_dispatcher(original):
+    @functools.wraps(original)
+    def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
+        if "rope" not in _STEP_KERNELS.get():
+            return original(q, k, cos, sin, *args, **kwargs)
+        unsqueeze_dim = kwargs.get("unsqueeze_dim", args[-1] if args else 1)
+        return tt.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+    apply_rotary_pos_emb.__tilegrad_original__ = original
+    return apply_rotary_pos_emb
+
+
+def _use_rope(model: torch.nn.Module) -> int:
+    """Patch the rotary function of every modeling module that ``model``'s
+    attention layers come from -> the number of attention layers it serves."""
+    n = 0
+    for m in model.modules():
+        mod = sys.modules.get(type(m).__module__)
+        f = getattr(mod, "apply_rotary_pos_emb", None)
+        if f is None or not type(m).__name__.endswith("Attention"):
+            continue
+        if not hasattr(f, "__tilegrad_original__"):
+            _ROPE_ORIGINALS[mod.__name__] = f
+            mod.apply_rotary_pos_emb = _rope_dispatcher(f)
+        n += 1
+    return n
+
+
+def _glu_forward(kind: str, fused: bool):
+    glu = tt.swiglu if kind == "swiglu" else tt.geglu
+    if fused:   # Phi-3: gate_up_proj(x) = [gate | up]
+        def forward(self, hidden_states):
+            gate, up = self.gate_up_proj(hidden_states).chunk(2, dim=-1)
+            return self.down_proj(glu(gate, up))
+    else:
+        def forward(self, x):
+            return self.down_proj(glu(self.gate_proj(x), self.up_proj(x)))
+    return forward
+
+
+def _use_glu(model: torch.nn.Module, kinds) -> Dict[str, int]:
+    """Give every gated MLP whose activation makes one of ``kinds`` a forward
+    on tilegrad's fused unit (the module, its weights and its state-dict
+    keys stay) -> {kind: count}."""
+    counts = {k: 0 for k in kinds}
+    for m in model.modules():
+        fused = hasattr(m, "gate_up_proj")
+        if not (hasattr(m, "down_proj") and (fused or hasattr(m, "gate_proj"))):
+            continue
+        act = getattr(m, "act_fn", getattr(m, "activation_fn", None))
+        kind = _GLU_ACTS.get(type(act).__name__)
+        if kind in counts:
+            m.forward = _glu_forward(kind, fused).__get__(m)
+            counts[kind] += 1
+    return counts
+
+
+def _output_without_logits(out, loss):
+    """``out`` (a ModelOutput dataclass) with ``loss`` and no logits."""
+    fields = {f.name: getattr(out, f.name) for f in dataclasses.fields(out)}
+    fields.update(loss=loss, logits=None)
+    return type(out)(**fields)
+
+
+def _step_forward(model: torch.nn.Module, original, kernels: frozenset):
+    """model.forward with ``kernels`` in force; with labels and the fused
+    loss, the base model's last hidden state goes to
+    :func:`tilegrad.torch.causal_lm_loss` and no logits are formed
+    (``logits_to_keep`` asks lm_head for none)."""
+    sig = inspect.signature(original)
+    fused_loss = "fused_linear_cross_entropy" in kernels
+    base = getattr(model, getattr(model, "base_model_prefix", "model"), None)
+
+    @functools.wraps(original)
+    def forward(*args, **kwargs):
+        token = _STEP_KERNELS.set(kernels)
+        try:
+            bound = sig.bind(*args, **kwargs)
+            labels = bound.arguments.get("labels")
+            if not fused_loss or labels is None:
+                return original(*args, **kwargs)
+            extra = dict(bound.arguments.get("kwargs", {}))
+            bound.arguments["labels"] = None
+            bound.arguments["logits_to_keep"] = slice(0, 0)
+            hidden = []
+            hook = base.register_forward_hook(
+                lambda _m, _i, o: hidden.append(o.last_hidden_state if hasattr(o, "last_hidden_state") else o[0]))
+            try:
+                out = original(*bound.args, **bound.kwargs)
+            finally:
+                hook.remove()
+            head = model.get_output_embeddings()
+            loss = tt.causal_lm_loss(
+                hidden[-1], head.weight, labels, bias=head.bias,
+                num_items_in_batch=extra.get("num_items_in_batch"),
+                ignore_index=extra.get("ignore_index", -100),
+                shift_labels=extra.get("shift_labels"),
+                softcap=getattr(model.config, "final_logit_softcapping", None))
+            return _output_without_logits(out, loss)
+        finally:
+            _STEP_KERNELS.reset(token)
+    forward.__tilegrad_original__ = original
+    return forward
+
+
+def use_tilegrad_kernels(model: torch.nn.Module, *, rope: bool = True,
+                         cross_entropy: bool = False,
+                         fused_linear_cross_entropy: bool = True, rms_norm: bool = True,
+                         swiglu: bool = True, geglu: bool = True) -> Dict[str, int]:
+    """Put tilegrad's step kernels into ``model`` (a transformers model of a
+    family in ``_STEP_FAMILIES``), the way Liger's
+    ``apply_liger_kernel_to_llama(rope, cross_entropy,
+    fused_linear_cross_entropy, rms_norm, swiglu, model)`` does on GPUs ->
+    ``{kernel: places replaced}``, only the kernels asked for and present.
+
+    * ``rope``: :func:`tilegrad.torch.apply_rotary_pos_emb` in every
+      attention layer (rotate-half; partial rotary where cos is narrower
+      than the head, as Phi and Phi-3);
+    * ``swiglu`` / ``geglu``: the gated MLPs on :func:`tilegrad.torch.swiglu`
+      / :func:`~tilegrad.torch.geglu` (one pass, rounded once);
+    * ``rms_norm``: :func:`use_tilegrad_rms_norm`;
+    * ``fused_linear_cross_entropy``: ``model(..., labels=...)`` computes
+      the LM head and transformers' causal-LM loss in chunks of tokens
+      (:func:`tilegrad.torch.causal_lm_loss`: the label shift,
+      ``ignore_index``, ``num_items_in_batch``, Gemma's final softcap, tied
+      embeddings, a bias) and returns ``logits=None``; without labels the
+      forward is transformers' own.
+
+    Modules and weights stay (same state dict); the rotary and loss kernels
+    are in force inside this model's own ``forward`` only, so other models
+    in the process are unaffected (a submodule called on its own, or a
+    checkpoint recomputed in the backward, runs transformers' rotary step:
+    the same math). ``cross_entropy=True`` (a loss over logits that exist
+    whole) is refused: the fused loss is the one that saves their memory.
+    A family not listed is refused by name; a kernel asked for that the
+    family has no place for (``swiglu`` in Gemma, whose MLP is GeGLU; any
+    of them in BERT) is left out of the result, and an MLP whose activation
+    is neither SiLU nor tanh-GELU keeps its own forward."""
+    if cross_entropy:
+        raise NotImplementedError(
+            "use_tilegrad_kernels: cross_entropy=True (a loss over whole [T, V] logits) is "
+            "not offered; fused_linear_cross_entropy=True computes the same loss without them")
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    fits = _STEP_FAMILIES.get(model_type)
+    if fits is None:
+        raise NotImplementedError(
+            f"use_tilegrad_kernels: model_type {model_type!r} ({type(model).__name__}) is not "
+            f"one of the families it knows: {sorted(_STEP_FAMILIES)}")
+    asked = {k for k, on in (("rope", rope), ("swiglu", swiglu), ("geglu", geglu),
+                             ("rms_norm", rms_norm),
+                             ("fused_linear_cross_entropy", fused_linear_cross_entropy)) if on}
+    todo = asked & fits
+    if getattr(model, "_tilegrad_kernels", None) is not None:
+        raise RuntimeError("use_tilegrad_kernels: this model has them already "
+                           f"({sorted(model._tilegrad_kernels)})")
+    if "fused_linear_cross_entropy" in todo and (
+            "logits_to_keep" not in inspect.signature(model.forward).parameters
+            or model.get_output_embeddings() is None):
+        raise NotImplementedError(
+            f"use_tilegrad_kernels: {type(model).__name__} is not a causal LM with an "
+            "lm_head and logits_to_keep; pass fused_linear_cross_entropy=False")
+    done = {}
+    if "rope" in todo:
+        done["rope"] = _use_rope(model)
+    glu = {k for k in ("swiglu", "geglu") if k in todo}
+    if glu:
+        done.update(_use_glu(model, glu))
+    if "rms_norm" in todo:
+        done["rms_norm"] = use_tilegrad_rms_norm(model)
+    kernels = frozenset(k for k in todo if k in ("rope", "fused_linear_cross_entropy"))
+    if kernels:
+        model.forward = _step_forward(model, model.forward, kernels)
+        if "fused_linear_cross_entropy" in kernels:
+            done["fused_linear_cross_entropy"] = 1
+    model._tilegrad_kernels = frozenset(done)
+    return done
 
 
 # ---------------------------------------------------------------------------

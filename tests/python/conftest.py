@@ -110,7 +110,7 @@ def pytest_sessionstart(session):
     custom ops, so the compile/export/opcheck tests cannot be skipped
     silently. TG_TORCH_VIA_OPS=1 (with it): eager calls go through the
     custom ops too, not the autograd Functions that skip the dispatcher
-    (tilegrad.torch._direct), so the suite covers both paths."""
+    (tilegrad._torch_paths._direct), so the suite covers both paths."""
     if os.environ.get("TG_REQUIRE_CUSTOM_OPS") != "1":
         return
     if not HAVE_TORCH:
@@ -121,7 +121,8 @@ def pytest_sessionstart(session):
         pytest.exit(f"TG_REQUIRE_CUSTOM_OPS=1 but torch {tt.torch.__version__} has no "
                     "torch.library.custom_op (needs >= 2.4)", returncode=3)
     if os.environ.get("TG_TORCH_VIA_OPS") == "1":
-        tt._CAN_GO_DIRECT = False
+        import tilegrad._torch_paths as paths
+        paths._CAN_GO_DIRECT = False
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the torch front needs PyTorch")
 import tilegrad.torch as tt  # noqa: E402
+import tilegrad._torch_paths as paths  # noqa: E402
 from conftest import bf16_randn as bf  # noqa: E402
 
 pytestmark = [pytest.mark.usefixtures("float32_default_dtype"),
@@ -269,7 +270,7 @@ def _attn_outputs(monkeypatch, direct, **kw):
     """attention's output and q, k, v, mask, sinks gradients through the
     direct path or through the custom op (tt._direct forced off); dropout's
     seed drawn after torch.manual_seed(5)."""
-    monkeypatch.setattr(tt, "_CAN_GO_DIRECT", direct)
+    monkeypatch.setattr(paths, "_CAN_GO_DIRECT", direct)
     g = torch.Generator().manual_seed(11)
     B, H, Hkv, qL, kL, D = 2, 4, 2, 13, 21, 16
     q, k, v, mask, do = (torch.randn(s, generator=g).bfloat16() for s in
@@ -298,7 +299,7 @@ def test_direct_path_matches_the_op_bitwise(monkeypatch, kw):
 def test_direct_path_rms_norm_matches_the_op(monkeypatch):
     out = []
     for direct in (True, False):
-        monkeypatch.setattr(tt, "_CAN_GO_DIRECT", direct)
+        monkeypatch.setattr(paths, "_CAN_GO_DIRECT", direct)
         x = torch.randn(3, 5, 24, generator=torch.Generator().manual_seed(2), requires_grad=True)
         w = torch.nn.Parameter(torch.linspace(0.5, 1.5, 24))
         y = tt.rms_norm(x, w, 1e-5)
@@ -315,10 +316,10 @@ def test_direct_path_taken_only_in_plain_eager(monkeypatch):
     raises here if they did not)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.flop_counter import FlopCounterMode
-    if None in (tt._IS_COMPILING, tt._IS_TRACING, tt._FUNCTION_MODE, tt._DISPATCH_MODES,
-                tt._FUNCTORCH_LEVEL):
+    if None in (paths._IS_COMPILING, paths._IS_TRACING, paths._FUNCTION_MODE,
+                paths._DISPATCH_MODES, paths._FUNCTORCH_LEVEL):
         pytest.skip(f"torch {torch.__version__} lacks a check of tt._direct: custom ops only")
-    monkeypatch.setattr(tt, "_CAN_GO_DIRECT", True)   # (TG_TORCH_VIA_OPS=1 turns it off)
+    monkeypatch.setattr(paths, "_CAN_GO_DIRECT", True)   # (TG_TORCH_VIA_OPS=1 turns it off)
     q = bf(1, 2, 8, 16)
     assert tt._direct(q, torch.nn.Parameter(q.float()), None)
     calls = []

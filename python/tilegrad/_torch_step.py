@@ -1,0 +1,313 @@
+"""The training step's memory-bound kernels as torch ops: RoPE and the gated
+linear units (SwiGLU, GeGLU), each one pass over its tensors in the C
+library (``tg_rope_forward`` / ``_backward``, ``tg_glu_forward`` /
+``_backward``), computed in float32 and rounded once to the output dtype.
+
+Re-exported by :mod:`tilegrad.torch` (``tt.rope``, ``tt.apply_rotary_pos_emb``,
+``tt.swiglu``, ``tt.geglu``); on PyTorch >= 2.4 they are the custom ops
+
+* ``tilegrad::rope_fwd(x, cos, sin, interleaved, out_dtype, threads) -> y``
+  and ``tilegrad::rope_bwd(dy, cos, sin, interleaved, out_dtype, threads) -> dx``;
+* ``tilegrad::glu_fwd(gate, up, act, threads) -> y`` and
+  ``tilegrad::glu_bwd(dy, gate, up, act, threads) -> (dgate, dup)``
+
+with fake implementations and registered autograd (compile, export), and
+plain eager calls run the same implementations behind autograd Functions,
+as the attention and RMSNorm ops do (``tilegrad._torch_paths._forward``).
+"""
+import ctypes
+from typing import Optional, Tuple
+
+import torch
+
+from . import capi as _capi
+from ._torch_common import _context, _ptr, _threads_arg
+from ._torch_paths import HAVE_CUSTOM_OPS, _check_cpu, _custom_op, _forward
+
+Tensor = torch.Tensor
+
+#: the dtypes these kernels take (tg_dtype); float16/float64 inputs are refused
+_DTYPES = {torch.bfloat16: _capi.TG_DTYPE_BF16, torch.float32: _capi.TG_DTYPE_F32}
+#: tg_dtype -> torch dtype (the ops carry output dtypes as ints)
+_TORCH_DTYPES = {v: k for k, v in _DTYPES.items()}
+#: tg_glu_act values by name
+GLU_ACTS = {"silu": 0, "gelu_tanh": 1}
+
+
+def _need_dtype(op: str, **ts: Tensor) -> None:
+    for name, t in ts.items():
+        if t.dtype not in _DTYPES:
+            raise TypeError(f"{op}: {name} is {t.dtype}; the kernels take float32 or bfloat16")
+
+
+# ---------------------------------------------------------------------------
+# RoPE: x [B, H, L, D] (any strides, D contiguous), cos/sin [B or 1, L, R]
+
+def _table_view(t: Tensor) -> Tensor:
+    """cos or sin as [B or 1, L, R] with R contiguous (a copy only if not)."""
+    if t.dim() == 2:
+        t = t.unsqueeze(0)
+    if t.stride(-1) != 1:
+        t = t.contiguous()
+    return t
+
+
+def _need_rope_shapes(op: str, x: Tensor, cos: Tensor, sin: Tensor) -> None:
+    if x.dim() != 4:
+        raise ValueError(f"{op}: x must be [B, H, L, D]; got shape {tuple(x.shape)}")
+    B, _, L, D = x.shape
+    for name, t in (("cos", cos), ("sin", sin)):
+        if t.dim() not in (2, 3) or t.shape[-2] != L or (t.dim() == 3 and t.shape[0] not in (1, B)):
+            raise ValueError(f"{op}: {name} must be [B or 1, L, R] (or [L, R]) with L = {L}, "
+                             f"B = {B}; got {tuple(t.shape)}")
+    R = cos.shape[-1]
+    if sin.shape[-1] != R or R % 2 or not 2 <= R <= D:
+        raise ValueError(f"{op}: the rotary dim R = cos.shape[-1] = {R} (sin: {sin.shape[-1]}) "
+                         f"must be even, 2 <= R <= D = {D}, the same for cos and sin")
+    if cos.dtype != sin.dtype:
+        raise TypeError(f"{op}: cos is {cos.dtype} and sin {sin.dtype}: one dtype for both")
+
+
+def _rope_params(x: Tensor, y: Tensor, cos: Tensor, sin: Tensor, interleaved: bool):
+    p = _capi.RopeParams()
+    p.B, p.H, p.L, p.D = x.shape
+    p.rotary_dim = cos.shape[-1]
+    p.layout = _capi.TG_ROPE_INTERLEAVED if interleaved else _capi.TG_ROPE_ROTATE_HALF
+    p.x_dtype, p.y_dtype, p.table_dtype = _DTYPES[x.dtype], _DTYPES[y.dtype], _DTYPES[cos.dtype]
+    p.x_strides[:] = x.stride()[:3]
+    p.y_strides[:] = y.stride()[:3]
+    for dst, t in ((p.cos_strides, cos), (p.sin_strides, sin)):
+        dst[:] = (t.stride(0) if t.shape[0] > 1 else 0, t.stride(1))
+    return p
+
+
+def _rope_call(name: str, x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool,
+               out_dtype: int, threads: int) -> Tensor:
+    """y (or dx) = tg_rope_<name>(x (or dy)) in a tensor laid out like x."""
+    op = f"tilegrad::rope_{name[:3]}"
+    _need_dtype(op, x=x, cos=cos, sin=sin)
+    _need_rope_shapes(op, x, cos, sin)
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    cos, sin = _table_view(cos), _table_view(sin)
+    y = torch.empty_like(x, dtype=_TORCH_DTYPES[out_dtype])
+    if y.stride(-1) != 1:
+        y = torch.empty(x.shape, dtype=y.dtype)
+    if x.numel():
+        _context(threads, False).call(f"tg_rope_{name}", _ptr(x), _ptr(cos), _ptr(sin), _ptr(y),
+                                      ctypes.byref(_rope_params(x, y, cos, sin, interleaved)))
+    return y
+
+
+def _rope_fwd_impl(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, out_dtype: int,
+                   threads: int) -> Tensor:
+    return _rope_call("forward", x, cos, sin, interleaved, out_dtype, threads)
+
+
+def _rope_bwd_impl(dy: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, out_dtype: int,
+                   threads: int) -> Tensor:
+    return _rope_call("backward", dy, cos, sin, interleaved, out_dtype, threads)
+
+
+def _rope_fake(x, cos, sin, interleaved, out_dtype, threads):
+    return torch.empty_like(x, dtype=_TORCH_DTYPES[out_dtype])
+
+
+def _rope_save(ctx, inputs) -> None:
+    x, cos, sin, interleaved, _, threads = inputs
+    ctx.save_for_backward(cos, sin)
+    ctx.args = (interleaved, _DTYPES[x.dtype], threads)
+
+
+def _rope_grads(rope_bwd, ctx, dy: Tensor):
+    cos, sin = ctx.saved_tensors
+    interleaved, x_dtype, threads = ctx.args
+    dx = rope_bwd(dy, cos, sin, interleaved, x_dtype, threads) if ctx.needs_input_grad[0] else None
+    return dx, None, None, None, None, None
+
+
+# ---------------------------------------------------------------------------
+# GLU: gate, up [..., cols], rows through a row stride
+
+def _rows_view(t: Tensor) -> Tuple[Tensor, int]:
+    """t [..., cols] as (t or a contiguous copy, its row stride): the leading
+    dims must flatten to rows of one stride, the cols contiguous."""
+    if t.dim() == 0:
+        raise ValueError("tilegrad::glu: tensors need at least one dim")
+    cols = t.shape[-1]
+    lead = t.shape[:-1]
+    stride = t.stride(-2) if t.dim() >= 2 else cols
+    expect = stride
+    flat = t.stride(-1) == 1 or cols <= 1
+    for n, s in zip(reversed(lead), reversed(t.stride()[:-1])):
+        flat = flat and (n == 1 or s == expect)
+        expect *= n
+    if not flat:
+        t = t.contiguous()
+        stride = cols
+    return t, max(int(stride), cols)
+
+
+def _need_glu(op: str, gate: Tensor, up: Tensor, act: int) -> None:
+    if act not in GLU_ACTS.values():
+        raise ValueError(f"{op}: act must be one of {GLU_ACTS}, got {act}")
+    if gate.shape != up.shape:
+        raise ValueError(f"{op}: gate {tuple(gate.shape)} and up {tuple(up.shape)} must have "
+                         "one shape")
+    _need_dtype(op, gate=gate, up=up)
+    if gate.dtype != up.dtype:
+        raise TypeError(f"{op}: gate is {gate.dtype} and up {up.dtype}: one dtype for both")
+
+
+def _glu_fwd_impl(gate: Tensor, up: Tensor, act: int, threads: int) -> Tensor:
+    _need_glu("tilegrad::glu_fwd", gate, up, act)
+    y = torch.empty(gate.shape, dtype=gate.dtype)
+    if y.numel():
+        (g, gs), (u, us) = _rows_view(gate), _rows_view(up)
+        cols = gate.shape[-1]
+        _context(threads, False).call("tg_glu_forward", _ptr(g), _ptr(u), _ptr(y), act,
+                                      _DTYPES[gate.dtype], y.numel() // cols, cols, gs, us, cols)
+    return y
+
+
+def _glu_fwd_fake(gate, up, act, threads):
+    return torch.empty(gate.shape, dtype=gate.dtype)
+
+
+def _glu_bwd_impl(dy: Tensor, gate: Tensor, up: Tensor, act: int,
+                  threads: int) -> Tuple[Tensor, Tensor]:
+    _need_glu("tilegrad::glu_bwd", gate, up, act)
+    if dy.shape != gate.shape:
+        raise ValueError(f"tilegrad::glu_bwd: dy {tuple(dy.shape)} must have gate's shape "
+                         f"{tuple(gate.shape)}")
+    dy = dy.to(gate.dtype)
+    dgate, dup = torch.empty(gate.shape, dtype=gate.dtype), torch.empty(gate.shape, dtype=gate.dtype)
+    if dy.numel():
+        (g, gs), (u, us), (d, ds) = _rows_view(gate), _rows_view(up), _rows_view(dy)
+        cols = gate.shape[-1]
+        _context(threads, False).call("tg_glu_backward", _ptr(g), _ptr(u), _ptr(d), _ptr(dgate),
+                                      _ptr(dup), act, _DTYPES[gate.dtype], dy.numel() // cols,
+                                      cols, gs, us, ds, cols, cols)
+    return dgate, dup
+
+
+def _glu_bwd_fake(dy, gate, up, act, threads):
+    return torch.empty(gate.shape, dtype=gate.dtype), torch.empty(gate.shape, dtype=gate.dtype)
+
+
+def _glu_save(ctx, inputs) -> None:
+    gate, up, act, threads = inputs
+    ctx.save_for_backward(gate, up)
+    ctx.args = (act, threads)
+
+
+def _glu_grads(glu_bwd, ctx, dy: Tensor):
+    gate, up = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    if not (need[0] or need[1]):
+        return None, None, None, None
+    dgate, dup = glu_bwd(dy, gate, up, *ctx.args)
+    return dgate if need[0] else None, dup if need[1] else None, None, None
+
+
+# ---------------------------------------------------------------------------
+# the two paths: custom ops (PyTorch >= 2.4) and autograd Functions
+
+if HAVE_CUSTOM_OPS:
+    rope_fwd = _custom_op("rope_fwd", _rope_fwd_impl, _rope_fake)
+    rope_bwd = _custom_op("rope_bwd", _rope_bwd_impl, _rope_fake)
+    glu_fwd = _custom_op("glu_fwd", _glu_fwd_impl, _glu_fwd_fake)
+    glu_bwd = _custom_op("glu_bwd", _glu_bwd_impl, _glu_bwd_fake)
+
+    rope_fwd.register_autograd(lambda ctx, dy: _rope_grads(rope_bwd, ctx, dy),
+                               setup_context=lambda ctx, inputs, output: _rope_save(ctx, inputs))
+    glu_fwd.register_autograd(lambda ctx, dy: _glu_grads(glu_bwd, ctx, dy),
+                              setup_context=lambda ctx, inputs, output: _glu_save(ctx, inputs))
+else:
+    rope_fwd = rope_bwd = glu_fwd = glu_bwd = None
+
+
+class _RopeFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, *inputs):
+        _rope_save(ctx, inputs)
+        return _rope_fwd_impl(*inputs)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _rope_grads(_rope_bwd_impl, ctx, dy)
+
+
+class _GLUFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, *inputs):
+        _glu_save(ctx, inputs)
+        return _glu_fwd_impl(*inputs)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _glu_grads(_glu_bwd_impl, ctx, dy)
+
+
+# ---------------------------------------------------------------------------
+# public functions
+
+def rope(x: Tensor, cos: Tensor, sin: Tensor, *, unsqueeze_dim: int = 1,
+         interleaved: bool = False, threads: Optional[int] = None) -> Tensor:
+    """Rotary position embedding of ``x`` as transformers'
+    ``apply_rotary_pos_emb`` applies it to one of q or k: x ``[B, H, L, D]``
+    (``unsqueeze_dim=1``) or ``[B, L, H, D]`` (``unsqueeze_dim=2``), strided
+    views read in place; cos, sin ``[B or 1, L, R]`` as the model's rotary
+    embedding returns them (R <= D: the first R features rotate, the rest
+    pass through, as Phi-3's partial rotary). ``interleaved``: GPT-J's
+    pairs (2i, 2i+1) instead of rotate-half. The result has
+    ``torch.promote_types(x.dtype, cos.dtype)`` and x's layout, computed in
+    float32 and rounded once; its gradient flows to x (the tables are the
+    model's constants: one that requires grad is refused)."""
+    _check_cpu(x, cos, sin)
+    if unsqueeze_dim not in (1, 2):
+        raise ValueError(f"rope: unsqueeze_dim must be 1 (x [B, H, L, D]) or 2 "
+                         f"(x [B, L, H, D]), got {unsqueeze_dim}")
+    for name, t in (("cos", cos), ("sin", sin)):
+        if t.requires_grad and torch.is_grad_enabled():
+            raise NotImplementedError(f"rope: {name} requires grad; the kernel gives no "
+                                      "gradient for the tables")
+    xv = x.transpose(1, 2) if unsqueeze_dim == 2 else x
+    out_dtype = _DTYPES.get(torch.promote_types(x.dtype, cos.dtype))
+    if out_dtype is None:
+        raise TypeError(f"rope: x {x.dtype} with tables {cos.dtype}: the kernels take "
+                        "float32 or bfloat16")
+    y = _forward(rope_fwd, _RopeFunction, _rope_fwd_impl, (xv, cos, sin),
+                 (xv, cos, sin, bool(interleaved), out_dtype, _threads_arg(threads)), single=True)
+    return y.transpose(1, 2) if unsqueeze_dim == 2 else y
+
+
+def apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor,
+                         unsqueeze_dim: int = 1) -> Tuple[Tensor, Tensor]:
+    """transformers' ``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)``
+    on :func:`rope` (rotate-half; partial where cos is narrower than the head)."""
+    return (rope(q, cos, sin, unsqueeze_dim=unsqueeze_dim),
+            rope(k, cos, sin, unsqueeze_dim=unsqueeze_dim))
+
+
+def _glu(name: str, gate: Tensor, up: Tensor, threads: Optional[int]) -> Tensor:
+    _check_cpu(gate, up)
+    dtype = torch.promote_types(gate.dtype, up.dtype)
+    if dtype not in _DTYPES:
+        raise TypeError(f"{name}: gate {gate.dtype}, up {up.dtype}: the kernels take float32 "
+                        "or bfloat16")
+    gate, up = gate.to(dtype), up.to(dtype)
+    act = GLU_ACTS["silu" if name == "swiglu" else "gelu_tanh"]
+    return _forward(glu_fwd, _GLUFunction, _glu_fwd_impl, (gate, up),
+                    (gate, up, act, _threads_arg(threads)), single=True)
+
+
+def swiglu(gate: Tensor, up: Tensor, *, threads: Optional[int] = None) -> Tensor:
+    """``silu(gate) * up`` (Llama's MLP) in one pass, float32 inside, rounded
+    once to the inputs' (promoted) dtype; saves gate and up, not silu(gate)."""
+    return _glu("swiglu", gate, up, threads)
+
+
+def geglu(gate: Tensor, up: Tensor, *, threads: Optional[int] = None) -> Tensor:
+    """``gelu(gate, approximate="tanh") * up`` (Gemma's MLP) in one pass."""
+    return _glu("geglu", gate, up, threads)
