@@ -202,11 +202,12 @@ def _lce_fwd_impl(hidden: Tensor, weight: Tensor, labels: Tensor, bias: Optional
         d = 1.0 if reduction_sum else float(kept)
     dh = hidden.new_zeros((N, H) if want_dh else (0,))
     acc_dt = torch.float64 if dt == torch.float64 else torch.float32
-    dw = torch.zeros((V, H) if want_dw else (0,), dtype=acc_dt)
+    dw = None if want_dw else torch.zeros((0,), dtype=acc_dt)    # [V, H]: the first chunk's
     db = torch.zeros((V,) if want_db and bias is not None else (0,), dtype=acc_dt)
     if kept == 0:        # nothing to learn from: torch's 0/0 = nan for a mean, 0 for a sum
         loss = math.nan if d == 0 else 0.0
-        return (torch.tensor(loss, dtype=loss_dt), dh, dw.to(dt),
+        dw = torch.zeros((V, H) if want_dw else (0,), dtype=dt)
+        return (torch.tensor(loss, dtype=loss_dt), dh, dw,
                 db.to(bias.dtype if bias is not None else dt))
     ctx = _context(threads, False) if dt != torch.float64 else None
     hidden, weight = hidden.contiguous(), weight.contiguous()
@@ -217,7 +218,7 @@ def _lce_fwd_impl(hidden: Tensor, weight: Tensor, labels: Tensor, bias: Optional
     # comes from mmap and its page faults cost more than its GEMM
     C = min(chunk_size, N)
     zbuf = torch.empty((C, V), dtype=dt)
-    dw_part = torch.empty((V, H), dtype=dt) if want_dw and dt == torch.bfloat16 else None
+    dw_part = None       # a bf16 chunk's dW, before its f32 sum (from the second chunk on)
     with torch.autocast("cpu", enabled=False):       # inputs are cast already
         for c0 in range(0, N, chunk_size):
             c1 = min(N, c0 + chunk_size)
@@ -232,8 +233,10 @@ def _lce_fwd_impl(hidden: Tensor, weight: Tensor, labels: Tensor, bias: Optional
                 torch.mm(h, wt, out=z)
             t = None
             if softcap:
-                zf = z.float() if dt == torch.bfloat16 else z
-                t = torch.tanh(zf / softcap)
+                # in place where the chunk allows: [C, V] float32 temporaries are
+                # 1 GB each at V 256000 (Gemma 2)
+                t = z.float() if dt == torch.bfloat16 else z.clone()
+                t.div_(softcap).tanh_()
                 z = t * softcap                                   # f32 (f64) capped logits
             elif dt == torch.bfloat16 and not _BF16_KERNEL:
                 z = z.float()
@@ -245,19 +248,31 @@ def _lce_fwd_impl(hidden: Tensor, weight: Tensor, labels: Tensor, bias: Optional
             if not (want_dh or want_dw or want_db):
                 continue
             if t is not None:                 # d(c tanh(x/c))/dx = 1 - tanh^2
-                g = g.mul_(1.0 - t * t)
+                g = g.mul_(t.mul_(t).neg_().add_(1.0))
             if g.dtype != dt:
                 g = g.to(dt)
             if want_dh:
                 torch.mm(g, weight, out=dh[c0:c1])
             if want_dw:
-                if dt == torch.bfloat16:      # bf16 GEMM of the chunk, summed in f32
+                # the first chunk's GEMM is dW itself: in dt when no chunk follows
+                # (one bf16 GEMM, as the unfused loss; at T 1024, V 256000, H 2304 no
+                # [V, H] float32 zeros and sum: 2.4 + 1.2 GB and their passes), else
+                # the float32 sum's start; later bf16 chunks are summed in float32
+                if dw is None:
+                    dw = torch.mm(g.t(), h)
+                    if c1 < N:
+                        dw = dw.to(acc_dt)
+                elif dt == torch.bfloat16:
+                    if dw_part is None:
+                        dw_part = torch.empty((V, H), dtype=dt)
                     dw.add_(torch.mm(g.t(), h, out=dw_part))
                 else:
                     dw.addmm_(g.t(), h)
             if db.numel():
                 db.add_(g.sum(0, dtype=acc_dt))
     loss = torch.tensor(total, dtype=loss_dt)
+    if dw is None:       # every chunk ignored but for rows outside all chunks: none
+        dw = torch.zeros((V, H), dtype=dt)
     return (loss, dh, dw.to(dt) if dw.dtype != dt else dw,
             db.to(bias.dtype) if db.numel() and db.dtype != bias.dtype else db)
 
