@@ -361,6 +361,7 @@ def _step_forward(model: torch.nn.Module, original, kernels: frozenset):
     :func:`tilegrad.torch.causal_lm_loss` and no logits are formed
     (``logits_to_keep`` asks lm_head for none)."""
     sig = inspect.signature(original)
+    var_kw = next((n for n, p in sig.parameters.items() if p.kind is p.VAR_KEYWORD), None)
     fused_loss = "fused_linear_cross_entropy" in kernels
     base = getattr(model, getattr(model, "base_model_prefix", "model"), None)
 
@@ -372,12 +373,12 @@ def _step_forward(model: torch.nn.Module, original, kernels: frozenset):
             labels = bound.arguments.get("labels")
             if not fused_loss or labels is None:
                 return original(*args, **kwargs)
-            extra = dict(bound.arguments.get("kwargs", {}))
+            extra = dict(bound.arguments.get(var_kw, {})) if var_kw else {}
             bound.arguments["labels"] = None
             bound.arguments["logits_to_keep"] = slice(0, 0)
             hidden = []
-            hook = base.register_forward_hook(
-                lambda _m, _i, o: hidden.append(o.last_hidden_state if hasattr(o, "last_hidden_state") else o[0]))
+            hook = base.register_forward_hook(lambda _m, _i, o: hidden.append(
+                o.last_hidden_state if hasattr(o, "last_hidden_state") else o[0]))
             try:
                 out = original(*bound.args, **bound.kwargs)
             finally:
