@@ -22,8 +22,8 @@ backend in a process of its own:
     CONFIGS: widths, heads, vocabulary, rope, windows, softcaps, tied
     embeddings as published; the output names every reduction, --layers N
     overrides it):
-      llama-style    issue 47's: hidden 768, 6 layers, 12/4 heads of 64, MLP
-                     2048, vocab 32000; seq 2048,4096
+      llama-style    Llama-style widths: hidden 768, 6 layers, 12/4 heads of 64,
+                     MLP 2048, vocab 32000; seq 2048,4096
       llama-3.2-1b   4 of 16 layers (llama3 rope scaling, tied); seq 2048
       qwen2.5-0.5b   in full (24 layers, q/k/v biases, tied); seq 2048
       gemma-2-2b     2 of 26 layers (one sliding, one global; head dim 256,
@@ -80,7 +80,7 @@ backward nodes), embedding (the embedding and its backward), norm_elementwise
 (norms, activations, mul/add, rope pieces, tilegrad's step kernels), copies
 (to/_to_copy/copy_/contiguous/clone, autocast casts), optimizer (AdamW,
 zero_grad, clip_grad_norm_), other; untraced: the step's wall time less the
-traced self times (Python between ops). The check of issue 47: the
+traced self times (Python between ops). The check: the
 categories a backend does not replace among gemm, lm_head, copies and other
 must cost the same as with sdpa within 5% (PASS/FAIL with the ratio; printed
 and in the JSON, not in the exit status: it is a target, and one step on a

@@ -39,7 +39,7 @@ CATEGORIES = ("attention", "gemm", "lm_head", "loss", "norm_elementwise", "embed
 CONFIGS = {
     "llama-style": {
         "family": "llama", "seq": (2048, 4096), "layers": None,
-        "source": "issue 47's Llama-style config (LlamaConfig defaults otherwise; untied)",
+        "source": "a Llama-style config of real widths (LlamaConfig defaults otherwise; untied)",
         "config": dict(vocab_size=32000, hidden_size=768, intermediate_size=2048,
                        num_hidden_layers=6, num_attention_heads=12, num_key_value_heads=4,
                        head_dim=64, max_position_embeddings=8192, rms_norm_eps=1e-6,
