@@ -48,6 +48,7 @@ from transformers import AttentionInterface
 from transformers import masking_utils as _mu
 
 from . import torch as tt
+from ._torch_paths import _IS_COMPILING
 
 __all__ = ["register", "attention_forward", "attention_mask", "use_tilegrad_rms_norm",
            "use_tilegrad_kernels", "TilegradRMSNorm", "NAME"]
@@ -295,7 +296,9 @@ _ROPE_ORIGINALS: Dict[str, object] = {}
 def _rope_dispatcher(original):
     @functools.wraps(original)
     def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
-        if "rope" not in _STEP_KERNELS.get():
+        # under torch.compile transformers' own (Dynamo cannot trace
+        # ContextVar.get, and an unpatched model of the family must compile)
+        if (_IS_COMPILING is not None and _IS_COMPILING()) or "rope" not in _STEP_KERNELS.get():
             return original(q, k, cos, sin, *args, **kwargs)
         unsqueeze_dim = kwargs.get("unsqueeze_dim", args[-1] if args else 1)
         return tt.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)

@@ -369,3 +369,18 @@ def test_use_tilegrad_kernels_refusals():
         vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2))
     with pytest.raises(NotImplementedError, match="'gpt2'"):
         tgt.use_tilegrad_kernels(gpt2)
+
+
+@needs_transformers
+def test_unpatched_model_of_a_patched_family_compiles():
+    """The family's rotary function is patched module-wide; a model of it that
+    was not patched still compiles with fullgraph=True (transformers' own
+    rotary step under compile)."""
+    import tilegrad.transformers as tgt
+    ids, labels = _batch()
+    tgt.use_tilegrad_kernels(_model("llama"))
+    other = _model("llama")
+    ref = other(input_ids=ids, labels=labels).loss
+    got = torch.compile(lambda: other(input_ids=ids, labels=labels).loss, fullgraph=True,
+                        backend="aot_eager")()
+    assert _max_rel(got, ref) <= 1e-5
