@@ -426,8 +426,8 @@ def use_tilegrad_kernels(model: torch.nn.Module, *, rope: bool = True,
     Modules and weights stay (same state dict); the rotary and loss kernels
     are in force inside this model's own ``forward`` only, so other models
     in the process are unaffected (a submodule called on its own, or a
-    checkpoint recomputed in the backward, runs transformers' rotary step:
-    the same math). ``cross_entropy=True`` (a loss over logits that exist
+    checkpoint recomputed in the backward, or any model under torch.compile,
+    runs transformers' rotary step: the same math). ``cross_entropy=True`` (a loss over logits that exist
     whole) is refused: the fused loss is the one that saves their memory.
     A family not listed is refused by name; a kernel asked for that the
     family has no place for (``swiglu`` in Gemma, whose MLP is GeGLU; any
