@@ -331,11 +331,25 @@ static void test_f32_accuracy_target(void **state) {
     printf("  the accuracy target: left out (TG_TEST_SHORT; the Release run checks it)\n");
     return;
   }
+  /* The L = 4096 cases (40 s of f64 reference each run) on the table this
+   * CPU picks only: the error's growth with L comes from the engine's
+   * summation order, the same C on every table; the L = 1024 cases hold
+   * every table's kernels to the target. */
+  tg_ctx *best = NULL;
+  assert_int_equal(tg_ctx_create(&best), TG_OK);
+  const tg_isa best_isa = tg_ctx_get_isa(best);
+  tg_ctx_destroy(best);
   for (size_t ci = 0; ci < sizeof long_cfgs / sizeof long_cfgs[0]; ci++) {
+    tg_ctx *ctx = tu_ctx(2, TG_ISA_AUTO);
+    if (long_cfgs[ci].qL > 1024 && tg_ctx_get_isa(ctx) != best_isa) {
+      printf("  [%s] %s: left out (run on %s, the table this CPU picks)\n",
+             tg_isa_name(tg_ctx_get_isa(ctx)), long_cfgs[ci].name, tg_isa_name(best_isa));
+      tg_ctx_destroy(ctx);
+      continue;
+    }
     attn_problem pb;
     build(&pb, &long_cfgs[ci], &r, 1);
     ext_out o = alloc_out(&pb);
-    tg_ctx *ctx = tu_ctx(2, TG_ISA_AUTO);
     run_step(ctx, &pb, &pb.opt, &o);
     failures += !check_step(&pb, &o, pb.c.name);
     const struct { const char *name; const float *got; const double *want; int64_t n; } outs[] = {
