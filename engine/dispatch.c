@@ -81,3 +81,68 @@ tg_status tg_dispatch(tg_ctx *ctx, int64_t nx, int64_t ny, int64_t nz,
   }
   return TG_OK;
 }
+
+/* The flattened items: first[i] is grid i's first, first[n] the total. */
+typedef struct {
+  const tg_grid *grids;
+  const int64_t *first;
+  int64_t n;
+} grid_list;
+
+static void run_item(const grid_list *l, int64_t g, void *scratch) {
+  int64_t lo = 0, hi = l->n - 1; /* the grid holding item g: first[lo] <= g < first[lo + 1] */
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (l->first[mid] <= g) lo = mid;
+    else hi = mid - 1;
+  }
+  const tg_grid *gr = &l->grids[lo];
+  const int64_t i = g - l->first[lo], x = i % gr->nx, yz = i / gr->nx;
+  gr->fn(gr->args, x, yz % gr->ny, yz / gr->ny, scratch);
+}
+
+tg_status tg_dispatch_grids(tg_ctx *ctx, const tg_grid *grids, int64_t n,
+                            size_t scratch_bytes) {
+  if (n <= 0) return TG_OK;
+  if ((uint64_t)n > SIZE_MAX / sizeof(int64_t) - 1)
+    return tg_fail(ctx, TG_ERR_OVERFLOW, "engine: %lld grids overflow", (long long)n);
+  int64_t *first = tg_mem_alloc(sizeof(int64_t) * (size_t)(n + 1), 64);
+  if (!first)
+    return tg_fail(ctx, TG_ERR_NO_MEMORY, "engine: cannot allocate the list of %lld grids",
+                   (long long)n);
+  first[0] = 0;
+  for (int64_t i = 0; i < n; i++) {
+    int64_t items;
+    if (!tg_mul_ok(&items, 3, grids[i].nx, grids[i].ny, grids[i].nz) ||
+        __builtin_add_overflow(first[i], items, &first[i + 1])) {
+      tg_mem_free(first);
+      return tg_fail(ctx, TG_ERR_OVERFLOW, "engine: the grids' items overflow");
+    }
+  }
+  const int64_t total = first[n];
+  const int nthreads = total <= 1 ? 1 : tg_threads(ctx);
+  const size_t stride = tg_align64(scratch_bytes);
+  size_t bytes;
+  tg_status st = TG_OK;
+  if (__builtin_mul_overflow(stride, (size_t)nthreads, &bytes))
+    st = tg_fail(ctx, TG_ERR_OVERFLOW, "engine: scratch size overflows");
+  if (st == TG_OK) st = reserve_scratch(ctx, bytes);
+  if (st != TG_OK || total == 0) {
+    tg_mem_free(first);
+    return st;
+  }
+  const grid_list l = {grids, first, n};
+  char *const base = ctx->scratch;
+  if (nthreads == 1) {
+    for (int64_t g = 0; g < total; g++) run_item(&l, g, base);
+  } else {
+#pragma omp parallel num_threads(nthreads)
+    {
+      void *mine = base ? base + (size_t)omp_get_thread_num() * stride : NULL;
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t g = 0; g < total; g++) run_item(&l, g, mine);
+    }
+  }
+  tg_mem_free(first);
+  return TG_OK;
+}

@@ -147,6 +147,18 @@ typedef void (*tg_group_fn)(const void *args, int64_t x, int64_t y, int64_t z,
 tg_status tg_dispatch(tg_ctx *ctx, int64_t nx, int64_t ny, int64_t nz,
                       size_t scratch_bytes, tg_group_fn fn, const void *args);
 
+/* Several grids in one OpenMP loop (varlen attention: one grid per
+ * document): every (x, y, z) of every grid, grid after grid in the order
+ * given, on one team in dynamic order; scratch_bytes must cover every
+ * grid's fn. Callers put the costly grids first, so the short ones fill
+ * the cores at the end. TG_ERR_NO_MEMORY with nothing run, as tg_dispatch. */
+typedef struct {
+  int64_t nx, ny, nz;
+  tg_group_fn fn;
+  const void *args;
+} tg_grid;
+tg_status tg_dispatch_grids(tg_ctx *ctx, const tg_grid *grids, int64_t n,
+                            size_t scratch_bytes);
 /* A shared buffer of at least `bytes` bytes (64-byte aligned) in *out,
  * kept on ctx for the next call (freed by tg_ctx_destroy): a buffer this
  * large comes fresh from mmap on every malloc, and faulting its pages in

@@ -402,6 +402,69 @@ tg_status tg_attn_train_bwd_compute_d(tg_ctx *ctx, tg_dtype dtype, const void *O
 tg_status tg_attn_dropout_keep(tg_ctx *ctx, const tg_attn_options *opt, uint32_t B,
                                uint32_t H, uint32_t qL, uint32_t kL, uint8_t *keep);
 
+/* --- packed sequences: varlen attention (since 0.2.1; a CPU extension) ----
+ * Documents packed one after another in one row, each attending only to
+ * itself, as flash_attn_varlen_func takes them: Q [total_q, H, D], K
+ * [total_k, H_kv, D], V [total_k, H_kv, Dv] through the params' strides
+ * (p->B = 1, p->qL = total_q, p->kL = total_k: tg_attn_params_init(p, 1, H,
+ * H_kv, total_q, total_k, D, scale), then the strides of the packed layout,
+ * {0, D, H * D} for contiguous Q). Document d holds query rows
+ * [cu_seqlens_q[d], cu_seqlens_q[d + 1]) and key rows [cu_seqlens_k[d],
+ * cu_seqlens_k[d + 1]); its queries see its keys only, and with causal key
+ * k of the document is visible to its query i iff k <= i + len_k - len_q
+ * (bottom-right aligned per document; p->qL_off is not read). opt->window
+ * applies within each document the same way. A tile outside every document
+ * is never visited: the work is the documents' own, each document's tiles
+ * as one problem's, all of them in one parallel loop, the costliest first.
+ *
+ * The rows' statistics L and D_vec are [H, total_q] f32 (flash-attn's
+ * softmax_lse layout); the gradients dQ [total_q, H, D], dK [total_k, H_kv,
+ * D], dV [total_k, H_kv, Dv] are contiguous. A document with no keys has O
+ * rows 0, L = -inf (the sink with one), dQ rows 0; one with no queries
+ * gives its dK, dV rows nothing (0 where written). Dropout: document d
+ * numbers its weights as a problem of B = 1, qL = len_q, kL = len_k would,
+ * from the counter dropout_offset + sum over the documents before it of
+ * ceil(H * len_q * len_k / 4): no two documents share a draw. The
+ * backward runs the KV schedule whatever tg_ctx_set_attn_schedule asked;
+ * deterministic mode gives the same bits for any thread count.
+ *
+ * Checks, besides the dense entry points' (no mask here): docs or its
+ * arrays NULL (TG_ERR_NULL_ARG); n_docs < 1, p->B != 1, offsets that do not
+ * start at 0, that decrease, or whose last is not total_q (total_k)
+ * (TG_ERR_BAD_SHAPE); outputs overlapping the offsets (TG_ERR_ALIAS).
+ * Nothing is written on failure. */
+typedef struct {
+  const int32_t *cu_seqlens_q; /* [n_docs + 1]: 0, ..., total_q; non-decreasing */
+  const int32_t *cu_seqlens_k; /* [n_docs + 1]: 0, ..., total_k; non-decreasing */
+  int32_t n_docs;              /* >= 1 (a document may be empty) */
+  int32_t _pad;                /* 0 */
+} tg_attn_varlen;
+
+/* Forward: O [total_q, H, Dv] through O_strides (writes), L [H, total_q]
+ * (writes); as tg_attn_train_fwd within each document. */
+tg_status tg_attn_varlen_fwd(tg_ctx *ctx, tg_dtype dtype, const void *Q, const void *K,
+                             const void *V, void *O, float *L, const tg_attn_params *p,
+                             const tg_attn_varlen *docs, int causal,
+                             const tg_attn_options *opt);
+
+/* Backward: D_vec [H, total_q] given (rowsum(dO o O)); dQ written, dK, dV
+ * accumulated (written with TG_ATTN_OPT_DKV_WRITE), f32; as
+ * tg_attn_train_bwd within each document. */
+tg_status tg_attn_varlen_bwd(tg_ctx *ctx, tg_dtype dtype, const void *Q, const void *K,
+                             const void *V, const float *L, const void *dO,
+                             const float *D_vec, float *dQ, float *dK, float *dV,
+                             const tg_attn_params *p, const tg_attn_varlen *docs,
+                             int causal, const tg_attn_options *opt);
+
+/* The whole backward step, as tg_attn_train_bwd_step: O given, D_vec in a
+ * workspace, dQ, dK, dV written as grad_dtype. */
+tg_status tg_attn_varlen_bwd_step(tg_ctx *ctx, tg_dtype dtype, tg_dtype grad_dtype,
+                                  const void *Q, const void *K, const void *V, const void *O,
+                                  const float *L, const void *dO, void *dQ, void *dK,
+                                  void *dV, const tg_attn_params *p,
+                                  const tg_attn_varlen *docs, int causal,
+                                  const tg_attn_options *opt);
+
 /* RMSNorm forward: y[b,k] = x[b,k] * r[b] * w[k] with r as in kernel 4
  * (writes); r_out may be NULL, else it gets r [rows] for the backward.
  * May be in place: y == x. Otherwise y and r_out overlap no input (x, w)

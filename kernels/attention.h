@@ -57,6 +57,8 @@ typedef struct {
   int dkv_write;                    /* backward: dK, dV written, not accumulated
                                      * (TG_ATTN_OPT_DKV_WRITE) */
   int64_t dQs[3], dKs[3], dVs[3];   /* f32 gradients dQ [.., D], dK [.., D], dV [.., Dv] */
+  int64_t Ls[2];                    /* batch, head strides of L and D_vec (rows: 1);
+                                     * {H * qL, qL}: [B, H, qL] */
 } tg_attn_problem;
 
 /* Validates p (+ mask params) for entry point `fn` and fills *out (bf16
@@ -118,6 +120,39 @@ tg_status tg_attn_prepare(tg_ctx *ctx, const char *fn, tg_dtype dtype,
                           const tg_attn_options *opt, const tg_attn_params *p,
                           const tg_attn_mask_params *mp, const void *mask, int causal,
                           tg_attn_problem *out);
+
+/* --- varlen: packed documents (attention_varlen.c) ---------------------------
+ * One document of a varlen call: its query and key rows in the packed
+ * tensors, its dropout counter base, its visible (query, key) pairs times
+ * H (the order of the work and its share of the CPUs), and the CPUs its
+ * KV schedule plans for: that share of tg_ctx_plan_cpus, >= 1 (shapes and
+ * plan CPUs only: deterministic mode keeps its bits). */
+typedef struct {
+  int64_t q0, qL, k0, kL;
+  uint64_t drop_offset;
+  double work;
+  int cpus;
+} tg_attn_doc;
+typedef struct {
+  tg_attn_doc *docs; /* costliest first */
+  int64_t n;
+} tg_attn_docs;
+/* The varlen entry points' checks (docs, p->B = 1, then tg_attn_prepare
+ * with no mask, then the offsets) and *pr, the packed problem (B = 1, qL =
+ * total_q, kL = total_k, contiguous [total, heads, D] gradients), with
+ * *out the documents (tg_attn_docs_free; empty on failure). */
+tg_status tg_attn_varlen_prepare(tg_ctx *ctx, const char *fn, tg_dtype dtype,
+                                 const tg_attn_options *opt, const tg_attn_params *p,
+                                 const tg_attn_varlen *docs, int causal,
+                                 tg_attn_problem *pr, tg_attn_docs *out);
+void tg_attn_docs_free(tg_attn_docs *docs);
+/* Document doc of the packed problem as a problem of its own: B = 1, its
+ * lengths, bottom-right aligned, L's head stride total_q, its dropout
+ * counter. The caller offsets the tensors' bases to the document's rows. */
+tg_attn_problem tg_attn_doc_problem(const tg_attn_problem *packed, const tg_attn_doc *doc);
+/* The offsets (inputs) against up to 6 outputs (tg_check_alias). */
+tg_status tg_attn_varlen_check_alias(tg_ctx *ctx, const char *fn, const tg_attn_varlen *docs,
+                                     const tg_buf *outputs, int n_outputs);
 
 /* The keep flags of a tile: keep[i * ldk + k] = 1 if weight (b, h, q0 + i,
  * k0 + k) survives dropout d, else 0 (i < nq, k < nk). */

@@ -315,8 +315,9 @@ static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_
                      int64_t ldq, const ktile_scratch *t, bwd_scratch *w) {
   const tg_attn_problem *pr = &a->pr;
   const tg_isa_ops *ops = a->ops;
-  const int64_t D = pr->D, Dv = pr->Dv, bh = b * pr->H + h, BK = a->plan.BK;
-  const float *L = a->L + bh * pr->qL + q0, *Drow = a->D_vec + bh * pr->qL + q0;
+  const int64_t D = pr->D, Dv = pr->Dv, BK = a->plan.BK;
+  const int64_t row0 = b * pr->Ls[0] + h * pr->Ls[1] + q0;
+  const float *L = a->L + row0, *Drow = a->D_vec + row0;
   const int bf16_products = a->plan.products == TG_PRODUCTS_BF16_DOT;
   float *const dS_tile = bf16_products ? w->dS : w->dS + col; /* [nq, nk] */
   const int64_t ld = bf16_products ? BK : w->ld_ds;
@@ -1077,23 +1078,46 @@ static bwd_args make_args(const tg_attn_problem *pr, const tg_isa_ops *ops,
   return (bwd_args){.pr = *pr, .ops = ops, .plan = *plan};
 }
 
-/* The KV schedule on prepared args (inputs, outputs set); workspace: the
- * dQ partials, then dK parts, then dV parts (NULL: none of them). */
+/* The KV schedule's dQ partials, then dK parts, then dV parts, carved
+ * from workspace (NULL: none of them). */
+static void kv_partials(bwd_args *a, void *workspace) {
+  if (!workspace) return;
+  a->dQ_partial = workspace;
+  a->dK_partial = a->dQ_partial + (a->plan.n_ranges - 1) * a->plan.dq_elems;
+  a->dV_partial = a->dK_partial + (a->plan.n_qgroups - 1) * a->plan.dk_elems;
+}
+
+/* The KV schedule's first pass, and the scratch its items take. */
+static tg_grid kv_grid(const bwd_args *a) {
+  return (tg_grid){a->pr.H_kv * a->plan.n_qgroups, a->pr.B, a->plan.n_ranges, bwd_group_kv, a};
+}
+static size_t kv_scratch(const bwd_args *a) {
+  return bwd_scratch_bytes(&a->pr, &a->plan, a->plan.chunk_tiles, a->pr.compensated);
+}
+
+/* The second passes (no scratch), after the first: the dQ partials' sums
+ * with several key ranges, the dK, dV parts' with several query groups.
+ * Writes up to 2 grids into g; returns how many. */
+static int kv_sum_grids(const bwd_args *a, tg_grid g[2]) {
+  int n = 0;
+  if (a->plan.n_ranges > 1)
+    g[n++] = (tg_grid){a->plan.n_qtiles, a->pr.H, a->pr.B, bwd_group_sum_dq, a};
+  if (a->plan.n_qgroups > 1)
+    g[n++] = (tg_grid){a->plan.n_ktiles, a->pr.H_kv, a->pr.B, bwd_group_sum_dkv, a};
+  return n;
+}
+
+/* The KV schedule on prepared args (inputs, outputs set); workspace as
+ * kv_partials. */
 static tg_status run_kv(tg_ctx *ctx, bwd_args *a, void *workspace) {
-  const tg_attn_problem *pr = &a->pr;
-  if (workspace) {
-    a->dQ_partial = workspace;
-    a->dK_partial = a->dQ_partial + (a->plan.n_ranges - 1) * a->plan.dq_elems;
-    a->dV_partial = a->dK_partial + (a->plan.n_qgroups - 1) * a->plan.dk_elems;
-  }
-  tg_status st = tg_dispatch(ctx, pr->H_kv * a->plan.n_qgroups, pr->B, a->plan.n_ranges,
-                             bwd_scratch_bytes(pr, &a->plan, a->plan.chunk_tiles, pr->compensated),
-                             bwd_group_kv, a);
+  kv_partials(a, workspace);
+  const tg_grid first = kv_grid(a);
+  tg_status st = tg_dispatch(ctx, first.nx, first.ny, first.nz, kv_scratch(a), bwd_group_kv, a);
   /* The second passes need no scratch: they cannot fail once the first wrote. */
-  if (st == TG_OK && a->plan.n_ranges > 1)
-    st = tg_dispatch(ctx, a->plan.n_qtiles, pr->H, pr->B, 0, bwd_group_sum_dq, a);
-  if (st == TG_OK && a->plan.n_qgroups > 1)
-    st = tg_dispatch(ctx, a->plan.n_ktiles, pr->H_kv, pr->B, 0, bwd_group_sum_dkv, a);
+  tg_grid sums[2];
+  const int n = kv_sum_grids(a, sums);
+  for (int i = 0; i < n && st == TG_OK; i++)
+    st = tg_dispatch(ctx, sums[i].nx, sums[i].ny, sums[i].nz, 0, sums[i].fn, a);
   return st;
 }
 
@@ -1152,6 +1176,26 @@ static size_t carve_grad_sums(const tg_attn_bwd_plan *plan, void *base, bwd_args
   return dq + dk + dv;
 }
 
+/* The backward entry points' checks after tg_attn_prepare, and pr's
+ * compensated sums (f32 inputs) and dK, dV writes (the step). */
+static tg_status step_checks(tg_ctx *ctx, const char *fn, int step, tg_dtype dtype,
+                             tg_dtype grad, tg_attn_problem *pr) {
+  if (grad != TG_DTYPE_F32 && grad != TG_DTYPE_BF16)
+    return tg_fail(ctx, TG_ERR_BAD_PARAMS,
+                   "%s: grad_dtype %d is not a tg_dtype (TG_DTYPE_BF16 0, TG_DTYPE_F32 1)", fn,
+                   (int)grad);
+  /* The forward's options may carry TG_ATTN_OPT_O_F32: its O is then f32,
+   * which the step would read as bf16. */
+  if (step && pr->o_f32 && dtype == TG_DTYPE_BF16)
+    return tg_fail(ctx, TG_ERR_BAD_PARAMS,
+                   "%s: flags has TG_ATTN_OPT_O_F32, but the step reads O as dtype (bf16); "
+                   "round O to bf16, or call tg_attn_train_bwd_compute_d and "
+                   "tg_attn_train_bwd", fn);
+  pr->compensated = dtype == TG_DTYPE_F32;
+  pr->dkv_write |= step;
+  return TG_OK;
+}
+
 /* The entry points' shared body; fn names the public function in messages.
  * step (tg_attn_train_bwd_step): O given, D_vec computed into the
  * workspace, dK, dV written, gradients of type grad; otherwise D_vec
@@ -1171,19 +1215,7 @@ static tg_status train_bwd(tg_ctx *ctx, const char *fn, int step, tg_dtype dtype
   tg_attn_problem pr;
   tg_status st = tg_attn_prepare(ctx, fn, dtype, opt, p, mp, mask, causal, &pr);
   if (st != TG_OK) return st;
-  if (grad != TG_DTYPE_F32 && grad != TG_DTYPE_BF16)
-    return tg_fail(ctx, TG_ERR_BAD_PARAMS,
-                   "%s: grad_dtype %d is not a tg_dtype (TG_DTYPE_BF16 0, TG_DTYPE_F32 1)", fn,
-                   (int)grad);
-  /* The forward's options may carry TG_ATTN_OPT_O_F32: its O is then f32,
-   * which the step would read as bf16. */
-  if (step && pr.o_f32 && dtype == TG_DTYPE_BF16)
-    return tg_fail(ctx, TG_ERR_BAD_PARAMS,
-                   "%s: flags has TG_ATTN_OPT_O_F32, but the step reads O as dtype (bf16); "
-                   "round O to bf16, or call tg_attn_train_bwd_compute_d and "
-                   "tg_attn_train_bwd", fn);
-  pr.compensated = dtype == TG_DTYPE_F32;
-  pr.dkv_write |= step;
+  if ((st = step_checks(ctx, fn, step, dtype, grad, &pr)) != TG_OK) return st;
   float *d_sinks = opt ? opt->d_sinks : NULL;
   st = tg_attn_check_alias_bwd(ctx, fn, &pr, Q, K, V, L, dO, step ? O : NULL,
                                step ? NULL : D_vec, mask, dQ, dK, dV,
@@ -1253,6 +1285,148 @@ tg_status tg_flash_attn_train_bwd_bf16(tg_ctx *ctx, const tg_bf16 *Q, const tg_b
                                        const tg_bf16 *mask, int causal) {
   return train_bwd(ctx, "tg_flash_attn_train_bwd_bf16", 0, TG_DTYPE_BF16, TG_DTYPE_F32, Q, K, V,
                    L, dO, NULL, D_vec, dQ, dK, dV, p, mp, mask, causal, NULL);
+}
+
+/* --- varlen (include/tilegrad.h, "packed sequences") ------------------------
+ * Each document's KV schedule as its own problem's (its plan for its share
+ * of the CPUs, its slice of the workspace), all documents' first passes in
+ * one loop, then all their second passes in another. */
+static tg_status varlen_bwd(tg_ctx *ctx, const char *fn, int step, tg_dtype dtype,
+                            tg_dtype grad, const void *Q, const void *K, const void *V,
+                            const float *L, const void *dO, const void *O, const float *D_vec,
+                            void *dQ, void *dK, void *dV, const tg_attn_params *p,
+                            const tg_attn_varlen *docs, int causal,
+                            const tg_attn_options *opt) {
+  if (!ctx) return TG_ERR_NULL_ARG;
+  TG_ENTER(ctx);
+  const void *bufs[] = {Q, K, V, L, dO, step ? O : D_vec, dQ, dK, dV};
+  const char *names[] = {"Q", "K", "V", "L", "dO", step ? "O" : "D_vec", "dQ", "dK", "dV"};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+    if (!bufs[i]) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: %s is NULL", fn, names[i]);
+  tg_attn_problem pr;
+  tg_attn_docs dl;
+  tg_status st = tg_attn_varlen_prepare(ctx, fn, dtype, opt, p, docs, causal, &pr, &dl);
+  if (st != TG_OK) return st;
+  bwd_args *args = NULL;
+  tg_grid *grids = NULL;
+  float *d_sinks = opt ? opt->d_sinks : NULL;
+  const size_t ge = grad == TG_DTYPE_BF16 ? sizeof(tg_bf16) : sizeof(float);
+  if ((st = step_checks(ctx, fn, step, dtype, grad, &pr)) ||
+      (st = tg_attn_check_alias_bwd(ctx, fn, &pr, Q, K, V, L, dO, step ? O : NULL,
+                                    step ? NULL : D_vec, NULL, dQ, dK, dV, ge, d_sinks)))
+    goto done;
+  {
+    const tg_buf outs[] = {
+        tg_attn_buf("dQ", dQ, pr.dQs, 1, pr.H, pr.qL, pr.D, ge, 1),
+        tg_attn_buf("dK", dK, pr.dKs, 1, pr.H_kv, pr.kL, pr.D, ge, 1),
+        tg_attn_buf("dV", dV, pr.dVs, 1, pr.H_kv, pr.kL, pr.Dv, ge, 1),
+        tg_out("d_sinks", d_sinks, d_sinks ? (uint64_t)pr.H * sizeof(float) : 0)};
+    if ((st = tg_attn_varlen_check_alias(ctx, fn, docs, outs, TG_LEN(outs)))) goto done;
+  }
+  args = tg_mem_alloc(sizeof(bwd_args) * (size_t)dl.n, 64);
+  grids = tg_mem_alloc(sizeof(tg_grid) * 3 * (size_t)dl.n, 64);
+  if (!args || !grids) {
+    st = tg_fail(ctx, TG_ERR_NO_MEMORY, "%s: cannot allocate the plans of %lld documents", fn,
+                 (long long)dl.n);
+    goto done;
+  }
+  const int bf16_grads = grad == TG_DTYPE_BF16;
+  /* the plans, and the workspace: D_vec (step), then per document its
+   * bf16 gradients' f32 sums and its partials */
+  const size_t d_bytes = step ? tg_align64(sizeof(float) * (size_t)(pr.H * pr.qL)) : 0;
+  size_t ws_bytes = d_bytes;
+  int64_t n = 0;
+  for (int64_t i = 0; i < dl.n; i++) {
+    const tg_attn_doc *d = &dl.docs[i];
+    if (!d->qL || !d->kL) continue;
+    const tg_attn_problem dp = tg_attn_doc_problem(&pr, d);
+    const tg_attn_bwd_plan plan = tg_attn_bwd_plan_make(&dp, ctx->ops, d->cpus);
+    bwd_args *a = &args[n++];
+    *a = make_args(&dp, ctx->ops, &plan);
+    const size_t own = (bf16_grads ? carve_grad_sums(&plan, NULL, a) : 0) +
+                       tg_align64(tg_attn_bwd_workspace_bytes(&plan));
+    if (ws_bytes > SIZE_MAX - own) {
+      st = tg_fail(ctx, TG_ERR_OVERFLOW, "%s: the workspace size overflows", fn);
+      goto done;
+    }
+    ws_bytes += own;
+  }
+  char *ws = NULL;
+  if (ws_bytes > 0 && (st = tg_workspace(ctx, ws_bytes, (void **)&ws)) != TG_OK) goto done;
+  if (step) {
+    D_vec = (float *)(void *)ws;
+    if ((st = compute_d_rows(ctx, dtype, O, dO, &pr, (float *)(void *)ws)) != TG_OK) goto done;
+  }
+  /* the documents' args, in the order of args (their docs' order) */
+  size_t at = d_bytes, scratch = 0;
+  for (int64_t i = 0, j = 0; i < dl.n; i++) {
+    const tg_attn_doc *d = &dl.docs[i];
+    if (!d->qL || !d->kL) continue;
+    bwd_args *a = &args[j];
+    a->Q = tg_attn_at(pr.in, Q, d->q0 * pr.Qs[2]);
+    a->K = tg_attn_at(pr.in, K, d->k0 * pr.Ks[2]);
+    a->V = tg_attn_at(pr.in, V, d->k0 * pr.Vs[2]);
+    a->dO = tg_attn_at(pr.in, dO, d->q0 * pr.Os[2]);
+    a->L = L + d->q0, a->D_vec = D_vec + d->q0;
+    const int64_t q = d->q0 * pr.dQs[2], k = d->k0 * pr.dKs[2], v = d->k0 * pr.dVs[2];
+    if (bf16_grads) {
+      a->dQ16 = (uint16_t *)dQ + q, a->dK16 = (uint16_t *)dK + k, a->dV16 = (uint16_t *)dV + v;
+      at += carve_grad_sums(&a->plan, ws + at, a);
+    } else {
+      a->dQ = (float *)dQ + q, a->dK = (float *)dK + k, a->dV = (float *)dV + v;
+    }
+    const size_t partials = tg_attn_bwd_workspace_bytes(&a->plan);
+    kv_partials(a, partials ? ws + at : NULL);
+    at += tg_align64(partials);
+    grids[j] = kv_grid(a);
+    const size_t b = kv_scratch(a);
+    scratch = b > scratch ? b : scratch;
+    j++;
+  }
+  if ((st = tg_dispatch_grids(ctx, grids, n, scratch)) != TG_OK) goto done;
+  /* the second passes need no scratch: they cannot fail once the first wrote */
+  int64_t m = 0;
+  for (int64_t j = 0; j < n; j++) m += kv_sum_grids(&args[j], grids + m);
+  if ((st = tg_dispatch_grids(ctx, grids, m, 0)) != TG_OK) goto done;
+  /* documents with queries and no keys: dQ rows 0; with keys and no
+   * queries: dK, dV rows 0 where they are written */
+  for (int64_t i = 0; i < dl.n; i++) {
+    const tg_attn_doc *d = &dl.docs[i];
+    if (d->qL && !d->kL)
+      memset((char *)dQ + (size_t)(d->q0 * pr.dQs[2]) * ge, 0, (size_t)(d->qL * pr.dQs[2]) * ge);
+    if (!d->qL && d->kL && pr.dkv_write) {
+      memset((char *)dK + (size_t)(d->k0 * pr.dKs[2]) * ge, 0, (size_t)(d->kL * pr.dKs[2]) * ge);
+      memset((char *)dV + (size_t)(d->k0 * pr.dVs[2]) * ge, 0, (size_t)(d->kL * pr.dVs[2]) * ge);
+    }
+  }
+  if (d_sinks) { /* L, D_vec [H, total_q]: the dense pass over B = 1 */
+    const sinks_grad_args sa = {pr.sinks, L, D_vec, d_sinks, 1, pr.H, pr.qL};
+    st = tg_dispatch(ctx, pr.H, 1, 1, 0, sinks_grad_group, &sa);
+  }
+done:
+  tg_mem_free(args);
+  tg_mem_free(grids);
+  tg_attn_docs_free(&dl);
+  return st;
+}
+
+tg_status tg_attn_varlen_bwd(tg_ctx *ctx, tg_dtype dtype, const void *Q, const void *K,
+                             const void *V, const float *L, const void *dO,
+                             const float *D_vec, float *dQ, float *dK, float *dV,
+                             const tg_attn_params *p, const tg_attn_varlen *docs,
+                             int causal, const tg_attn_options *opt) {
+  return varlen_bwd(ctx, "tg_attn_varlen_bwd", 0, dtype, TG_DTYPE_F32, Q, K, V, L, dO, NULL,
+                    D_vec, dQ, dK, dV, p, docs, causal, opt);
+}
+
+tg_status tg_attn_varlen_bwd_step(tg_ctx *ctx, tg_dtype dtype, tg_dtype grad_dtype,
+                                  const void *Q, const void *K, const void *V, const void *O,
+                                  const float *L, const void *dO, void *dQ, void *dK,
+                                  void *dV, const tg_attn_params *p,
+                                  const tg_attn_varlen *docs, int causal,
+                                  const tg_attn_options *opt) {
+  return varlen_bwd(ctx, "tg_attn_varlen_bwd_step", 1, dtype, grad_dtype, Q, K, V, L, dO, O,
+                    NULL, dQ, dK, dV, p, docs, causal, opt);
 }
 
 /* --- 1. pre-pass: D[b,h,i] = sum_d O[b,h,i,d] * dO[b,h,i,d] ----------------

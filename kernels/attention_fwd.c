@@ -198,7 +198,7 @@ static void fwd_finish(const fwd_args *a, const fwd_qtile *t, int64_t b, float *
   const int64_t Dv = pr->Dv;
   const float keep_scale = pr->drop.threshold ? pr->drop.scale : 1.0f;
   const float sink = pr->sinks ? pr->sinks[h] : -INFINITY; /* -inf: no sink */
-  const int64_t row0 = (b * pr->H + h) * pr->qL + t->q0;
+  const int64_t row0 = b * pr->Ls[0] + h * pr->Ls[1] + t->q0; /* of L (and delta) */
   const void *dOh = a->dO ? tg_attn_at(pr->in, a->dO, tg_attn_offset(pr->Os, b, h, 0)) : NULL;
   for (int64_t i = 0; i < t->nq; i++) {
     float l = t->l[i], m = t->m[i];
@@ -376,19 +376,33 @@ static int64_t fwd_key_tile(const tg_attn_problem *pr, const tg_isa_ops *ops) {
   return bk * (fit < 1 ? 1 : fit > TG_ATTN_FWD_KEY_TILES ? TG_ATTN_FWD_KEY_TILES : fit);
 }
 
-tg_status tg_attn_forward(tg_ctx *ctx, const tg_attn_problem *pr, const void *Q,
-                          const void *K, const void *V, const void *mask, void *O, float *L,
-                          const void *dO, float *delta) {
-  fwd_args a = {.pr = *pr, .Q = Q, .K = K, .V = V, .dO = dO, .mask = mask, .O = O, .L = L,
-                .delta = delta, .ops = ctx->ops, .BQ = fwd_q_tile(pr, ctx->ops),
+/* The forward's args for pr on a team of `threads` (the q units per item
+ * follow it; the bits do not). */
+static fwd_args fwd_make(const tg_ctx *ctx, const tg_attn_problem *pr, int threads) {
+  fwd_args a = {.pr = *pr, .ops = ctx->ops, .BQ = fwd_q_tile(pr, ctx->ops),
                 .BK = fwd_key_tile(pr, ctx->ops), .bf16_dot = tg_attn_bf16_dot(pr, ctx->ops),
                 .products = tg_attn_products_of(pr, ctx->ops, TG_ATTN_PASS_FWD)};
   a.n_qtiles = (pr->qL + a.BQ - 1) / a.BQ;
-  a.FQ = fwd_q_tiles(pr, ctx->ops, a.BQ, a.n_qtiles, tg_threads(ctx));
-  return tg_dispatch(ctx, (pr->gqa * a.n_qtiles + a.FQ - 1) / a.FQ, pr->H_kv, pr->B,
-                     fwd_scratch_bytes(pr->D, pr->Dv, a.BQ, a.BK, a.FQ,
-                                       tg_attn_part_buffers(pr, a.products)),
-                     fwd_group, &a);
+  a.FQ = fwd_q_tiles(pr, ctx->ops, a.BQ, a.n_qtiles, threads);
+  return a;
+}
+
+static tg_grid fwd_grid(const fwd_args *a) {
+  return (tg_grid){(a->pr.gqa * a->n_qtiles + a->FQ - 1) / a->FQ, a->pr.H_kv, a->pr.B, fwd_group, a};
+}
+
+static size_t fwd_args_scratch(const fwd_args *a) {
+  return fwd_scratch_bytes(a->pr.D, a->pr.Dv, a->BQ, a->BK, a->FQ,
+                           tg_attn_part_buffers(&a->pr, a->products));
+}
+
+tg_status tg_attn_forward(tg_ctx *ctx, const tg_attn_problem *pr, const void *Q,
+                          const void *K, const void *V, const void *mask, void *O, float *L,
+                          const void *dO, float *delta) {
+  fwd_args a = fwd_make(ctx, pr, tg_threads(ctx));
+  a.Q = Q, a.K = K, a.V = V, a.dO = dO, a.mask = mask, a.O = O, a.L = L, a.delta = delta;
+  const tg_grid g = fwd_grid(&a);
+  return tg_dispatch(ctx, g.nx, g.ny, g.nz, fwd_args_scratch(&a), fwd_group, &a);
 }
 
 /* The entry points' shared body; fn names the public function in messages. */
@@ -424,4 +438,70 @@ tg_status tg_flash_attn_train_fwd_bf16(tg_ctx *ctx, const tg_bf16 *Q, const tg_b
                                        int causal) {
   return train_fwd(ctx, "tg_flash_attn_train_fwd_bf16", TG_DTYPE_BF16, Q, K, V, O, L, p, mp,
                    mask, causal, NULL);
+}
+
+/* --- varlen (include/tilegrad.h, "packed sequences") ------------------------ */
+tg_status tg_attn_varlen_fwd(tg_ctx *ctx, tg_dtype dtype, const void *Q, const void *K,
+                             const void *V, void *O, float *L, const tg_attn_params *p,
+                             const tg_attn_varlen *docs, int causal,
+                             const tg_attn_options *opt) {
+  static const char fn[] = "tg_attn_varlen_fwd";
+  if (!ctx) return TG_ERR_NULL_ARG;
+  TG_ENTER(ctx);
+  const void *bufs[] = {Q, K, V, O, L};
+  const char *names[] = {"Q", "K", "V", "O", "L"};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+    if (!bufs[i]) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: %s is NULL", fn, names[i]);
+  tg_attn_problem pr;
+  tg_attn_docs dl;
+  tg_status st = tg_attn_varlen_prepare(ctx, fn, dtype, opt, p, docs, causal, &pr, &dl);
+  if (st != TG_OK) return st;
+  const size_t oe = pr.o_f32 || pr.in == TG_DTYPE_F32 ? sizeof(float) : sizeof(tg_bf16);
+  const tg_buf outs[] = {tg_attn_buf("O", O, pr.Os, 1, pr.H, pr.qL, pr.Dv, oe, 1),
+                         tg_out("L", L, (uint64_t)(pr.H * pr.qL) * sizeof(float))};
+  if ((st = tg_attn_check_alias_fwd(ctx, fn, &pr, Q, K, V, NULL, O, L)) ||
+      (st = tg_attn_varlen_check_alias(ctx, fn, docs, outs, TG_LEN(outs)))) {
+    tg_attn_docs_free(&dl);
+    return st;
+  }
+  fwd_args *args = tg_mem_alloc(sizeof(fwd_args) * (size_t)dl.n, 64);
+  tg_grid *grids = tg_mem_alloc(sizeof(tg_grid) * (size_t)dl.n, 64);
+  if (!args || !grids) {
+    st = tg_fail(ctx, TG_ERR_NO_MEMORY, "%s: cannot allocate the plans of %lld documents", fn,
+                 (long long)dl.n);
+    goto done;
+  }
+  int64_t n = 0;
+  size_t scratch = 0;
+  for (int64_t i = 0; i < dl.n; i++) {
+    const tg_attn_doc *d = &dl.docs[i];
+    if (!d->qL || !d->kL) continue;
+    const tg_attn_problem dp = tg_attn_doc_problem(&pr, d);
+    fwd_args *a = &args[n];
+    *a = fwd_make(ctx, &dp, d->cpus);
+    a->Q = tg_attn_at(pr.in, Q, d->q0 * pr.Qs[2]);
+    a->K = tg_attn_at(pr.in, K, d->k0 * pr.Ks[2]);
+    a->V = tg_attn_at(pr.in, V, d->k0 * pr.Vs[2]);
+    a->O = (char *)O + (size_t)(d->q0 * pr.Os[2]) * oe;
+    a->L = L + d->q0;
+    grids[n++] = fwd_grid(a);
+    const size_t b = fwd_args_scratch(a);
+    scratch = b > scratch ? b : scratch;
+  }
+  if ((st = tg_dispatch_grids(ctx, grids, n, scratch)) != TG_OK) goto done;
+  /* documents with queries and no keys: O rows 0, L the sink or -inf */
+  for (int64_t i = 0; i < dl.n; i++) {
+    const tg_attn_doc *d = &dl.docs[i];
+    if (!d->qL || d->kL) continue;
+    for (int64_t h = 0; h < pr.H; h++)
+      for (int64_t r = d->q0; r < d->q0 + d->qL; r++) {
+        memset((char *)O + (size_t)tg_attn_offset(pr.Os, 0, h, r) * oe, 0, (size_t)pr.Dv * oe);
+        L[h * pr.qL + r] = pr.sinks ? pr.sinks[h] : -INFINITY;
+      }
+  }
+done:
+  tg_mem_free(args);
+  tg_mem_free(grids);
+  tg_attn_docs_free(&dl);
+  return st;
 }

@@ -150,6 +150,7 @@ tg_status tg_attn_validate(tg_ctx *ctx, const char *fn, const tg_attn_params *p,
   set_contiguous(out->dQs, H, qL, D);
   set_contiguous(out->dKs, H_kv, kL, D);
   set_contiguous(out->dVs, H_kv, kL, Dv);
+  out->Ls[0] = H * qL, out->Ls[1] = qL;
   return TG_OK;
 }
 

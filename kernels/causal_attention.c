@@ -90,7 +90,8 @@ tg_status tg_causal_attention_backward(tg_ctx *ctx, const float *grad_out, const
       .qL_off = 0, .scale = (float)(1.0 / sqrt((double)D)), .softcap = 0.0f,
       .Qs = q_strides, .Ks = kv_strides, .Vs = kv_strides, .Os = q_strides, .Ms = NULL,
       .causal = 1, .in = TG_DTYPE_F32,
-      .dQs = {0, D, H * D}, .dKs = {0, D, H_kv * D}, .dVs = {0, D, H_kv * D}};
+      .dQs = {0, D, H * D}, .dKs = {0, D, H_kv * D}, .dVs = {0, D, H_kv * D},
+      .Ls = {H * S, S}};
 
   /* Workspace: L, delta, then the backward's dQ partials. Both terms are
    * below 2^63 bytes (the checks above, and the partials' 1 GiB cap). */
