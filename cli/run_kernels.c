@@ -185,6 +185,55 @@ static tg_status run_flash_attn_train_fwd_bf16(run_call *c) {
                            B(c, "L"), &p, mask ? &mp : NULL, mask, (int)PI(c, "causal"), &opt);
 }
 
+/* varlen attention: packed [total, heads, D] tensors from the bound sizes
+ * (qL, kL: the totals), the documents from cu_seqlens_q/k (N1 = documents
+ * + 1), and the score params and variants as the dense kernels take them. */
+static tg_status varlen_from(run_call *c, tg_attn_params *p, tg_attn_options *opt,
+                             tg_attn_varlen *docs) {
+  const double scale = given(c, "scale") ? PF(c, "scale") : 1.0 / sqrt((double)S(c, "D"));
+  const int64_t H = S(c, "H"), H_kv = S(c, "H_kv"), D = S(c, "D"), dv = S(c, "Dv");
+  const tg_status s = tg_attn_params_init(p, 1, (int)H, (int)H_kv, (int)S(c, "qL"),
+                                          (int)S(c, "kL"), (int)D, (float)scale);
+  if (s != TG_OK)
+    return run_refuse(c, "tg_attn_params_init refused H=%lld H_kv=%lld D=%lld: %s (H must be "
+                         "a multiple of H_kv)",
+                      (long long)H, (long long)H_kv, (long long)D, tg_status_str(s));
+  p->softcapping = (float)PF(c, "softcapping");
+  const int64_t q[3] = {0, D, H * D}, k[3] = {0, D, H_kv * D}, v[3] = {0, dv, H_kv * dv},
+                o[3] = {0, dv, H * dv};
+  memcpy(p->Q_strides, q, sizeof q), memcpy(p->K_strides, k, sizeof k);
+  memcpy(p->V_strides, v, sizeof v), memcpy(p->O_strides, o, sizeof o);
+  memset(opt, 0, sizeof *opt);
+  opt->window = (uint32_t)PI(c, "window");
+  opt->v_head_dim = dv != D ? (uint32_t)dv : 0;
+  opt->sinks = B(c, "sinks");
+  const int ds = run_buf_index(c->k, "d_sinks");
+  if (ds >= 0 && c->bufs[ds].out_path) opt->d_sinks = c->bufs[ds].arr.data;
+  *docs = (tg_attn_varlen){B(c, "cu_seqlens_q"), B(c, "cu_seqlens_k"), (int32_t)(S(c, "N1") - 1), 0};
+  return TG_OK;
+}
+
+static tg_status run_attn_varlen_fwd(run_call *c) {
+  tg_attn_params p;
+  tg_attn_options opt;
+  tg_attn_varlen docs;
+  const tg_status s = varlen_from(c, &p, &opt, &docs);
+  if (s != TG_OK) return s;
+  return tg_attn_varlen_fwd(c->ctx, TG_DTYPE_BF16, B(c, "Q"), B(c, "K"), B(c, "V"), B(c, "O"),
+                            B(c, "L"), &p, &docs, (int)PI(c, "causal"), &opt);
+}
+
+static tg_status run_attn_varlen_bwd_step(run_call *c) {
+  tg_attn_params p;
+  tg_attn_options opt;
+  tg_attn_varlen docs;
+  const tg_status s = varlen_from(c, &p, &opt, &docs);
+  if (s != TG_OK) return s;
+  return tg_attn_varlen_bwd_step(c->ctx, TG_DTYPE_BF16, TG_DTYPE_F32, B(c, "Q"), B(c, "K"),
+                                 B(c, "V"), B(c, "O"), B(c, "L"), B(c, "dO"), B(c, "dQ"),
+                                 B(c, "dK"), B(c, "dV"), &p, &docs, (int)PI(c, "causal"), &opt);
+}
+
 /* RMSNorm forward (r_out always produced here) */
 static tg_status run_rms_norm_forward_f32(run_call *c) {
   return tg_rms_norm_forward_f32(c->ctx, B(c, "x"), B(c, "w"), B(c, "y"), B(c, "r_out"),
@@ -351,6 +400,20 @@ static tg_status run_fwht_sign_undo_f32(run_call *c) {
     "--v-head-dim Dv: columns of V, O, dO, dV (multiple of 8, <= 512; 0 = D)"},        \
    END_PARAMS}
 
+#define VARLEN_BUFS                                                                  \
+  {"cu_seqlens_q", ROLE_IN, BT_IDS, "N1",                                            \
+   "int32 [documents + 1]: 0, ..., total_q; document d's queries are rows "          \
+   "[cu[d], cu[d+1])"},                                                              \
+      {"cu_seqlens_k", ROLE_IN, BT_IDS, "N1", "int32 [documents + 1]: 0, ..., total_k"}
+#define VARLEN_PARAMS                                                                  \
+  {{"causal", P_BOOL, "0", "1: causal within each document, bottom-right aligned"},    \
+   {"scale", P_FLOAT, "", "score scale (default 1/sqrt(D))"},                          \
+   {"softcapping", P_FLOAT, "1.0", "tanh softcap c (1.0 = off)"},                      \
+   {"window", P_U32, "0", "--window W: within each document, as the dense kernels'"},  \
+   {"v_head_dim", P_U32, "0",                                                          \
+    "--v-head-dim Dv: columns of V, O, dO, dV (multiple of 8, <= 512; 0 = D)"},        \
+   END_PARAMS}
+
 static const kernel_spec kernel_table[] = {
     {"flash_attn_train_bwd_compute_d_bf16",
      "FA-2 backward pre-pass: D_out[b,h,i] = sum_d O[b,h,i,d]*dO[b,h,i,d]",
@@ -393,6 +456,37 @@ static const kernel_spec kernel_table[] = {
       END_BUFS},
      ATTN_SCORE_PARAMS,
      run_flash_attn_train_fwd_bf16, attn_check},
+
+    {"attn_varlen_fwd",
+     "packed documents' FA-2 forward (bf16): each document's queries see its own keys",
+     {{"Q", ROLE_IN, BT_BF16, "qL,H,D", "[total_q, H, D]: the documents one after another"},
+      {"K", ROLE_IN, BT_BF16, "kL,H_kv,D", NULL},
+      {"V", ROLE_IN, BT_BF16, "kL,H_kv,Dv", "Dv = D unless --v-head-dim"},
+      {"O", ROLE_OUT, BT_BF16, "qL,H,Dv", "written as '<u2' bf16 bits"},
+      {"L", ROLE_OUT, BT_F32, "H,qL", "natural-log logsumexp, [H, total_q]"},
+      VARLEN_BUFS,
+      ATTN_SINKS_BUF,
+      END_BUFS},
+     VARLEN_PARAMS,
+     run_attn_varlen_fwd, attn_check},
+
+    {"attn_varlen_bwd_step",
+     "packed documents' FA-2 backward step: dQ, dK, dV (f32) from O, L, dO",
+     {{"Q", ROLE_IN, BT_BF16, "qL,H,D", NULL},
+      {"K", ROLE_IN, BT_BF16, "kL,H_kv,D", NULL},
+      {"V", ROLE_IN, BT_BF16, "kL,H_kv,Dv", NULL},
+      {"O", ROLE_IN, BT_BF16, "qL,H,Dv", "from attn_varlen_fwd"},
+      {"L", ROLE_IN, BT_F32, "H,qL", "from attn_varlen_fwd"},
+      {"dO", ROLE_IN, BT_BF16, "qL,H,Dv", NULL},
+      {"dQ", ROLE_OUT, BT_F32, "qL,H,D", NULL},
+      {"dK", ROLE_OUT, BT_F32, "kL,H_kv,D", NULL},
+      {"dV", ROLE_OUT, BT_F32, "kL,H_kv,Dv", NULL},
+      VARLEN_BUFS,
+      ATTN_SINKS_BUF,
+      {"d_sinks", ROLE_ACC, BT_F32, "H", "needs --sinks"},
+      END_BUFS},
+     VARLEN_PARAMS,
+     run_attn_varlen_bwd_step, attn_check},
 
     {"rms_norm_forward_f32",
      "y[b,k] = x[b,k]*r[b]*w[k], r_out[b] = 1/sqrt(mean_j x[b,j]^2 + eps)",

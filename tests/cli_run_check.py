@@ -710,6 +710,50 @@ def write_raw_npy(path, header, payload):
         f.write(b"\x93NUMPY\x01\x00" + len(h).to_bytes(2, "little") + h + payload)
 
 
+def test_varlen(rng):
+    """attn_varlen_fwd / _bwd_step on packed [total, heads, D] documents: each
+    document's O, L bitwise the dense forward's on its rows; the gradients
+    against the f64 reference per document; bad offsets refused."""
+    H, H_kv, D = 4, 2, 32
+    lens = [7, 0, 1, 33]
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    T = int(cu[-1])
+    Q, K, V, dO = (rand_bf16(rng, (T, h, D)) for h in (H, H_kv, H_kv, H))
+    ins = {"Q": Q, "K": K, "V": V, "cu_seqlens_q": cu, "cu_seqlens_k": cu}
+    fwd, _ = run("attn_varlen_fwd", ins, ["O", "L"], {"causal": 1}, what="varlen_fwd")
+    if not fwd:
+        return
+    bwd, _ = run("attn_varlen_bwd_step", dict(ins, O=fwd["O"], L=fwd["L"], dO=dO),
+                 ["dQ", "dK", "dV"], {"causal": 1}, what="varlen_bwd")
+    if not bwd:
+        return
+    scale = 1.0 / np.sqrt(D)
+    for d, n in enumerate(lens):
+        if n == 0:
+            continue
+        rows = slice(int(cu[d]), int(cu[d + 1]))
+        head_major = [np.ascontiguousarray(a[rows].transpose(1, 0, 2)[None]) for a in (Q, K, V, dO)]
+        q, k, v, do = head_major
+        dense, _ = run("flash_attn_train_fwd_bf16", {"Q": q, "K": k, "V": v}, ["O", "L"],
+                       {"causal": 1}, what=f"varlen_dense{d}")
+        if dense:
+            check_exact(f"varlen doc {d} O", np.ascontiguousarray(
+                fwd["O"][rows].transpose(1, 0, 2)[None]), dense["O"])
+            check_exact(f"varlen doc {d} L", np.ascontiguousarray(fwd["L"][:, rows][None]),
+                        dense["L"])
+        L, Dvec, _ = forward_lse_and_D(q, k, v, do, scale, True, 0, None, 1.0)
+        refs = attention_reference(q, k, v, do, Dvec, L, scale, True, 0, None, 1.0)
+        for name, (ref, mag) in zip(("dQ", "dK", "dV"), refs):
+            got = np.ascontiguousarray(bwd[name][rows].transpose(1, 0, 2)[None])
+            check(f"varlen doc {d} {name}", got, ref, mag)
+    bad = cu.copy()
+    bad[2] = bad[1] - 1 if bad[1] > 0 else 5
+    _, err = run("attn_varlen_fwd", dict(ins, cu_seqlens_q=bad), ["O", "L"], {"causal": 1},
+                 expect_rc=1, what="varlen_bad")
+    if "must not decrease" not in err:
+        fail(f"varlen with decreasing offsets: {err.strip()}")
+
+
 def test_isa_help(rng):
     """Every --isa help names every table of the public tg_isa enum and says
     which this build has and which this CPU runs (cli/isa_names.c)."""
@@ -805,7 +849,8 @@ def main():
         tests = [test_cast, test_compute_d, test_attention, test_attention_pipeline, test_forward,
                  test_variant_forward, test_variant_pipeline, test_variant_errors,
                  test_rmsnorm, test_softmax_backward, test_embedding, test_cross_entropy,
-                 test_transpose, test_causal_attention, test_decode, test_errors, test_isa_help]
+                 test_transpose, test_causal_attention, test_decode, test_varlen, test_errors,
+                 test_isa_help]
         for t in tests:
             try:
                 t(rng)
