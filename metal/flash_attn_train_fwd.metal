@@ -3,7 +3,8 @@
 //
 // Host names: flash_attn_train_fwd_bf16_d64, flash_attn_train_fwd_bf16_d256
 // (head dim D = value head dim Dv), flash_attn_train_fwd_bf16_d192_dv128
-// (D = 192, Dv = 128: MLA).
+// (D = 192, Dv = 128: MLA); attn_varlen_fwd_bf16_d64, _d256: packed
+// documents (tg_attn_varlen_fwd; at the end of this file).
 // S is exactly the backward's (flash_attn_train_bwd.metal, tilegrad's
 // kernels/attention.h): scale, softcapping, causal with qL_off, sliding
 // window, additive mask. With a sink s_h per query head,
@@ -94,7 +95,7 @@ constant constexpr int N_THREADS = N_SG * 32;
 
 // Keys k <= lo_key are outside the window: lo_key = i + qL_off - W (64-bit,
 // so any W fits), -1 without a window.
-static inline float attn_score(float qk, const constant AttnParams &p, int i, int k, long lo_key,
+static inline float attn_score(float qk, const thread AttnParams &p, int i, int k, long lo_key,
                                bool masked, float m) {
   float s = p.scale * qk;
   if (p.softcapping != 1.0f) s = p.softcapping * precise::tanh(s / p.softcapping);
@@ -110,7 +111,7 @@ static inline float attn_score(float qk, const constant AttnParams &p, int i, in
 template <int BD, int BDV>
 static inline void attn_fwd_body(
     const device ushort *Q, const device ushort *K, const device ushort *V,
-    device ushort *O, device float *L, const constant AttnParams &p,
+    device ushort *O, device float *L, const thread AttnParams &p, long L_batch, long L_head,
     const constant AttnMaskParams *mp, const device ushort *mask,
     const constant AttnVariantParams *vp, const device float *sinks, uint3 tgid, uint tid,
     uint lane, uint sg, threadgroup ushort *K_s, threadgroup ushort *V_s) {
@@ -127,7 +128,7 @@ static inline void attn_fwd_body(
     for (int e = int(tid); e < nq * int(dv); e += N_THREADS) {
       const int i = q0 + e / int(dv), d = e % int(dv);
       O[b * p.O_strides[0] + h * p.O_strides[1] + i * p.O_strides[2] + d] = ushort(0x7FC0);
-      if (d == 0) L[((ulong)b * p.H + h) * p.qL + i] = NAN;
+      if (d == 0) L[b * L_batch + h * L_head + i] = NAN;
     }
     return;  // uniform for the threadgroup
   }
@@ -220,7 +221,7 @@ static inline void attn_fwd_body(
     device ushort *Orow = O + b * p.O_strides[0] + h * p.O_strides[1] + i * p.O_strides[2];
     for (int j = 0; j < DPLV; j++) Orow[int(lane) + 32 * j] = float_to_bf16(o[r][j] * inv);
     if (lane == 0)
-      L[((ulong)b * p.H + h) * p.qL + i] = bad_sink ? NAN : (l > 0.0f ? m + log(l) : -INFINITY);
+      L[b * L_batch + h * L_head + i] = bad_sink ? NAN : (l > 0.0f ? m + log(l) : -INFINITY);
   }
 }
 
@@ -242,10 +243,66 @@ static inline void attn_fwd_body(
       uint  sg   [[simdgroup_index_in_threadgroup]]) {                                     \
     threadgroup ushort K_s[BK * BD];                                                       \
     threadgroup ushort V_s[BK * BDV];                                                      \
-    attn_fwd_body<BD, BDV>(Q, K, V, O, L, *params, mp, mask, vp, sinks, tgid, tid, lane,  \
-                           sg, K_s, V_s);                                                  \
+    const AttnParams p = *params;                                                          \
+    attn_fwd_body<BD, BDV>(Q, K, V, O, L, p, long(p.H) * p.qL, long(p.qL), mp, mask, vp,  \
+                           sinks, tgid, tid, lane, sg, K_s, V_s);                          \
+  }
+
+// Packed documents (tilegrad's tg_attn_varlen_fwd): Q [total_q, H, D], K, V
+// [total_k, H_kv, D | Dv] through the params' strides (B = 1, qL = total_q,
+// kL = total_k), cu_seqlens_q(15), cu_seqlens_k(16) int32 [documents + 1];
+// O through O_strides, L [H, total_q]. Document d = tgid.z is the problem
+// of B = 1, qL = len_q, kL = len_k, qL_off = len_k - len_q (bottom-right
+// causal), its tensors from its rows; a tile past its queries returns.
+// Grid: (ceil(max len_q / 32), H, documents); align_Q, align_K and
+// has_mask false. A document with no keys gets O rows 0, L the sink or -inf.
+#define TG_ATTN_VARLEN_FWD_KERNEL(NAME, BD, BDV)                                           \
+  kernel void NAME(                                                                        \
+      const device ushort *Q             [[buffer(0)]],                                    \
+      const device ushort *K             [[buffer(1)]],                                    \
+      const device ushort *V             [[buffer(2)]],                                    \
+      device ushort       *O             [[buffer(3)]],                                    \
+      device float        *L             [[buffer(4)]],                                    \
+      const constant AttnParams *params  [[buffer(10)]],                                   \
+      const constant AttnVariantParams *vp [[buffer(13), function_constant(has_variant_params)]], \
+      const device float  *sinks         [[buffer(14), function_constant(has_sinks)]],     \
+      const device int    *cu_q          [[buffer(15)]],                                   \
+      const device int    *cu_k          [[buffer(16)]],                                   \
+      uint3 tgid [[threadgroup_position_in_grid]],                                         \
+      uint  tid  [[thread_index_in_threadgroup]],                                          \
+      uint  lane [[thread_index_in_simdgroup]],                                            \
+      uint  sg   [[simdgroup_index_in_threadgroup]]) {                                     \
+    threadgroup ushort K_s[BK * BD];                                                       \
+    threadgroup ushort V_s[BK * BDV];                                                      \
+    const int doc = int(tgid.z), q0 = cu_q[doc], k0 = cu_k[doc];                           \
+    const int lq = cu_q[doc + 1] - q0, lk = cu_k[doc + 1] - k0;                             \
+    if (int(tgid.x) * BQ >= lq) return; /* uniform: past this document's queries */       \
+    AttnParams p = *params;                                                                \
+    const long L_head = long(p.qL); /* L [H, total_q] */                                   \
+    device ushort *Od = O + q0 * p.O_strides[2];                                           \
+    device float *Ld = L + q0;                                                             \
+    if (lk == 0) { /* no keys: O 0, L the sink or -inf */                                  \
+      const int h = int(tgid.y), r0 = int(tgid.x) * BQ, n = min(BQ, lq - r0);              \
+      const uint dv = has_variant_params && vp->v_head_dim != 0u ? vp->v_head_dim : uint(p.D); \
+      for (int e = int(tid); e < n * int(dv); e += N_THREADS) {                            \
+        const int i = r0 + e / int(dv), d = e % int(dv);                                   \
+        Od[h * p.O_strides[1] + i * p.O_strides[2] + d] = ushort(0);                       \
+        if (d == 0) Ld[h * L_head + i] = has_sinks ? sinks[h] : -INFINITY;                 \
+      }                                                                                    \
+      return;                                                                              \
+    }                                                                                      \
+    p.B = 1, p.qL = lq, p.kL = lk, p.qL_off = lk - lq;                                     \
+    p.NQ = (lq + BQ - 1) / BQ, p.NK = (lk + BK - 1) / BK;                                  \
+    p.NQ_aligned = lq / BQ, p.NK_aligned = lk / BK, p.qL_rem = lq % BQ, p.kL_rem = lk % BK; \
+    uint3 doc_tg = tgid; /* the document's grid: batch 0 */                             \
+    doc_tg.z = 0;                                                                          \
+    attn_fwd_body<BD, BDV>(Q + q0 * p.Q_strides[2], K + k0 * p.K_strides[2],              \
+                           V + k0 * p.V_strides[2], Od, Ld, p, 0, L_head, nullptr, nullptr, \
+                           vp, sinks, doc_tg, tid, lane, sg, K_s, V_s);                    \
   }
 
 TG_ATTN_FWD_KERNEL(flash_attn_train_fwd_bf16_d64, 64, 64)
 TG_ATTN_FWD_KERNEL(flash_attn_train_fwd_bf16_d256, 256, 256)
 TG_ATTN_FWD_KERNEL(flash_attn_train_fwd_bf16_d192_dv128, 192, 128)
+TG_ATTN_VARLEN_FWD_KERNEL(attn_varlen_fwd_bf16_d64, 64, 64)
+TG_ATTN_VARLEN_FWD_KERNEL(attn_varlen_fwd_bf16_d256, 256, 256)
