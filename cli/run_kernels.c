@@ -209,7 +209,8 @@ static tg_status varlen_from(run_call *c, tg_attn_params *p, tg_attn_options *op
   opt->sinks = B(c, "sinks");
   const int ds = run_buf_index(c->k, "d_sinks");
   if (ds >= 0 && c->bufs[ds].out_path) opt->d_sinks = c->bufs[ds].arr.data;
-  *docs = (tg_attn_varlen){B(c, "cu_seqlens_q"), B(c, "cu_seqlens_k"), (int32_t)(S(c, "N1") - 1), 0};
+  *docs = (tg_attn_varlen){B(c, "cu_seqlens_q"), B(c, "cu_seqlens_k"), (int32_t)(S(c, "N1") - 1),
+                           0, NULL};
   return TG_OK;
 }
 

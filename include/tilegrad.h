@@ -428,7 +428,7 @@ tg_status tg_attn_dropout_keep(tg_ctx *ctx, const tg_attn_options *opt, uint32_t
  * backward runs the KV schedule whatever tg_ctx_set_attn_schedule asked;
  * deterministic mode gives the same bits for any thread count.
  *
- * Checks, besides the dense entry points' (no mask here): docs or its
+ * Checks, besides the dense entry points': docs or its
  * arrays NULL (TG_ERR_NULL_ARG); n_docs < 1, p->B != 1, offsets that do not
  * start at 0, that decrease, or whose last is not total_q (total_k)
  * (TG_ERR_BAD_SHAPE); outputs overlapping the offsets (TG_ERR_ALIAS).
@@ -438,6 +438,13 @@ typedef struct {
   const int32_t *cu_seqlens_k; /* [n_docs + 1]: 0, ..., total_k; non-decreasing */
   int32_t n_docs;              /* >= 1 (a document may be empty) */
   int32_t _pad;                /* 0 */
+  /* Optional additive mask of each document, of the inputs' dtype: document
+   * d's [len_q, len_k] rows (row-major, shared by the heads) at element
+   * sum_{j<d} len_q_j * len_k_j, added to the scores as the dense kernels'
+   * mask is (-inf: not visible). NULL = none: what packed rows need; the
+   * block-sparse front (a BlockMask's blocks gathered per query block) puts
+   * its partial blocks' mask here. */
+  const void *mask;
 } tg_attn_varlen;
 
 /* Forward: O [total_q, H, Dv] through O_strides (writes), L [H, total_q]

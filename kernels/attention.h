@@ -130,12 +130,15 @@ tg_status tg_attn_prepare(tg_ctx *ctx, const char *fn, tg_dtype dtype,
 typedef struct {
   int64_t q0, qL, k0, kL;
   uint64_t drop_offset;
+  int64_t mask0;     /* its mask's first element (tg_attn_varlen.mask) */
+  int64_t Ms[3];     /* its mask's strides: {0, 0, kL} */
   double work;
   int cpus;
 } tg_attn_doc;
 typedef struct {
   tg_attn_doc *docs; /* costliest first */
   int64_t n;
+  int64_t mask_elems; /* of the call's mask: sum of len_q * len_k; 0 without one */
 } tg_attn_docs;
 /* The varlen entry points' checks (docs, p->B = 1, then tg_attn_prepare
  * with no mask, then the offsets) and *pr, the packed problem (B = 1, qL =
@@ -148,10 +151,13 @@ tg_status tg_attn_varlen_prepare(tg_ctx *ctx, const char *fn, tg_dtype dtype,
 void tg_attn_docs_free(tg_attn_docs *docs);
 /* Document doc of the packed problem as a problem of its own: B = 1, its
  * lengths, bottom-right aligned, L's head stride total_q, its dropout
- * counter. The caller offsets the tensors' bases to the document's rows. */
+ * counter, its mask's strides when the call has a mask. The caller offsets
+ * the tensors' bases to the document's rows (the mask's to doc->mask0). */
 tg_attn_problem tg_attn_doc_problem(const tg_attn_problem *packed, const tg_attn_doc *doc);
-/* The offsets (inputs) against up to 6 outputs (tg_check_alias). */
+/* The offsets and the mask (inputs; pr gives the mask's element size)
+ * against up to 6 outputs (tg_check_alias). */
 tg_status tg_attn_varlen_check_alias(tg_ctx *ctx, const char *fn, const tg_attn_varlen *docs,
+                                     const tg_attn_problem *pr, const tg_attn_docs *dl,
                                      const tg_buf *outputs, int n_outputs);
 
 /* The keep flags of a tile: keep[i * ldk + k] = 1 if weight (b, h, q0 + i,

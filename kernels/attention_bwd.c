@@ -1321,7 +1321,7 @@ static tg_status varlen_bwd(tg_ctx *ctx, const char *fn, int step, tg_dtype dtyp
         tg_attn_buf("dK", dK, pr.dKs, 1, pr.H_kv, pr.kL, pr.D, ge, 1),
         tg_attn_buf("dV", dV, pr.dVs, 1, pr.H_kv, pr.kL, pr.Dv, ge, 1),
         tg_out("d_sinks", d_sinks, d_sinks ? (uint64_t)pr.H * sizeof(float) : 0)};
-    if ((st = tg_attn_varlen_check_alias(ctx, fn, docs, outs, TG_LEN(outs)))) goto done;
+    if ((st = tg_attn_varlen_check_alias(ctx, fn, docs, &pr, &dl, outs, TG_LEN(outs)))) goto done;
   }
   args = tg_mem_alloc(sizeof(bwd_args) * (size_t)dl.n, 64);
   grids = tg_mem_alloc(sizeof(tg_grid) * 3 * (size_t)dl.n, 64);
@@ -1368,6 +1368,7 @@ static tg_status varlen_bwd(tg_ctx *ctx, const char *fn, int step, tg_dtype dtyp
     a->V = tg_attn_at(pr.in, V, d->k0 * pr.Vs[2]);
     a->dO = tg_attn_at(pr.in, dO, d->q0 * pr.Os[2]);
     a->L = L + d->q0, a->D_vec = D_vec + d->q0;
+    a->mask = docs->mask ? tg_attn_at(pr.in, docs->mask, d->mask0) : NULL;
     const int64_t q = d->q0 * pr.dQs[2], k = d->k0 * pr.dKs[2], v = d->k0 * pr.dVs[2];
     if (bf16_grads) {
       a->dQ16 = (uint16_t *)dQ + q, a->dK16 = (uint16_t *)dK + k, a->dV16 = (uint16_t *)dV + v;

@@ -460,7 +460,7 @@ tg_status tg_attn_varlen_fwd(tg_ctx *ctx, tg_dtype dtype, const void *Q, const v
   const tg_buf outs[] = {tg_attn_buf("O", O, pr.Os, 1, pr.H, pr.qL, pr.Dv, oe, 1),
                          tg_out("L", L, (uint64_t)(pr.H * pr.qL) * sizeof(float))};
   if ((st = tg_attn_check_alias_fwd(ctx, fn, &pr, Q, K, V, NULL, O, L)) ||
-      (st = tg_attn_varlen_check_alias(ctx, fn, docs, outs, TG_LEN(outs)))) {
+      (st = tg_attn_varlen_check_alias(ctx, fn, docs, &pr, &dl, outs, TG_LEN(outs)))) {
     tg_attn_docs_free(&dl);
     return st;
   }
@@ -484,6 +484,7 @@ tg_status tg_attn_varlen_fwd(tg_ctx *ctx, tg_dtype dtype, const void *Q, const v
     a->V = tg_attn_at(pr.in, V, d->k0 * pr.Vs[2]);
     a->O = (char *)O + (size_t)(d->q0 * pr.Os[2]) * oe;
     a->L = L + d->q0;
+    a->mask = docs->mask ? tg_attn_at(pr.in, docs->mask, d->mask0) : NULL;
     grids[n++] = fwd_grid(a);
     const size_t b = fwd_args_scratch(a);
     scratch = b > scratch ? b : scratch;

@@ -79,6 +79,10 @@ tg_status tg_attn_varlen_prepare(tg_ctx *ctx, const char *fn, tg_dtype dtype,
                    (int)p->B);
   tg_status st = tg_attn_prepare(ctx, fn, dtype, opt, p, NULL, NULL, causal, pr);
   if (st != TG_OK) return st;
+  /* a mask: each document's own strides (tg_attn_doc_problem); any non-NULL
+   * value marks the packed problem as masked */
+  static const int64_t per_document[3] = {0, 0, 0};
+  pr->Ms = docs->mask ? per_document : NULL;
   if ((st = check_offsets(ctx, fn, "cu_seqlens_q", docs->cu_seqlens_q, docs->n_docs, pr->qL)) ||
       (st = check_offsets(ctx, fn, "cu_seqlens_k", docs->cu_seqlens_k, docs->n_docs, pr->kL)))
     return st;
@@ -94,12 +98,19 @@ tg_status tg_attn_varlen_prepare(tg_ctx *ctx, const char *fn, tg_dtype dtype,
     return tg_fail(ctx, TG_ERR_NO_MEMORY, "%s: cannot allocate the list of %lld documents", fn,
                    (long long)n);
   uint64_t counter = pr->drop.offset;
+  int64_t mask0 = 0;
   double total_work = 0;
   for (int64_t d = 0; d < n; d++) {
     tg_attn_doc *doc = &list[d];
     doc->q0 = docs->cu_seqlens_q[d], doc->qL = docs->cu_seqlens_q[d + 1] - doc->q0;
     doc->k0 = docs->cu_seqlens_k[d], doc->kL = docs->cu_seqlens_k[d + 1] - doc->k0;
     doc->drop_offset = counter;
+    doc->mask0 = mask0;
+    doc->Ms[0] = 0, doc->Ms[1] = 0, doc->Ms[2] = doc->kL;
+    if (__builtin_add_overflow(mask0, doc->qL * doc->kL, &mask0)) {
+      tg_mem_free(list);
+      return tg_fail(ctx, TG_ERR_OVERFLOW, "%s: the documents' mask overflows int64", fn);
+    }
     /* H * len_q * len_k < 2^31 * 2^31 * 2^31 fits no int64: count in u64
      * quarters, wrapping as the 128-bit Philox counter's low word would */
     counter += ((uint64_t)H * (uint64_t)doc->qL * (uint64_t)doc->kL + 3) / 4;
@@ -114,6 +125,7 @@ tg_status tg_attn_varlen_prepare(tg_ctx *ctx, const char *fn, tg_dtype dtype,
   qsort(list, (size_t)n, sizeof *list, by_work);
   out->docs = list;
   out->n = n;
+  out->mask_elems = docs->mask ? mask0 : 0;
   return TG_OK;
 }
 
@@ -127,15 +139,20 @@ tg_attn_problem tg_attn_doc_problem(const tg_attn_problem *packed, const tg_attn
   pr.qL = doc->qL, pr.kL = doc->kL, pr.qL_off = doc->kL - doc->qL;
   pr.Ls[0] = 0, pr.Ls[1] = packed->qL; /* L [H, total_q] */
   pr.drop.offset = doc->drop_offset;
+  pr.Ms = packed->Ms ? doc->Ms : NULL;
   return pr;
 }
 
 tg_status tg_attn_varlen_check_alias(tg_ctx *ctx, const char *fn, const tg_attn_varlen *docs,
+                                     const tg_attn_problem *pr, const tg_attn_docs *dl,
                                      const tg_buf *outputs, int n_outputs) {
-  tg_buf bufs[8];
+  tg_buf bufs[9];
   const uint64_t bytes = sizeof(int32_t) * ((uint64_t)docs->n_docs + 1);
+  const uint64_t e = pr->in == TG_DTYPE_F32 ? sizeof(float) : sizeof(tg_bf16);
   bufs[0] = tg_in("cu_seqlens_q", docs->cu_seqlens_q, bytes);
   bufs[1] = tg_in("cu_seqlens_k", docs->cu_seqlens_k, bytes);
-  for (int i = 0; i < n_outputs && i < 6; i++) bufs[2 + i] = outputs[i];
-  return tg_check_alias(ctx, fn, bufs, 2 + (n_outputs < 6 ? n_outputs : 6));
+  /* (mask_elems * e < 2^63: the shape checks bound every tensor's bytes) */
+  bufs[2] = tg_in("mask", docs->mask, (uint64_t)dl->mask_elems * e);
+  for (int i = 0; i < n_outputs && i < 6; i++) bufs[3 + i] = outputs[i];
+  return tg_check_alias(ctx, fn, bufs, 3 + (n_outputs < 6 ? n_outputs : 6));
 }

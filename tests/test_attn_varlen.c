@@ -7,7 +7,8 @@
  * dense B = 1 call on its rows -- whose kernels the dense suites hold to f64
  * references -- on every ISA table, at 1, 2 and 3 threads, in deterministic
  * mode, for f32 and bf16 inputs, GQA, causal with len_q != len_k, windows,
- * softcap, sinks, dropout, Dv != D, documents of length 1 and empty ones.
+ * softcap, sinks, dropout, Dv != D, each document's own additive mask (with
+ * -inf rows: tg_attn_varlen.mask), documents of length 1 and empty ones.
  * With the plans for 16 CPUs (large documents split into key ranges and
  * query groups, the sums' second passes) the results are checked against
  * an f64 reference of the packed row with the bound below. Bad offsets are
@@ -18,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.h"
 #include "testutil.h"
 #include "tilegrad_testing.h"
 
@@ -25,7 +27,7 @@ typedef struct {
   const char *name;
   int H, H_kv, D, Dv, causal, window, dtype, grad_dtype, precision;
   float softcap, dropout_p;
-  int sinks;
+  int sinks, mask; /* mask: each document's own additive [len_q, len_k] */
   int n_docs;
   int lq[8], lk[8];
 } vcase;
@@ -36,7 +38,7 @@ typedef struct {
   int32_t cu_q[9], cu_k[9];
   int64_t tq, tk;
   size_t e; /* input element bytes */
-  void *Q, *K, *V, *dO;
+  void *Q, *K, *V, *dO, *mask;
   float *sinks;
   tg_attn_params p;
   tg_attn_options opt;
@@ -91,11 +93,27 @@ static void build(packed *pk, const vcase *c, tu_rng *r) {
   pk->opt = (tg_attn_options){.dropout_p = c->dropout_p, .dropout_seed = 1234,
                               .dropout_offset = 77, .window = (uint32_t)c->window,
                               .v_head_dim = (uint32_t)c->Dv, .sinks = pk->sinks};
-  pk->docs = (tg_attn_varlen){pk->cu_q, pk->cu_k, c->n_docs, 0};
+  if (c->mask) { /* values in [-2, 2], one in 8 -inf, each document's row 2 all -inf */
+    int64_t n = 0;
+    for (int d = 0; d < c->n_docs; d++) n += (int64_t)c->lq[d] * c->lk[d];
+    float *m = tu_alloc(sizeof(float) * (size_t)(n ? n : 1));
+    for (int64_t e = 0; e < n; e++) m[e] = tu_int(r, 0, 7) ? (float)tu_uniform(r, -2, 2) : -INFINITY;
+    for (int d = 0, at = 0; d < c->n_docs; at += c->lq[d] * c->lk[d], d++)
+      for (int k = 0; c->lq[d] > 2 && k < c->lk[d]; k++) m[at + 2 * c->lk[d] + k] = -INFINITY;
+    if (c->dtype == TG_DTYPE_F32) {
+      pk->mask = m;
+    } else {
+      tg_bf16 *b = tu_alloc(sizeof(tg_bf16) * (size_t)(n ? n : 1));
+      for (int64_t e = 0; e < n; e++) b[e] = tg_f32_to_bf16(m[e]);
+      free(m);
+      pk->mask = b;
+    }
+  }
+  pk->docs = (tg_attn_varlen){pk->cu_q, pk->cu_k, c->n_docs, 0, pk->mask};
 }
 
 static void destroy(packed *pk) {
-  free(pk->Q), free(pk->K), free(pk->V), free(pk->dO), free(pk->sinks);
+  free(pk->Q), free(pk->K), free(pk->V), free(pk->dO), free(pk->sinks), free(pk->mask);
 }
 
 static outs alloc_outs(const packed *pk) {
@@ -192,12 +210,18 @@ static int compare_doc(tg_ctx *ctx, const packed *pk, const outs *o, int d, uint
   const void *K = (const char *)pk->K + (size_t)(k0 * Hk * D) * e;
   const void *V = (const char *)pk->V + (size_t)(k0 * Hk * Dv) * e;
   const void *dO = (const char *)pk->dO + (size_t)(q0 * H * Dv) * e;
-  TU_EXPECT_STATUS(ctx, tg_attn_train_fwd(ctx, c->dtype, Q, K, V, O, L, &p, NULL, NULL,
+  /* the document's mask as a dense [1, 1, len_q, len_k] one */
+  int64_t m0 = 0;
+  for (int j = 0; j < d; j++) m0 += (int64_t)c->lq[j] * c->lk[j];
+  const tg_attn_mask_params mp = {{0, 0, lk}};
+  const tg_attn_mask_params *mpp = pk->mask ? &mp : NULL;
+  const void *mask = pk->mask ? (const char *)pk->mask + (size_t)m0 * e : NULL;
+  TU_EXPECT_STATUS(ctx, tg_attn_train_fwd(ctx, c->dtype, Q, K, V, O, L, &p, mpp, mask,
                                           c->causal, &opt),
                    TG_OK);
   opt.d_sinks = d_sinks_sum;
   TU_EXPECT_STATUS(ctx, tg_attn_train_bwd_step(ctx, c->dtype, c->grad_dtype, Q, K, V, O, L, dO,
-                                               dQ, dK, dV, &p, NULL, NULL, c->causal, &opt),
+                                               dQ, dK, dV, &p, mpp, mask, c->causal, &opt),
                    TG_OK);
   bad += memcmp(O, (const char *)o->O + (size_t)(q0 * H * Dv) * e, e * (size_t)(lq * H * Dv)) != 0;
   for (int64_t h = 0; h < H; h++) {
@@ -224,13 +248,17 @@ static int compare_doc(tg_ctx *ctx, const packed *pk, const outs *o, int d, uint
 
 static const vcase cases[] = {
     {"f32 causal gqa 2, ragged, length 1 and empty", 4, 2, 64, 64, 1, 0, TG_DTYPE_F32,
-     TG_DTYPE_F32, 0, 0, 0, 0, 5, {1, 0, 37, 130, 64}, {1, 0, 37, 130, 64}},
+     TG_DTYPE_F32, 0, 0, 0, 0, 0, 5, {1, 0, 37, 130, 64}, {1, 0, 37, 130, 64}},
     {"bf16 causal qL != kL per document, window 16, softcap 30, bf16 grads", 4, 4, 32, 32, 1,
-     16, TG_DTYPE_BF16, TG_DTYPE_BF16, 0, 30.0f, 0, 0, 3, {5, 40, 17}, {9, 40, 33}},
+     16, TG_DTYPE_BF16, TG_DTYPE_BF16, 0, 30.0f, 0, 0, 0, 3, {5, 40, 17}, {9, 40, 33}},
     {"f32 full, Dv 32 != D 48, sinks, dropout 0.1", 2, 1, 48, 32, 0, 0, TG_DTYPE_F32,
-     TG_DTYPE_F32, 0, 0, 0.1f, 1, 4, {20, 3, 50, 1}, {24, 7, 50, 2}},
+     TG_DTYPE_F32, 0, 0, 0.1f, 1, 0, 4, {20, 3, 50, 1}, {24, 7, 50, 2}},
     {"bf16 mode, gqa 3, no-key and no-query documents", 6, 2, 64, 64, 1, 0, TG_DTYPE_BF16,
-     TG_DTYPE_F32, TG_ATTN_PRECISION_BF16, 0, 0, 0, 4, {33, 6, 0, 70}, {33, 0, 5, 90}},
+     TG_DTYPE_F32, TG_ATTN_PRECISION_BF16, 0, 0, 0, 0, 4, {33, 6, 0, 70}, {33, 0, 5, 90}},
+    {"f32 documents' masks (-inf rows), gqa 2", 4, 2, 32, 32, 0, 0, TG_DTYPE_F32, TG_DTYPE_F32,
+     0, 0, 0, 0, 1, 3, {40, 7, 128}, {33, 9, 128}},
+    {"bf16 causal documents' masks, sinks", 2, 2, 64, 64, 1, 0, TG_DTYPE_BF16, TG_DTYPE_F32, 0,
+     0, 0, 1, 1, 3, {16, 70, 5}, {16, 70, 9}},
 };
 
 /* Every document bitwise its own dense problem (plans for one CPU). */
@@ -366,8 +394,8 @@ static void test_f32_against_reference(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 1);
   static const vcase big[] = {
       {"f32 causal gqa 2, a long document among short ones", 4, 2, 32, 32, 1, 0, TG_DTYPE_F32,
-       TG_DTYPE_F32, 0, 0, 0, 0, 4, {700, 3, 64, 1}, {700, 3, 64, 1}},
-      {"f32 full, qL != kL", 2, 2, 16, 24, 0, 0, TG_DTYPE_F32, TG_DTYPE_F32, 0, 0, 0, 0, 3,
+       TG_DTYPE_F32, 0, 0, 0, 0, 0, 4, {700, 3, 64, 1}, {700, 3, 64, 1}},
+      {"f32 full, qL != kL", 2, 2, 16, 24, 0, 0, TG_DTYPE_F32, TG_DTYPE_F32, 0, 0, 0, 0, 0, 3,
        {300, 17, 40}, {260, 30, 41}},
   };
   int failures = 0;
@@ -428,7 +456,7 @@ static void test_bad_input_writes_nothing(void **state) {
       {"no documents", {0, 1, 1, 38, 168, 232}, 0, TG_ERR_BAD_SHAPE},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    const tg_attn_varlen docs = {bad[i].cu_q, pk.cu_k, bad[i].n_docs, 0};
+    const tg_attn_varlen docs = {bad[i].cu_q, pk.cu_k, bad[i].n_docs, 0, NULL};
     TU_EXPECT_STATUS(ctx, tg_attn_varlen_fwd(ctx, pk.c.dtype, pk.Q, pk.K, pk.V, o.O, o.L, &pk.p,
                                              &docs, 1, &pk.opt),
                      bad[i].want);
@@ -447,7 +475,7 @@ static void test_bad_input_writes_nothing(void **state) {
                                            &pk.docs, 1, &pk.opt),
                    TG_ERR_BAD_SHAPE);
   /* L over the offsets */
-  const tg_attn_varlen alias = {(const int32_t *)o.L, pk.cu_k, pk.c.n_docs, 0};
+  const tg_attn_varlen alias = {(const int32_t *)o.L, pk.cu_k, pk.c.n_docs, 0, NULL};
   TU_EXPECT_STATUS(ctx, tg_attn_varlen_fwd(ctx, pk.c.dtype, pk.Q, pk.K, pk.V, o.O, o.L, &pk.p,
                                            &alias, 1, &pk.opt),
                    TG_ERR_BAD_SHAPE); /* o.L holds NaNs: not an offset list from 0 */

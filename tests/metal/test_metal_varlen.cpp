@@ -88,7 +88,7 @@ static void run_case(tg_ctx *ctx, const Case &c) {
   tg_attn_options opt = {};
   opt.window = c.window;
   opt.sinks = c.sinks ? sinks.p : nullptr;
-  const tg_attn_varlen docs = {cu_q.data(), cu_k.data(), n, 0};
+  const tg_attn_varlen docs = {cu_q.data(), cu_k.data(), n, 0, nullptr};
   TT_C(ctx, tg_attn_varlen_fwd(ctx, TG_DTYPE_BF16, Q.p, K.p, V.p, O_c.p, L_c.p, &p, &docs,
                                c.causal, &opt));
 
