@@ -54,9 +54,12 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 
 from . import capi as _capi
-from ._torch_common import (_ATTN_DTYPES, ATTN_PRECISIONS, _attn_params,  # noqa: F401
-                            _attn_precision_arg, _bhl_strides, _context, _inner_unit, _ptr,
-                            _sinks_arg, _sinks_grad, _threads_arg, _window_arg)
+from ._torch_common import (_ATTN_DTYPES, ATTN_PRECISIONS, PRECISIONS,  # noqa: F401
+                            _attn_options, _attn_params, _attn_precision_arg, _bhl_strides,
+                            _compute_dtype, _context, _dropout_p_arg, _dropout_seed,
+                            _inner_unit, _need_attn_dtype, _need_attn_precision, _need_dtype,
+                            _need_v_head_dim, _no_key_outputs, _ptr, _sinks_arg, _sinks_grad,
+                            _threads_arg, _window_arg)
 # context-parallel attention over torch.distributed, re-exported
 from .ring import ring_attention, ring_positions, ring_shard, ring_unshard
 # how the ops run (custom ops, or their Functions on eager calls), shared with
@@ -106,15 +109,6 @@ def _is_empty(q: Tensor, k: Tensor) -> bool:
     return q.numel() == 0 or k.shape[2] == 0
 
 
-def _need_v_head_dim(where: str, D: int, Dv: int) -> None:
-    """A value head dim Dv other than D: both multiples of 8 in [8, 512]
-    (the kernels' rule; a Dv of 0 would mean D to them)."""
-    if Dv != D and not all(x % 8 == 0 and 8 <= x <= 512 for x in (D, Dv)):
-        raise NotImplementedError(
-            f"{where}: value head dim Dv = {Dv} != query/key head dim D = {D}: the kernels "
-            "take a Dv of its own when Dv and D are multiples of 8 from 8 to 512")
-
-
 def _need_shapes(op: str, q: Tensor, k: Tensor, v: Tensor, **like_o: Tensor) -> None:
     """Shape agreement the C kernels cannot see (they trust the params
     struct for every buffer's extent): checked on every op call, so a direct
@@ -150,73 +144,9 @@ def _need_window_sinks(op: str, window: int, sinks: Optional[Tensor], H: int) ->
                          f"{sinks.device}")
 
 
-def _need_dtype(op: str, dtype: torch.dtype, **ts: Optional[Tensor]) -> None:
-    """The ops' own contract (the functions below convert before calling)."""
-    for name, t in ts.items():
-        if t is not None and t.dtype != dtype:
-            raise TypeError(f"{op}: {name} must be {dtype}, got {t.dtype}")
-
-
 # ---------------------------------------------------------------------------
 # operator implementations (tensors in, tensors out; the only place that
 # calls the C library)
-
-def _need_attn_dtype(op: str, q: Tensor, **ts: Optional[Tensor]) -> int:
-    """q is bfloat16 or float32 and every other tensor has its dtype; -> tg_dtype."""
-    if q.dtype not in _ATTN_DTYPES:
-        raise TypeError(f"{op}: q must be torch.bfloat16 or torch.float32, got {q.dtype}")
-    _need_dtype(op, q.dtype, **ts)
-    return _ATTN_DTYPES[q.dtype]
-
-
-def _need_attn_precision(op: str, attn_precision: int) -> int:
-    """The ops' attn_precision: a ``tg_attn_precision`` value (0 exact,
-    1 split, 2 bf16)."""
-    if attn_precision not in _capi.ATTN_PRECISION_NAMES.values():
-        raise ValueError(f"{op}: attn_precision must be 0 (exact), 1 (split) or 2 (bf16), "
-                         f"got {attn_precision}")
-    return int(attn_precision)
-
-
-def _attn_options(dropout_p: float, seed: Optional[Tensor], window: int = 0,
-                  v_head_dim: int = 0, sinks: Optional[Tensor] = None,
-                  d_sinks: Optional[Tensor] = None,
-                  flags: int = 0) -> Optional["_capi.AttnOptions"]:
-    """tg_attn_options (None when every field has its default): dropout with
-    Philox key = the seed tensor's value, drawn from torch's generator by the
-    caller; the window (0 = none); v_head_dim (0 = D); sinks and d_sinks,
-    contiguous float32 [H] tensors the caller keeps alive over the call;
-    TG_ATTN_OPT_* flags."""
-    if not (dropout_p or window or v_head_dim or sinks is not None or flags):
-        return None
-    opt = _capi.AttnOptions(flags=flags)
-    if dropout_p:
-        if seed is None or seed.numel() != 1 or seed.dtype != torch.int64:
-            raise ValueError(f"dropout_p = {dropout_p} needs seed, a one-element int64 tensor")
-        opt.dropout_p = float(dropout_p)
-        opt.dropout_seed = int(seed.item()) & (2 ** 64 - 1)
-        opt.dropout_offset = 0
-    opt.window, opt.v_head_dim = int(window), int(v_head_dim)
-    if sinks is not None:
-        opt.sinks = sinks.data_ptr()
-        if d_sinks is not None:
-            opt.d_sinks = d_sinks.data_ptr()
-    return opt
-
-
-def _no_key_outputs(o: Tensor, lse: Tensor, sinks: Optional[Tensor]) -> None:
-    """o, lse of rows that see no key (kL = 0): O = 0 and L = -inf, or with
-    sinks L = s_h; a NaN or +inf sink makes its head's O and L NaN (as the
-    kernels)."""
-    o.zero_()
-    if sinks is None:
-        lse.fill_(-math.inf)
-        return
-    bad = torch.isnan(sinks) | torch.isposinf(sinks)
-    H = sinks.shape[0]
-    lse.copy_(sinks.masked_fill(bad, math.nan).view(1, H, 1).expand(lse.shape))
-    o.masked_fill_(bad.view(1, H, 1, 1), math.nan)
-
 
 def _attn_fwd_impl(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], causal: bool,
                    scale: float, softcap: float, q_offset: int, dropout_p: float,
@@ -566,41 +496,9 @@ def _rms_call(x, weight, eps, threads, deterministic):
 # ---------------------------------------------------------------------------
 # argument checks (plain Python on shapes: traced by Dynamo without breaks)
 
-#: precision= values: "f32" computes in float32 (inputs of other float
-#: dtypes converted), "bf16" in bfloat16 (inputs rounded to bf16).
-PRECISIONS = ("f32", "bf16")
-# ATTN_PRECISIONS, the attn_precision= values: from _torch_common (ring takes them too)
-
-
-def _compute_dtype(dtype: torch.dtype, precision: Optional[str]) -> torch.dtype:
-    """The dtype the kernels run in for inputs of ``dtype``: bfloat16 and
-    float32 as given, float16 in float32 (exact widening); ``precision``
-    overrides ("f32" / "bf16"); float64 needs it (the kernels have no f64)."""
-    if precision is not None and precision not in PRECISIONS:
-        raise ValueError(f"precision must be None or one of {PRECISIONS}, got {precision!r}")
-    if not dtype.is_floating_point:
-        raise TypeError(f"attention needs floating point tensors, got {dtype}")
-    if precision is not None:
-        return torch.bfloat16 if precision == "bf16" else torch.float32
-    if dtype == torch.float64:
-        raise TypeError("tilegrad attention has no float64 kernels: pass precision=\"f32\" "
-                        "(inputs rounded to float32, max abs error ~1e-6) or precision=\"bf16\"")
-    return torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
-
-
-def _dropout_p_arg(dropout_p: float) -> float:
-    p = float(dropout_p)
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-    return p
-
-
-def _dropout_seed(dropout_p: float) -> Optional[Tensor]:
-    """The Philox key of one dropout call, drawn from torch's default
-    generator (torch.manual_seed makes runs repeat); None without dropout."""
-    if not dropout_p:
-        return None
-    return torch.randint(-2 ** 63, 2 ** 63 - 1, (), dtype=torch.int64)
+# PRECISIONS / ATTN_PRECISIONS (the precision= and attn_precision= values),
+# _compute_dtype, _dropout_p_arg, _dropout_seed: from _torch_common (ring and
+# the varlen front take them too)
 
 
 def _prepare_mask(mask, B: int, H: int, qL: int, kL: int,
