@@ -15,6 +15,10 @@ numpy arrays) or :mod:`tilegrad.torch`. This module is the layer below them:
   entry points ``tg_attn_train_fwd`` / ``_bwd`` / ``_bwd_compute_d`` /
   ``_bwd_step`` (a CPU extension: float32 attention, ``TG_DTYPE_*``; the
   step's gradients in bf16 or float32) and ``tg_attn_dropout_keep``;
+* :class:`AttnVarlen` -- ``tg_attn_varlen`` (packed sequences: the
+  documents' cumulative lengths, an optional mask per document; 32 bytes,
+  asserted) for
+  ``tg_attn_varlen_fwd`` / ``_bwd`` / ``_bwd_step``;
 * :class:`Library` -- the CDLL with argtypes declared from the header;
   ``has(name)`` says whether an entry point is exported;
 * :data:`ISA_NAMES` -- ``{name: tg_isa value}`` of the ISAs the library
@@ -213,6 +217,33 @@ for _name, _off in _EXPECTED_OPTION_OFFSETS.items():
     assert getattr(AttnOptions, _name).offset == _off, (_name, getattr(AttnOptions, _name).offset)
 
 
+class AttnVarlen(ctypes.Structure):
+    """``tg_attn_varlen`` (32 bytes) of ``tg_attn_varlen_fwd`` / ``_bwd`` /
+    ``_bwd_step``: documents packed one after another, document d holding
+    query rows ``[cu_seqlens_q[d], cu_seqlens_q[d + 1])`` and key rows
+    ``[cu_seqlens_k[d], cu_seqlens_k[d + 1])`` (flash_attn_varlen_func's
+    ``cu_seqlens``). The two arrays are addresses (plain integers) of
+    ``n_docs + 1`` int32 each, 0 first, non-decreasing, the total last;
+    ``mask`` the address of an optional additive mask per document (the
+    inputs' dtype, document d's ``[len_q, len_k]`` rows after those of the
+    documents before it; ``None`` = none). The caller keeps them alive over
+    the call."""
+    _fields_ = [("cu_seqlens_q", ctypes.c_void_p), ("cu_seqlens_k", ctypes.c_void_p),
+                ("n_docs", ctypes.c_int32), ("_pad", ctypes.c_int32),
+                ("mask", ctypes.c_void_p)]
+
+    def __repr__(self):
+        return (f"AttnVarlen(cu_seqlens_q={self.cu_seqlens_q and hex(self.cu_seqlens_q)}, "
+                f"cu_seqlens_k={self.cu_seqlens_k and hex(self.cu_seqlens_k)}, "
+                f"n_docs={self.n_docs}, mask={self.mask and hex(self.mask)})")
+
+
+assert ctypes.sizeof(AttnVarlen) == 32, ctypes.sizeof(AttnVarlen)
+for _name, _off in {"cu_seqlens_q": 0, "cu_seqlens_k": 8, "n_docs": 16, "_pad": 20,
+                    "mask": 24}.items():
+    assert getattr(AttnVarlen, _name).offset == _off, (_name, getattr(AttnVarlen, _name).offset)
+
+
 _I64x3 = ctypes.c_int64 * 3
 
 
@@ -267,6 +298,7 @@ _I = ctypes.c_int
 _PP = ctypes.POINTER(AttnParams)
 _PM = ctypes.POINTER(AttnMaskParams)
 _PO = ctypes.POINTER(AttnOptions)
+_PV = ctypes.POINTER(AttnVarlen)
 KERNEL_SIGNATURES = {
     "tg_flash_attn_train_bwd_compute_d_bf16": [_P, _P, _P, _P, _U32, _U32, _U32, _U32],
     "tg_flash_attn_train_bwd_bf16": [_P] * 10 + [_PP, _PM, _P, _I],
@@ -296,6 +328,12 @@ KERNEL_SIGNATURES = {
     "tg_attn_train_bwd_step": [_P, _I, _I] + [_P] * 9 + [_PP, _PM, _P, _I, _PO],
     "tg_attn_train_bwd_compute_d": [_P, _I, _P, _P, _P, _U32, _U32, _U32, _U32],
     "tg_attn_dropout_keep": [_P, _PO, _U32, _U32, _U32, _U32, _P],
+    # packed sequences: ctx, tg_dtype, Q, K, V, O, L, params, docs, causal, opt
+    "tg_attn_varlen_fwd": [_P, _I] + [_P] * 5 + [_PP, _PV, _I, _PO],
+    # ctx, tg_dtype, Q, K, V, L, dO, D_vec, dQ, dK, dV, params, docs, causal, opt
+    "tg_attn_varlen_bwd": [_P, _I] + [_P] * 9 + [_PP, _PV, _I, _PO],
+    # ctx, tg_dtype dtype, tg_dtype grad_dtype, Q, K, V, O, L, dO, dQ, dK, dV, ...
+    "tg_attn_varlen_bwd_step": [_P, _I, _I] + [_P] * 9 + [_PP, _PV, _I, _PO],
 }
 _OTHER_SIGNATURES = {
     # name: (restype, argtypes)
@@ -470,7 +508,7 @@ def as_pointer(a):
             raise ValueError("raw buffers must be C-contiguous (pass flat buffers with "
                              "explicit strides in the params instead)")
         return ctypes.c_void_p(a.ctypes.data)
-    if isinstance(a, (AttnParams, AttnMaskParams, AttnOptions)):
+    if isinstance(a, (AttnParams, AttnMaskParams, AttnOptions, AttnVarlen)):
         return ctypes.byref(a)
     return a  # plain scalar
 
