@@ -84,7 +84,8 @@ TILEGRAD_LIB="$PWD/build/libtilegrad.so" TG_REQUIRE_CUSTOM_OPS=1 TG_REQUIRE_TRAN
 # front's suites once more with them through the custom ops
 TILEGRAD_LIB="$PWD/build/libtilegrad.so" TG_REQUIRE_CUSTOM_OPS=1 TG_TORCH_VIA_OPS=1 \
   "$tv/bin/python" -m pytest tests/python/test_torch_*.py tests/python/test_bwd_step.py \
-  tests/python/test_linear_cross_entropy.py tests/python/test_step_kernels.py -q
+  tests/python/test_linear_cross_entropy.py tests/python/test_step_kernels.py \
+  tests/python/test_varlen_torch.py -q
 # the bench/ tools behind cited figures (bench/README.md), on one tiny shape: seconds
 TILEGRAD_LIB="$PWD/build/libtilegrad.so" TILEGRAD_CLI="$PWD/build/tilegrad" bash bench/users_grid.sh \
   --python "$tv/bin/python" --threads 1 --precisions bf16 --reps 1 --shapes '1,2,1,64,32,1' --out build/smoke >/dev/null

@@ -37,7 +37,9 @@ to record the forward is the implementation alone. On PyTorch < 2.4
 (Debian's 1.13) the Functions are the only path (no compile/export support).
 
 User-facing functions: :func:`attention`, :func:`scaled_dot_product_attention`,
-:func:`rms_norm`; modules :class:`RMSNorm`, :class:`Attention`,
+:func:`rms_norm`, :func:`varlen_attention` (packed sequences, flash-attn's
+``flash_attn_varlen_func``; ops ``tilegrad::varlen_attn_fwd`` / ``_bwd`` in
+:mod:`tilegrad._torch_varlen`); modules :class:`RMSNorm`, :class:`Attention`,
 :class:`MultiHeadAttention`. python/README.md lists what differs from PyTorch.
 Context-parallel attention over ``torch.distributed`` (the sequence sharded
 across processes): :func:`ring_attention` with :func:`ring_shard`,
@@ -70,11 +72,13 @@ from ._torch_paths import (HAVE_CUSTOM_OPS, _autocast_cast, _check_cpu, _custom_
 # cross-entropy (the LM head and the loss in chunks), re-exported
 from ._torch_lce import causal_lm_loss, linear_cross_entropy
 from ._torch_step import apply_rotary_pos_emb, geglu, rope, swiglu
+# packed sequences (flash_attn_varlen_func), re-exported
+from ._torch_varlen import varlen_attention
 
 __all__ = ["attention", "scaled_dot_product_attention", "rms_norm", "RMSNorm", "Attention",
            "MultiHeadAttention", "HAVE_CUSTOM_OPS", "ring_attention", "ring_shard",
            "ring_unshard", "ring_positions", "rope", "apply_rotary_pos_emb", "swiglu", "geglu",
-           "linear_cross_entropy", "causal_lm_loss"]
+           "linear_cross_entropy", "causal_lm_loss", "varlen_attention"]
 
 Tensor = torch.Tensor
 
