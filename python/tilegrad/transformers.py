@@ -19,9 +19,23 @@ Importing this module calls :func:`register` (idempotent), which adds
   becomes ``None`` (no padding) or the 2-D bool padding mask ``[B, kL]``
   (True = attend), as transformers' flash-attention masks do; the causal
   limit and the window then come from the layer (``is_causal``,
-  ``sliding_window``). Every other mask (packed sequences, or/and mask
-  functions, a static cache, bidirectional patterns) is built dense by
-  transformers' ``sdpa_mask`` and passed to the kernels as a mask.
+  ``sliding_window``). A packed batch (``position_ids`` restarting inside
+  a row, which transformers' ``find_packed_sequence_indices`` turns into
+  a causal mask within each document) becomes the ``[B, kL]`` int32
+  document index of each token, and the attention function runs
+  :func:`tilegrad.torch.varlen_attention` over the documents (with a cache
+  object, which use_cache=True creates even in training, transformers
+  builds a plain causal mask instead: the attention function then finds
+  the documents in position_ids, as the flash-attn backends do). Every other
+  mask (or/and mask functions, a static cache, bidirectional patterns, a
+  packed batch under torch.compile) is built dense by transformers'
+  ``sdpa_mask`` and passed to the kernels as a mask.
+
+Packed batches also come in as ``DataCollatorWithFlattening(
+return_flash_attn_kwargs=True)``'s keywords ``cu_seq_lens_q``,
+``cu_seq_lens_k``, ``max_length_q``, ``max_length_k``, which transformers
+forwards to the attention function: they go to ``varlen_attention`` as
+they are (the rows of the batch flattened, as flash-attn takes them).
 
 What the kernels cannot do is refused with an error naming the reason and
 the alternative (``attn_implementation="sdpa"`` or ``"eager"``), never
@@ -92,6 +106,89 @@ def _need_supported(query, key, value, attention_mask, kwargs) -> None:
                 "2-D [B, kL] padding mask or a 4-D mask broadcastable to [B, H, qL, kL]")
 
 
+def _cu_seqlens_of(documents: torch.Tensor) -> Tuple[torch.Tensor, int]:
+    """[B, L] document indices (a document is a run of one value within a
+    row; rows never share one) -> (cu_seqlens int32 [n_docs + 1] over the
+    B * L flattened rows, the longest document's length)."""
+    B, L = documents.shape
+    if B * L == 0:
+        return torch.zeros(2, dtype=torch.int32), 0
+    starts = torch.ones(B, L, dtype=torch.bool)
+    starts[:, 1:] = documents[:, 1:] != documents[:, :-1]
+    first = starts.reshape(-1).nonzero().reshape(-1)
+    cu = torch.cat([first, first.new_tensor([B * L])]).to(torch.int32)
+    return cu, int((cu[1:] - cu[:-1]).max())
+
+
+def _documents_of(position_ids, B: int, qL: int, kL: int) -> Optional[torch.Tensor]:
+    """[B, L] document indices from position_ids that restart inside a row
+    (transformers' find_packed_sequence_indices: a position that is not its
+    predecessor's + 1 starts a document), for a causal call with no mask
+    whose keys are its queries (no cached keys before them); None when the
+    positions do not restart, or under torch.compile (data-dependent).
+    transformers only packs the mask itself without a cache object, and
+    creates a DynamicCache whenever use_cache is on (a training forward
+    too): this is where the flash-attn backends find the documents then,
+    from position_ids in the attention function, and so does tilegrad."""
+    if position_ids is None or qL != kL or qL < 2 or \
+            (_IS_COMPILING is not None and _IS_COMPILING()):
+        return None
+    if not isinstance(position_ids, torch.Tensor) or position_ids.dim() != 2 or \
+            position_ids.shape[1] != qL or position_ids.shape[0] not in (1, B) or \
+            position_ids.is_floating_point():
+        return None
+    return _mu.find_packed_sequence_indices(position_ids.expand(B, qL))
+
+
+def _packed_forward(module, query, key, value, attention_mask, dropout, scaling, causal,
+                    sliding_window, softcap, s_aux, kwargs) -> Tuple[torch.Tensor, None]:
+    """attention_forward for a packed batch: the rows flattened to
+    (B * L, heads, D) and tilegrad.torch.varlen_attention over the
+    documents of the collator's cu_seq_lens_q / cu_seq_lens_k, or of the
+    int32 document indices from attention_mask()."""
+    B, H, qL, D = query.shape
+    Hkv, kL = key.shape[1], key.shape[2]
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
+    documents = attention_mask
+    if cu_q is None and cu_k is None:
+        if qL != kL:
+            raise ValueError(f'attn_implementation="tilegrad": document indices for {qL} '
+                             f"queries but {kL} keys (a packed batch has no cache)")
+        cu_q, longest = _cu_seqlens_of(documents)
+        cu_k, max_q, max_k = cu_q, longest, longest
+        causal = True           # the mask interface takes causal packed masks only
+    elif cu_q is None or cu_k is None:
+        raise ValueError('attn_implementation="tilegrad": cu_seq_lens_q and cu_seq_lens_k go '
+                         "together (DataCollatorWithFlattening(return_flash_attn_kwargs=True) "
+                         f"gives both); got only {'cu_seq_lens_q' if cu_k is None else 'cu_seq_lens_k'}")
+    elif documents is not None:
+        # the collator's offsets and position_ids that restart: one packing, said twice
+        mine, _ = _cu_seqlens_of(documents)
+        if not (_IS_COMPILING is not None and _IS_COMPILING()) and not (
+                torch.equal(mine, cu_q.to(torch.int32)) and torch.equal(mine, cu_k.to(torch.int32))):
+            raise ValueError('attn_implementation="tilegrad": cu_seq_lens_q / cu_seq_lens_k '
+                             f"({cu_q.tolist()}) and the documents of position_ids "
+                             f"({mine.tolist()}) disagree; transformers' eager and sdpa follow "
+                             "position_ids, flash-attn the offsets: pass consistent ones")
+    window = None
+    if sliding_window is not None:
+        if not causal:
+            _refuse(f"sliding_window={sliding_window} on a bidirectional layer: the kernels' "
+                    "window is causal (one-sided)")
+        window = int(sliding_window)
+    q = query.transpose(1, 2).reshape(B * qL, H, D)
+    k = key.transpose(1, 2).reshape(B * kL, Hkv, D)
+    v = value.transpose(1, 2).reshape(B * kL, Hkv, value.shape[-1])
+    out = tt.varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=dropout,
+                              softmax_scale=scaling, causal=causal,
+                              window_size=(-1, -1) if window is None else (window - 1, 0),
+                              softcap=0.0 if softcap is None else softcap,
+                              deterministic=_options["deterministic"], sinks=s_aux,
+                              attn_precision=_options["attn_precision"])
+    return out.view(B, qL, H, out.shape[-1]), None
+
+
 def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
                       value: torch.Tensor, attention_mask: Optional[torch.Tensor],
                       dropout: float = 0.0, scaling: Optional[float] = None,
@@ -110,8 +207,22 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
       bidirectional layer;
     * 2-D bool ``[B, kL]`` (True = attend, from :func:`attention_mask`): the
       same plus this padding, as a ``[B, 1, 1, kL]`` broadcast mask;
+    * 2-D int32 ``[B, kL]`` (from :func:`attention_mask` for a packed
+      batch): each token's document; the documents, causal, run through
+      :func:`tilegrad.torch.varlen_attention` (the rows flattened);
     * 4-D ``[B or 1, 1 or H, qL, kL]`` bool or additive: the whole mask
       (causal limit and window included, as for ``"sdpa"``).
+
+    With no mask, ``position_ids`` that restart inside a row (a packed
+    batch run with a cache object, where transformers builds no packed
+    mask: see :func:`_documents_of`) give the documents as the indices do.
+    ``cu_seq_lens_q`` / ``cu_seq_lens_k`` (``DataCollatorWithFlattening(
+    return_flash_attn_kwargs=True)``'s, with ``max_length_q`` /
+    ``max_length_k``) also take the varlen path, the causal flag and window
+    from the layer, as flash-attn's backends do; with document indices
+    beside them the two must agree, with a padding mask they are refused,
+    and a 4-D mask (what transformers builds from restarting position_ids
+    under torch.compile) is used in their place, as eager and sdpa do.
 
     ``dropout`` (non-zero in training mode only; the models pass 0.0 in
     eval) drops attention weights in the kernels, ``scaling`` (default
@@ -121,14 +232,28 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     _need_supported(query, key, value, attention_mask, kwargs)
     causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
     B, kL = key.shape[0], key.shape[2]
+    offsets = kwargs.get("cu_seq_lens_q") is not None or kwargs.get("cu_seq_lens_k") is not None
+    documents = attention_mask is not None and attention_mask.dim() == 2 and \
+        attention_mask.dtype == torch.int32
+    if offsets and attention_mask is not None and attention_mask.dim() == 2 and not documents:
+        _refuse("cu_seq_lens_q / cu_seq_lens_k together with a padding mask: a packed batch "
+                "has no padding (pass the collator's keywords without an attention_mask)")
+    if not documents and not offsets and attention_mask is None:
+        found = _documents_of(kwargs.get("position_ids"), B, query.shape[2], kL)
+        if found is not None:
+            attention_mask, documents = found.to(torch.int32), True
+    if documents or (offsets and attention_mask is None):
+        return _packed_forward(module, query, key, value, attention_mask if documents else None,
+                               dropout, scaling, causal, sliding_window, softcap, s_aux, kwargs)
     mask, window = attention_mask, None
     if attention_mask is None or attention_mask.dim() == 2:
         if attention_mask is not None:
             if tuple(attention_mask.shape) != (B, kL) or attention_mask.dtype != torch.bool:
                 raise ValueError(
                     f'attn_implementation="tilegrad": a 2-D attention_mask is the bool [B, kL] '
-                    f"= {(B, kL)} padding mask of the tilegrad mask interface; got "
-                    f"{attention_mask.dtype} {tuple(attention_mask.shape)}")
+                    f"= {(B, kL)} padding mask (or the int32 document indices) of the tilegrad "
+                    f"mask interface; got {attention_mask.dtype} "
+                    f"{tuple(attention_mask.shape)}")
             mask = attention_mask.view(B, 1, 1, kL)
         if sliding_window is not None:
             if not causal:
@@ -155,6 +280,53 @@ def _native_window(local_size: Optional[int], config) -> Optional[int]:
     return local_size
 
 
+def _closure(fn) -> Dict[str, object]:
+    """{free variable: value} of a closure (empty for anything else)."""
+    code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None) or ()
+    if code is None:
+        return {}
+    return dict(zip(code.co_freevars, (c.cell_contents for c in cells)))
+
+
+def _made_by(fn, factory: str) -> bool:
+    """Is fn the inner function of masking_utils' ``factory``?"""
+    return getattr(fn, "__module__", None) == _mu.__name__ and \
+        getattr(fn, "__qualname__", "").startswith(factory + ".<locals>.")
+
+
+def _two_masks(fn) -> Optional[tuple]:
+    """The two mask functions of ``and_masks(a, b)``, else None."""
+    if not _made_by(fn, "and_masks"):
+        return None
+    parts = _closure(fn).get("mask_functions")
+    return parts if isinstance(parts, tuple) and len(parts) == 2 else None
+
+
+def _packed_documents(mask_function, local_size: Optional[int], config) -> Optional[torch.Tensor]:
+    """The ``[B, L]`` document indices of transformers' packed-sequence mask
+    -- ``and_masks(causal_mask_function, packed_sequence_mask_function(ids))``
+    or, with the config's sliding window W, ``and_masks(and_masks(
+    sliding_window_overlay(W), causal_mask_function), packed...(ids))``, as
+    create_causal_mask / create_sliding_window_causal_mask build it from
+    position_ids (find_packed_sequence_indices) -- else None. Read from the
+    functions' closures (eager only: Dynamo cannot trace them)."""
+    parts = _two_masks(mask_function)
+    if parts is None or not _made_by(parts[1], "packed_sequence_mask_function"):
+        return None
+    base, ids = parts[0], _closure(parts[1]).get("packed_sequence_mask")
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point():
+        return None
+    if local_size is None:
+        return ids if base is _mu.causal_mask_function else None
+    window = _two_masks(base)
+    if _native_window(local_size, config) is None or window is None or \
+            window[1] is not _mu.causal_mask_function or \
+            not _made_by(window[0], "sliding_window_overlay") or \
+            _closure(window[0]).get("sliding_window") != local_size:
+        return None
+    return ids
+
+
 def attention_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset=0,
                    mask_function=None, attention_mask: Optional[torch.Tensor] = None,
                    local_size: Optional[int] = None, allow_is_causal_skip: bool = True,
@@ -163,10 +335,18 @@ def attention_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, k
     ``[B, kL]`` padding mask (True = attend) for a plain causal or
     sliding-window causal mask whose queries are bottom-right aligned with
     the keys (``q_offset - kv_offset == kv_length - q_length``: no cache, a
-    dynamic cache, a dynamic sliding-window cache); else the dense
+    dynamic cache, a dynamic sliding-window cache); the 2-D int32 ``[B, L]``
+    document index of each token for a packed batch's causal (or
+    sliding-window causal) mask, in eager mode; else the dense
     ``[B, 1, qL, kL]`` bool mask of transformers' ``sdpa_mask``."""
     if mask_function is None:
         mask_function = _mu.causal_mask_function
+    if (attention_mask is None and isinstance(q_offset, int) and isinstance(kv_offset, int)
+            and q_offset == kv_offset == 0 and q_length == kv_length
+            and not (_IS_COMPILING is not None and _IS_COMPILING())):
+        documents = _packed_documents(mask_function, local_size, config)
+        if documents is not None and tuple(documents.shape) == (batch_size, q_length):
+            return documents.to(torch.int32)
     native = (allow_is_causal_skip and isinstance(q_offset, int)
               and isinstance(kv_offset, int)
               and q_offset - kv_offset == kv_length - q_length

@@ -13,8 +13,8 @@ Gemma 3, gpt-oss and DeepSeek-V3.
 * bfloat16 (model in bf16): the same against "sdpa" (eager where sdpa does
   not compute the model: gpt-oss, Gemma 2's softcap);
 * the masks reach the kernels natively (no [qL, kL] tensor: a causal flag,
-  the window, a [B, 1, 1, kL] padding mask), while a packed-sequence mask
-  goes dense and still matches eager;
+  the window, a [B, 1, 1, kL] padding mask; packed sequences the varlen
+  kernels, test_varlen_transformers.py), and match eager;
 * torch.compile(fullgraph=True) of forward + loss, then loss.backward(), with
   the "aot_eager" backend: no graph break, the eager gradients;
 * dropout in training mode, cached decoding, the RMSNorm swap, the refusals.
@@ -348,9 +348,10 @@ def test_mask_interface_native_and_dense():
         assert m.dim() == 4 and torch.equal(m, ref), kw
 
 
-def test_packed_sequences_go_dense_and_match_eager(monkeypatch):
-    """position_ids restarting mid-row (packed sequences): transformers' mask
-    is then no causal pattern, the backend gets it dense [B, 1, qL, kL]."""
+def test_packed_sequences_take_varlen_and_match_eager(monkeypatch):
+    """position_ids restarting mid-row (packed sequences): no dense mask, the
+    documents go to tilegrad.torch.varlen_attention (test_varlen_transformers.py
+    has the rest), and the logits are eager's (its block-diagonal mask)."""
     spy = _AttentionSpy(monkeypatch)
     ids, _, labels = _batch("none")
     pos = torch.cat([torch.arange(15), torch.arange(L - 15)]).expand(B, L)
@@ -359,8 +360,7 @@ def test_packed_sequences_go_dense_and_match_eager(monkeypatch):
         m = _model("llama", attn)
         outs.append(m(input_ids=ids, position_ids=pos, use_cache=False).logits)
     assert _max_rel(outs[0], outs[1]) <= F32_RTOL
-    assert len(spy.calls) == 2
-    assert all(c["mask"] == (B, 1, L, L) and c["causal"] is False for c in spy.calls)
+    assert spy.calls == []
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
