@@ -6,7 +6,9 @@ collator) or DataCollatorWithFlattening(return_flash_attn_kwargs=True)'s
 cu_seq_lens_q / cu_seq_lens_k / max_length_q / max_length_k -- and must give
 the loss and every parameter gradient of the same documents run one by one
 with attn_implementation="eager" (transformers' own attention in torch
-ops), through tilegrad.torch.varlen_attention and with no dense mask
+ops), through tilegrad.torch.varlen_attention; also Mistral, Gemma 2 (softcap),
+Gemma 3, gpt-oss (sinks) and DeepSeek-V3 (MLA, Dv != D) in
+test_transformers.py's tiny configs and with no dense mask
 built: transformers' sdpa_mask (the only builder of a [B, 1, qL, kL] mask
 the tilegrad mask interface calls) raises if it runs, the dense attention
 is never called, and the mask interface hands the layers the [B, L] int32
@@ -256,6 +258,45 @@ def test_packed_rows_of_a_batch(no_dense):
     spy.check("qwen2", 60, [0, 9, 30, 42, 47, 60])
     assert spy.masks and all(m == (torch.int32, (2, 30)) for m in spy.masks)
     _compare(out.loss.detach(), _grads(model), *ref)
+
+
+OTHER_FAMILIES = ("mistral", "gemma2", "gemma3", "gpt_oss", "deepseek_v3")
+
+
+@pytest.mark.parametrize("family", OTHER_FAMILIES)
+def test_other_families_packed(family, no_dense):
+    """test_transformers.py's tiny configs of the families whose attention
+    carries more (sliding layers of window 8, Gemma 2's softcap, gpt-oss's
+    sinks with their gradient, DeepSeek-V3's MLA with Dv != D), packed by
+    position_ids: the same loss and gradients as one document at a time."""
+    import test_transformers as tr
+    if family not in tr.CONFIGS:
+        pytest.skip(f"this transformers has no {family}")
+    docs = _documents()
+    ids = torch.cat(docs).view(1, -1)
+    pos = torch.cat([torch.arange(len(d)) for d in docs]).view(1, -1)
+    labels = ids.clone()
+    labels[pos == 0] = -100
+    count = int((labels[:, 1:] != -100).sum())
+    ref = tr._model(family, "eager")
+    total = 0.0
+    for d in docs:
+        if len(d) > 1:
+            out = ref(input_ids=d.view(1, -1), labels=d.view(1, -1), num_items_in_batch=count,
+                      use_cache=False)
+            out.loss.backward()
+            total = total + out.loss.detach()
+    spy = no_dense()
+    model = tr._model(family, "tilegrad")
+    out = model(input_ids=ids, position_ids=pos, labels=labels, num_items_in_batch=count,
+                use_cache=False)
+    out.loss.backward()
+    assert len(spy.varlen) == 2 and all(c["cu_q"] == [0, 13, 14, 43, 57] for c in spy.varlen)
+    if family in tr.SLIDING:
+        assert any(c["window_size"] == (WINDOW - 1, 0) for c in spy.varlen)
+    if family == "gpt_oss":
+        assert all(c["sinks"] is not None for c in spy.varlen)
+    _compare(out.loss.detach(), _grads(model), total, _grads(ref))
 
 
 # ---------------------------------------------------------------------------
