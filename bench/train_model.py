@@ -116,7 +116,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from train_model_parts import (  # noqa: E402  (bench/ on the path first)
     BACKENDS, CATEGORIES, CHECKED, CONFIGS, DEFAULT_BACKENDS, REAL, breakdown, config_kwargs,
-    cpu_has_bf16_unit, cpu_model, describe, layers_run, make_batches, openmp_report, plot,
+    cpu_has_bf16_unit, cpu_model, dense_packed_mask, describe, layers_run, make_batches,
+    openmp_report, packed_rows, plot,
     replaced_categories)
 
 
@@ -146,8 +147,8 @@ def _worker(conn, cfg):
     info = {"torch": torch.__version__, "transformers": transformers.__version__,
             "torch_isa": torch.backends.cpu.get_cpu_capability(),
             "threads": torch.get_num_threads()}
-    attn, tg_lib, tgt = {"sdpa-compile": "sdpa", "tilegrad-all": "tilegrad"}.get(
-        backend, backend), None, None
+    attn, tg_lib, tgt = {"sdpa-compile": "sdpa", "tilegrad-all": "tilegrad",
+                         "tilegrad-dense": "tilegrad"}.get(backend, backend), None, None
     if attn == "tilegrad":
         sys.path.insert(0, os.path.join(REPO, "python"))
         import tilegrad
@@ -207,6 +208,15 @@ def _worker(conn, cfg):
     params = [p for p in model.parameters() if p.requires_grad]
     ids, labels, stream = make_batches(torch, name, cfg["steps"] + cfg["profile_steps"],
                                        batch, seq, cfg["seed"])
+    extra = [{} for _ in range(len(ids))]  # per step: position_ids, a dense mask
+    if cfg["packed"]:
+        pos, doc, first = packed_rows(torch, len(ids), batch, seq, cfg["packed"], cfg["seed"])
+        labels = labels.masked_fill(first, -100)
+        for i in range(len(ids)):
+            extra[i]["position_ids"] = pos[i]
+            if backend == "tilegrad-dense":  # tilegrad without varlen: the dense mask
+                extra[i]["attention_mask"] = dense_packed_mask(
+                    torch, doc[i], torch.bfloat16 if cfg["dtype"] == "bf16" else torch.float32)
     opt = torch.optim.AdamW(params, lr=cfg["lr"], betas=(0.9, 0.95), weight_decay=0.1,
                             **{"default": {}, "foreach": {"foreach": True},
                                "fused": {"fused": True}}[cfg["adamw"]])
@@ -218,7 +228,7 @@ def _worker(conn, cfg):
 
     def train_step(i):
         with autocast:
-            loss = step_model(input_ids=ids[i], labels=labels[i]).loss
+            loss = step_model(input_ids=ids[i], labels=labels[i], **extra[i]).loss
         loss.backward()
         with record_function("clip_grad_norm_"):
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -313,7 +323,7 @@ def run_one(args, name, seq, threads, dtype):
     cfg = {"config": name, "layers": args.layers, "seq": seq, "batch": batch, "dtype": dtype,
            "threads": threads, "steps": args.steps, "profile_steps": args.profile_steps,
            "lr": args.lr or CONFIGS[name].get("lr", 3e-4), "seed": args.seed,
-           "attn_precision": args.attn_precision, "adamw": args.adamw}
+           "attn_precision": args.attn_precision, "adamw": args.adamw, "packed": args.packed}
     workers, results, hashes = {}, {}, {}
     tag = f"{name} seq {seq} {threads}t"
 
@@ -471,8 +481,10 @@ def summarize(results, seq, batch, args):
 def print_run(run, args):
     rows, agreement, check = run["backends"], run["loss_agreement"], run["breakdown_check"]
     params = next((r["params"] for r in rows.values() if "params" in r), 0)
-    print(f"\n{run['config']}, seq {run['seq']}, batch {run['batch']}, {run['threads']} threads "
-          f"({params / 1e6:.1f}M parameters; processes: {run['schedule']})")
+    packed = run.get("packed")
+    rows_are = f", packed with documents of {packed[0]}-{packed[1]} tokens" if packed else ""
+    print(f"\n{run['config']}, seq {run['seq']}{rows_are}, batch {run['batch']}, {run['threads']} "
+          f"threads ({params / 1e6:.1f}M parameters; processes: {run['schedule']})")
     print(f"{'backend':<13} {'tokens/s':>9} {'vs sdpa':>8} {'step s':>8} {'1st step s':>10} "
           f"{'peak RSS MiB':>12} {'RSS before':>10} {'final loss':>10}")
     sdpa = rows.get("sdpa", {}).get("tokens_per_s")
@@ -564,6 +576,11 @@ def parse_args(argv):
     ap.add_argument("--adamw", default="default", choices=("default", "foreach", "fused"),
                     help="AdamW's implementation: torch's default (on the CPU a loop over the "
                          "parameters), foreach=True or fused=True")
+    ap.add_argument("--packed", default=None, metavar="LO-HI",
+                    help="pack each row with documents of LO-HI tokens (uniform), position_ids "
+                         "restarting per document and each document's first label -100, as "
+                         "DataCollatorWithFlattening does; tilegrad-dense then gets "
+                         "transformers' packed mask as a dense 4-D one (tilegrad without varlen)")
     ap.add_argument("--seed", type=int, default=0, help="weights and data seed (default 0)")
     ap.add_argument("--smooth", type=int, default=None,
                     help="moving-average window of the loss check (default 5; --quick 3)")
@@ -583,6 +600,14 @@ def parse_args(argv):
     backends = args.backends or ",".join(b for b in DEFAULT_BACKENDS
                                          if not (q and b == "sdpa-compile"))
     args.backends = [b.strip() for b in backends.split(",") if b.strip()]
+    if args.packed:
+        try:
+            lo, hi = (int(x) for x in args.packed.split("-"))
+            if not 1 <= lo <= hi:
+                raise ValueError
+        except ValueError:
+            ap.error(f"--packed {args.packed!r}: LO-HI with 1 <= LO <= HI, e.g. 256-512")
+        args.packed = (lo, hi)
     if args.no_compile:
         args.backends = [b for b in args.backends if b != "sdpa-compile"]
     if any(b not in BACKENDS for b in args.backends) or not args.backends \
@@ -625,6 +650,7 @@ def main(argv=None):
                 results, batch, schedule = run_one(args, name, seq, threads, dtype)
                 rows, agreement, check = summarize(results, seq, batch, args)
                 runs.append({"config": name, "seq": seq, "batch": batch, "threads": threads,
+                             "packed": args.packed,
                              "schedule": schedule,
                              "backends": rows, "loss_agreement": agreement,
                              "breakdown_check": check})

@@ -6,11 +6,11 @@ import os
 import platform
 import random
 
-BACKENDS = ("sdpa", "tilegrad", "tilegrad-all", "sdpa-compile", "eager")
+BACKENDS = ("sdpa", "tilegrad", "tilegrad-all", "tilegrad-dense", "sdpa-compile", "eager")
 DEFAULT_BACKENDS = ("sdpa", "tilegrad", "tilegrad-all", "sdpa-compile")
 # backend -> the breakdown categories it replaces (the rest it must leave as
 # sdpa has them); tilegrad-all: from what use_tilegrad_kernels reports replaced
-REPLACES = {"tilegrad": {"attention"},
+REPLACES = {"tilegrad": {"attention"}, "tilegrad-dense": {"attention"},
             "tilegrad-all": {"attention", "loss", "lm_head", "norm_elementwise", "embedding"}}
 KERNEL_CATEGORIES = {"rope": ("norm_elementwise",), "swiglu": ("norm_elementwise",),
                      "geglu": ("norm_elementwise",), "rms_norm": ("norm_elementwise",),
@@ -203,6 +203,35 @@ def make_batches(torch, name, n, batch, seq, seed):
         return ids, ids, stream
     digits = ((raw >= ord("0")) & (raw <= ord("9"))).sum(-1)
     return ids, (digits > digits.flatten().median()).long(), stream
+
+
+def packed_rows(torch, n, batch, seq, lengths, seed):
+    """Packed rows, as DataCollatorWithFlattening makes them: documents of
+    lengths drawn uniformly from `lengths` (lo, hi) filling each row (the
+    last one cut), position_ids restarting at 0 in every document, and the
+    first label of every document -100. Returns (position_ids [n, batch,
+    seq], document index [n, batch, seq], first-of-document flags)."""
+    rng = random.Random(seed + 1)
+    pos = torch.empty(n, batch, seq, dtype=torch.long)
+    doc = torch.empty(n, batch, seq, dtype=torch.long)
+    for i in range(n):
+        for b in range(batch):
+            t, d = 0, 0
+            while t < seq:
+                m = min(rng.randint(*lengths), seq - t)
+                pos[i, b, t:t + m] = torch.arange(m)
+                doc[i, b, t:t + m] = d
+                t, d = t + m, d + 1
+    return pos, doc, pos == 0
+
+
+def dense_packed_mask(torch, doc, dtype):
+    """transformers' packed mask as a dense additive [batch, 1, seq, seq]
+    (causal within each document): what tilegrad-dense is handed."""
+    seq = doc.shape[-1]
+    causal = torch.ones(seq, seq, dtype=torch.bool).tril()
+    allowed = (doc[:, :, None] == doc[:, None, :]) & causal
+    return torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf"))[:, None]
 
 
 # ----------------------------------------------------- the machine and dtype
