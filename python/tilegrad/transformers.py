@@ -26,10 +26,11 @@ Importing this module calls :func:`register` (idempotent), which adds
   :func:`tilegrad.torch.varlen_attention` over the documents (with a cache
   object, which use_cache=True creates even in training, transformers
   builds a plain causal mask instead: the attention function then finds
-  the documents in position_ids, as the flash-attn backends do). Every other
-  mask (or/and mask functions, a static cache, bidirectional patterns, a
-  packed batch under torch.compile) is built dense by transformers'
-  ``sdpa_mask`` and passed to the kernels as a mask.
+  the documents in position_ids, as the flash-attn backends do, under
+  torch.compile too). Every other mask (or/and mask functions, a static
+  cache, bidirectional patterns, transformers' packed mask under
+  torch.compile, whose closures Dynamo cannot read) is built dense by
+  transformers' ``sdpa_mask`` and passed to the kernels as a mask.
 
 Packed batches also come in as ``DataCollatorWithFlattening(
 return_flash_attn_kwargs=True)``'s keywords ``cu_seq_lens_q``,
@@ -106,17 +107,27 @@ def _need_supported(query, key, value, attention_mask, kwargs) -> None:
                 "2-D [B, kL] padding mask or a 4-D mask broadcastable to [B, H, qL, kL]")
 
 
-def _cu_seqlens_of(documents: torch.Tensor) -> Tuple[torch.Tensor, int]:
+def _cu_seqlens_of(documents: torch.Tensor) -> Tuple[torch.Tensor, Optional[int]]:
     """[B, L] document indices (a document is a run of one value within a
-    row; rows never share one) -> (cu_seqlens int32 [n_docs + 1] over the
-    B * L flattened rows, the longest document's length)."""
+    row; rows never share one) -> (cu_seqlens int32 over the B * L
+    flattened rows, the longest document's length). In eager mode
+    [n_docs + 1] offsets; under torch.compile (no data-dependent shapes)
+    always B * L + 1, the documents' starts then B * L repeated (empty
+    documents at the end: the same attention), and no length (None)."""
     B, L = documents.shape
-    if B * L == 0:
+    N = B * L
+    if N == 0:
         return torch.zeros(2, dtype=torch.int32), 0
-    starts = torch.ones(B, L, dtype=torch.bool)
+    starts = torch.ones(B, L, dtype=torch.bool, device=documents.device)
     starts[:, 1:] = documents[:, 1:] != documents[:, :-1]
-    first = starts.reshape(-1).nonzero().reshape(-1)
-    cu = torch.cat([first, first.new_tensor([B * L])]).to(torch.int32)
+    starts = starts.reshape(-1)
+    if _IS_COMPILING is not None and _IS_COMPILING():
+        doc = starts.to(torch.int64).cumsum(0) - 1           # each row's document
+        cu = torch.full((N + 1,), N, dtype=torch.int64).scatter_reduce(
+            0, doc, torch.arange(N), reduce="amin")
+        return cu.to(torch.int32), None
+    first = starts.nonzero().reshape(-1)
+    cu = torch.cat([first, first.new_tensor([N])]).to(torch.int32)
     return cu, int((cu[1:] - cu[:-1]).max())
 
 
@@ -125,13 +136,14 @@ def _documents_of(position_ids, B: int, qL: int, kL: int) -> Optional[torch.Tens
     (transformers' find_packed_sequence_indices: a position that is not its
     predecessor's + 1 starts a document), for a causal call with no mask
     whose keys are its queries (no cached keys before them); None when the
-    positions do not restart, or under torch.compile (data-dependent).
-    transformers only packs the mask itself without a cache object, and
-    creates a DynamicCache whenever use_cache is on (a training forward
-    too): this is where the flash-attn backends find the documents then,
-    from position_ids in the attention function, and so does tilegrad."""
-    if position_ids is None or qL != kL or qL < 2 or \
-            (_IS_COMPILING is not None and _IS_COMPILING()):
+    positions do not restart (in eager mode: under torch.compile that test
+    is data-dependent, and the indices come back whatever they are, as
+    transformers' own function does). transformers only packs the mask
+    itself without a cache object, and creates a DynamicCache whenever
+    use_cache is on (a training forward too): this is where the flash-attn
+    backends find the documents then, from position_ids in the attention
+    function, and so does tilegrad."""
+    if position_ids is None or qL != kL or qL < 2:
         return None
     if not isinstance(position_ids, torch.Tensor) or position_ids.dim() != 2 or \
             position_ids.shape[1] != qL or position_ids.shape[0] not in (1, B) or \
@@ -156,7 +168,7 @@ def _packed_forward(module, query, key, value, attention_mask, dropout, scaling,
             raise ValueError(f'attn_implementation="tilegrad": document indices for {qL} '
                              f"queries but {kL} keys (a packed batch has no cache)")
         cu_q, longest = _cu_seqlens_of(documents)
-        cu_k, max_q, max_k = cu_q, longest, longest
+        cu_k, max_q, max_k = cu_q, longest, longest    # (None under torch.compile)
         causal = True           # the mask interface takes causal packed masks only
     elif cu_q is None or cu_k is None:
         raise ValueError('attn_implementation="tilegrad": cu_seq_lens_q and cu_seq_lens_k go '

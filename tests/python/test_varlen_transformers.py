@@ -260,6 +260,40 @@ def test_packed_rows_of_a_batch(no_dense):
     _compare(out.loss.detach(), _grads(model), *ref)
 
 
+@pytest.mark.parametrize("route", ["offsets", "position_ids"])
+def test_compile_fullgraph_packed_training_step(route):
+    """torch.compile(fullgraph=True, "aot_eager") of forward + loss with a
+    cache object (the config's use_cache): one graph holding the two
+    varlen ops -- the collator's offsets, or the documents of position_ids
+    as fixed-size offsets (B * L + 1, empty documents at the end) -- and
+    the eager call's loss and gradients."""
+    import torch._dynamo
+    torch._dynamo.reset()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+    docs = _documents()
+    batch = DataCollatorWithFlattening(return_flash_attn_kwargs=True)(
+        [{"input_ids": d.tolist()} for d in docs])
+    if route == "position_ids":
+        batch = {k: batch[k] for k in ("input_ids", "position_ids", "labels")}
+    model = _model("qwen2", "tilegrad")
+    ref = model(**batch).loss
+    ref.backward()
+    ref_grads = _grads(model)
+    model.zero_grad(set_to_none=True)
+    step = torch.compile(lambda b: model(**b).loss, fullgraph=True, backend=backend)
+    loss = step(batch)
+    loss.backward()
+    assert len(graphs) == 1
+    ops = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
+    assert ops.count("tilegrad.varlen_attn_fwd.default") == 2, ops
+    assert not any("tilegrad.attn_fwd" in o for o in ops)
+    _compare(loss.detach(), _grads(model), ref.detach(), ref_grads)
+
+
 OTHER_FAMILIES = ("mistral", "gemma2", "gemma3", "gpt_oss", "deepseek_v3")
 
 
