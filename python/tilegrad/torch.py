@@ -39,7 +39,8 @@ to record the forward is the implementation alone. On PyTorch < 2.4
 User-facing functions: :func:`attention`, :func:`scaled_dot_product_attention`,
 :func:`rms_norm`, :func:`varlen_attention` (packed sequences, flash-attn's
 ``flash_attn_varlen_func``; ops ``tilegrad::varlen_attn_fwd`` / ``_bwd`` in
-:mod:`tilegrad._torch_varlen`); modules :class:`RMSNorm`, :class:`Attention`,
+:mod:`tilegrad._torch_varlen`), :func:`flex_attention` (a torch ``BlockMask``'s
+blocks only, :mod:`tilegrad._torch_flex`); modules :class:`RMSNorm`, :class:`Attention`,
 :class:`MultiHeadAttention`. python/README.md lists what differs from PyTorch.
 Context-parallel attention over ``torch.distributed`` (the sequence sharded
 across processes): :func:`ring_attention` with :func:`ring_shard`,
@@ -74,11 +75,13 @@ from ._torch_lce import causal_lm_loss, linear_cross_entropy
 from ._torch_step import apply_rotary_pos_emb, geglu, rope, swiglu
 # packed sequences (flash_attn_varlen_func), re-exported
 from ._torch_varlen import varlen_attention
+# block-sparse masks (a torch BlockMask's blocks as varlen documents), re-exported
+from ._torch_flex import flex_attention
 
 __all__ = ["attention", "scaled_dot_product_attention", "rms_norm", "RMSNorm", "Attention",
            "MultiHeadAttention", "HAVE_CUSTOM_OPS", "ring_attention", "ring_shard",
            "ring_unshard", "ring_positions", "rope", "apply_rotary_pos_emb", "swiglu", "geglu",
-           "linear_cross_entropy", "causal_lm_loss", "varlen_attention"]
+           "linear_cross_entropy", "causal_lm_loss", "varlen_attention", "flex_attention"]
 
 Tensor = torch.Tensor
 

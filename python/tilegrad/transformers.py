@@ -37,13 +37,17 @@ return_flash_attn_kwargs=True)``'s keywords ``cu_seq_lens_q``,
 ``cu_seq_lens_k``, ``max_length_q``, ``max_length_k``, which transformers
 forwards to the attention function: they go to ``varlen_attention`` as
 they are (the rows of the batch flattened, as flash-attn takes them).
+A flex ``BlockMask`` given as the model's ``attention_mask`` (transformers
+passes a 4-D one through) is the whole mask, as a 4-D tensor is: it runs on
+:func:`tilegrad.torch.flex_attention`, its blocks only (no dropout, no
+sinks with it).
 
 What the kernels cannot do is refused with an error naming the reason and
 the alternative (``attn_implementation="sdpa"`` or ``"eager"``), never
 computed another way: tensors off the CPU, float64, head dims that are not
 multiples of 8 in [8, 512], ``output_attentions=True`` (the weights are
-never formed), a ``position_bias``, a flex ``BlockMask``, a sliding window
-on a bidirectional layer without a mask.
+never formed), a ``position_bias``, a sliding window on a bidirectional
+layer without a mask.
 
 :func:`use_tilegrad_rms_norm` (off unless called) swaps the RMSNorm modules
 of the supported families for tilegrad's ``rms_norm`` op;
@@ -99,12 +103,26 @@ def _need_supported(query, key, value, attention_mask, kwargs) -> None:
     if kwargs.get("position_bias") is not None:
         _refuse("a position_bias (relative attention bias) is not one of the kernels' "
                 "inputs")
+    if _is_block_mask(attention_mask):
+        if kwargs.get("s_aux") is not None:
+            _refuse("sinks (s_aux) with a flex BlockMask: tilegrad's flex_attention has no sinks")
+        return
     if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
-        _refuse(f"attention_mask of type {type(attention_mask).__name__} (a flex "
-                "BlockMask?): the kernels take no mask, a 2-D padding mask or a 4-D tensor")
+        _refuse(f"attention_mask of type {type(attention_mask).__name__}: the kernels take no "
+                "mask, a 2-D padding mask, a 4-D tensor or a flex BlockMask")
     if attention_mask is not None and attention_mask.dim() not in (2, 4):
         _refuse(f"attention_mask of shape {tuple(attention_mask.shape)}: the kernels take a "
                 "2-D [B, kL] padding mask or a 4-D mask broadcastable to [B, H, qL, kL]")
+
+
+def _is_block_mask(mask) -> bool:
+    """A torch flex BlockMask (torch >= 2.5), which transformers passes
+    through as a 4-D mask when the model is handed one."""
+    try:
+        from torch.nn.attention.flex_attention import BlockMask
+    except ImportError:
+        return False
+    return isinstance(mask, BlockMask)
 
 
 def _cu_seqlens_of(documents: torch.Tensor) -> Tuple[torch.Tensor, Optional[int]]:
@@ -241,7 +259,16 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     ``D**-0.5``), ``softcap`` (``c*tanh(s/c)``) and gpt-oss's ``s_aux``
     sinks (``[H]``, with gradient) go to the kernels' arguments. Returns
     ``(attn_output [B, qL, H, Dv] contiguous, None)``."""
-    _need_supported(query, key, value, attention_mask, kwargs)
+    _need_supported(query, key, value, attention_mask, dict(kwargs, s_aux=s_aux))
+    if _is_block_mask(attention_mask):  # the whole mask, as a 4-D one is: its blocks only
+        if dropout:
+            _refuse(f"dropout {dropout} with a flex BlockMask: tilegrad's flex_attention has "
+                    "no dropout (train with attention_dropout 0 or a tensor mask)")
+        out = tt.flex_attention(query, key, value, block_mask=attention_mask, scale=scaling,
+                                enable_gqa=True, softcap=softcap,
+                                attn_precision=_options["attn_precision"],
+                                deterministic=_options["deterministic"])
+        return out.transpose(1, 2).contiguous(), None
     causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
     B, kL = key.shape[0], key.shape[2]
     offsets = kwargs.get("cu_seq_lens_q") is not None or kwargs.get("cu_seq_lens_k") is not None

@@ -403,3 +403,44 @@ def test_offsets_and_document_indices_agree():
     for s, e in ((0, 4), (4, 9)):
         one, _ = tgt.attention_forward(_Module(), q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], None)
         assert torch.equal(a[:, s:e], one)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_block_mask_matches_one_by_one(family, monkeypatch):
+    """A flex BlockMask handed to the model as its attention_mask (transformers
+    passes a 4-D BlockMask through untouched) runs on tilegrad.torch.
+    flex_attention, its blocks only: a document-causal BlockMask of the
+    packed row gives the loss and gradients of the documents one by one.
+    A given mask is the whole mask (as a 4-D tensor is): the layer's own
+    sliding window is not added, so Qwen2 (window 8) runs documents of at
+    most 8 tokens, where the window cuts nothing."""
+    fa = pytest.importorskip("torch.nn.attention.flex_attention")
+    lengths = (7, 1, 8, 5) if family == "qwen2" else LENGTHS
+    docs = _documents(lengths=lengths)
+    ids = torch.cat(docs).view(1, -1)
+    pos = torch.cat([torch.arange(len(d)) for d in docs]).view(1, -1)
+    labels = ids.clone()
+    labels[pos == 0] = -100
+    count = int((labels[:, 1:] != -100).sum())
+    ref = _one_by_one(family, docs)
+    doc_id = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+
+    def document_causal(b, h, q, kv):
+        return (doc_id[q] == doc_id[kv]) & (kv <= q)
+    n = ids.shape[1]
+    block_mask = fa.create_block_mask(document_causal, None, None, n, n, device="cpu",
+                                      BLOCK_SIZE=8)
+    calls = []
+    real = tt.flex_attention
+
+    def flex(*a, **kw):
+        calls.append(kw["block_mask"])
+        return real(*a, **kw)
+    monkeypatch.setattr(tgt.tt, "flex_attention", flex)
+    monkeypatch.setattr(tgt.tt, "attention", lambda *a, **kw: pytest.fail("dense attention ran"))
+    model = _model(family, "tilegrad")
+    out = model(input_ids=ids, attention_mask=block_mask, labels=labels,
+                num_items_in_batch=count, use_cache=False)
+    out.loss.backward()
+    assert len(calls) == 2 and all(c is block_mask for c in calls)
+    _compare(out.loss.detach(), _grads(model), *ref)
