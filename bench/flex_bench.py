@@ -39,7 +39,6 @@ OpenMP regions alternate; threads spinning after one slow the other).
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -48,8 +47,10 @@ import warnings
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import tilegrad  # noqa: E402
 import tilegrad.torch as tgt  # noqa: E402
 import tilegrad._torch_flex as tflex  # noqa: E402
+from train_model_parts import cpu_model  # noqa: E402  (bench/ is the script's directory)
 
 METHODS = ("tg-flex", "tg-flex-fwd", "tg-plan", "tg-varlen", "torch-eager", "torch-compiled")
 ALL_METHODS = METHODS + ("torch-eager-bwd",)
@@ -188,8 +189,9 @@ def main():
     warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"CPU {platform.processor() or platform.machine()}; torch {torch.__version__} "
-          f"({torch.backends.cpu.get_cpu_capability()}); {torch.get_num_threads()} threads; "
+    print(f"CPU {cpu_model()}; torch {torch.__version__} "
+          f"({torch.backends.cpu.get_cpu_capability()}); tilegrad table {tilegrad.Context().isa}; "
+          f"{torch.get_num_threads()} threads; "
           f"OMP_WAIT_POLICY {os.environ.get('OMP_WAIT_POLICY', 'unset')}; row {args.rows}, "
           f"H {args.heads}/{args.kv_heads}, D {args.head_dim}, {args.dtype}, blocks of "
           f"{args.block_size}; medians of {args.reps} alternating calls, ms")

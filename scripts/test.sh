@@ -62,6 +62,11 @@ heavy='test_(attention|attn_ext|attn_variants|attn_step|causal_attention|big_off
    ${others:+-E "^$heavy\\.($others)\$"})
 
 stage pytest-1.13 "PyTorch oracle and Python package (pytest, Debian's torch 1.13)"
+# OpenMP threads sleep between calls, as in the ctest suites: the suites'
+# many small torch ops between tilegrad calls ran 5-20x slower on this
+# 2-core VM with libgomp's default spinning (threads of one pool waiting
+# on the other's cores). No test reads the wait policy.
+export OMP_WAIT_POLICY=passive
 TILEGRAD_LIB="$PWD/build/libtilegrad.so" /usr/bin/python3 -m pytest tests/python -q
 
 # The torch front's custom ops (torch.compile, torch.export, opcheck) need
