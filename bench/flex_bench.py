@@ -7,8 +7,9 @@ One row (--rows tokens) per mask, each timed in one process, the methods
 taking turns call by call (medians):
 
   tg-flex        tilegrad._torch_flex.flex_attention, forward + backward
-                 (the BlockMask turned into documents on every call: the
-                 plan's time is in it)
+                 (the BlockMask's plan, its documents, is made on the first
+                 call and kept with it, as a model's layers share one mask:
+                 tg-plan is what a new BlockMask adds once)
   tg-flex-fwd    the same, forward only (no graph)
   tg-plan        the plan alone (documents, gather index, partial blocks'
                  mask from the mask_mod), per call

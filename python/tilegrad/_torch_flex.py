@@ -37,6 +37,7 @@ Needs a PyTorch that has ``BlockMask`` (>= 2.5) for the masks; the module
 itself imports on any PyTorch.
 """
 import math
+import weakref
 from typing import List, Optional, Tuple
 
 import torch
@@ -329,6 +330,30 @@ def _plan(block_mask, B: int, Bk: int, H: int, Hkv: int, Lq: int, Lk: int,
     return cu_q, groups, torch.cat(rows), 1
 
 
+# A model's layers share one BlockMask: each plan is kept with its BlockMask
+# (dropped with it), per shape and dtype, and made again when the mask's
+# block tensors were changed in place (their version counters).
+_PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _plan_cached(block_mask, B: int, Bk: int, H: int, Hkv: int, Lq: int, Lk: int,
+                 dtype: torch.dtype):
+    if block_mask is None or not hasattr(block_mask, "kv_num_blocks"):
+        return _plan(block_mask, B, Bk, H, Hkv, Lq, Lk, dtype)   # (which refuses a non-mask)
+    parts = (block_mask.kv_num_blocks, block_mask.kv_indices,
+             block_mask.full_kv_num_blocks, block_mask.full_kv_indices)
+    key = (B, Bk, H, Hkv, Lq, Lk, dtype, block_mask.mask_mod,
+           tuple(None if t is None else (id(t), t._version) for t in parts))
+    try:
+        mine = _PLANS.setdefault(block_mask, {})
+    except TypeError:                       # not weak-referenceable: no cache
+        return _plan(block_mask, B, Bk, H, Hkv, Lq, Lk, dtype)
+    if key not in mine:
+        mine.clear()                        # one plan per mask: the last shape's
+        mine[key] = _plan(block_mask, B, Bk, H, Hkv, Lq, Lk, dtype)
+    return mine[key]
+
+
 # ---------------------------------------------------------------------------
 # the C calls
 
@@ -550,7 +575,7 @@ def flex_attention(query: Tensor, key: Tensor, value: Tensor, block_mask=None,
             return out, torch.full((B, H, Lq), -math.inf)
         return out
     with torch.no_grad():
-        cu_q, groups, rows, hkv_s = _plan(block_mask, B, Bk, H, Hkv, Lq, Lk, cdtype)
+        cu_q, groups, rows, hkv_s = _plan_cached(block_mask, B, Bk, H, Hkv, Lq, Lk, cdtype)
     plan = _Plan()
     plan.groups, plan.cu_q, plan.n_docs, plan.TQ = groups, cu_q, cu_q.numel() - 1, TQ
     plan.H, plan.D, plan.Dv, plan.dt = H, D, Dv, _DTYPES[cdtype]

@@ -455,6 +455,30 @@ def test_work_is_the_blocks_only():
     assert rows.numel() == int(len_k.sum())     # the gathered token-major rows (all kv heads)
 
 
+def test_plan_is_kept_with_its_block_mask():
+    """A model's layers share a BlockMask: its plan is made once per shape and
+    dtype, and made again when the mask's block tensors change in place."""
+    gen = torch.Generator().manual_seed(8)
+    q, k, v = (draw((1, 2, 200, 16), gen, torch.float32) for _ in range(3))
+    bm = block_mask(causal, None, None, 200, 200, 64)
+    calls = []
+    real = tf._plan
+
+    def counting(*a, **kw):
+        calls.append(1)
+        return real(*a, **kw)
+    tf._plan, before = counting, None
+    try:
+        before = flex_attention(q, k, v, bm)
+        assert torch.equal(flex_attention(q, k, v, bm), before) and len(calls) == 1
+        flex_attention(q, k, v.to(torch.bfloat16).float(), bm)   # same shape and dtype
+        assert len(calls) == 1
+        bm.kv_num_blocks.add_(0)                                  # changed in place
+        assert torch.equal(flex_attention(q, k, v, bm), before) and len(calls) == 2
+    finally:
+        tf._plan = real
+
+
 def test_deterministic_and_threads():
     gen = torch.Generator().manual_seed(6)
     q, k, v = (draw((1, 4, 260, 32), gen, torch.bfloat16) for _ in range(3))
