@@ -1176,6 +1176,19 @@ static size_t carve_grad_sums(const tg_attn_bwd_plan *plan, void *base, bwd_args
   return dq + dk + dv;
 }
 
+/* TG_ERR_NULL_ARG naming the first of the backward's buffers that is NULL
+ * (O with step, else D_vec). */
+static tg_status need_buffers(tg_ctx *ctx, const char *fn, int step, const void *Q,
+                              const void *K, const void *V, const float *L, const void *dO,
+                              const void *O, const float *D_vec, const void *dQ,
+                              const void *dK, const void *dV) {
+  const void *bufs[] = {Q, K, V, L, dO, step ? O : D_vec, dQ, dK, dV};
+  const char *names[] = {"Q", "K", "V", "L", "dO", step ? "O" : "D_vec", "dQ", "dK", "dV"};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+    if (!bufs[i]) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: %s is NULL", fn, names[i]);
+  return TG_OK;
+}
+
 /* The backward entry points' checks after tg_attn_prepare, and pr's
  * compensated sums (f32 inputs) and dK, dV writes (the step). */
 static tg_status step_checks(tg_ctx *ctx, const char *fn, int step, tg_dtype dtype,
@@ -1208,12 +1221,10 @@ static tg_status train_bwd(tg_ctx *ctx, const char *fn, int step, tg_dtype dtype
                            const tg_attn_options *opt) {
   if (!ctx) return TG_ERR_NULL_ARG;
   TG_ENTER(ctx);
-  const void *bufs[] = {Q, K, V, L, dO, step ? O : D_vec, dQ, dK, dV};
-  const char *names[] = {"Q", "K", "V", "L", "dO", step ? "O" : "D_vec", "dQ", "dK", "dV"};
-  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-    if (!bufs[i]) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: %s is NULL", fn, names[i]);
+  tg_status st = need_buffers(ctx, fn, step, Q, K, V, L, dO, O, D_vec, dQ, dK, dV);
+  if (st != TG_OK) return st;
   tg_attn_problem pr;
-  tg_status st = tg_attn_prepare(ctx, fn, dtype, opt, p, mp, mask, causal, &pr);
+  st = tg_attn_prepare(ctx, fn, dtype, opt, p, mp, mask, causal, &pr);
   if (st != TG_OK) return st;
   if ((st = step_checks(ctx, fn, step, dtype, grad, &pr)) != TG_OK) return st;
   float *d_sinks = opt ? opt->d_sinks : NULL;
@@ -1299,13 +1310,11 @@ static tg_status varlen_bwd(tg_ctx *ctx, const char *fn, int step, tg_dtype dtyp
                             const tg_attn_options *opt) {
   if (!ctx) return TG_ERR_NULL_ARG;
   TG_ENTER(ctx);
-  const void *bufs[] = {Q, K, V, L, dO, step ? O : D_vec, dQ, dK, dV};
-  const char *names[] = {"Q", "K", "V", "L", "dO", step ? "O" : "D_vec", "dQ", "dK", "dV"};
-  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-    if (!bufs[i]) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: %s is NULL", fn, names[i]);
+  tg_status st = need_buffers(ctx, fn, step, Q, K, V, L, dO, O, D_vec, dQ, dK, dV);
+  if (st != TG_OK) return st;
   tg_attn_problem pr;
   tg_attn_docs dl;
-  tg_status st = tg_attn_varlen_prepare(ctx, fn, dtype, opt, p, docs, causal, &pr, &dl);
+  st = tg_attn_varlen_prepare(ctx, fn, dtype, opt, p, docs, causal, &pr, &dl);
   if (st != TG_OK) return st;
   bwd_args *args = NULL;
   tg_grid *grids = NULL;

@@ -405,6 +405,16 @@ tg_status tg_attn_forward(tg_ctx *ctx, const tg_attn_problem *pr, const void *Q,
   return tg_dispatch(ctx, g.nx, g.ny, g.nz, fwd_args_scratch(&a), fwd_group, &a);
 }
 
+/* TG_ERR_NULL_ARG naming the first of the forward's buffers that is NULL. */
+static tg_status need_buffers(tg_ctx *ctx, const char *fn, const void *Q, const void *K,
+                              const void *V, const void *O, const float *L) {
+  const void *bufs[] = {Q, K, V, O, L};
+  const char *names[] = {"Q", "K", "V", "O", "L"};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+    if (!bufs[i]) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: %s is NULL", fn, names[i]);
+  return TG_OK;
+}
+
 /* The entry points' shared body; fn names the public function in messages. */
 static tg_status train_fwd(tg_ctx *ctx, const char *fn, tg_dtype dtype, const void *Q,
                            const void *K, const void *V, void *O, float *L,
@@ -412,12 +422,10 @@ static tg_status train_fwd(tg_ctx *ctx, const char *fn, tg_dtype dtype, const vo
                            const void *mask, int causal, const tg_attn_options *opt) {
   if (!ctx) return TG_ERR_NULL_ARG;
   TG_ENTER(ctx);
-  const void *bufs[] = {Q, K, V, O, L};
-  const char *names[] = {"Q", "K", "V", "O", "L"};
-  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-    if (!bufs[i]) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: %s is NULL", fn, names[i]);
+  tg_status st = need_buffers(ctx, fn, Q, K, V, O, L);
+  if (st != TG_OK) return st;
   tg_attn_problem pr;
-  tg_status st = tg_attn_prepare(ctx, fn, dtype, opt, p, mp, mask, causal, &pr);
+  st = tg_attn_prepare(ctx, fn, dtype, opt, p, mp, mask, causal, &pr);
   if (st != TG_OK) return st;
   st = tg_attn_check_alias_fwd(ctx, fn, &pr, Q, K, V, mask, O, L); /* by pr.in's size */
   if (st != TG_OK) return st;
@@ -448,13 +456,11 @@ tg_status tg_attn_varlen_fwd(tg_ctx *ctx, tg_dtype dtype, const void *Q, const v
   static const char fn[] = "tg_attn_varlen_fwd";
   if (!ctx) return TG_ERR_NULL_ARG;
   TG_ENTER(ctx);
-  const void *bufs[] = {Q, K, V, O, L};
-  const char *names[] = {"Q", "K", "V", "O", "L"};
-  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-    if (!bufs[i]) return tg_fail(ctx, TG_ERR_NULL_ARG, "%s: %s is NULL", fn, names[i]);
+  tg_status st = need_buffers(ctx, fn, Q, K, V, O, L);
+  if (st != TG_OK) return st;
   tg_attn_problem pr;
   tg_attn_docs dl;
-  tg_status st = tg_attn_varlen_prepare(ctx, fn, dtype, opt, p, docs, causal, &pr, &dl);
+  st = tg_attn_varlen_prepare(ctx, fn, dtype, opt, p, docs, causal, &pr, &dl);
   if (st != TG_OK) return st;
   const size_t oe = pr.o_f32 || pr.in == TG_DTYPE_F32 ? sizeof(float) : sizeof(tg_bf16);
   const tg_buf outs[] = {tg_attn_buf("O", O, pr.Os, 1, pr.H, pr.qL, pr.Dv, oe, 1),
