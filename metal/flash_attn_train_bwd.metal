@@ -7,6 +7,7 @@
 //   flash_attn_train_bwd_bf16_d64         the main backward, head dim 64
 //   flash_attn_train_bwd_bf16_d256        the main backward, head dim 256
 //   flash_attn_train_bwd_bf16_d192_dv128  the main backward, D = 192, Dv = 128 (MLA)
+//   attn_varlen_bwd_bf16_d64, _d256       packed documents (tg_attn_varlen_bwd; at the end)
 //
 // For each (b, h, query row i), h_kv = h / gqa_factor:
 //   S[i,k]  = scale * Q[i].K[k]; softcapping c != 1: S = c * tanh(S / c)
@@ -137,7 +138,7 @@ constant constexpr int N_THREADS = N_SG * 32;
 // tilegrad's score (kernels/attention.h): tanh_out gets the softcap's tanh.
 // Keys k <= lo_key are outside the window: lo_key = i + qL_off - W (64-bit,
 // so any W fits), -1 without a window.
-static inline float attn_score(float qk, const constant AttnParams &p, int i, int k, long lo_key,
+static inline float attn_score(float qk, const thread AttnParams &p, int i, int k, long lo_key,
                                bool masked, float m, thread float &tanh_out) {
   float s = p.scale * qk;
   float t = 0.0f;
@@ -155,12 +156,20 @@ static inline float attn_score(float qk, const constant AttnParams &p, int i, in
   return s;
 }
 
+// Where the body reads L, D_vec and writes dQ, dK, dV: L's and D_vec's
+// [batch, head] strides (rows 1) and the gradients' [batch, head, row]
+// strides (elements 1). The dense kernels: [B, H, qL] and contiguous
+// [B, heads, L, D]; the varlen ones: [H, total_q] and [total, heads, D].
+struct GradLayout {
+  long Ls[2], dQs[3], dKs[3], dVs[3];
+};
+
 template <int BD, int BDV>
 static inline void attn_bwd_body(
     const device ushort *Q, const device ushort *K, const device ushort *V,
     const device float *L, const device ushort *dO, const device float *D_vec,
     device float *dQ, device float *dK, device float *dV,
-    const constant AttnParams &p, const constant AttnMaskParams *mp,
+    const thread AttnParams &p, const thread GradLayout &gl, const constant AttnMaskParams *mp,
     const device ushort *mask, const constant AttnVariantParams *vp,
     const device float *sinks, device float *d_sinks, uint3 tgid, uint tid, uint lane, uint sg,
     threadgroup ushort *K_s, threadgroup ushort *V_s,
@@ -169,15 +178,16 @@ static inline void attn_bwd_body(
   constexpr int DPL = BD / 32, DPLV = BDV / 32;  // head dims per lane (Q/K, V/O)
   constexpr int BDM = BD > BDV ? BD : BDV;
   const int qb = int(tgid.x), h = int(tgid.y), b = int(tgid.z);
-  const int h_kv = h / p.gqa_factor, H_kv = p.H / p.gqa_factor;
+  const int h_kv = h / p.gqa_factor;
   const int q0 = qb * BQ;
   const int nq = (!align_Q && qb == p.NQ_aligned) ? p.qL_rem : BQ;  // rows in this tile
-  const ulong bh = (ulong)b * p.H + h;
+  const long lrow = b * gl.Ls[0] + h * gl.Ls[1];  // of L and D_vec
+  device float *dQh = dQ + b * gl.dQs[0] + h * gl.dQs[1];
   const uint window = has_variant_params ? vp->window : 0u;
   const uint dv = has_variant_params && vp->v_head_dim != 0u ? vp->v_head_dim : uint(p.D);
 
   if (p.D != BD || dv != uint(BDV)) {  // wrong kernel for the shapes: NaN dQ, nothing else
-    for (int e = int(tid); e < nq * p.D; e += N_THREADS) dQ[(bh * p.qL + q0) * p.D + e] = NAN;
+    for (int e = int(tid); e < nq * p.D; e += N_THREADS) dQh[(q0 + e / p.D) * gl.dQs[2] + e % p.D] = NAN;
     return;  // uniform for the threadgroup
   }
 
@@ -224,7 +234,7 @@ static inline void attn_bwd_body(
       float q[DPL], g[DPLV];
       for (int j = 0; j < DPL; j++) q[j] = bf16_to_float(Qh[i * p.Q_strides[2] + int(lane) + 32 * j]);
       for (int j = 0; j < DPLV; j++) g[j] = bf16_to_float(dOh[i * p.O_strides[2] + int(lane) + 32 * j]);
-      const float Li = L[bh * p.qL + i], Di = D_vec[bh * p.qL + i];
+      const float Li = L[lrow + i], Di = D_vec[lrow + i];
       const device ushort *mrow = has_mask ? mask + b * mp->M_strides[0] + h * mp->M_strides[1] +
                                                  i * mp->M_strides[2]
                                            : nullptr;
@@ -248,19 +258,19 @@ static inline void attn_bwd_body(
     threadgroup_barrier(mem_flags::mem_threadgroup);
 
     // 3. this tile's dK, dV: thread per (key, dim), one atomic add each
-    device float *dKh = dK + (((ulong)b * H_kv + h_kv) * p.kL + k0) * BD;
-    device float *dVh = dV + (((ulong)b * H_kv + h_kv) * p.kL + k0) * BDV;
+    device float *dKh = dK + b * gl.dKs[0] + h_kv * gl.dKs[1] + k0 * gl.dKs[2];
+    device float *dVh = dV + b * gl.dVs[0] + h_kv * gl.dVs[1] + k0 * gl.dVs[2];
     for (int e = int(tid); e < nk * BDM; e += N_THREADS) {
       const int k = e / BDM, d = e % BDM;
       if (d < BD) {
         float ak = 0.0f;
         for (int il = 0; il < nq; il++) ak += dS_s[il][k] * bf16_to_float(Qh[(q0 + il) * p.Q_strides[2] + d]);
-        atomic_fetch_add_explicit((device atomic_float *)&dKh[k * BD + d], ak, memory_order_relaxed);
+        atomic_fetch_add_explicit((device atomic_float *)&dKh[k * gl.dKs[2] + d], ak, memory_order_relaxed);
       }
       if (d < BDV) {
         float av = 0.0f;
         for (int il = 0; il < nq; il++) av += P_s[il][k] * bf16_to_float(dOh[(q0 + il) * p.O_strides[2] + d]);
-        atomic_fetch_add_explicit((device atomic_float *)&dVh[k * BDV + d], av, memory_order_relaxed);
+        atomic_fetch_add_explicit((device atomic_float *)&dVh[k * gl.dVs[2] + d], av, memory_order_relaxed);
       }
     }
   }
@@ -269,7 +279,7 @@ static inline void attn_bwd_body(
   for (int r = 0; r < ROWS; r++) {
     const int il = int(sg) * ROWS + r;
     if (il >= nq) continue;
-    device float *dq_row = dQ + (bh * p.qL + q0 + il) * BD;
+    device float *dq_row = dQh + (q0 + il) * gl.dQs[2];
     for (int j = 0; j < DPL; j++) dq_row[int(lane) + 32 * j] = dq[r][j];
   }
 
@@ -279,7 +289,7 @@ static inline void attn_bwd_body(
   if (has_d_sinks && sink != -INFINITY) {  // uniform for the threadgroup
     const int il = int(sg) * ROWS + int(lane);  // lane r < ROWS takes row r
     float term = 0.0f;
-    if (lane < uint(ROWS) && il < nq) term = -exp(sink - L[bh * p.qL + q0 + il]) * D_vec[bh * p.qL + q0 + il];
+    if (lane < uint(ROWS) && il < nq) term = -exp(sink - L[lrow + q0 + il]) * D_vec[lrow + q0 + il];
     term = simd_sum(term);
     if (lane == 0) sink_part[sg] = term;
     threadgroup_barrier(mem_flags::mem_threadgroup);
@@ -318,10 +328,79 @@ static inline void attn_bwd_body(
     threadgroup float P_s[BQ][BK];                                                         \
     threadgroup float dS_s[BQ][BK];                                                        \
     threadgroup float sink_part[N_SG];                                                     \
-    attn_bwd_body<BD, BDV>(Q, K, V, L, dO, D_vec, dQ, dK, dV, *params, mp, mask, vp, sinks, \
+    const AttnParams p = *params;                                                          \
+    const long H_kv = p.H / p.gqa_factor, qL = p.qL, kL = p.kL;                            \
+    const GradLayout gl = {{long(p.H) * qL, qL},                                           \
+                           {long(p.H) * qL * BD, qL * BD, BD},                             \
+                           {H_kv * kL * BD, kL * BD, BD},                                  \
+                           {H_kv * kL * BDV, kL * BDV, BDV}};                              \
+    attn_bwd_body<BD, BDV>(Q, K, V, L, dO, D_vec, dQ, dK, dV, p, gl, mp, mask, vp, sinks,  \
                            d_sinks, tgid, tid, lane, sg, K_s, V_s, P_s, dS_s, sink_part);   \
+  }
+
+// Packed documents (tilegrad's tg_attn_varlen_bwd, dK and dV accumulated):
+// Q, dO [total_q, H, D | Dv], K, V [total_k, H_kv, D | Dv] through the
+// params' strides (B = 1, qL = total_q, kL = total_k); L, D_vec [H,
+// total_q]; dQ [total_q, H, D] (writes), dK, dV [total_k, H_kv, D | Dv]
+// (accumulate atomically); cu_seqlens_q(16), cu_seqlens_k(17) int32
+// [documents + 1]. Document d = tgid.z is the problem of B = 1, qL = len_q,
+// kL = len_k, qL_off = len_k - len_q; a tile past its queries returns, a
+// document with no keys gets dQ rows 0. Grid: (ceil(max len_q / 32), H,
+// documents); align_Q, align_K and has_mask false.
+#define TG_ATTN_VARLEN_BWD_KERNEL(NAME, BD, BDV)                                           \
+  kernel void NAME(                                                                        \
+      const device ushort *Q             [[buffer(0)]],                                    \
+      const device ushort *K             [[buffer(1)]],                                    \
+      const device ushort *V             [[buffer(2)]],                                    \
+      const device float  *L             [[buffer(4)]],                                    \
+      const device ushort *dO            [[buffer(5)]],                                    \
+      const device float  *D_vec         [[buffer(6)]],                                    \
+      device float        *dQ            [[buffer(7)]],                                    \
+      device float        *dK            [[buffer(8)]],                                    \
+      device float        *dV            [[buffer(9)]],                                    \
+      const constant AttnParams *params  [[buffer(10)]],                                   \
+      const constant AttnVariantParams *vp [[buffer(13), function_constant(has_variant_params)]], \
+      const device float  *sinks         [[buffer(14), function_constant(has_sinks)]],     \
+      device float        *d_sinks       [[buffer(15), function_constant(has_d_sinks)]],   \
+      const device int    *cu_q          [[buffer(16)]],                                   \
+      const device int    *cu_k          [[buffer(17)]],                                   \
+      uint3 tgid [[threadgroup_position_in_grid]],                                         \
+      uint  tid  [[thread_index_in_threadgroup]],                                          \
+      uint  lane [[thread_index_in_simdgroup]],                                            \
+      uint  sg   [[simdgroup_index_in_threadgroup]]) {                                     \
+    threadgroup ushort K_s[BK * BD];                                                       \
+    threadgroup ushort V_s[BK * BDV];                                                      \
+    threadgroup float P_s[BQ][BK];                                                         \
+    threadgroup float dS_s[BQ][BK];                                                        \
+    threadgroup float sink_part[N_SG];                                                     \
+    const int doc = int(tgid.z), q0 = cu_q[doc], k0 = cu_k[doc];                           \
+    const int lq = cu_q[doc + 1] - q0, lk = cu_k[doc + 1] - k0;                             \
+    if (int(tgid.x) * BQ >= lq) return; /* uniform: past this document's queries */       \
+    AttnParams p = *params;                                                                \
+    const long H = p.H, H_kv = p.H / p.gqa_factor;                                         \
+    const GradLayout gl = {{0, long(p.qL)}, {0, BD, H * BD}, {0, BD, H_kv * BD},           \
+                           {0, BDV, H_kv * BDV}};                                          \
+    device float *dQd = dQ + q0 * gl.dQs[2];                                               \
+    if (lk == 0) { /* no keys: dQ rows 0 */                                                \
+      const int h = int(tgid.y), r0 = int(tgid.x) * BQ, n = min(BQ, lq - r0);              \
+      for (int e = int(tid); e < n * BD; e += N_THREADS)                                   \
+        dQd[h * gl.dQs[1] + (r0 + e / BD) * gl.dQs[2] + e % BD] = 0.0f;                    \
+      return;                                                                              \
+    }                                                                                      \
+    p.B = 1, p.qL = lq, p.kL = lk, p.qL_off = lk - lq;                                     \
+    p.NQ = (lq + BQ - 1) / BQ, p.NK = (lk + BK - 1) / BK;                                  \
+    p.NQ_aligned = lq / BQ, p.NK_aligned = lk / BK, p.qL_rem = lq % BQ, p.kL_rem = lk % BK; \
+    uint3 doc_tg = tgid; /* the document's grid: batch 0 */                                \
+    doc_tg.z = 0;                                                                          \
+    attn_bwd_body<BD, BDV>(Q + q0 * p.Q_strides[2], K + k0 * p.K_strides[2],              \
+                           V + k0 * p.V_strides[2], L + q0, dO + q0 * p.O_strides[2],      \
+                           D_vec + q0, dQd, dK + k0 * gl.dKs[2], dV + k0 * gl.dVs[2], p,   \
+                           gl, nullptr, nullptr, vp, sinks, d_sinks, doc_tg, tid, lane, sg, \
+                           K_s, V_s, P_s, dS_s, sink_part);                                \
   }
 
 TG_ATTN_BWD_KERNEL(flash_attn_train_bwd_bf16_d64, 64, 64)
 TG_ATTN_BWD_KERNEL(flash_attn_train_bwd_bf16_d256, 256, 256)
 TG_ATTN_BWD_KERNEL(flash_attn_train_bwd_bf16_d192_dv128, 192, 128)
+TG_ATTN_VARLEN_BWD_KERNEL(attn_varlen_bwd_bf16_d64, 64, 64)
+TG_ATTN_VARLEN_BWD_KERNEL(attn_varlen_bwd_bf16_d256, 256, 256)
