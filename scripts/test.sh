@@ -105,8 +105,8 @@ TILEGRAD_LIB="$PWD/build/libtilegrad.so" "$tv/bin/python" bench/train_model.py -
 stage pip-install "pip install ./python in a fresh venv, then import it from elsewhere"
 bash python/ci_install_check.sh --offline
 
-stage fuzz "libFuzzer: replay fuzz/corpus, then 60 s of fuzzing (fuzz/README.md)"
-bash fuzz/run.sh 60
+stage fuzz "libFuzzer: replay fuzz/corpus, then 30 s of fuzzing (fuzz/README.md)"
+bash fuzz/run.sh 30
 
 stage race "race check: ThreadSanitizer + Archer over every accumulating kernel"
 bash scripts/race_check.sh
