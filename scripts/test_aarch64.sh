@@ -45,7 +45,7 @@ fi
 # Where the time goes under qemu is the f64 references of the attention
 # suites (qemu emulates every floating-point operation), once per table.
 # So every suite runs on neonbf16 (its NEON f32 ops, and BFMMLA for the bf16
-# products); neon runs every suite but the six heaviest attention ones (its
+# products); neon runs every suite but the eight heaviest attention ones (its
 # ops are neonbf16's f32 ones, built without +bf16: test_micro holds them to
 # their scalar definitions bit for bit, and the lighter suites run them end
 # to end); the portable table, the same C on every target, which x86-64 runs
@@ -58,7 +58,7 @@ fi
 # 390 s under qemu on neonbf16 alone; the NEON and BFMMLA kernels it calls
 # run in test_attention, test_attn_variants and test_attn_step (the
 # precision modes among them).
-heavy='test_(attention|attn_ext|attn_variants|causal_attention|big_offsets|hardening)'
+heavy='test_(attention|attn_ext|attn_variants|attn_step|attn_varlen|causal_attention|big_offsets|hardening)'
 echo "== aarch64: ctest under qemu (neonbf16: max; neon: cortex-a72, all but $heavy; portable: its own suites)"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
