@@ -712,7 +712,8 @@ def write_raw_npy(path, header, payload):
 
 def test_varlen(rng):
     """attn_varlen_fwd / _bwd_step on packed [total, heads, D] documents: each
-    document's O, L bitwise the dense forward's on its rows; the gradients
+    document's O, L bitwise the dense forward's on its rows; the step, fed
+    the f64 reference's O and L (as test_attention_pipeline feeds its D),
     against the f64 reference per document; bad offsets refused."""
     H, H_kv, D = 4, 2, 32
     lens = [7, 0, 1, 33]
@@ -723,17 +724,16 @@ def test_varlen(rng):
     fwd, _ = run("attn_varlen_fwd", ins, ["O", "L"], {"causal": 1}, what="varlen_fwd")
     if not fwd:
         return
-    bwd, _ = run("attn_varlen_bwd_step", dict(ins, O=fwd["O"], L=fwd["L"], dO=dO),
-                 ["dQ", "dK", "dV"], {"causal": 1}, what="varlen_bwd")
-    if not bwd:
-        return
     scale = 1.0 / np.sqrt(D)
+    O_ref = np.zeros((T, H, D), np.uint16)
+    L_ref = np.zeros((H, T), np.float32)
+    refs = {}
     for d, n in enumerate(lens):
         if n == 0:
             continue
         rows = slice(int(cu[d]), int(cu[d + 1]))
-        head_major = [np.ascontiguousarray(a[rows].transpose(1, 0, 2)[None]) for a in (Q, K, V, dO)]
-        q, k, v, do = head_major
+        q, k, v, do = (np.ascontiguousarray(a[rows].transpose(1, 0, 2)[None])
+                       for a in (Q, K, V, dO))
         dense, _ = run("flash_attn_train_fwd_bf16", {"Q": q, "K": k, "V": v}, ["O", "L"],
                        {"causal": 1}, what=f"varlen_dense{d}")
         if dense:
@@ -741,11 +741,18 @@ def test_varlen(rng):
                 fwd["O"][rows].transpose(1, 0, 2)[None]), dense["O"])
             check_exact(f"varlen doc {d} L", np.ascontiguousarray(fwd["L"][:, rows][None]),
                         dense["L"])
-        L, Dvec, _ = forward_lse_and_D(q, k, v, do, scale, True, 0, None, 1.0)
-        refs = attention_reference(q, k, v, do, Dvec, L, scale, True, 0, None, 1.0)
-        for name, (ref, mag) in zip(("dQ", "dK", "dV"), refs):
+        L, Dvec, O = forward_lse_and_D(q, k, v, do, scale, True, 0, None, 1.0)
+        O_ref[rows] = O[0].transpose(1, 0, 2)
+        L_ref[:, rows] = L[0]
+        refs[d] = (rows, attention_reference(q, k, v, do, Dvec, L, scale, True, 0, None, 1.0))
+    bwd, _ = run("attn_varlen_bwd_step", dict(ins, O=O_ref, L=L_ref, dO=dO),
+                 ["dQ", "dK", "dV"], {"causal": 1}, what="varlen_bwd")
+    if not bwd:
+        return
+    for d, (rows, ref) in refs.items():
+        for name, (want, mag) in zip(("dQ", "dK", "dV"), ref):
             got = np.ascontiguousarray(bwd[name][rows].transpose(1, 0, 2)[None])
-            check(f"varlen doc {d} {name}", got, ref, mag)
+            check(f"varlen doc {d} {name}", got, want, mag)
     bad = cu.copy()
     bad[2] = bad[1] - 1 if bad[1] > 0 else 5
     _, err = run("attn_varlen_fwd", dict(ins, cu_seqlens_q=bad), ["O", "L"], {"causal": 1},
