@@ -85,6 +85,14 @@ static void run_case(tg_ctx *ctx, const Case &c) {
   tg_attn_params_init(&p, 1, H, Hkv, tq, tk, D, 1.0f / std::sqrt((float)D));
   p.softcapping = c.softcap;
   set_packed_strides(&p, H, Hkv, D);
+  /* a document's rows as a dense B = 1 problem of its lengths */
+  auto doc_params = [&](int lq, int lk) {
+    tg_attn_params pd;
+    tg_attn_params_init(&pd, 1, H, Hkv, lq, lk, D, p.scale);
+    pd.softcapping = c.softcap;
+    set_packed_strides(&pd, H, Hkv, D);
+    return pd;
+  };
   const uint32_t vparams[2] = {c.window, 0};
   auto variants = [&](mtl_sim::Dispatch &d) {
     if (c.window) d.constant(302, true).buffer(13, vparams);
@@ -127,10 +135,7 @@ static void run_case(tg_ctx *ctx, const Case &c) {
       continue;
     }
     /* the document as a dense B = 1 problem on its rows */
-    tg_attn_params pd;
-    tg_attn_params_init(&pd, 1, H, Hkv, lq, lk, D, p.scale);
-    pd.softcapping = c.softcap;
-    set_packed_strides(&pd, H, Hkv, D);
+    const tg_attn_params pd = doc_params(lq, lk);
     Buf<uint16_t> Od(on);
     Buf<float> Ld((size_t)H * lq);
     mtl_sim::Dispatch dd;
@@ -201,10 +206,7 @@ static void run_case(tg_ctx *ctx, const Case &c) {
       continue;
     }
     /* the dense twin on the document's rows, its own [B, H, L, D] buffers */
-    tg_attn_params pd;
-    tg_attn_params_init(&pd, 1, H, Hkv, lq, lk, D, p.scale);
-    pd.softcapping = c.softcap;
-    set_packed_strides(&pd, H, Hkv, D);
+    const tg_attn_params pd = doc_params(lq, lk);
     Buf<float> Ld((size_t)H * lq), Dd((size_t)H * lq), dQd((size_t)H * lq * D),
         dKd((size_t)Hkv * lk * D), dVd((size_t)Hkv * lk * D);
     for (int h = 0; h < H; h++)
