@@ -33,7 +33,8 @@ static double doc_pairs(const tg_attn_problem *pr, int64_t qL, int64_t kL) {
 
 /* Checks one cu_seqlens array: starts at 0, never decreases, ends at total. */
 static tg_status check_offsets(tg_ctx *ctx, const char *fn, const char *name,
-                               const int32_t *cu, int32_t n_docs, int64_t total) {
+                               const int32_t *cu, int32_t n_docs, int64_t total,
+                               const char *total_name) {
   if (cu[0] != 0)
     return tg_fail(ctx, TG_ERR_BAD_SHAPE, "%s: %s[0] = %d; the offsets start at 0", fn, name,
                    (int)cu[0]);
@@ -45,8 +46,7 @@ static tg_status check_offsets(tg_ctx *ctx, const char *fn, const char *name,
   if (cu[n_docs] != total)
     return tg_fail(ctx, TG_ERR_BAD_SHAPE,
                    "%s: %s[%d] = %d, but the packed tensors have %lld rows (params %s)", fn,
-                   name, (int)n_docs, (int)cu[n_docs], (long long)total,
-                   name[11] == 'q' ? "qL" : "kL");
+                   name, (int)n_docs, (int)cu[n_docs], (long long)total, total_name);
   return TG_OK;
 }
 
@@ -83,8 +83,10 @@ tg_status tg_attn_varlen_prepare(tg_ctx *ctx, const char *fn, tg_dtype dtype,
    * value marks the packed problem as masked */
   static const int64_t per_document[3] = {0, 0, 0};
   pr->Ms = docs->mask ? per_document : NULL;
-  if ((st = check_offsets(ctx, fn, "cu_seqlens_q", docs->cu_seqlens_q, docs->n_docs, pr->qL)) ||
-      (st = check_offsets(ctx, fn, "cu_seqlens_k", docs->cu_seqlens_k, docs->n_docs, pr->kL)))
+  if ((st = check_offsets(ctx, fn, "cu_seqlens_q", docs->cu_seqlens_q, docs->n_docs, pr->qL,
+                          "qL")) ||
+      (st = check_offsets(ctx, fn, "cu_seqlens_k", docs->cu_seqlens_k, docs->n_docs, pr->kL,
+                          "kL")))
     return st;
   /* the packed gradients: contiguous [total, heads, D] */
   const int64_t H = pr->H, H_kv = pr->H_kv, D = pr->D, Dv = pr->Dv;
