@@ -51,14 +51,17 @@ static void test_blocking(void **state) {
 }
 
 /* C = A.B and C += A^T.B on ragged sizes (row and column edges of every
- * table's MR x NR block: 8 x 32, 6 x 16, 4 x 8). */
+ * table's MR x NR block: 8 x 32, 6 x 16, 4 x 8; a last panel of 8, 16 or
+ * 24 columns, as head dims 72, 80 and 88 leave, with and without fewer
+ * than 8 columns after it). */
 static void test_gemms(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 11);
   const tg_isa_ops *tabs[TU_MAX_ISAS];
   const int nt = n_tables(tabs);
   const int sizes[][3] = {{1, 1, 1}, {4, 32, 8}, {5, 33, 7}, {64, 64, 128}, {3, 70, 64},
                           {64, 136, 64}, {13, 8, 300}, {17, 65, 9}, {48, 48, 64},
-                          {47, 40, 16}, {7, 16, 3}};
+                          {47, 40, 16}, {7, 16, 3},  {9, 72, 17},  {8, 80, 6},
+                          {8, 88, 5},   {6, 95, 33}, {3, 29, 4},   {10, 20, 12}};
   for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
     const int M = sizes[si][0], N = sizes[si][1], K = sizes[si][2];
     const int64_t lda = K + 3, ldat = M + 5, ldb = N + 2, ldc = N + 1;
