@@ -425,8 +425,8 @@ done:
 /* ------------------------------------------------------------------------ */
 /*
  * To add a kernel: write a setup function that allocates its buffers with
- * mc_f32()/mc_u32() (freed for you), fills in shape, bytes (the minimum
- * bytes one call must move: inputs read once, outputs written once,
+ * mc_f32()/mc_u32()/mc_bf16() (freed for you), fills in shape, bytes (the
+ * minimum bytes one call must move: inputs read once, outputs written once,
  * accumulated outputs read + written) and, for a kernel that is compute-bound
  * rather than memory-bound, flops; a run function that makes the one call;
  * and a row in k_mem_kernels. Only reference entry points the library really
@@ -475,7 +475,23 @@ static void mc_free(mem_case *c) {
   for (int i = 0; i < c->nbuf; i++) free(c->buf[i]);
   c->nbuf = 0;
 }
+/* bf16 buffer of n values uniform in [lo, hi), rounded to nearest even
+ * (finite values only: no NaN handling needed). */
+static tg_bf16 *mc_bf16(mem_case *c, int64_t n, uint64_t seed, float lo, float hi) {
+  tg_bf16 *p = mc_alloc(c, (size_t)n * sizeof(tg_bf16));
+  if (p) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+      const float f = urand(seed, i, lo, hi);
+      uint32_t u;
+      memcpy(&u, &f, sizeof u);
+      p[i] = (tg_bf16)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+    }
+  }
+  return p;
+}
 #define F4 4.0 /* bytes per f32 */
+#define B2 2.0 /* bytes per bf16 */
 
 /* 3. f32 -> bf16 cast: read n f32, write n bf16. */
 static int mb_cast_setup(mem_case *c, int quick) {
@@ -703,6 +719,105 @@ static tg_status mb_fwht_run(tg_ctx *ctx, mem_case *c) {
   return tg_fwht_sign_undo_f32(ctx, c->buf[0], c->u[0], c->u[1]);
 }
 
+/* 12. RoPE of q and k, as apply_rotary_pos_emb calls it: two calls, q then k
+ * (the entry point takes one tensor). Llama-3-8B's attention: 32 q heads,
+ * 8 kv heads, D = R = 128, rotate-half, bf16 throughout. x and y keep the
+ * projection's [B=1, L, H, D] storage, read as the [B, H, L, D] view (head
+ * stride D, row stride H*D), as the torch op passes q.transpose(1, 2); cos,
+ * sin [1, L, D] bf16 (the model's dtype). Bytes: q, k read and written,
+ * the tables read once (the k call finds them where the q call left them).
+ * Buffers: 0 xq, 1 xk, 2 cos, 3 sin, 4 yq, 5 yk (backward: dy in, dx out). */
+static int mb_rope_setup(mem_case *c, int quick) {
+  c->u[0] = quick ? 1024 : 4096; /* tokens L */
+  c->u[1] = 32;                  /* q heads */
+  c->u[2] = 8;                   /* kv heads */
+  c->u[3] = 128;                 /* head dim = rotary dim */
+  const int64_t L = c->u[0], D = c->u[3], nq = L * c->u[1] * D, nk = L * c->u[2] * D;
+  if (!mc_bf16(c, nq, 131, -1, 1) || !mc_bf16(c, nk, 132, -1, 1) ||
+      !mc_bf16(c, L * D, 133, -1, 1) || !mc_bf16(c, L * D, 134, -1, 1) ||
+      !mc_bf16(c, nq, 135, 0, 0) || !mc_bf16(c, nk, 136, 0, 0))
+    return -1;
+  c->bytes = B2 * (2.0 * (double)nq + 2.0 * (double)nk + 2.0 * (double)L * D);
+  snprintf(c->shape, sizeof c->shape, "q%u+k%u L=%u D=%u bf16", c->u[1], c->u[2], c->u[0],
+           c->u[3]);
+  return 0;
+}
+/* One call on H heads of the [1, L, H, D] storage at x and y. */
+static tg_status rope_call(tg_ctx *ctx, mem_case *c, int backward, const void *x, void *y,
+                           int H) {
+  tg_rope_params p;
+  tg_status st = tg_rope_params_init(&p, 1, H, (int)c->u[0], (int)c->u[3], (int)c->u[3],
+                                     TG_ROPE_ROTATE_HALF);
+  if (st != TG_OK) return st;
+  p.x_dtype = p.y_dtype = p.table_dtype = TG_DTYPE_BF16;
+  const int64_t D = c->u[3], row = (int64_t)H * D;
+  p.x_strides[0] = p.y_strides[0] = row * c->u[0];
+  p.x_strides[1] = p.y_strides[1] = D;
+  p.x_strides[2] = p.y_strides[2] = row;
+  return backward ? tg_rope_backward(ctx, x, c->buf[2], c->buf[3], y, &p)
+                  : tg_rope_forward(ctx, x, c->buf[2], c->buf[3], y, &p);
+}
+static tg_status rope_qk(tg_ctx *ctx, mem_case *c, int backward) {
+  tg_status st = rope_call(ctx, c, backward, c->buf[0], c->buf[4], (int)c->u[1]);
+  return st != TG_OK ? st : rope_call(ctx, c, backward, c->buf[1], c->buf[5], (int)c->u[2]);
+}
+static tg_status mb_rope_fwd_run(tg_ctx *ctx, mem_case *c) { return rope_qk(ctx, c, 0); }
+static tg_status mb_rope_bwd_run(tg_ctx *ctx, mem_case *c) { return rope_qk(ctx, c, 1); }
+
+/* 13. GLU of the MLP, Llama-3.2-1B's intermediate width: gate, up [T, 8192]
+ * bf16, contiguous (separate gate_proj and up_proj outputs). forward: read
+ * gate, up; write y. backward: read gate, up, dy; write dgate, dup.
+ * Buffers: 0 gate, 1 up, 2 y or dy, 3 dgate, 4 dup. */
+static int glu_setup(mem_case *c, int quick, int backward) {
+  c->u[0] = quick ? 1024 : 4096; /* tokens (rows) */
+  c->u[1] = 8192;                /* intermediate (cols) */
+  const int64_t n = (int64_t)c->u[0] * c->u[1];
+  const float d = backward ? 1.0f : 0.0f; /* dy in [-1, 1); y zeroed */
+  if (!mc_bf16(c, n, 141, -4, 4) || !mc_bf16(c, n, 142, -1, 1) || !mc_bf16(c, n, 143, -d, d))
+    return -1;
+  if (backward && (!mc_bf16(c, n, 144, 0, 0) || !mc_bf16(c, n, 145, 0, 0))) return -1;
+  c->bytes = B2 * (backward ? 5.0 : 3.0) * (double)n;
+  return 0;
+}
+static int glu_shape(mem_case *c, const char *act) {
+  snprintf(c->shape, sizeof c->shape, "%s T=%u x %u bf16", act, c->u[0], c->u[1]);
+  return 0;
+}
+static int mb_swiglu_fwd_setup(mem_case *c, int quick) {
+  return glu_setup(c, quick, 0) ? -1 : glu_shape(c, "silu");
+}
+static int mb_swiglu_bwd_setup(mem_case *c, int quick) {
+  return glu_setup(c, quick, 1) ? -1 : glu_shape(c, "silu");
+}
+static int mb_geglu_fwd_setup(mem_case *c, int quick) {
+  return glu_setup(c, quick, 0) ? -1 : glu_shape(c, "gelu_tanh");
+}
+static int mb_geglu_bwd_setup(mem_case *c, int quick) {
+  return glu_setup(c, quick, 1) ? -1 : glu_shape(c, "gelu_tanh");
+}
+static tg_status glu_fwd(tg_ctx *ctx, mem_case *c, tg_glu_act act) {
+  const int64_t s = c->u[1];
+  return tg_glu_forward(ctx, c->buf[0], c->buf[1], c->buf[2], act, TG_DTYPE_BF16, c->u[0],
+                        c->u[1], s, s, s);
+}
+static tg_status glu_bwd(tg_ctx *ctx, mem_case *c, tg_glu_act act) {
+  const int64_t s = c->u[1];
+  return tg_glu_backward(ctx, c->buf[0], c->buf[1], c->buf[2], c->buf[3], c->buf[4], act,
+                         TG_DTYPE_BF16, c->u[0], c->u[1], s, s, s, s, s);
+}
+static tg_status mb_swiglu_fwd_run(tg_ctx *ctx, mem_case *c) {
+  return glu_fwd(ctx, c, TG_GLU_SILU);
+}
+static tg_status mb_swiglu_bwd_run(tg_ctx *ctx, mem_case *c) {
+  return glu_bwd(ctx, c, TG_GLU_SILU);
+}
+static tg_status mb_geglu_fwd_run(tg_ctx *ctx, mem_case *c) {
+  return glu_fwd(ctx, c, TG_GLU_GELU_TANH);
+}
+static tg_status mb_geglu_bwd_run(tg_ctx *ctx, mem_case *c) {
+  return glu_bwd(ctx, c, TG_GLU_GELU_TANH);
+}
+
 static const mem_kernel k_mem_kernels[] = {
     {"tg_f32_to_bf16_cast", mb_cast_setup, mb_cast_run},
     {"tg_rms_norm_compute_rms_inv_f32", mb_rms_inv_setup, mb_rms_inv_run},
@@ -717,6 +832,12 @@ static const mem_kernel k_mem_kernels[] = {
     {"tg_flash_attn_vec_reduce", mb_reduce_setup, mb_reduce_run},
     {"tg_flash_attn_vec_reduce_tq_hb_undo", mb_reduce_setup, mb_reduce_hb_run},
     {"tg_fwht_sign_undo_f32", mb_fwht_setup, mb_fwht_run},
+    {"tg_rope_forward", mb_rope_setup, mb_rope_fwd_run},
+    {"tg_rope_backward", mb_rope_setup, mb_rope_bwd_run},
+    {"tg_glu_forward", mb_swiglu_fwd_setup, mb_swiglu_fwd_run},
+    {"tg_glu_backward", mb_swiglu_bwd_setup, mb_swiglu_bwd_run},
+    {"tg_glu_forward", mb_geglu_fwd_setup, mb_geglu_fwd_run},
+    {"tg_glu_backward", mb_geglu_bwd_setup, mb_geglu_bwd_run},
 };
 #define N_MEM_KERNELS ((int)(sizeof k_mem_kernels / sizeof k_mem_kernels[0]))
 
