@@ -12,6 +12,28 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh test
 jobs=$(nproc)
+
+# The torch front's custom ops (torch.compile, torch.export, opcheck) need
+# torch >= 2.4: the Python suites run again on torch 2.9.1 from the package
+# index, with transformers 5.17.0 for the attention backend
+# (tilegrad.transformers), in a venv that is created once and reused
+# (TG_TORCH_VENV; the x86-64 torch wheel pulls its CUDA runtime wheels, ~3-4
+# GB, to import). A missing venv is installed in the background while the C
+# stages run: the download and unpacking took ~240 s of a CI run's wall time
+# on their own, mostly waiting on the network and the disk.
+tv="${TG_TORCH_VENV:-$PWD/build-torch-venv}"
+torch_venv_ok() {
+  "$tv/bin/python" -c 'import torch, numpy, pytest, hypothesis, transformers
+assert torch.__version__.split("+")[0] == "2.9.1"
+assert transformers.__version__ == "5.17.0"' 2>/dev/null
+}
+venv_pid="" venv_log="${TMPDIR:-/tmp}/tilegrad-torch-venv.$$.log"
+if ! torch_venv_ok; then
+  ( [ -x "$tv/bin/python" ] || python3 -m venv "$tv"
+    "$tv/bin/python" -m pip install --disable-pip-version-check --no-cache-dir -q \
+      torch==2.9.1 transformers==5.17.0 numpy pytest hypothesis ) >"$venv_log" 2>&1 &
+  venv_pid=$!
+fi
 # Each stage prints its start and the seconds the previous one took, so a
 # slow CI run shows where its time went.
 t_stage=0 stage_name=setup
@@ -69,19 +91,12 @@ stage pytest-1.13 "PyTorch oracle and Python package (pytest, Debian's torch 1.1
 export OMP_WAIT_POLICY=passive
 TILEGRAD_LIB="$PWD/build/libtilegrad.so" /usr/bin/python3 -m pytest tests/python -q
 
-# The torch front's custom ops (torch.compile, torch.export, opcheck) need
-# torch >= 2.4: the whole suite again on torch 2.9.1 from the package index,
-# with transformers 5.17.0 for the attention backend (tilegrad.transformers),
-# in a venv that is created once and reused (TG_TORCH_VENV; the x86-64 torch
-# wheel pulls its CUDA runtime wheels, ~3-4 GB, to import).
+# the venv installed in the background at the start (above)
 stage pytest-2.9 "torch front on PyTorch 2.9.1 and transformers 5.17.0 (pytest in a venv)"
-tv="${TG_TORCH_VENV:-$PWD/build-torch-venv}"
-if ! "$tv/bin/python" -c 'import torch, numpy, pytest, hypothesis, transformers
-assert torch.__version__.split("+")[0] == "2.9.1"
-assert transformers.__version__ == "5.17.0"' 2>/dev/null; then
-  [ -x "$tv/bin/python" ] || python3 -m venv "$tv"
-  "$tv/bin/python" -m pip install --disable-pip-version-check --no-cache-dir -q \
-    torch==2.9.1 transformers==5.17.0 numpy pytest hypothesis
+if [ -n "$venv_pid" ]; then
+  wait "$venv_pid" && torch_venv_ok ||
+    { cat "$venv_log" >&2; echo "the torch 2.9.1 venv ($tv) could not be installed" >&2; exit 1; }
+  rm -f "$venv_log"
 fi
 TILEGRAD_LIB="$PWD/build/libtilegrad.so" TG_REQUIRE_CUSTOM_OPS=1 TG_REQUIRE_TRANSFORMERS=1 \
   "$tv/bin/python" -m pytest tests/python -q
