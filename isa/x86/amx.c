@@ -18,17 +18,22 @@
  * Blocking. One palette-1 configuration, all eight tiles 16 rows x 64 bytes:
  * tmm0-3 a 32 x 32 block of C (2 x 2 tiles), tmm4-5 A rows i..i+15 and
  * i+16..i+31, tmm6-7 Bp columns j..j+15 and j+16..j+31; per 32 k (16 pairs)
- * four loads feed four TDPBF16PS. Blocks wholly inside C run so; the rest
- * (the M % 32 and N % 32 edges) run 16 x 16 tile by tile (tmm0, tmm4, tmm6).
+ * four loads feed four TDPBF16PS. The blocks at the M % 32 and N % 32 edges
+ * run the same way, with only the tiles that hold rows below M and columns
+ * below N (2 x 2, 2 x 1, 1 x 2 or 1 x 1 of them).
  *
  * Edges. Nothing outside A[M, K], Bp[K/2, N] and C[M, N] is read or written:
  * a tile that would reach past them (rows >= M, columns >= N, k >= K) is
- * staged through a zero-padded buffer on the stack instead, C (when
- * accumulating) and the result copied back for the valid part only. The k
- * padding of a last partial chunk (K % 32) is zero on both sides, so it adds
- * 0 * 0 (a NaN or inf of A or B never meets it); rows and columns past M, N
- * hold zeros on one side only and land in rows and columns of C that are
- * never stored.
+ * staged through a zero-padded buffer on the stack instead, with AVX-512
+ * masked loads (which do not touch the masked-off bytes), and C of an edge
+ * block likewise, its valid part stored back through a mask. The k padding
+ * of a last partial chunk (K % 32) is zero on both sides, so it adds 0 * 0
+ * (a NaN or inf of A or B never meets it); rows and columns past M, N hold
+ * zeros on one side only and land in rows and columns of C that are never
+ * stored. (Head dims between the multiples of 32 are such edges: D 72 is a
+ * K % 32 of 8 in S = Q.K^T and an N % 32 of 8 in O = P.V. Staged with
+ * memset and memcpy per tile, and the edge blocks run tile by tile, exact
+ * mode's D 72 backward ran at 0.59x D 64's GFLOP/s on the lent Xeon.)
  *
  * The configuration is loaded at the start of every call (another library
  * on this thread, e.g. oneDNN under PyTorch, may have loaded its own since
@@ -82,16 +87,6 @@ _Static_assert(sizeof(amx_tilecfg) == 64, "the tile configuration is 64 bytes");
 
 enum { AMX_R = 16, AMX_KC = 32 }; /* tile rows (and f32 columns); bf16 per A row */
 
-/* The 2 x 2 block's four products: tmm0-3 += (A rows tmm4, tmm5) x (B
- * columns tmm6, tmm7). */
-#define AMX_DOT_2X2()          \
-  do {                         \
-    _tile_dpbf16ps(0, 4, 6);   \
-    _tile_dpbf16ps(1, 4, 7);   \
-    _tile_dpbf16ps(2, 5, 6);   \
-    _tile_dpbf16ps(3, 5, 7);   \
-  } while (0)
-
 static inline void amx_configure(void) {
   _Alignas(64) amx_tilecfg cfg;
   memset(&cfg, 0, sizeof cfg);
@@ -102,20 +97,54 @@ static inline void amx_configure(void) {
   AMX_SYNC();
 }
 
-/* The first kc (<= AMX_KC) elements of `rows` (<= nr) rows of A into buf
- * [nr][AMX_KC], zeros elsewhere. */
+/* The first kc (<= AMX_KC) bf16 of `rows` (<= nr) rows of A into buf
+ * [nr][AMX_KC], zeros elsewhere; nothing past them is read. */
 static inline void amx_stage_a(uint16_t *restrict buf, int nr, const uint16_t *restrict A,
                                int64_t lda, int rows, int kc) {
-  memset(buf, 0, sizeof(uint16_t) * (size_t)(nr * AMX_KC));
-  for (int r = 0; r < rows; r++) memcpy(buf + r * AMX_KC, A + r * lda, sizeof(uint16_t) * kc);
+  const __mmask32 m = (__mmask32)(kc >= 32 ? ~0u : (1u << kc) - 1);
+  for (int r = 0; r < nr; r++)
+    _mm512_store_si512((void *)(buf + r * AMX_KC),
+                       r < rows ? _mm512_maskz_loadu_epi16(m, A + r * lda)
+                                : _mm512_setzero_si512());
 }
 
-/* The first cols (<= ncb) pairs of np (<= AMX_R) rows of Bp into buf
- * [AMX_R][ncb], zeros elsewhere. */
-static inline void amx_stage_b(uint32_t *restrict buf, int ncb, const uint32_t *restrict Bp,
+/* The first cols (<= 32) pairs of np (<= AMX_R) rows of Bp into buf
+ * [AMX_R][32] (the two B tiles' columns side by side), zeros elsewhere. */
+static inline void amx_stage_b(uint32_t *restrict buf, const uint32_t *restrict Bp,
                                int64_t ldb, int np, int cols) {
-  memset(buf, 0, sizeof(uint32_t) * (size_t)(AMX_R * ncb));
-  for (int p = 0; p < np; p++) memcpy(buf + p * ncb, Bp + p * ldb, sizeof(uint32_t) * cols);
+  const __mmask16 lo = (__mmask16)(cols >= 16 ? 0xffff : (1u << cols) - 1);
+  const __mmask16 hi = (__mmask16)(cols >= 32 ? 0xffff : cols <= 16 ? 0 : (1u << (cols - 16)) - 1);
+  for (int p = 0; p < AMX_R; p++) {
+    const int in = p < np;
+    _mm512_store_si512((void *)(buf + p * 32),
+                       in ? _mm512_maskz_loadu_epi32(lo, Bp + p * ldb) : _mm512_setzero_si512());
+    _mm512_store_si512((void *)(buf + p * 32 + 16), in && hi ? _mm512_maskz_loadu_epi32(
+                                                                   hi, Bp + p * ldb + 16)
+                                                             : _mm512_setzero_si512());
+  }
+}
+
+/* rows x cols (<= 32 each) of C (stride ldc) to or from buf [32][32]
+ * (stage: zeros past them; unstage: only they are written). */
+static inline void amx_stage_c(float *restrict buf, const float *restrict C, int64_t ldc,
+                               int rows, int cols) {
+  const __mmask16 lo = (__mmask16)(cols >= 16 ? 0xffff : (1u << cols) - 1);
+  const __mmask16 hi = (__mmask16)(cols >= 32 ? 0xffff : cols <= 16 ? 0 : (1u << (cols - 16)) - 1);
+  for (int r = 0; r < 32; r++) {
+    const int in = r < rows;
+    _mm512_store_ps(buf + r * 32, in ? _mm512_maskz_loadu_ps(lo, C + r * ldc) : _mm512_setzero_ps());
+    _mm512_store_ps(buf + r * 32 + 16,
+                    in && hi ? _mm512_maskz_loadu_ps(hi, C + r * ldc + 16) : _mm512_setzero_ps());
+  }
+}
+static inline void amx_unstage_c(float *restrict C, int64_t ldc, const float *restrict buf,
+                                 int rows, int cols) {
+  const __mmask16 lo = (__mmask16)(cols >= 16 ? 0xffff : (1u << cols) - 1);
+  const __mmask16 hi = (__mmask16)(cols >= 32 ? 0xffff : cols <= 16 ? 0 : (1u << (cols - 16)) - 1);
+  for (int r = 0; r < rows; r++) {
+    _mm512_mask_storeu_ps(C + r * ldc, lo, _mm512_load_ps(buf + r * 32));
+    if (hi) _mm512_mask_storeu_ps(C + r * ldc + 16, hi, _mm512_load_ps(buf + r * 32 + 16));
+  }
 }
 
 /* The end of the group of terms that starts at g: the terms after it with
@@ -132,19 +161,39 @@ static int amx_group_end(int n, const tg_bf16_term *terms, int g, int *shared_a)
   return e;
 }
 
-/* A 32 x 32 block of C, wholly inside it, rows from i and columns from j
- * of the terms' A and B (C points at the block): tmm0-3. C (+)= A_0 . B_0
- * + ... + A_{n-1} . B_{n-1}, group by group (amx_group_end), each group
- * k step by k step: per 32 k, each of its terms in turn, the shared
- * operand's two tiles loaded once for all of them. */
-static void amx_block32(int n, const tg_bf16_term *terms, int64_t i, int64_t j, int64_t lda,
-                        int64_t ldb, float *C, int64_t ldc, int accumulate) {
-  const int64_t sa = 2 * lda, sb = 4 * ldb, sc = 4 * ldc; /* byte strides */
+/* The tile products of one k step of a block: tmm0-3 += (A rows tmm4,
+ * tmm5) x (B columns tmm6, tmm7), only the tiles the block has (two_r: rows
+ * 16-31, two_c: columns 16-31). */
+static inline void amx_dot(int two_r, int two_c) {
+  _tile_dpbf16ps(0, 4, 6);
+  if (two_c) _tile_dpbf16ps(1, 4, 7);
+  if (two_r) _tile_dpbf16ps(2, 5, 6);
+  if (two_r && two_c) _tile_dpbf16ps(3, 5, 7);
+}
+
+/* A block of C of rows x cols (1..32 each; 32 x 32: wholly inside C, run in
+ * place), rows from i and columns from j of the terms' A and B (C points
+ * at the block): tmm0-3. C (+)= A_0 . B_0 + ... + A_{n-1} . B_{n-1}, group
+ * by group (amx_group_end), each group k step by k step: per 32 k, each of
+ * its terms in turn, the shared operand's tiles loaded once for all of
+ * them. Each element of C sees the same TDPBF16PS sequence whatever the
+ * block's size: an edge block's bits are those of a whole one. */
+static void amx_block(int rows, int cols, int n, const tg_bf16_term *terms, int64_t i,
+                      int64_t j, int64_t lda, int64_t ldb, float *C, int64_t ldc,
+                      int accumulate) {
+  const int two_r = rows > AMX_R, two_c = cols > AMX_R;
+  const int whole_c = rows == 32 && cols == 32;
+  _Alignas(64) float c[32 * 32];
+  _Alignas(64) uint16_t a[2 * AMX_R * AMX_KC]; /* a staged A step [32][32] */
+  _Alignas(64) uint32_t b[AMX_R * 32];         /* a staged B step [16][32] */
+  float *const Cb = whole_c ? C : c;
+  const int64_t scb = whole_c ? 4 * ldc : 4 * 32;
+  if (accumulate && !whole_c) amx_stage_c(c, C, ldc, rows, cols);
   if (accumulate) {
-    AMX_LOAD(0, C, sc);
-    AMX_LOAD(1, C + 16, sc);
-    AMX_LOAD(2, C + 16 * ldc, sc);
-    AMX_LOAD(3, C + 16 * ldc + 16, sc);
+    AMX_LOAD(0, Cb, scb);
+    if (two_c) AMX_LOAD(1, Cb + 16, scb);
+    if (two_r) AMX_LOAD(2, Cb + 16 * (scb / 4), scb);
+    if (two_r && two_c) AMX_LOAD(3, Cb + 16 * (scb / 4) + 16, scb);
   } else {
     _tile_zero(0);
     _tile_zero(1);
@@ -154,98 +203,44 @@ static void amx_block32(int n, const tg_bf16_term *terms, int64_t i, int64_t j, 
   for (int g = 0, e, shared_a; g < n; g = e) {
     e = amx_group_end(n, terms, g, &shared_a);
     const int K = terms[g].K;
-    int k = 0;
-    if (shared_a) { /* the terms' A tiles loaded once per k step */
-      for (; k + AMX_KC <= K; k += AMX_KC) {
-        const uint16_t *A = terms[g].A + i * lda + k;
-        AMX_LOAD(4, A, sa);
-        AMX_LOAD(5, A + 16 * lda, sa);
-        for (int t = g; t < e; t++) {
-          const uint32_t *b = terms[t].Bp + j + (int64_t)(k / 2) * ldb;
-          AMX_LOAD(6, b, sb);
-          AMX_LOAD(7, b + 16, sb);
-          AMX_DOT_2X2();
-        }
-      }
-    } else { /* one term, or the terms' B tiles loaded once per k step */
-      for (; k + AMX_KC <= K; k += AMX_KC) {
-        const uint32_t *b = terms[g].Bp + j + (int64_t)(k / 2) * ldb;
-        AMX_LOAD(6, b, sb);
-        AMX_LOAD(7, b + 16, sb);
-        for (int t = g; t < e; t++) {
+    for (int k = 0; k < K; k += AMX_KC) {
+      const int kc = K - k < AMX_KC ? K - k : AMX_KC;
+      const int a_in_place = rows == 32 && kc == AMX_KC, b_in_place = cols == 32 && kc == AMX_KC;
+      /* the operand the group's terms share loads once for the k step */
+      for (int t = g; t < e; t++) {
+        if (t == g || !shared_a) {
           const uint16_t *A = terms[t].A + i * lda + k;
-          AMX_LOAD(4, A, sa);
-          AMX_LOAD(5, A + 16 * lda, sa);
-          AMX_DOT_2X2();
+          if (a_in_place) {
+            AMX_LOAD(4, A, 2 * lda);
+            AMX_LOAD(5, A + 16 * lda, 2 * lda);
+          } else {
+            uint16_t *s = a;
+            amx_stage_a(s, two_r ? 2 * AMX_R : AMX_R, A, lda, rows, kc);
+            AMX_LOAD(4, s, 2 * AMX_KC);
+            if (two_r) AMX_LOAD(5, s + AMX_R * AMX_KC, 2 * AMX_KC);
+          }
         }
+        if (t == g || shared_a) {
+          const uint32_t *B = terms[t].Bp + j + (int64_t)(k / 2) * ldb;
+          if (b_in_place) {
+            AMX_LOAD(6, B, 4 * ldb);
+            AMX_LOAD(7, B + 16, 4 * ldb);
+          } else {
+            uint32_t *s = b;
+            amx_stage_b(s, B, ldb, kc / 2, cols);
+            AMX_LOAD(6, s, 4 * 32);
+            if (two_c) AMX_LOAD(7, s + 16, 4 * 32);
+          }
+        }
+        amx_dot(two_r, two_c);
       }
     }
-    if (k < K) /* the last K % 32: both sides zero-padded along k */
-      for (int t = g; t < e; t++) {
-        _Alignas(64) uint16_t a[2 * AMX_R * AMX_KC];
-        _Alignas(64) uint32_t b[AMX_R * 32];
-        amx_stage_a(a, 2 * AMX_R, terms[t].A + i * lda + k, lda, 2 * AMX_R, K - k);
-        amx_stage_b(b, 32, terms[t].Bp + j + (int64_t)(k / 2) * ldb, ldb, (K - k) / 2, 32);
-        AMX_LOAD(4, a, 2 * AMX_KC);
-        AMX_LOAD(5, a + AMX_R * AMX_KC, 2 * AMX_KC);
-        AMX_LOAD(6, b, 4 * 32);
-        AMX_LOAD(7, b + 16, 4 * 32);
-        AMX_DOT_2X2();
-      }
   }
-  _tile_stored(0, C, sc);
-  _tile_stored(1, C + 16, sc);
-  _tile_stored(2, C + 16 * ldc, sc);
-  _tile_stored(3, C + 16 * ldc + 16, sc);
-}
-
-/* One tile of C, rows x cols (1..16 each; tmm0, tmm4, tmm6) at row i and
- * column j of the terms: in place where whole, else through zero-padded
- * copies; the terms in amx_block32's order. */
-static void amx_tile1(int rows, int cols, int n, const tg_bf16_term *terms, int64_t i, int64_t j,
-                      int64_t lda, int64_t ldb, float *C, int64_t ldc, int accumulate) {
-  const int whole = rows == AMX_R && cols == AMX_R;
-  _Alignas(64) float c[AMX_R * AMX_R];
-  _Alignas(64) uint16_t a[AMX_R * AMX_KC];
-  _Alignas(64) uint32_t b[AMX_R * AMX_R];
-  if (!accumulate) {
-    _tile_zero(0);
-  } else if (whole) {
-    AMX_LOAD(0, C, 4 * ldc);
-  } else {
-    memset(c, 0, sizeof c);
-    for (int r = 0; r < rows; r++) memcpy(c + r * AMX_R, C + r * ldc, sizeof(float) * cols);
-    AMX_LOAD(0, c, 4 * AMX_R);
-  }
-  for (int g = 0, e, shared_a; g < n; g = e) {
-    e = amx_group_end(n, terms, g, &shared_a);
-    const int K = terms[g].K;
-    for (int k = 0; k < K; k += AMX_KC)
-      for (int t = g; t < e; t++) {
-        const uint16_t *A = terms[t].A + i * lda + k;
-        const uint32_t *bk = terms[t].Bp + j + (int64_t)(k / 2) * ldb;
-        const int kc = K - k < AMX_KC ? K - k : AMX_KC;
-        if (rows == AMX_R && kc == AMX_KC) {
-          AMX_LOAD(4, A, 2 * lda);
-        } else {
-          amx_stage_a(a, AMX_R, A, lda, rows, kc);
-          AMX_LOAD(4, a, 2 * AMX_KC);
-        }
-        if (cols == AMX_R && kc == AMX_KC) {
-          AMX_LOAD(6, bk, 4 * ldb);
-        } else {
-          amx_stage_b(b, AMX_R, bk, ldb, kc / 2, cols);
-          AMX_LOAD(6, b, 4 * AMX_R);
-        }
-        _tile_dpbf16ps(0, 4, 6);
-      }
-  }
-  if (whole) {
-    _tile_stored(0, C, 4 * ldc);
-  } else {
-    _tile_stored(0, c, 4 * AMX_R);
-    for (int r = 0; r < rows; r++) memcpy(C + r * ldc, c + r * AMX_R, sizeof(float) * cols);
-  }
+  _tile_stored(0, Cb, scb);
+  if (two_c) _tile_stored(1, Cb + 16, scb);
+  if (two_r) _tile_stored(2, Cb + 16 * (scb / 4), scb);
+  if (two_r && two_c) _tile_stored(3, Cb + 16 * (scb / 4) + 16, scb);
+  if (!whole_c) amx_unstage_c(C, ldc, c, rows, cols);
 }
 
 /* Inside a bf16_dot_begin / _end bracket on this thread: the configuration
@@ -265,7 +260,7 @@ void TG_NAME(bf16_dot_end_amx)(void) {
 
 /* C (+)= A_0 . B_0 + ... + A_{n-1} . B_{n-1}, block by block: each 32 x 32
  * block of C is loaded (or zeroed) once and stored once, its terms run
- * between in amx_block32's order (the TDPBF16PS sequence of
+ * between in amx_block's order (the TDPBF16PS sequence of
  * mm_bf16_pairs_amx calls on 32-k slices in that order, so their bits: C's
  * f32 values go to memory and back unchanged between calls). Group by
  * group, k step by k step, and not term by term: where the terms are an
@@ -280,20 +275,9 @@ static void amx_gemm(int n, const tg_bf16_term *terms, int M, int N, int64_t lda
   if (M <= 0 || N <= 0) return;
   if (!amx_bracket) amx_configure();
   for (int i = 0; i < M; i += 32)
-    for (int j = 0; j < N; j += 32) {
-      float *Cij = C + (int64_t)i * ldc + j;
-      if (i + 32 <= M && j + 32 <= N) {
-        amx_block32(n, terms, i, j, lda, ldb, Cij, ldc, accumulate);
-        continue;
-      }
-      for (int ii = 0; ii < 32 && i + ii < M; ii += AMX_R)
-        for (int jj = 0; jj < 32 && j + jj < N; jj += AMX_R) {
-          const int rows = M - i - ii < AMX_R ? M - i - ii : AMX_R;
-          const int cols = N - j - jj < AMX_R ? N - j - jj : AMX_R;
-          amx_tile1(rows, cols, n, terms, i + ii, j + jj, lda, ldb,
-                    Cij + (int64_t)ii * ldc + jj, ldc, accumulate);
-        }
-    }
+    for (int j = 0; j < N; j += 32)
+      amx_block(M - i < 32 ? M - i : 32, N - j < 32 ? N - j : 32, n, terms, i, j, lda, ldb,
+                C + (int64_t)i * ldc + j, ldc, accumulate);
   if (!amx_bracket) _tile_release();
 }
 
