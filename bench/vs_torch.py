@@ -89,6 +89,15 @@ MAX_GFLOP = 200.0
 USER_SHAPES = ((1, 6, 2, 1024, 512, 1), (1, 8, 4, 1024, 256, 0), (1, 4, 4, 2560, 160, 0),
                (1, 16, 2, 3072, 64, 1), (1, 8, 8, 2048, 96, 1), (1, 6, 2, 384, 128, 0),
                (1, 8, 2, 16384, 128, 1), (1, 8, 2, 32768, 64, 1))
+# Head dims between the multiples of 32 (72-152 in steps of 8; Phi-1/1.5/2
+# use 80), encoder batches (8-32 sequences of 128-512, full attention: BERT
+# base and large fine-tunes) and real families' shapes at their published
+# heads (Phi-2: 32 heads of 80; Qwen2.5-0.5B: 14 on 2 of 64; Llama-3.2-3B: 24
+# on 8 of 128; Gemma-2-2B: 8 on 4 of 256), appended as they are.
+MID_D_SHAPES = tuple((1, 8, 8, 1024, D, 0) for D in (72, 80, 88, 104, 112, 120, 136, 144, 152))
+ENCODER_SHAPES = ((32, 12, 12, 128, 64, 0), (16, 12, 12, 256, 64, 0), (8, 16, 16, 512, 64, 0))
+FAMILY_SHAPES = ((1, 32, 32, 2048, 80, 1), (1, 14, 2, 2048, 64, 1), (1, 24, 8, 2048, 128, 1),
+                 (1, 8, 4, 2048, 256, 1))
 QUICK = ((1, 8, 8, 512, 64, 0), (1, 8, 2, 512, 128, 1), (2, 8, 8, 1024, 64, 1))
 # --windowed: causal sliding windows W 512-4096 at L 8192-32768, and L 16384
 # with W 1024 (the case the window's cost is judged on). Heads are kept low:
@@ -136,7 +145,7 @@ def grid():
                     else:
                         H, Hkv = 8, max(1, Hkv // 2)
                 shapes.append((B, H, Hkv, L, D, causal))
-    return shapes + list(USER_SHAPES)
+    return shapes + list(USER_SHAPES + MID_D_SHAPES + ENCODER_SHAPES + FAMILY_SHAPES)
 
 
 def parse_shapes(text):
