@@ -42,12 +42,21 @@ order, any lengths >= 1 (ragged; the lengths are exchanged at each call).
 chunk r followed by chunk 2N-1-r. :func:`ring_shard`, :func:`ring_unshard`
 and :func:`ring_positions` (e.g. for rotary position ids) convert.
 
+Every message a call waits on (the arguments' all_gather, each chunk's
+send and receive) waits at most ``timeout`` seconds (default
+:data:`DEFAULT_TIMEOUT`, or ``$TILEGRAD_COLLECTIVE_TIMEOUT``), not the
+group's own (gloo's default is 30 minutes): a peer that died, hung or lost
+its link makes every rank raise :class:`RingPeerError`, naming the peer
+rank it waited on, instead of sitting in a receive.
+
 Not supported: attention masks and dropout (the kernels number dropout's
 weights by their position in the local (qL, kL) problem, not the global
 one); a value head dim other than D; double backward. docs/RING.md has the
 cost model and how to launch.
 """
+import datetime
 import math
+import os
 import struct
 import zlib
 from typing import List, Optional, Sequence, Tuple
@@ -61,7 +70,7 @@ from ._torch_common import (_ATTN_DTYPES, _attn_params, _attn_precision_arg, _bh
                             _threads_arg, _window_arg)
 
 __all__ = ["ring_attention", "ring_shard", "ring_unshard", "ring_positions", "LAYOUTS",
-           "bytes_sent"]
+           "bytes_sent", "RingPeerError", "DEFAULT_TIMEOUT"]
 
 Tensor = torch.Tensor
 
@@ -69,6 +78,48 @@ Tensor = torch.Tensor
 LAYOUTS = ("contiguous", "zigzag")
 
 _bytes_sent = 0
+
+#: seconds a call waits for any one message (``timeout=``,
+#: ``$TILEGRAD_COLLECTIVE_TIMEOUT``). A message waits for its peer to reach
+#: the same step of the same call, so this bounds how far the ranks may drift
+#: apart, not the step: raise it where ranks do minutes of uneven work
+#: between calls.
+DEFAULT_TIMEOUT = 60.0
+
+
+class RingPeerError(RuntimeError):
+    """A message of :func:`ring_attention` to or from ``peer`` (a global
+    rank; None for the arguments' all_gather) failed: the connection closed
+    (the peer died) or nothing came within the timeout (it hung, or its link
+    went down). The group's other messages are then in an unknown state:
+    end the process and restart from a checkpoint."""
+
+    def __init__(self, rank: int, world: int, peer: Optional[int], what: str, cause: str):
+        self.rank, self.peer = rank, peer
+        who = "the group" if peer is None else f"peer rank {peer}"
+        super().__init__(f"ring_attention (rank {rank} of {world}): {what} {who} failed "
+                         f"(dead, hung or unreachable): {cause}")
+
+
+def _timeout_arg(timeout: Optional[float]) -> datetime.timedelta:
+    if timeout is None:
+        env = os.environ.get("TILEGRAD_COLLECTIVE_TIMEOUT", "")
+        timeout = float(env) if env else DEFAULT_TIMEOUT
+    timeout = float(timeout)
+    if not (math.isfinite(timeout) and timeout > 0):
+        raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout}")
+    return datetime.timedelta(seconds=timeout)
+
+
+def _wait(plan, work, peer: Optional[int], what: str) -> None:
+    """work.wait() bounded by the call's timeout; a failure names the peer."""
+    try:
+        done = work.wait(plan.timeout)
+    except RuntimeError as e:    # gloo: "Connection closed by peer [addr]:port", "Timed out ..."
+        raise RingPeerError(plan.rank, plan.N, peer, what, str(e).strip()) from e
+    if done is False:            # a backend that reports a timeout instead of raising
+        raise RingPeerError(plan.rank, plan.N, peer, what,
+                            f"no answer in {plan.timeout.total_seconds():g} s")
 
 
 def bytes_sent() -> int:
@@ -160,8 +211,9 @@ class _Plan:
     the kernels' scalar arguments."""
 
     def __init__(self, group, rank, N, segs, causal, scale, softcap, window, dtype, threads,
-                 deterministic, attn_precision):
+                 deterministic, attn_precision, timeout=None):
         self.group, self.rank, self.N, self.segs = group, rank, N, segs
+        self.timeout = timeout or _timeout_arg(None)
         self.causal, self.scale, self.softcap, self.window = causal, scale, softcap, window
         self.dt = _ATTN_DTYPES[dtype]
         self.threads, self.deterministic, self.ap = threads, deterministic, attn_precision
@@ -256,7 +308,7 @@ def _describe(meta: Tensor) -> dict:
 
 
 def _plan(q, k, v, causal, scale, softcap, group, layout, dropout_p, threads, deterministic,
-          attn_precision, window, sinks) -> Tuple[_Plan, Optional[Tensor]]:
+          attn_precision, window, sinks, timeout) -> Tuple[_Plan, Optional[Tensor]]:
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError("ring_attention needs torch.distributed: call "
                            "torch.distributed.init_process_group('gloo') first (torchrun "
@@ -264,8 +316,10 @@ def _plan(q, k, v, causal, scale, softcap, group, layout, dropout_p, threads, de
     rank, N = dist.get_rank(group), dist.get_world_size(group)
     if rank < 0:
         raise ValueError("ring_attention: this process is not a member of `group`")
+    wait_for = datetime.timedelta(seconds=DEFAULT_TIMEOUT)   # the all_gather's, until checked
     meta = [1] + [0] * (len(_META) + 1)      # [refused, _META..., chunk length]
-    try:    # a bad argument on one rank must not leave the others waiting: gathered below
+    try:    # (the timeout is each rank's own: checked, not compared)
+        timeout = wait_for = _timeout_arg(timeout)    # a bad argument on one rank must not leave the others waiting: gathered below
         layout = _layout_arg(layout)
         ap = _attn_precision_arg(attn_precision)
         threads = _threads_arg(threads)
@@ -292,7 +346,9 @@ def _plan(q, k, v, causal, scale, softcap, group, layout, dropout_p, threads, de
     every = [mine]
     if N > 1:
         every = [torch.empty_like(mine) for _ in range(N)]
-        dist.all_gather(every, mine, group=group)
+        work = dist.all_gather(every, mine, group=group, async_op=True)
+        _wait(_Plan(group, rank, N, None, False, 0, 1, 0, torch.float32, 0, False, 0, wait_for),
+              work, None, "the arguments' all_gather with")
     failed = [r for r in range(N) if every[r][0]]
     if err is not None:
         raise ValueError(f"ring_attention (rank {rank} of {N}): {err}")
@@ -308,7 +364,7 @@ def _plan(q, k, v, causal, scale, softcap, group, layout, dropout_p, threads, de
                              "same shapes (but the chunk length) and arguments")
     segs = _segments(layout, [int(e[-1]) for e in every])
     return _Plan(group, rank, N, segs, bool(causal), scale, softcap, window, q.dtype, threads,
-                 bool(deterministic), ap), sinks
+                 bool(deterministic), ap, timeout), sinks
 
 
 # ---------------------------------------------------------------------------
@@ -367,13 +423,23 @@ def _rows(t: Tensor, seg) -> Tensor:
 # the ring
 
 def _isend(plan, t: Tensor, tag: int):
+    """-> (work, peer, what) for _wait."""
     global _bytes_sent
     _bytes_sent += t.numel() * t.element_size()
-    return dist.isend(t, plan.next, group=plan.group, tag=tag)
+    return _post(plan, dist.isend, t, plan.next, tag, "the send to")
 
 
 def _irecv(plan, t: Tensor, tag: int):
-    return dist.irecv(t, plan.prev, group=plan.group, tag=tag)
+    return _post(plan, dist.irecv, t, plan.prev, tag, "the receive from")
+
+
+def _post(plan, op, t: Tensor, peer: int, tag: int, what: str):
+    """op (isend / irecv) to or from peer -> (work, peer, what); a pair
+    already closed (the peer died) raises at the post."""
+    try:
+        return op(t, peer, group=plan.group, tag=tag), peer, what
+    except RuntimeError as e:
+        raise RingPeerError(plan.rank, plan.N, peer, what, str(e).strip()) from e
 
 
 def _ring_forward(q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor],
@@ -397,7 +463,7 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor],
                                causal, off, win)
             _merge(_rows(o_acc, qs), _rows(l_acc, qs), o, lse)
         for w in works:
-            w.wait()
+            _wait(plan, *w)
         if works:
             kv = nxt
     if sinks is not None:
@@ -456,22 +522,22 @@ def _ring_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: 
                       _rows(do, qs), delta_of[qs], dq_part, *views[ks], causal, off, win)
             _rows(dq, qs).add_(dq_part)
         if g_in_work is not None:
-            g_in_work.wait()
+            _wait(plan, *g_in_work)
             g.add_(g_in)
         if N > 1:   # on to the next rank (at s = N-1: home); one step's send in flight
             if sent is not None:
-                sent.wait()
+                _wait(plan, *sent)
             sent = _isend(plan, g, N + s)
         for w in kv_works:
-            w.wait()
+            _wait(plan, *w)
         if kv_works:
             kv = kv_nxt
     if home_work is not None:
-        home_work.wait()
+        _wait(plan, *home_work)
     else:
         home = g                   # one rank: its own sum
     if sent is not None:
-        sent.wait()
+        _wait(plan, *sent)
     views = _grad_views(home, mine, B, Hkv, D)
     dk = torch.cat([views[s][0] for s in mine], 2)
     dv = torch.cat([views[s][1] for s in mine], 2)
@@ -499,7 +565,7 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
                    group=None, layout: str = "contiguous", dropout_p: float = 0.0,
                    window: Optional[int] = None, sinks: Optional[Tensor] = None,
                    attn_precision: str = "exact", threads: Optional[int] = None,
-                   deterministic: bool = False) -> Tensor:
+                   deterministic: bool = False, timeout: Optional[float] = None) -> Tensor:
     """Context-parallel FA-2 attention: this rank's chunk of
     ``softmax(scale q k^T) v`` over the whole sequence, whose chunks the
     ranks of ``group`` (default: the world) hold.
@@ -525,8 +591,12 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
     Results: O and the gradients are the single-process kernels' up to f32
     rounding (the (O, L) merge and the chunk order of the f32 sums); with one
     rank and the contiguous layout they are those kernels' bits.
+    timeout: seconds any one message (of this call's forward and of its
+    backward) may wait before :class:`RingPeerError` names the peer it waited
+    on (default ``$TILEGRAD_COLLECTIVE_TIMEOUT`` or :data:`DEFAULT_TIMEOUT`);
+    a closed connection (a dead peer) raises it at once.
     Not supported (clear errors): masks, dropout_p != 0, a value head dim
     other than D."""
     plan, sinks = _plan(q, k, v, causal, scale, softcap, group, layout, dropout_p, threads,
-                        deterministic, attn_precision, window, sinks)
+                        deterministic, attn_precision, window, sinks, timeout)
     return _RingAttention.apply(q, k, v, sinks, plan)

@@ -438,3 +438,66 @@ def test_shard_unshard_round_trip():
         tt.ring_positions(5, 4, 0, "zigzag")
     with pytest.raises(ValueError, match="at least 4 rows"):    # a zigzag chunk would be empty
         tt.ring_unshard([x[:, :, :1], x[:, :, :2]], "zigzag")
+
+
+def _fault_worker(rank, port, out_dir, fault):
+    """Two ranks; rank 1 stalls ("hang": 3 timeouts inside its forward's
+    kernels) or dies ("die": exits there) while rank 0 runs on. Each rank
+    saves the error its ring_attention raised (None: none)."""
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+    dist.init_process_group("gloo", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=60))
+    timeout = 2.0
+    if rank == 1:
+        fwd = ring._fwd_pair
+
+        def stalled(*a, **kw):
+            if fault == "die":
+                os._exit(0)            # no goodbye: the sockets close with the process
+            time.sleep(3 * timeout)
+            return fwd(*a, **kw)
+        ring._fwd_pair = stalled
+    q = torch.randn(1, 2, 16, 8)
+    q.requires_grad_(True)
+    err = None
+    try:
+        tt.ring_attention(q, q, q, timeout=timeout).sum().backward()
+    except ring.RingPeerError as e:
+        err = dict(msg=str(e), rank=e.rank, peer=e.peer)
+    torch.save(err, os.path.join(out_dir, f"fault{rank}.pt"))
+    os._exit(0)    # the group is broken: its destructor would wait on the dead messages
+
+
+@pytest.mark.parametrize("fault", ["hang", "die"])
+def test_ring_peer_fault_names_the_peer(tmp_path, fault):
+    """A peer that stops answering (hang: past ``timeout=``) or dies (its
+    sockets close): ring_attention raises RingPeerError on the other rank,
+    naming the peer rank it waited on, instead of waiting out gloo's 30
+    minutes. tests/multihost runs the same across network namespaces."""
+    gloo_on_loopback()
+    import torch.multiprocessing as mp
+    ctx = mp.spawn(_fault_worker, args=(free_port(), str(tmp_path), fault), nprocs=2,
+                   join=False)
+    t0 = time.monotonic()
+    while not ctx.join(timeout=1):
+        if time.monotonic() - t0 > 120:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail(f"{fault}: the ranks did not finish in 120 s")
+    err = torch.load(tmp_path / "fault0.pt")
+    assert err is not None, f"{fault}: rank 0 raised no RingPeerError"
+    assert err["rank"] == 0 and err["peer"] == 1, err
+    assert "peer rank 1" in err["msg"] and "rank 0 of 2" in err["msg"], err
+    if fault == "hang":
+        assert "imed out" in err["msg"] or "no answer" in err["msg"], err
+
+
+def test_ring_timeout_argument():
+    for bad in (0, -1, math.inf, math.nan):
+        with pytest.raises(ValueError, match="timeout"):
+            ring._timeout_arg(bad)
+    assert ring._timeout_arg(None).total_seconds() == float(
+        os.environ.get("TILEGRAD_COLLECTIVE_TIMEOUT") or ring.DEFAULT_TIMEOUT)
