@@ -410,12 +410,17 @@ def cmd_bench(a):
             ql, kl, vl = (t.clone().requires_grad_(True) for t in (q, k, v))
             dist.barrier()
             t0 = time.perf_counter()
-            tt.ring_attention(ql, kl, vl, causal=True, layout="zigzag", threads=1).backward(do)
-            dt = torch.tensor([time.perf_counter() - t0])
+            o = tt.ring_attention(ql, kl, vl, causal=True, layout="zigzag", threads=1)
+            t1 = time.perf_counter()
+            o.backward(do)
+            t2 = time.perf_counter()
+            dt = torch.tensor([t2 - t0, t1 - t0, t2 - t1])
             dist.all_reduce(dt, op=dist.ReduceOp.MAX)      # the slowest host's
             if i:
-                ts.append(dt.item())
-        res[mode] = statistics.median(ts)
+                ts.append(dt.tolist())
+        res[mode] = statistics.median(t[0] for t in ts)
+        res[mode + "_fwd"] = statistics.median(t[1] for t in ts)
+        res[mode + "_bwd"] = statistics.median(t[2] for t in ts)
     ring._post, ring._fwd_pair, ring._bwd_pair = post, fwd, bwd
     if rank == 0:
         step, comm, comp = res["step"], res["comm"], res["compute"]
