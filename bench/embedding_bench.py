@@ -25,30 +25,19 @@ add a repeated id's rows in token order).
 """
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
+from vs_torch import cpu_name  # noqa: E402  (bench/vs_torch.py)
 
 #: family -> (vocab V, hidden H) of its input embedding
 FAMILIES = {
     "qwen2.5-0.5b": (151936, 896),
     "llama-3.2-1b": (128256, 2048),
 }
-
-
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def main():
