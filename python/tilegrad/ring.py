@@ -34,6 +34,23 @@ through a transport of our own:
   L = s_h). Its gradient, -sum_i e^{s_h - L_i} rowsum(dO O)_i, is this
   rank's rows' part (sum it over the group, as DDP does for parameters).
 
+* packed documents (``cu_seqlens=``, the int32 offsets of the documents
+  packed along the whole sequence, flash_attn_varlen_func's, the same on
+  every rank; B = 1): position p sees only the keys of its own document
+  (causal: those <= p). Chunks are either the same positions or disjoint,
+  so each (query segment, key segment) pair is one of: the same segment
+  (the documents cut at its ends, one ``tg_attn_varlen_fwd`` call over all
+  of them, causal when the call is, each piece with len_q == len_k so the
+  kernel's bottom-right alignment is the global diagonal); keys before the
+  queries (at most one document spans both, the queries' first and the
+  keys' last: one full, unmasked piece, or the window's edge crossing it a
+  dense call with the window and ``q_offset``); keys after the queries
+  (skipped when causal, else as keys before). A pair sharing no document
+  runs nothing; its key/value chunk still travels on. The backward runs
+  ``tg_attn_varlen_bwd`` on the same pieces, dK/dV accumulated straight
+  into the travelling sum (each segment held there as ``[len, H_kv, D]``,
+  the kernel's packed rows, so a piece's rows are one block).
+
 Layouts (positions of the rows of a rank's local tensors, group ranks
 0..N-1): ``"contiguous"``: rank r holds the r-th chunk, chunks in rank
 order, any lengths >= 1 (ragged; the lengths are exchanged at each call).
@@ -49,11 +66,12 @@ group's own (gloo's default is 30 minutes): a peer that died, hung or lost
 its link makes every rank raise :class:`RingPeerError`, naming the peer
 rank it waited on, instead of sitting in a receive.
 
-Not supported: attention masks and dropout (the kernels number dropout's
-weights by their position in the local (qL, kL) problem, not the global
-one); a value head dim other than D; double backward. docs/RING.md has the
-cost model and how to launch.
+Not supported: attention masks (but packed documents, ``cu_seqlens=``)
+and dropout (the kernels number dropout's weights by their position in the
+local (qL, kL) problem, not the global one); a value head dim other than
+D; double backward. docs/RING.md has the cost model and how to launch.
 """
+import bisect
 import datetime
 import math
 import os
@@ -211,8 +229,10 @@ class _Plan:
     the kernels' scalar arguments."""
 
     def __init__(self, group, rank, N, segs, causal, scale, softcap, window, dtype, threads,
-                 deterministic, attn_precision, timeout=None):
+                 deterministic, attn_precision, timeout=None, cu=None):
         self.group, self.rank, self.N, self.segs = group, rank, N, segs
+        self.cu = cu                  # packed documents: the global offsets (ints), or None
+        self._calls = {}
         self.timeout = timeout or _timeout_arg(None)
         self.causal, self.scale, self.softcap, self.window = causal, scale, softcap, window
         self.dt = _ATTN_DTYPES[dtype]
@@ -243,9 +263,95 @@ class _Plan:
                 win = W if W and first_k <= last_q - W else 0   # the window's edge crosses it
                 yield qs, ks, causal, qg - kg if causal or win else 0, win
 
+    def calls(self, src):
+        """The kernel calls of this rank's queries against rank src's keys:
+        (query rows, key rows, cu_q, cu_k, causal, q_offset, window) with
+        rows (first local row, count) of the local tensors and, for packed
+        documents, int32 offset tensors over those rows (None: a dense
+        call). Cached: the backward runs the forward's calls."""
+        if src not in self._calls:
+            if self.cu is None:
+                self._calls[src] = [(qs[:2], ks[:2], None, None, causal, off, win)
+                                    for qs, ks, causal, off, win in self.pairs(src)]
+            else:
+                self._calls[src] = [c for qs in self.segs[self.rank] for ks in self.segs[src]
+                                    for c in [self._doc_call(qs, ks)] if c is not None]
+        return self._calls[src]
+
+    def _doc_call(self, qs, ks):
+        """The packed documents' piece of one (query segment, key segment)
+        pair (module docstring), or None where they share no visible key."""
+        cu, W = self.cu, self.window
+        (qrow, ql, qg), (krow, kl, kg) = qs, ks
+        qb, kb = qg + ql, kg + kl
+        if qg == kg:        # the same positions: every document cut at the segment's ends
+            inner = sorted(set(cu[bisect.bisect_right(cu, qg):bisect.bisect_left(cu, qb)]))
+            offs = torch.tensor([0] + [c - qg for c in inner] + [ql], dtype=torch.int32)
+            return (qrow, ql), (krow, kl), offs, offs, self.causal, 0, W
+        if qg < kb and kg < qb:
+            raise AssertionError(f"segments overlap without being one: {qs}, {ks}")
+        before = kb <= qg                      # every key before every query
+        if not before and self.causal:
+            return None
+        lo, hi = (kb, qg) if before else (qb, kg)   # the gap between the two segments
+        if bisect.bisect_left(cu, lo) < len(cu) and cu[bisect.bisect_left(cu, lo)] <= hi:
+            return None     # a document starts in [lo, hi]: none holds both lo - 1 and hi
+        start = cu[bisect.bisect_right(cu, lo - 1) - 1]     # the one document: [start, end)
+        end = cu[bisect.bisect_right(cu, hi)]
+        q0, q1 = max(qg, start), min(qb, end)
+        k0, k1 = max(kg, start), min(kb, end)
+        rows = (qrow + q0 - qg, q1 - q0), (krow + k0 - kg, k1 - k0)
+        if before and W:
+            if k1 - 1 <= q0 - W:                 # every key before every query's window
+                return None
+            if k0 <= q1 - 1 - W:                 # the window's edge crosses the piece
+                return rows + (None, None, False, q0 - k0, W)
+        one = torch.tensor([0, q1 - q0], dtype=torch.int32), \
+            torch.tensor([0, k1 - k0], dtype=torch.int32)
+        return rows + one + (False, 0, 0)
+
 
 _META = ("B", "H", "H_kv", "D", "dtype", "causal", "layout", "scale", "softcap",
-         "attn_precision", "window", "sinks")
+         "attn_precision", "window", "sinks", "cu_seqlens")
+
+
+def _cu_seqlens_arg(cu, B: int) -> Optional[List[int]]:
+    """cu_seqlens: None, or the whole sequence's document offsets (a 1-D
+    int32 or int64 CPU tensor: 0 first, non-decreasing) -> a list of ints.
+    The last, the packed length, is checked against the chunks' lengths
+    once they are gathered."""
+    if cu is None:
+        return None
+    if not isinstance(cu, torch.Tensor) or cu.dtype not in (torch.int32, torch.int64) or \
+            cu.dim() != 1 or cu.device.type != "cpu":
+        raise TypeError("cu_seqlens must be a 1-D int32 (or int64) CPU tensor of n_docs + 1 "
+                        "offsets into the whole packed sequence, got "
+                        f"{getattr(cu, 'dtype', type(cu).__name__)} "
+                        f"{tuple(getattr(cu, 'shape', ()))}")
+    if cu.numel() < 2:
+        raise ValueError(f"cu_seqlens holds n_docs + 1 >= 2 offsets, got {cu.numel()}")
+    if B != 1:
+        raise ValueError(f"cu_seqlens: packed documents are one sequence of B = 1 (as "
+                         f"flash_attn_varlen_func packs its batch), got B = {B}")
+    offs = [int(x) for x in cu.tolist()]
+    if offs[0] != 0:
+        raise ValueError(f"cu_seqlens[0] = {offs[0]}: the offsets start at 0")
+    for d in range(len(offs) - 1):
+        if offs[d + 1] < offs[d]:
+            raise ValueError(f"cu_seqlens decreases at document {d}: cu_seqlens[{d}] = "
+                             f"{offs[d]} > cu_seqlens[{d + 1}] = {offs[d + 1]} (offsets are "
+                             "non-decreasing)")
+    if offs[-1] > 2 ** 31 - 1:
+        raise ValueError(f"cu_seqlens[-1] = {offs[-1]} does not fit the kernels' int32")
+    return offs
+
+
+def _cu_digest(cu: Optional[List[int]]) -> int:
+    """-1 without documents, else the CRC-32 of the offsets (as int64):
+    every rank must hold the same."""
+    if cu is None:
+        return -1
+    return zlib.crc32(struct.pack(f"<{len(cu)}q", *cu))
 
 
 def _sinks_digest(sinks: Optional[Tensor]) -> int:
@@ -303,12 +409,14 @@ def _describe(meta: Tensor) -> dict:
     d["causal"] = bool(d["causal"])
     for f in ("scale", "softcap"):
         d[f] = struct.unpack("<f", struct.pack("<i", d[f]))[0]
-    d["sinks"] = "none" if d["sinks"] == -1 else f"crc32 {d['sinks']:#010x}"
+    for f in ("sinks", "cu_seqlens"):
+        d[f] = "none" if d[f] == -1 else f"crc32 {d[f]:#010x}"
     return d
 
 
 def _plan(q, k, v, causal, scale, softcap, group, layout, dropout_p, threads, deterministic,
-          attn_precision, window, sinks, timeout) -> Tuple[_Plan, Optional[Tensor]]:
+          attn_precision, window, sinks, timeout,
+          cu_seqlens=None) -> Tuple[_Plan, Optional[Tensor]]:
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError("ring_attention needs torch.distributed: call "
                            "torch.distributed.init_process_group('gloo') first (torchrun "
@@ -325,8 +433,10 @@ def _plan(q, k, v, causal, scale, softcap, group, layout, dropout_p, threads, de
         threads = _threads_arg(threads)
         window = _window_arg(window)
         err = _local_problem(q, k, v, dropout_p)
+        cu = None
         if err is None:
             sinks = _sinks_arg(sinks, q.shape[1])
+            cu = _cu_seqlens_arg(cu_seqlens, q.shape[0])
             D = q.shape[3]
             scale = float(1.0 / math.sqrt(D) if scale is None else scale)
             softcap = 1.0 if softcap is None else float(softcap)
@@ -337,7 +447,7 @@ def _plan(q, k, v, causal, scale, softcap, group, layout, dropout_p, threads, de
                         dtype=_ATTN_DTYPES[q.dtype], causal=int(bool(causal)),
                         layout=LAYOUTS.index(layout), scale=_f32_bits(scale),
                         softcap=_f32_bits(softcap), attn_precision=ap, window=window,
-                        sinks=_sinks_digest(sinks))
+                        sinks=_sinks_digest(sinks), cu_seqlens=_cu_digest(cu))
             meta = [0] + [vals[n] for n in _META] + [q.shape[2]]
     except (ValueError, TypeError, OverflowError) as e:   # scale / softcap beyond float32 too
         err = str(e)
@@ -362,9 +472,13 @@ def _plan(q, k, v, causal, scale, softcap, group, layout, dropout_p, threads, de
                              f"({_describe(every[r][1:-1])} against "
                              f"{_describe(every[0][1:-1])}); every rank must call with the "
                              "same shapes (but the chunk length) and arguments")
-    segs = _segments(layout, [int(e[-1]) for e in every])
+    lengths = [int(e[-1]) for e in every]
+    segs = _segments(layout, lengths)
+    if cu is not None and cu[-1] != sum(lengths):     # the same on every rank: all raise
+        raise ValueError(f"ring_attention: cu_seqlens[-1] = {cu[-1]} must be the packed length, "
+                         f"the sum of the ranks' chunks {lengths} = {sum(lengths)}")
     return _Plan(group, rank, N, segs, bool(causal), scale, softcap, window, q.dtype, threads,
-                 bool(deterministic), ap, timeout), sinks
+                 bool(deterministic), ap, timeout, cu), sinks
 
 
 # ---------------------------------------------------------------------------
@@ -380,6 +494,47 @@ def _fwd_pair(ctx, plan, q, k, v, causal, q_offset, window) -> Tuple[Tensor, Ten
     ctx.call("tg_attn_train_fwd", plan.dt, _ptr(q), _ptr(k), _ptr(v), _ptr(o), _ptr(lse), p,
              None, None, int(causal), opt)
     return o, lse
+
+
+def _docs_params(q, k, v, o_strides, scale: float, softcap: float) -> "_capi.AttnParams":
+    """The params of a packed-documents call on [1, H, rows, D] views (B = 1,
+    qL, kL the rows of the call, batch strides 0)."""
+    _, H, ql, D = q.shape
+    Hkv, kl = k.shape[1], k.shape[2]
+    hr = lambda t: (0, t.stride(1), t.stride(2))  # noqa: E731
+    return _capi.attn_params(1, H, Hkv, ql, kl, D, float(scale), float(softcap),
+                             Q_strides=hr(q), K_strides=hr(k), V_strides=hr(v),
+                             O_strides=o_strides)
+
+
+def _docs(cu_q: Tensor, cu_k: Tensor) -> "_capi.AttnVarlen":
+    return _capi.AttnVarlen(cu_q.data_ptr(), cu_k.data_ptr(), cu_q.numel() - 1, 0, None)
+
+
+def _fwd_docs(ctx, plan, q, k, v, cu_q, cu_k, causal, window) -> Tuple[Tensor, Tensor]:
+    """tg_attn_varlen_fwd over the documents cu_q / cu_k of the views q
+    [1,H,ql,D], k/v [1,Hkv,kl,D] -> O f32 [1,H,ql,D], L f32 [1,H,ql] (without
+    the sinks; kernel rows of the [H, total_q] layout)."""
+    o = torch.empty(q.shape, dtype=torch.float32)
+    lse = torch.empty(q.shape[:3], dtype=torch.float32)
+    p = _docs_params(q, k, v, (0,) + o.stride()[1:3], plan.scale, plan.softcap)
+    opt = _capi.AttnOptions(flags=_capi.TG_ATTN_OPT_O_F32, window=window)
+    ctx.call("tg_attn_varlen_fwd", plan.dt, _ptr(q), _ptr(k), _ptr(v), _ptr(o), _ptr(lse), p,
+             _docs(cu_q, cu_k), int(causal), opt)
+    return o, lse
+
+
+def _bwd_docs(ctx, plan, q, k, v, lse, do, delta, dq, dk, dv, cu_q, cu_k, causal,
+              window) -> None:
+    """tg_attn_varlen_bwd over the documents: dq [ql,H,D] f32 written, dk,
+    dv [kl,Hkv,D] f32 accumulate (contiguous, the kernel's packed rows); q,
+    do [1,H,ql,D] and k, v [1,Hkv,kl,D] views, lse, delta [1,H,ql]
+    contiguous."""
+    p = _docs_params(q, k, v, (0,) + do.stride()[1:3], plan.scale, plan.softcap)
+    opt = _capi.AttnOptions(window=window) if window else None
+    ctx.call("tg_attn_varlen_bwd", plan.dt, _ptr(q), _ptr(k), _ptr(v), _ptr(lse), _ptr(do),
+             _ptr(delta), _ptr(dq), _ptr(dk), _ptr(dv), p, _docs(cu_q, cu_k), int(causal),
+             opt)
 
 
 def _merge(o_acc: Tensor, l_acc: Tensor, o: Tensor, lse: Tensor) -> None:
@@ -458,9 +613,12 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor],
         if s < plan.N - 1:                        # the next chunk comes in meanwhile
             nxt = kv.new_empty((2, B, k.shape[1], plan.rows((src - 1) % plan.N), D))
             works = [_isend(plan, kv, s), _irecv(plan, nxt, s)]
-        for qs, ks, causal, off, win in plan.pairs(src):
-            o, lse = _fwd_pair(ctx, plan, _rows(q, qs), _rows(kv[0], ks), _rows(kv[1], ks),
-                               causal, off, win)
+        for qs, ks, cu_q, cu_k, causal, off, win in plan.calls(src):
+            qv, kv_, vv = _rows(q, qs), _rows(kv[0], ks), _rows(kv[1], ks)
+            if cu_q is None:
+                o, lse = _fwd_pair(ctx, plan, qv, kv_, vv, causal, off, win)
+            else:
+                o, lse = _fwd_docs(ctx, plan, qv, kv_, vv, cu_q, cu_k, causal, win)
             _merge(_rows(o_acc, qs), _rows(l_acc, qs), o, lse)
         for w in works:
             _wait(plan, *w)
@@ -474,11 +632,11 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor],
 def _grad_views(g: Tensor, segs, B: int, Hkv: int, D: int):
     """A chunk's dK, dV as one message g, f32 [2, B*Hkv*L_chunk*D] with each
     key segment a contiguous [B, Hkv, len, D] block (the kernel accumulates
-    into contiguous dK, dV) -> {segment: (dk, dv)} views."""
+    into contiguous dK, dV) -> {(local row, length): (dk, dv)} views."""
     views, at = {}, 0
     for s in segs:
         n = B * Hkv * s[1] * D
-        views[s] = tuple(g[j, at:at + n].view(B, Hkv, s[1], D) for j in (0, 1))
+        views[s[:2]] = tuple(g[j, at:at + n].view(B, Hkv, s[1], D) for j in (0, 1))
         at += n
     return views
 
@@ -495,9 +653,9 @@ def _ring_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: 
     ctx.call("tg_attn_train_bwd_compute_d", plan.dt, _ptr(o), _ptr(do), _ptr(delta),
              B, H, L, D)
     mine = plan.segs[rank]
-    lse_of = {s: _rows(lse, s).contiguous() for s in mine}      # the kernel takes them
-    delta_of = {s: _rows(delta, s).contiguous() for s in mine}  # contiguous
-    dq = torch.zeros((B, H, L, D), dtype=torch.float32)
+    packed = plan.cu is not None     # dQ and each chunk's dK/dV as [rows, heads, D]
+    lse_of, delta_of = {}, {}        # the kernel takes them contiguous, per call's rows
+    dq = torch.zeros((L, H, D) if packed else (B, H, L, D), dtype=torch.float32)
     kv = torch.stack((k, v))
 
     sent, home, home_work = None, None, None    # sent: the last dK/dV send, in flight
@@ -515,12 +673,34 @@ def _ring_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: 
             home_work = _irecv(plan, home, 2 * N - 1)
         # this rank's part, computed while the previous ranks' sum is in flight
         g = torch.zeros((2, B * Hkv * plan.rows(src) * D), dtype=torch.float32)
-        views = _grad_views(g, plan.segs[src], B, Hkv, D)
-        for qs, ks, causal, off, win in plan.pairs(src):
-            dq_part = torch.empty((B, H, qs[1], D), dtype=torch.float32)
-            _bwd_pair(ctx, plan, _rows(q, qs), _rows(kv[0], ks), _rows(kv[1], ks), lse_of[qs],
-                      _rows(do, qs), delta_of[qs], dq_part, *views[ks], causal, off, win)
-            _rows(dq, qs).add_(dq_part)
+        if packed:
+            gk = g.view(2, plan.rows(src), Hkv, D)
+        else:
+            views = _grad_views(g, plan.segs[src], B, Hkv, D)
+        for qs, ks, cu_q, cu_k, causal, off, win in plan.calls(src):
+            if qs not in lse_of:
+                lse_of[qs] = _rows(lse, qs).contiguous()
+                delta_of[qs] = _rows(delta, qs).contiguous()
+            args = (ctx, plan, _rows(q, qs), _rows(kv[0], ks), _rows(kv[1], ks), lse_of[qs],
+                    _rows(do, qs), delta_of[qs])
+            if not packed:
+                dq_part = torch.empty((B, H, qs[1], D), dtype=torch.float32)
+                _bwd_pair(*args, dq_part, *views[ks], causal, off, win)
+                _rows(dq, qs).add_(dq_part)
+                continue
+            dk_rows, dv_rows = (gk[j, ks[0]:ks[0] + ks[1]] for j in (0, 1))
+            dq_rows = dq[qs[0]:qs[0] + qs[1]]
+            if cu_q is not None:
+                dq_part = torch.empty((qs[1], H, D), dtype=torch.float32)
+                _bwd_docs(*args, dq_part, dk_rows, dv_rows, cu_q, cu_k, causal, win)
+                dq_rows.add_(dq_part)
+            else:        # a windowed piece: the dense kernel, [1, heads, rows, D]
+                dq_part = torch.empty((1, H, qs[1], D), dtype=torch.float32)
+                dkv = torch.zeros((2, 1, Hkv, ks[1], D), dtype=torch.float32)
+                _bwd_pair(*args, dq_part, dkv[0], dkv[1], causal, off, win)
+                dq_rows.add_(dq_part[0].transpose(0, 1))
+                dk_rows.add_(dkv[0, 0].transpose(0, 1))
+                dv_rows.add_(dkv[1, 0].transpose(0, 1))
         if g_in_work is not None:
             _wait(plan, *g_in_work)
             g.add_(g_in)
@@ -538,10 +718,14 @@ def _ring_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: 
         home = g                   # one rank: its own sum
     if sent is not None:
         _wait(plan, *sent)
-    views = _grad_views(home, mine, B, Hkv, D)
-    dk = torch.cat([views[s][0] for s in mine], 2)
-    dv = torch.cat([views[s][1] for s in mine], 2)
     dsinks = None if sinks is None else _sinks_grad(sinks, lse, delta)
+    if packed:        # [rows, heads, D] -> [1, heads, rows, D], rounded once
+        dq, dk, dv = (t.transpose(0, 1).unsqueeze(0) for t in (dq, *home.view(2, L, Hkv, D)))
+        return tuple(t.to(q.dtype, memory_format=torch.contiguous_format)
+                     for t in (dq, dk, dv)) + (dsinks,)
+    views = _grad_views(home, mine, B, Hkv, D)
+    dk = torch.cat([views[s[:2]][0] for s in mine], 2)
+    dv = torch.cat([views[s[:2]][1] for s in mine], 2)
     return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), dsinks
 
 
@@ -565,7 +749,8 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
                    group=None, layout: str = "contiguous", dropout_p: float = 0.0,
                    window: Optional[int] = None, sinks: Optional[Tensor] = None,
                    attn_precision: str = "exact", threads: Optional[int] = None,
-                   deterministic: bool = False, timeout: Optional[float] = None) -> Tensor:
+                   deterministic: bool = False, timeout: Optional[float] = None,
+                   cu_seqlens: Optional[Tensor] = None) -> Tensor:
     """Context-parallel FA-2 attention: this rank's chunk of
     ``softmax(scale q k^T) v`` over the whole sequence, whose chunks the
     ranks of ``group`` (default: the world) hold.
@@ -595,8 +780,20 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
     backward) may wait before :class:`RingPeerError` names the peer it waited
     on (default ``$TILEGRAD_COLLECTIVE_TIMEOUT`` or :data:`DEFAULT_TIMEOUT`);
     a closed connection (a dead peer) raises it at once.
+    cu_seqlens: packed documents, as :func:`tilegrad.torch.varlen_attention`
+    takes them with cu_seqlens_q = cu_seqlens_k: the int32 (or int64)
+    offsets ``[0, ..., S]`` of the documents along the whole sequence of S
+    rows (not this rank's chunk), the same tensor on every rank, B = 1;
+    position p then sees only keys of its own document (causal: bottom-right
+    aligned, which for len_q = len_k is the usual diagonal; window and sinks
+    within it as above). Its bad values (not starting at 0, decreasing, a
+    last offset other than S, ranks holding different offsets) raise
+    ValueError on every rank before any chunk is sent. q, k, v in
+    varlen_attention's packed layout ``(rows, heads, D)`` go in as
+    ``x.transpose(0, 1).unsqueeze(0)`` and O comes back as
+    ``o[0].transpose(0, 1)``.
     Not supported (clear errors): masks, dropout_p != 0, a value head dim
     other than D."""
     plan, sinks = _plan(q, k, v, causal, scale, softcap, group, layout, dropout_p, threads,
-                        deterministic, attn_precision, window, sinks, timeout)
+                        deterministic, attn_precision, window, sinks, timeout, cu_seqlens)
     return _RingAttention.apply(q, k, v, sinks, plan)

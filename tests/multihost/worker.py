@@ -5,10 +5,12 @@ Subcommands (rank 0 checks and writes ``$TG_MH_OUT/<name>.result``):
 
   ring      ring attention forward + backward on 4 hosts for cases of
             tests/python/test_torch_ring.py (zigzag and ragged contiguous
-            chunks, f32 and bf16, GQA, a window + sinks variant): against
-            float64 autograd within that test's per-element bounds and
-            against the single-process kernels within twice them; run twice
-            with deterministic=True: bitwise the same both times.
+            chunks, f32 and bf16, GQA, a window + sinks variant, packed
+            documents through cu_seqlens=): against float64 autograd within
+            that test's per-element bounds and against the single-process
+            kernels (packed documents: one-process varlen_attention) within
+            twice them; run twice with deterministic=True: bitwise the same
+            both times.
   ddp       DDP training of a tiny Llama (attn_implementation="tilegrad"),
             one sequence of the global batch per host; losses and weights
             against one process training on the whole batch; a checkpoint
@@ -95,6 +97,10 @@ def init():
 
 RING_CASES = ("f32-causal-zigzag-gqa4", "bf16-causal-ragged-gqa", "f32-full-gqa-ragged")
 RING_VARIANTS = ("f32-causal-zigzag-window-sinks",)
+# packed documents (cu_seqlens=): documents of length 1 and ending at chunk
+# boundaries, one spanning every host, a window and sinks
+RING_DOCS = ("f32-causal-ragged-gqa-len1", "bf16-causal-zigzag-span-gqa",
+             "f32-causal-zigzag-window-sinks")
 
 
 def _ring_case(name, N, r):
@@ -136,6 +142,8 @@ def cmd_ring(a):
     for _ in range(2):       # twice: deterministic mode gives the same bits
         mine = {name: _ring_case(name, N, rank) for name in RING_CASES}
         mine.update({name: _ring_variant(name, N, rank) for name in RING_VARIANTS})
+        mine.update({"docs " + name: T._run_docs(name, N, rank, deterministic=True)
+                     for name in RING_DOCS})
         runs.append(mine)
     every = [None] * N if rank == 0 else None
     dist.gather_object(runs, every, dst=0)
@@ -156,13 +164,26 @@ def cmd_ring(a):
             check(f"ring - single-process {what}", x, s.to(F64), 2 * tol, info)
     for name in RING_VARIANTS:
         T._check_variant(N, [{"variants": {name: every[r][0][name]}} for r in range(N)], name)
+    for name in RING_DOCS:     # against one-process varlen_attention on the whole packing
+        full = T._doc_inputs(name)
+        got = T._doc_unshard(name, [every[r][0]["docs " + name] for r in range(N)])
+        single = T._doc_single(name, *full)
+        refs, tols = T._doc_reference(name, *full)
+        for what, x, s, ref, tol in zip(("O", "dq", "dk", "dv", "dsinks"), got, single, refs,
+                                        tols):
+            info = f"{N} hosts, documents {name}"
+            if what != "dsinks":
+                x, s = T._bhld(x), T._bhld(s)
+            worst[f"docs {name} {what}"] = check(f"ring {what}", x, ref, tol, info)
+            check(f"ring - single-process {what}", x, s.to(F64), 2 * tol, info)
     hashes = []
     for run in (0, 1):
         hashes.append(digest([t for r in range(N) for name in sorted(every[r][run])
                               for t in every[r][run][name] if t is not None]))
     assert hashes[0] == hashes[1], f"deterministic ring: run 1 {hashes[0]} != run 2 {hashes[1]}"
     w = max(worst, key=worst.get)
-    atomic_save(f"{len(RING_CASES)} cases + {len(RING_VARIANTS)} variant within bounds "
+    atomic_save(f"{len(RING_CASES)} cases + {len(RING_VARIANTS)} variant + {len(RING_DOCS)} "
+                "packed-document cases (vs one-process varlen_attention) within bounds "
                 f"(worst error/bound {worst[w]:.2g}, {w}); two deterministic runs: the same "
                 f"bits ({hashes[0]})", os.path.join(OUT, "ring.result"))
 

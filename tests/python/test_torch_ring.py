@@ -46,6 +46,20 @@ bounds (its ``ref_variants`` and ``bounds``), the same terms as above, and
 the single-process kernels within 2 tol. A sink merged once per chunk
 instead of once per row fails them.
 
+Packed documents (``DOC_CASES``, ``cu_seqlens=``; 2 and 3 processes):
+documents of length 1, documents ending exactly at chunk boundaries, one
+spanning every rank, causal and full, both layouts, GQA, a window that
+crosses pieces, sinks. O, dq, dk, dv and dsinks against float64 autograd
+over the block-diagonal mask with test_varlen_torch's per-document bounds
+(``varlen_bounds``, ``rel_terms``), the one-process ``varlen_attention`` on
+the whole packing within them and the ring within 2 tol of it; two runs
+with ``deterministic=True`` bitwise equal; a group of one rank gives
+varlen_attention's bits; the bytes sent are the dense ring's; bad offsets
+(decreasing, not starting at 0, a wrong total, different on one rank, not
+integers, B = 2) raise ValueError on every rank with nothing sent. Observed
+worst error/tol: bf16 0.94 (O), float32 0.015. ``test_packed_document_pieces``
+checks the calls a plan makes (no process group).
+
 Also checked: a group of one rank (``group=`` a one-rank subgroup, the whole
 sequence on it) gives the single-process bits; a 2-rank subgroup of the
 4-rank world (group ranks differ from global ranks); the bytes sent per rank
@@ -232,10 +246,10 @@ def _worker(rank, N, port, out_dir, lib_path):
         dist.destroy_process_group()
 
 
-def _spawn(N, tmp_path, lib):
+def _spawn(N, tmp_path, lib, worker=None):
     gloo_on_loopback()
     import torch.multiprocessing as mp
-    ctx = mp.spawn(_worker, args=(N, free_port(), str(tmp_path), lib.path), nprocs=N,
+    ctx = mp.spawn(worker or _worker, args=(N, free_port(), str(tmp_path), lib.path), nprocs=N,
                    join=False)
     deadline, t0 = 120, time.monotonic()
     while not ctx.join(timeout=1):        # raises with the child's traceback on a failure
@@ -501,3 +515,287 @@ def test_ring_timeout_argument():
             ring._timeout_arg(bad)
     assert ring._timeout_arg(None).total_seconds() == float(
         os.environ.get("TILEGRAD_COLLECTIVE_TIMEOUT") or ring.DEFAULT_TIMEOUT)
+
+
+# ---------------------------------------------------------------------------
+# packed documents (cu_seqlens=): against one-process varlen_attention
+
+# name: dtype, causal, layout, H, H_kv, D, document lengths, chunk lengths
+# per world size (contiguous; None: ring_shard's), window, sinks
+DOC_CASES = {
+    # documents of length 1, and documents ending at every chunk boundary
+    # (2 ranks: 8; 3 ranks: 7 and 28; 4 ranks: 7, 8 and 28)
+    "f32-causal-ragged-gqa-len1": (torch.float32, True, "contiguous", 4, 2, 16,
+                                   [1, 5, 1, 1, 20, 1, 14, 3],
+                                   {2: [8, 38], 3: [7, 21, 18], 4: [7, 1, 20, 18]}, None, None),
+    # one document over every rank's rows (zigzag: each rank's two chunks);
+    # 3 ranks: the first ends at the first chunk boundary
+    "bf16-causal-zigzag-span-gqa": (torch.bfloat16, True, "zigzag", 4, 1, 32,
+                                    [20, 1, 97, 1, 1], None, None, None),
+    # full attention: the pieces of keys after the queries too
+    "f32-full-gqa3": (torch.float32, False, "contiguous", 3, 1, 8, [9, 30, 1, 17], None, None,
+                      None),
+    "bf16-full-zigzag-len1": (torch.bfloat16, False, "zigzag", 2, 2, 16,
+                              [1, 1, 30, 1, 14, 1, 1], None, None, None),
+    # window and sinks: the window's edge crosses pieces (the dense calls)
+    "f32-causal-zigzag-window-sinks": (torch.float32, True, "zigzag", 4, 2, 16, [40, 3, 27],
+                                       None, 9, "mixed"),
+    "bf16-full-window": (torch.bfloat16, False, "contiguous", 2, 1, 16, [5, 33, 22],
+                         {2: [30, 30], 3: [5, 25, 30], 4: [20, 18, 12, 10]}, 12, None),
+}
+
+
+def _doc_offsets(name):
+    lens = DOC_CASES[name][6]
+    return torch.tensor([0] + lens, dtype=torch.int64).cumsum(0).to(torch.int32)
+
+
+def _doc_inputs(name):
+    """The packed q (S, H, D), k, v (S, H_kv, D), dO and sinks of a case."""
+    dtype, _, _, H, Hkv, D, lens = DOC_CASES[name][:7]
+    S = sum(lens)
+    g = torch.Generator().manual_seed(sum(map(ord, name)))
+    mk = lambda h: torch.randn((S, h, D), generator=g).to(dtype)  # noqa: E731
+    q, k, v, do = mk(H), mk(Hkv), mk(Hkv), mk(H)
+    sinks = None
+    if DOC_CASES[name][9] is not None:
+        sinks = torch.randn(H, generator=g) * 2
+        sinks[0] = -math.inf              # a head without a sink
+    return q, k, v, do, sinks
+
+
+def _doc_shard(x, name, N, r):
+    """Rank r's rows of a packed (S, ...) tensor."""
+    layout, lens = DOC_CASES[name][2], DOC_CASES[name][7]
+    if lens is None or N == 1:
+        return tt.ring_shard(x, N, r, layout, dim=0)
+    return x[sum(lens[N][:r]):sum(lens[N][:r + 1])]
+
+
+def _bhld(x):
+    """packed (rows, heads, D) -> [1, heads, rows, D] (a view)."""
+    return x.transpose(0, 1).unsqueeze(0)
+
+
+def _run_docs(name, N, r, deterministic=False, group=None):
+    """This rank's (o, dq, dk, dv) in the packed layout and its part of dsinks."""
+    _, causal, layout = DOC_CASES[name][:3]
+    W = DOC_CASES[name][8]
+    q, k, v, do, sinks = _doc_inputs(name)
+    q, k, v, do = (_doc_shard(x, name, N, r) for x in (q, k, v, do))
+    q, k, v = (t.clone().requires_grad_(True) for t in (q, k, v))
+    if sinks is not None:
+        sinks.requires_grad_(True)
+    o = tt.ring_attention(_bhld(q), _bhld(k), _bhld(v), causal=causal, layout=layout,
+                          window=W, sinks=sinks, cu_seqlens=_doc_offsets(name),
+                          deterministic=deterministic, group=group)
+    o = o[0].transpose(0, 1)
+    o.backward(do)
+    return o.detach(), q.grad, k.grad, v.grad, None if sinks is None else sinks.grad
+
+
+def _doc_errors(N, r):
+    """Bad offsets, the same call on every rank (but "differ"); their
+    messages, and whether the ring sent anything before raising."""
+    name = "f32-causal-ragged-gqa-len1"
+    q, k, v, _, _ = (None if x is None else _bhld(_doc_shard(x, name, N, r))
+                     for x in _doc_inputs(name))
+    cu = _doc_offsets(name)
+    S = int(cu[-1])
+    b0 = ring.bytes_sent()
+    out = {}
+    bad = cu.clone()
+    bad[3], bad[4] = int(cu[4]), int(cu[3])
+    out["decreasing"] = _catch(lambda: tt.ring_attention(q, k, v, True, cu_seqlens=bad))
+    short = cu.clone()
+    short[-1] = S - 1
+    out["total"] = _catch(lambda: tt.ring_attention(q, k, v, True, cu_seqlens=short))
+    differ = cu.clone()
+    if r == 1:
+        differ[2] += 1
+    out["differ"] = _catch(lambda: tt.ring_attention(q, k, v, True, cu_seqlens=differ))
+    out["start"] = _catch(lambda: tt.ring_attention(q, k, v, True, cu_seqlens=cu + 1))
+    out["dtype"] = _catch(lambda: tt.ring_attention(q, k, v, True, cu_seqlens=cu.float()))
+    two = torch.cat([q, q])
+    out["batch"] = _catch(lambda: tt.ring_attention(two, torch.cat([k, k]), torch.cat([v, v]),
+                                                    True, cu_seqlens=cu))
+    out["sent"] = ring.bytes_sent() - b0
+    return out
+
+
+def _docs_worker(rank, N, port, out_dir, lib_path):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    torch.set_default_dtype(torch.float32)
+    import torch.distributed as dist
+    from tilegrad import capi
+    assert os.path.samefile(capi.library().path, lib_path), (capi.library().path, lib_path)
+    dist.init_process_group("gloo", rank=rank, world_size=N,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        res = {"cases": {}, "bytes": {}}
+        for name in DOC_CASES:
+            b0 = ring.bytes_sent()
+            res["cases"][name] = _run_docs(name, N, rank)
+            res["bytes"][name] = ring.bytes_sent() - b0
+        name = "bf16-causal-zigzag-span-gqa"
+        res["det"] = [_run_docs(name, N, rank, deterministic=True) for _ in range(2)]
+        single = None
+        for r in range(N):     # every rank alone in a group of one (new_group: all call it)
+            g = dist.new_group([r])
+            if r == rank:
+                single = g
+        res["single"] = _run_docs("f32-causal-ragged-gqa-len1", 1, 0, group=single)
+        res["errors"] = _doc_errors(N, rank)
+        torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def _doc_single(name, q, k, v, do, sinks):
+    """One-process varlen_attention on the whole packed sequence: (o, dq,
+    dk, dv, dsinks)."""
+    _, causal, _, _, _, _, lens = DOC_CASES[name][:7]
+    W = DOC_CASES[name][8]
+    cu = _doc_offsets(name)
+    ts = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    s1 = None if sinks is None else sinks.clone().requires_grad_(True)
+    ws = (-1, -1) if W is None else (W - 1, 0 if causal else -1)
+    o = tt.varlen_attention(*ts, cu, cu, max(lens), max(lens), causal=causal, window_size=ws,
+                            sinks=s1)
+    o.backward(do)
+    return [o.detach()] + [t.grad for t in ts] + ([] if s1 is None else [s1.grad])
+
+
+def _doc_reference(name, q, k, v, do, sinks):
+    """float64 autograd over the block-diagonal mask and test_varlen_torch's
+    per-document bounds -> (refs, tols) in the [1, heads, rows, D] layout."""
+    from test_varlen_torch import block_mask, rel_terms, varlen_bounds
+    dtype, causal, _, H, Hkv, D = DOC_CASES[name][:6]
+    W = DOC_CASES[name][8] or 0
+    cu = _doc_offsets(name)
+    S = int(cu[-1])
+    as4 = lambda t: _bhld(t.to(F64))  # noqa: E731
+    Q, K, V = (as4(t).requires_grad_(True) for t in (q, k, v))
+    S64 = None if sinks is None else sinks.to(F64).requires_grad_(True)
+    mask = block_mask(cu, cu, causal, W).view(1, 1, S, S)
+    scale = float(torch.tensor(1 / math.sqrt(D), dtype=torch.float32))   # the params' float
+    O, P, L, p_sink = ref_variants(Q, K, V, mask, False, scale, None, 0, None, S64)
+    dOd = as4(do)
+    O.backward(dOd)
+    R, rel_row = rel_terms(cu, cu, H // Hkv, D, D, L)
+    tol = varlen_bounds(Q, K, V, O, P, L, p_sink, dOd, scale,
+                        UBF if dtype == torch.bfloat16 else U32, R, rel_row)
+    refs = [O.detach(), Q.grad, K.grad, V.grad] + ([] if S64 is None else [S64.grad])
+    return refs, [tol[w] for w in ("O", "dq", "dk", "dv", "dsinks")][:len(refs)]
+
+
+def _doc_unshard(name, parts):
+    """(o, dq, dk, dv[, dsinks summed]) of the whole sequence from every
+    rank's results."""
+    layout = DOC_CASES[name][2]
+    out = [tt.ring_unshard([p[j] for p in parts], layout, dim=0) for j in range(4)]
+    if parts[0][4] is not None:
+        out.append(sum(p[4] for p in parts))       # every rank's rows' part
+    return out
+
+
+def _check_docs(N, ranks):
+    worst = {}
+    for name in DOC_CASES:
+        full = _doc_inputs(name)
+        got = _doc_unshard(name, [r["cases"][name] for r in ranks])
+        single = _doc_single(name, *full)
+        refs, tols = _doc_reference(name, *full)
+        whats = ("O", "dq", "dk", "dv", "dsinks")
+        for what, a, b, ref, tol in zip(whats, got, single, refs, tols):
+            info = f"{N} ranks, documents {name}"
+            if what != "dsinks":
+                assert a.dtype == DOC_CASES[name][0], (what, a.dtype)
+                a, b = _bhld(a), _bhld(b)
+            worst[(name, what)] = check(f"ring {what}", a, ref, tol, info)
+            check(f"single-process {what}", b, ref, tol, info)
+            check(f"ring - single-process {what}", a, b.to(F64), 2 * tol, info)
+        # the ring's messages whatever the documents: every chunk travels
+        dtype, _, layout, _, Hkv, D, lens, chunks = DOC_CASES[name][:8]
+        rows = chunks[N] if chunks else [len(tt.ring_positions(sum(lens), N, j, layout))
+                                         for j in range(N)]
+        es = torch.finfo(dtype).bits // 8
+        for r in range(N):
+            kv = sum(rows[(r - s) % N] for s in range(N - 1)) * Hkv * D * 2 * es
+            assert ranks[r]["bytes"][name] == 2 * kv + sum(rows) * Hkv * D * 2 * 4, (name, r)
+    for dtype in (torch.float32, torch.bfloat16):
+        mine = {k: x for k, x in worst.items() if DOC_CASES[k[0]][0] == dtype}
+        (n, w), ratio = max(mine.items(), key=lambda kv: kv[1])
+        print(f"{N} ranks, packed documents, {dtype}: worst ring error/tol {ratio:.3g} ({n}, "
+              f"{w}); by output " + ", ".join(
+                  f"{o} {max(x for k, x in mine.items() if k[1] == o):.2g}"
+                  for o in ("O", "dq", "dk", "dv", "dsinks") if any(k[1] == o for k in mine)),
+              file=sys.stderr)
+
+    # deterministic mode: the same bits twice
+    for r in range(N):
+        a, b = ranks[r]["det"]
+        for x, y in zip(a, b):
+            assert (x is None and y is None) or torch.equal(x, y), \
+                f"rank {r}: deterministic ring, two runs differ"
+    # a group of one: the whole sequence in one call per pass (tg_attn_varlen_*
+    # over all the documents, f32 sums rounded once): varlen_attention's bits
+    name = "f32-causal-ragged-gqa-len1"
+    single = _doc_single(name, *_doc_inputs(name))
+    for r in range(N):
+        for a, b in zip(ranks[r]["single"][:4], single):
+            assert torch.equal(a, b), f"rank {r} alone: not varlen_attention's bits"
+
+    for r in range(N):
+        e = ranks[r]["errors"]
+        assert e["sent"] == 0, f"rank {r}: {e['sent']} bytes sent before the errors"
+        assert e["decreasing"].startswith("ValueError") and "decreases at document 3" in \
+            e["decreasing"], e["decreasing"]
+        assert e["total"].startswith("ValueError") and "packed length" in e["total"], e["total"]
+        assert e["differ"].startswith("ValueError") and "disagree in ['cu_seqlens']" in \
+            e["differ"], e["differ"]
+        assert e["start"].startswith("ValueError") and "start at 0" in e["start"], e["start"]
+        assert e["dtype"].startswith("ValueError") and "int32" in e["dtype"], e["dtype"]
+        assert e["batch"].startswith("ValueError") and "B = 1" in e["batch"], e["batch"]
+
+
+@pytest.mark.parametrize("N", [2, 3])
+def test_ring_packed_documents(tmp_path, lib, N):
+    _check_docs(N, _spawn(N, tmp_path, lib, _docs_worker))
+
+
+def test_packed_document_pieces():
+    """The calls of packed documents (no process group): a pair sharing no
+    document runs nothing, a document ending at a chunk boundary leaves the
+    next chunk's pair empty, a spanning one gives one full piece, the
+    diagonal cuts the documents at the chunk's ends."""
+    segs = [[(0, 10, 10 * r)] for r in range(3)]        # contiguous, 10 rows each
+    cu = [0, 4, 10, 25, 30]       # [0,4) [4,10) ends at a boundary; [10,25) spans chunks 1, 2
+    plan = lambda r, causal, W=0: ring._Plan(None, r, 3, segs, causal, 0.25, 1.0, W,  # noqa: E731
+                                             torch.float32, 1, False, 0, None, cu)
+
+    def show(calls):
+        return [(q, k, None if a is None else a.tolist(), None if b is None else b.tolist(), c,
+                 o, w) for q, k, a, b, c, o, w in calls]
+    p1 = plan(1, True)
+    assert show(p1.calls(0)) == []                      # [4, 10) ends where chunk 1 starts
+    assert show(p1.calls(1)) == [((0, 10), (0, 10), [0, 10], [0, 10], True, 0, 0)]
+    p2 = plan(2, True)
+    assert show(p2.calls(0)) == []
+    assert show(p2.calls(1)) == [((0, 5), (0, 10), [0, 5], [0, 10], False, 0, 0)]
+    assert show(p2.calls(2)) == [((0, 10), (0, 10), [0, 5, 10], [0, 5, 10], True, 0, 0)]
+    full = plan(1, False)                                # keys after the queries too
+    assert show(full.calls(2)) == [((0, 10), (0, 5), [0, 10], [0, 5], False, 0, 0)]
+    assert show(full.calls(0)) == []
+    assert show(full.calls(1)) == [((0, 10), (0, 10), [0, 10], [0, 10], False, 0, 0)]
+    # a window of 3: chunk 1's keys [10, 20) before chunk 2's queries [20, 25):
+    # the edge crosses them (a dense call, q_offset 20 - 10); W = 1: outside
+    assert show(plan(2, True, 3).calls(1)) == [((0, 5), (0, 10), None, None, False, 10, 3)]
+    assert show(plan(2, True, 1).calls(1)) == []
+    assert show(plan(2, True, 15).calls(1)) == [((0, 5), (0, 10), [0, 5], [0, 10], False, 0, 0)]
+    # the keys' piece starts at the document's start: [10, 25) over chunk 0 .. 2
+    wide = ring._Plan(None, 1, 2, [[(0, 6, 0)], [(0, 6, 6)]], True, 0.25, 1.0, 0,
+                      torch.float32, 1, False, 0, None, [0, 2, 12])
+    assert show(wide.calls(0)) == [((0, 6), (2, 4), [0, 6], [0, 4], False, 0, 0)]
