@@ -88,7 +88,7 @@ from ._torch_common import (_ATTN_DTYPES, _attn_params, _attn_precision_arg, _bh
                             _threads_arg, _window_arg)
 
 __all__ = ["ring_attention", "ring_shard", "ring_unshard", "ring_positions", "LAYOUTS",
-           "bytes_sent", "RingPeerError", "DEFAULT_TIMEOUT"]
+           "bytes_sent", "RingPeerError", "DEFAULT_TIMEOUT", "collective_timeout"]
 
 Tensor = torch.Tensor
 
@@ -127,6 +127,17 @@ def _timeout_arg(timeout: Optional[float]) -> datetime.timedelta:
     if not (math.isfinite(timeout) and timeout > 0):
         raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout}")
     return datetime.timedelta(seconds=timeout)
+
+
+def collective_timeout(timeout: Optional[float] = None) -> datetime.timedelta:
+    """The wait :func:`ring_attention` allows any one message (``timeout``
+    seconds, else ``$TILEGRAD_COLLECTIVE_TIMEOUT``, else
+    :data:`DEFAULT_TIMEOUT`), as the timedelta
+    ``torch.distributed.init_process_group(timeout=)`` takes: passed there,
+    the collectives tilegrad does not own (DDP's gradient all-reduces,
+    barriers, checkpoint broadcasts) are bounded by the same wait instead of
+    gloo's default 30 minutes."""
+    return _timeout_arg(timeout)
 
 
 def _wait(plan, work, peer: Optional[int], what: str) -> None:

@@ -154,14 +154,16 @@ expect_ok() {
   echo "ok   $1 (${took} s): $(cat "$work/$1.result" 2>/dev/null || echo done)"
 }
 
-# expect_fault NAME KIND: the fault's checks (worker.py check-fault), fed
-# the exit codes
+# expect_fault NAME KIND [ARGS...]: the fault's checks (worker.py
+# check-fault), fed the exit codes
 expect_fault() {
-  if ! TG_MH_ADDRS="$(IFS=,; echo "${addr[*]}")" "$py" tests/multihost/worker.py check-fault --name "$1" --kind "$2" --out "$work" \
-       --rcs "${rcs[*]}" >"$work/$1.check" 2>&1; then
-    show_logs "$1"; cat "$work/$1.check"; fail "$1: the fault's checks failed"
+  local name=$1 kind=$2
+  shift 2
+  if ! TG_MH_ADDRS="$(IFS=,; echo "${addr[*]}")" "$py" tests/multihost/worker.py check-fault --name "$name" --kind "$kind" --out "$work" \
+       --rcs "${rcs[*]}" "$@" >"$work/$name.check" 2>&1; then
+    show_logs "$name"; cat "$work/$name.check"; fail "$name: the fault's checks failed"
   fi
-  echo "ok   $1 (${took} s): $(tail -n 1 "$work/$1.check")"
+  echo "ok   $name (${took} s): $(tail -n 1 "$work/$name.check")"
 }
 
 case "$mode" in
@@ -178,6 +180,13 @@ test)
   make_hosts none
   launch kill 150 fault --kind kill
   expect_fault kill kill
+  make_hosts none
+  # DDP's all-reduce is gloo's, not tilegrad's: the process group's timeout
+  # (worker.py's init_process_group reads this, as ring_attention does)
+  export TILEGRAD_COLLECTIVE_TIMEOUT=10
+  launch ddpkill 150 fault --kind ddpkill
+  expect_fault ddpkill ddpkill --timeout "$TILEGRAD_COLLECTIVE_TIMEOUT"
+  unset TILEGRAD_COLLECTIVE_TIMEOUT
   make_hosts none
   TG_LINKDOWN_TIMEOUT=5
   launch linkdown 150 fault --kind linkdown --timeout "$TG_LINKDOWN_TIMEOUT"

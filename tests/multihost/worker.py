@@ -19,8 +19,9 @@ Subcommands (rank 0 checks and writes ``$TG_MH_OUT/<name>.result``):
             --steps: the final weights must be the uninterrupted run's bits.
   fault     ring steps in a loop; at step 2 the last host dies (kill: SIGKILL
             between its forward and backward) or loses its link (linkdown:
-            eth0 down, then on with the backward). Every rank records the
-            error that ended it.
+            eth0 down, then on with the backward); or (ddpkill) DDP steps of
+            the tiny Llama, the last host SIGKILLed inside step 2's gradient
+            all-reduce. Every rank records the error that ended it.
   check-fault   (not under torchrun) that fault's checks, from the records.
   bench     step, communication alone and compute alone of the ring
             (bench/multihost_ring_bench.py).
@@ -35,6 +36,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -84,11 +86,13 @@ def digest(tensors):
 def init():
     import torch
     import torch.distributed as dist
+    from tilegrad import ring
     torch.set_num_threads(1)
     torch.set_default_dtype(torch.float32)
     # the group's own timeout bounds what tilegrad does not own (DDP's
-    # all-reduces, barriers); ring_attention bounds its own messages
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    # all-reduces, barriers): $TILEGRAD_COLLECTIVE_TIMEOUT, default 60 s, the
+    # wait ring_attention gives its own messages
+    dist.init_process_group("gloo", timeout=ring.collective_timeout())
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -336,10 +340,42 @@ def _fault_inputs(rank, N):
     return [tt.ring_shard(x, N, rank, "zigzag").requires_grad_(True) for x in (q, k, v)]
 
 
+def _ddp_fault(a, rank, N):
+    """ddpkill: DDP steps of the tiny Llama; in step 2 the last host's rank
+    SIGKILLs itself inside the gradient all-reduce (a comm hook, the same on
+    every rank, kills it right after it posted its first bucket's
+    all-reduce), while the others are in theirs. Rank 0 writes a checkpoint
+    after every step (atomic_save)."""
+    import torch
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    victim, step = N - 1, [0]
+    model = _llama()
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+
+    def hook(state, bucket):
+        fut = default_hooks.allreduce_hook(None, bucket)
+        if rank == victim and step[0] == 2:
+            atomic_save({"t_fault": time.time(), "rank": rank, "bucket": bucket.index()},
+                        os.path.join(OUT, f"{a.kind}.fault.json"))
+            os.kill(os.getpid(), signal.SIGKILL)
+        return fut
+    ddp.register_comm_hook(None, hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=LR, momentum=MOMENTUM)
+    ids = _batch(N)[rank:rank + 1]
+    for step[0] in (1, 2, 3):
+        _train(ddp, opt, ids, 1)
+        if rank == 0:
+            atomic_save(dict(step=step[0], model=model.state_dict(), optim=opt.state_dict()),
+                        os.path.join(OUT, f"{a.kind}.step.pt"))
+    raise AssertionError("DDP ran on through the fault")
+
+
 def cmd_fault(a):
     import torch
     import tilegrad.torch as tt
     rank, N = init()
+    if a.kind == "ddpkill":
+        return _ddp_fault(a, rank, N)
     victim = N - 1
     for step in (1, 2, 3):
         q, k, v = _fault_inputs(rank, N)
@@ -357,37 +393,57 @@ def cmd_fault(a):
     raise AssertionError("the ring ran on through the fault")
 
 
+#: what gloo says when a peer's connection is gone or silent
+GLOO_PEER_ERRORS = ("Connection reset by peer", "Connection closed by peer", "Timed out",
+                    "timed out", "Connection refused", "Broken pipe")
+
+
 def cmd_check_fault(a):
     """Every host's torchrun exited non-zero; every rank but a killed one
     recorded an error that names a peer rank and its host, within 60 s of
-    the fault; the rank that receives from the victim names the victim;
-    the per-step output is whole (step 1's) and no temporary file is left."""
+    the fault (ddpkill: within the process group's timeout, --timeout, plus
+    15 s), a RingPeerError for the ring's faults and gloo's own peer error
+    for DDP's; in the ring the rank that receives from the victim names the
+    victim; the per-step output is whole (step 1's) and no temporary file
+    is left."""
     rcs = [int(x) for x in a.rcs.split()]
     N = len(rcs)
     victim = N - 1
+    ddp = a.kind == "ddpkill"
+    limit = a.timeout + 15 if ddp else 60
     fault = json.load(open(os.path.join(a.out, f"{a.kind}.fault.json")))
     assert fault["rank"] == victim, fault
     assert all(rc != 0 for rc in rcs), f"a host exited 0 after the fault: {rcs}"
     lines = []
     for r in range(N):
         path = os.path.join(a.out, f"{a.kind}.error.{r}.json")
-        if a.kind == "kill" and r == victim:
+        if a.kind in ("kill", "ddpkill") and r == victim:
             assert not os.path.exists(path), "the killed rank wrote an error record"
             continue
         assert os.path.exists(path), f"rank {r} ended without recording an error: {rcs}"
         e = json.load(open(path))
         dt = e["t"] - fault["t_fault"]
-        assert dt < 60, f"rank {r} raised {dt:.1f} s after the fault: {e}"
-        assert e["type"] == "RingPeerError" and e["peer"] is not None, e
+        assert dt < limit, f"rank {r} raised {dt:.1f} s after the fault (limit {limit} s): {e}"
+        if ddp:
+            assert any(w in e["msg"] for w in GLOO_PEER_ERRORS), e
+            assert e["peer"] is not None and e["peer"] != r, e
+        else:
+            assert e["type"] == "RingPeerError" and e["peer"] is not None, e
         assert f"peer rank {e['peer']} at {host(e['peer'])}" in e["msg"], e
         lines.append(f"rank {r}: {dt:.1f} s, names rank {e['peer']}")
-    e0 = json.load(open(os.path.join(a.out, f"{a.kind}.error.0.json")))
-    assert e0["peer"] == victim, f"rank 0 receives from rank {victim} but named {e0['peer']}"
+    if not ddp:
+        e0 = json.load(open(os.path.join(a.out, f"{a.kind}.error.0.json")))
+        assert e0["peer"] == victim, f"rank 0 receives from rank {victim} but named {e0['peer']}"
     import torch
     left = glob.glob(os.path.join(a.out, "*.tmp-*"))
     assert not left, f"temporary files left: {left}"
     step = torch.load(os.path.join(a.out, f"{a.kind}.step.pt"))
-    assert step["step"] == 1 and step["o"].shape == step["dq"].shape, step.keys()
+    if ddp:      # the step-1 checkpoint, whole: every weight and its momentum
+        model, optim = step["model"], step["optim"]
+        assert step["step"] == 1 and len(optim["state"]) == len(model) > 0, step.keys()
+        assert all(bool(torch.isfinite(t).all()) for t in model.values())
+    else:
+        assert step["step"] == 1 and step["o"].shape == step["dq"].shape, step.keys()
     print(f"{a.kind}: " + "; ".join(lines) + "; exits " + " ".join(map(str, rcs)) +
           "; the step output whole (step 1), no temporary file")
 
@@ -459,7 +515,7 @@ def main():
     p.add_argument("cmd", choices=["ring", "ddp", "resume", "fault", "check-fault", "bench"])
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--ckpt-step", type=int, default=2)
-    p.add_argument("--kind", choices=["kill", "linkdown"], default="kill")
+    p.add_argument("--kind", choices=["kill", "linkdown", "ddpkill"], default="kill")
     p.add_argument("--timeout", type=float, default=None)
     p.add_argument("--name", default="")
     p.add_argument("--out", default=OUT)
@@ -480,6 +536,10 @@ def main():
         rank = int(os.environ.get("RANK", -1))
         peer = getattr(e, "peer", None)
         msg = str(e)
+        if peer is None:         # gloo's own errors name the peer's address:port
+            found = re.search(r"\[(\d+\.\d+\.\d+\.\d+)\]:\d+", msg)
+            if found and found.group(1) in ADDRS:
+                peer = ADDRS.index(found.group(1))
         if peer is not None:     # the host too: the rank alone does not say where to look
             msg = f"rank {rank} at {host(rank)}: lost peer rank {peer} at {host(peer)}: {msg}"
         print(f"ERROR: {msg}", file=sys.stderr, flush=True)

@@ -515,6 +515,11 @@ def test_ring_timeout_argument():
             ring._timeout_arg(bad)
     assert ring._timeout_arg(None).total_seconds() == float(
         os.environ.get("TILEGRAD_COLLECTIVE_TIMEOUT") or ring.DEFAULT_TIMEOUT)
+    # the same wait, for init_process_group(timeout=): DDP's collectives are torch's
+    assert ring.collective_timeout() == ring._timeout_arg(None)
+    assert ring.collective_timeout(7.5) == datetime.timedelta(seconds=7.5)
+    with pytest.raises(ValueError, match="timeout"):
+        ring.collective_timeout(0)
 
 
 # ---------------------------------------------------------------------------
