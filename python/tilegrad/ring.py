@@ -425,9 +425,37 @@ def _describe(meta: Tensor) -> dict:
     return d
 
 
+def _doc_positions(pos: Tensor, cu: Optional[List[int]]) -> Tensor:
+    """Global positions -> the rotary positions of those rows: themselves,
+    or with packed documents each one's place in its document."""
+    if cu is None:
+        return pos
+    starts = torch.tensor(cu, dtype=torch.int64)
+    return pos - starts[torch.searchsorted(starts, pos, right=True) - 1]
+
+
+def _positions_digest(position_ids) -> int:
+    """-1 without position ids, else the CRC-32 of one row of them (int64;
+    a [B, L] tensor's rows must agree)."""
+    if position_ids is None:
+        return -1
+    p = torch.as_tensor(position_ids).detach().to(torch.int64)
+    p = p.reshape(-1, p.shape[-1]) if p.dim() else p.reshape(1, 1)
+    if p.shape[0] > 1 and not bool((p == p[:1]).all()):
+        raise ValueError("position_ids: the rows of the batch differ (one sequence's chunk "
+                         "is sharded: every row holds the same positions)")
+    return zlib.crc32(p[0].contiguous().numpy().tobytes())
+
+
 def _plan(q, k, v, causal, scale, softcap, group, layout, dropout_p, threads, deterministic,
-          attn_precision, window, sinks, timeout,
-          cu_seqlens=None) -> Tuple[_Plan, Optional[Tensor]]:
+          attn_precision, window, sinks, timeout, cu_seqlens=None, positions=None,
+          problem=None) -> Tuple[_Plan, Optional[Tensor]]:
+    """The call's plan, agreed by one all_gather. positions (the rotary
+    position ids a model feeds this rank's rows; tilegrad.transformers
+    passes them): checked on every rank against each rank's rows' global
+    positions (with cu_seqlens: their places in their documents). problem:
+    a caller's reason to refuse this rank's call, raised as
+    NotImplementedError here while every other rank raises with it."""
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError("ring_attention needs torch.distributed: call "
                            "torch.distributed.init_process_group('gloo') first (torchrun "
@@ -436,14 +464,15 @@ def _plan(q, k, v, causal, scale, softcap, group, layout, dropout_p, threads, de
     if rank < 0:
         raise ValueError("ring_attention: this process is not a member of `group`")
     wait_for = datetime.timedelta(seconds=DEFAULT_TIMEOUT)   # the all_gather's, until checked
-    meta = [1] + [0] * (len(_META) + 1)      # [refused, _META..., chunk length]
+    meta = [1] + [0] * (len(_META) + 2)      # [refused, _META..., chunk length, positions]
+    n_meta = len(_META)
     try:    # (the timeout is each rank's own: checked, not compared)
         timeout = wait_for = _timeout_arg(timeout)    # a bad argument on one rank must not leave the others waiting: gathered below
         layout = _layout_arg(layout)
         ap = _attn_precision_arg(attn_precision)
         threads = _threads_arg(threads)
         window = _window_arg(window)
-        err = _local_problem(q, k, v, dropout_p)
+        err = problem or _local_problem(q, k, v, dropout_p)
         cu = None
         if err is None:
             sinks = _sinks_arg(sinks, q.shape[1])
@@ -459,7 +488,7 @@ def _plan(q, k, v, causal, scale, softcap, group, layout, dropout_p, threads, de
                         layout=LAYOUTS.index(layout), scale=_f32_bits(scale),
                         softcap=_f32_bits(softcap), attn_precision=ap, window=window,
                         sinks=_sinks_digest(sinks), cu_seqlens=_cu_digest(cu))
-            meta = [0] + [vals[n] for n in _META] + [q.shape[2]]
+            meta = [0] + [vals[n] for n in _META] + [q.shape[2], _positions_digest(positions)]
     except (ValueError, TypeError, OverflowError) as e:   # scale / softcap beyond float32 too
         err = str(e)
     # one all_gather: every rank sees every rank's problem, so all raise together
@@ -472,7 +501,8 @@ def _plan(q, k, v, causal, scale, softcap, group, layout, dropout_p, threads, de
               work, None, "the arguments' all_gather with")
     failed = [r for r in range(N) if every[r][0]]
     if err is not None:
-        raise ValueError(f"ring_attention (rank {rank} of {N}): {err}")
+        raise (NotImplementedError if problem else ValueError)(
+            f"ring_attention (rank {rank} of {N}): {err}")
     if failed:
         raise RuntimeError(f"ring_attention: rank(s) {failed} of the group refused their "
                            "inputs (their own errors say why)")
@@ -480,14 +510,22 @@ def _plan(q, k, v, causal, scale, softcap, group, layout, dropout_p, threads, de
         diff = [n for j, n in enumerate(_META) if every[r][1 + j] != every[0][1 + j]]
         if diff:
             raise ValueError(f"ring_attention: rank {r} and rank 0 disagree in {diff} "
-                             f"({_describe(every[r][1:-1])} against "
-                             f"{_describe(every[0][1:-1])}); every rank must call with the "
+                             f"({_describe(every[r][1:1 + n_meta])} against "
+                             f"{_describe(every[0][1:1 + n_meta])}); every rank must call with the "
                              "same shapes (but the chunk length) and arguments")
-    lengths = [int(e[-1]) for e in every]
+    lengths = [int(e[1 + n_meta]) for e in every]
     segs = _segments(layout, lengths)
     if cu is not None and cu[-1] != sum(lengths):     # the same on every rank: all raise
         raise ValueError(f"ring_attention: cu_seqlens[-1] = {cu[-1]} must be the packed length, "
                          f"the sum of the ranks' chunks {lengths} = {sum(lengths)}")
+    wrong = [r for r in range(N) if int(every[r][2 + n_meta]) not in (
+        -1, zlib.crc32(_doc_positions(_positions(segs[r]), cu).numpy().tobytes()))]
+    if wrong:
+        raise ValueError(f"ring_attention: the position_ids of rank(s) {wrong} are not their "
+                         f"rows' positions (layout={layout!r}, chunks {lengths}"
+                         f"{', within the documents of cu_seqlens' if cu else ''}): shard them "
+                         "as the rows (tilegrad.transformers.context_parallel_inputs, or "
+                         "ring_positions)")
     return _Plan(group, rank, N, segs, bool(causal), scale, softcap, window, q.dtype, threads,
                  bool(deterministic), ap, timeout, cu), sinks
 

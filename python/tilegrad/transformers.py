@@ -49,12 +49,19 @@ multiples of 8 in [8, 512], ``output_attentions=True`` (the weights are
 never formed), a ``position_bias``, a sliding window on a bidirectional
 layer without a mask.
 
+Context parallel: inside ``with context_parallel(group):`` every attention
+layer runs :func:`tilegrad.ring.ring_attention` over the group, each rank
+holding its chunk of the sequence (:func:`context_parallel_inputs` shards a
+batch: input ids, global position ids, labels shifted over the whole
+sequence); docs/RING.md has the recipe.
+
 :func:`use_tilegrad_rms_norm` (off unless called) swaps the RMSNorm modules
 of the supported families for tilegrad's ``rms_norm`` op;
 :func:`use_tilegrad_kernels` (off unless called) puts every step kernel
 into one model: RoPE, SwiGLU / GeGLU, RMSNorm and the fused linear
 cross-entropy.
 """
+import contextlib
 import contextvars
 import dataclasses
 import functools
@@ -66,11 +73,13 @@ import torch
 from transformers import AttentionInterface
 from transformers import masking_utils as _mu
 
+from . import ring as _ring
 from . import torch as tt
 from ._torch_paths import _IS_COMPILING
 
 __all__ = ["register", "attention_forward", "attention_mask", "use_tilegrad_rms_norm",
-           "use_tilegrad_kernels", "TilegradRMSNorm", "NAME"]
+           "use_tilegrad_kernels", "TilegradRMSNorm", "NAME", "context_parallel",
+           "context_parallel_inputs"]
 
 #: the name registered with transformers' attention and mask interfaces
 NAME = "tilegrad"
@@ -219,6 +228,148 @@ def _packed_forward(module, query, key, value, attention_mask, dropout, scaling,
     return out.view(B, qL, H, out.shape[-1]), None
 
 
+# ---------------------------------------------------------------------------
+# context parallel: the layers' attention through tilegrad.ring
+
+@dataclasses.dataclass(frozen=True)
+class _ContextParallel:
+    group: object
+    layout: str
+    cu_seqlens: Optional[torch.Tensor]
+    timeout: Optional[float]
+
+
+# the context_parallel() block in force in this process (None: none). A plain
+# global, not a ContextVar: attention_forward reads it under torch.compile too
+# (to stay out of the graph there), which Dynamo cannot do with ContextVar.get
+_CP = [None]
+
+
+@contextlib.contextmanager
+def context_parallel(group=None, *, layout: str = "contiguous",
+                     cu_seqlens: Optional[torch.Tensor] = None,
+                     timeout: Optional[float] = None):
+    """Context parallelism for models with ``attn_implementation="tilegrad"``:
+    inside the block, every attention layer runs
+    :func:`tilegrad.ring.ring_attention` over ``group`` (default: the
+    world), so each rank's forward sees only its chunk of the sequence and
+    its attention still covers the whole of it.
+
+    Every rank of the group runs the same model on its own rows (same
+    weights, same calls), with ``position_ids`` the rows' global positions
+    (with ``cu_seqlens``: their places in their documents) and, for the
+    loss, labels shifted over the whole sequence:
+    :func:`context_parallel_inputs` shards a batch so. ``layout`` as
+    ring_attention's (``"zigzag"`` balances causal work); ``cu_seqlens``:
+    the whole sequence's packed documents (int32 offsets, B = 1, the same
+    on every rank), the documents of the local position_ids being those of
+    a chunk, not of the sequence; ``timeout`` as ring_attention's. The
+    position_ids each layer is given are checked against the layout on
+    every call (a model fed local positions 0..L_r-1 raises ValueError on
+    every rank). The layers around attention are per token; their
+    parameters' gradients on a rank are its tokens' part: sum them over the
+    group (``all_reduce``; DDP over the group averages, so scale the loss
+    by the group's size there). Refused (NotImplementedError on the rank
+    that has it, RuntimeError naming it on the others, all before the ring
+    sends anything):
+    a padding or 4-D mask, the collator's ``cu_seq_lens_*`` keywords, keys
+    from a cache (generation), dropout, a value head dim other than D.
+    Under torch.compile the attention calls are not traced: Dynamo breaks
+    the graph there and runs them eagerly (``fullgraph=True`` fails).
+    Blocks do not nest; the setting is the process's."""
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("context_parallel needs torch.distributed: call "
+                           "torch.distributed.init_process_group('gloo') first")
+    _ring._layout_arg(layout)
+    if cu_seqlens is not None:
+        _ring._cu_seqlens_arg(cu_seqlens, 1)
+    if timeout is not None:
+        _ring._timeout_arg(timeout)
+    if _CP[0] is not None:
+        raise RuntimeError("context_parallel blocks do not nest")
+    _CP[0] = _ContextParallel(group, layout, cu_seqlens, timeout)
+    try:
+        yield
+    finally:
+        _CP[0] = None
+
+
+def context_parallel_inputs(input_ids: torch.Tensor, labels: Optional[torch.Tensor] = None, *,
+                            group=None, layout: str = "contiguous",
+                            cu_seqlens: Optional[torch.Tensor] = None,
+                            ignore_index: int = -100) -> Dict[str, torch.Tensor]:
+    """This rank's keyword arguments of a causal LM's forward under
+    :func:`context_parallel`, from the whole batch ``input_ids [B, S]`` (and
+    ``labels [B, S]``, the model's usual labels: unshifted): ``input_ids``
+    and ``position_ids`` of the rank's rows (:func:`tilegrad.ring.ring_shard`
+    by ``layout``; positions global, or with ``cu_seqlens`` within each
+    document) and, with labels, ``labels`` and ``shift_labels`` (the labels
+    shifted over the whole sequence, then sharded: a chunk's last row
+    predicts the next rank's first token) and ``num_items_in_batch`` (the
+    whole batch's count of labelled tokens, so each rank's loss is its part
+    of the global mean: the ranks' losses sum to it). With packed
+    documents, set the first label of every document to ``ignore_index``
+    (as transformers' DataCollatorWithFlattening does) so no document
+    predicts the next one."""
+    import torch.distributed as dist
+    rank, N = dist.get_rank(group), dist.get_world_size(group)
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids [B, S] expected, got {tuple(input_ids.shape)}")
+    cu = _ring._cu_seqlens_arg(cu_seqlens, input_ids.shape[0])
+    S = input_ids.shape[1]
+    if cu is not None and cu[-1] != S:
+        raise ValueError(f"cu_seqlens[-1] = {cu[-1]} must be the sequence length {S}")
+    pos = _ring.ring_positions(S, N, rank, layout)
+    out = {"input_ids": input_ids[:, pos],
+           "position_ids": _ring._doc_positions(pos, cu).unsqueeze(0).to(input_ids.device)}
+    if labels is not None:
+        if tuple(labels.shape) != tuple(input_ids.shape):
+            raise ValueError(f"labels {tuple(labels.shape)} must have input_ids' shape "
+                             f"{tuple(input_ids.shape)}")
+        shift = torch.nn.functional.pad(labels[:, 1:], (0, 1), value=ignore_index)
+        out["labels"] = out["shift_labels"] = shift[:, pos]
+        out["num_items_in_batch"] = (shift != ignore_index).sum()
+    return out
+
+
+def _context_parallel_forward(cp, module, query, key, value, attention_mask, dropout, scaling,
+                              causal, sliding_window, softcap, s_aux, kwargs):
+    """attention_forward inside a context_parallel() block: ring_attention
+    over the block's group on this rank's rows."""
+    if _IS_COMPILING is not None and _IS_COMPILING():
+        # not traced: Dynamo breaks the graph at this raise and runs the call
+        # eagerly, where it takes the ring (fullgraph=True reports it)
+        _refuse("context_parallel under torch.compile (the ring's messages are Python "
+                "around the kernels)")
+    why = None
+    if _is_block_mask(attention_mask) or attention_mask is not None and not (
+            attention_mask.dim() == 2 and attention_mask.dtype == torch.int32):
+        # int32 document indices are the chunk's, found in its position_ids
+        why = ("a padding or 4-D attention mask (the ring takes causal, a sliding window "
+               "and context_parallel(cu_seqlens=)'s documents)")
+    elif kwargs.get("cu_seq_lens_q") is not None or kwargs.get("cu_seq_lens_k") is not None:
+        why = ("the collator's cu_seq_lens_q / cu_seq_lens_k (a chunk's offsets): give the "
+               "whole sequence's as context_parallel(cu_seqlens=)")
+    elif query.shape[2] != key.shape[2]:
+        why = (f"{key.shape[2]} keys for {query.shape[2]} queries (keys from a cache: "
+               "generation is not context parallel)")
+    elif sliding_window is not None and not causal:
+        why = f"sliding_window={sliding_window} on a bidirectional layer"
+    dtype = query.dtype
+    q, k, v = query, key, value
+    if dtype == torch.float16:          # widened, as tilegrad.torch.attention does
+        q, k, v = q.float(), k.float(), v.float()
+    plan, sinks = _ring._plan(q, k, v, causal, scaling, softcap, cp.group, cp.layout, dropout,
+                              None, _options["deterministic"], _options["attn_precision"],
+                              sliding_window, s_aux, cp.timeout, cp.cu_seqlens,
+                              kwargs.get("position_ids"),
+                              None if why is None else f'attn_implementation="tilegrad": '
+                              f"context_parallel: {why}; {_REFUSED}")
+    out = _ring._RingAttention.apply(q, k, v, sinks, plan)
+    return out.to(dtype).transpose(1, 2).contiguous(), None
+
+
 def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
                       value: torch.Tensor, attention_mask: Optional[torch.Tensor],
                       dropout: float = 0.0, scaling: Optional[float] = None,
@@ -260,6 +411,11 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     sinks (``[H]``, with gradient) go to the kernels' arguments. Returns
     ``(attn_output [B, qL, H, Dv] contiguous, None)``."""
     _need_supported(query, key, value, attention_mask, dict(kwargs, s_aux=s_aux))
+    if _CP[0] is not None:              # context_parallel(): the ring over the block's group
+        return _context_parallel_forward(
+            _CP[0], module, query, key, value, attention_mask, dropout, scaling,
+            bool(getattr(module, "is_causal", True) if is_causal is None else is_causal),
+            sliding_window, softcap, s_aux, kwargs)
     if _is_block_mask(attention_mask):  # the whole mask, as a 4-D one is: its blocks only
         if dropout:
             _refuse(f"dropout {dropout} with a flex BlockMask: tilegrad's flex_attention has "
