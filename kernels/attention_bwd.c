@@ -1455,23 +1455,31 @@ typedef struct {
   int64_t Os[3], H, qL;
 } compute_d_args;
 
+/* Rows are taken in memory order: a row's heads side by side where they lie
+ * closer together than a head's rows (packed [total, H, D] and
+ * transformers' [B, L, H, D] views: Os[1] < Os[2]), else a head's rows in
+ * turn. Walking a packed layout head by head read each 128-byte row slice
+ * a row stride (H * D elements) away from the last: D_vec of 4096 x 12
+ * heads x 64 took 4.0 ms at 2 threads on the lent Xeon, a tenth of its
+ * bandwidth. Each row's dot is the same whatever the order. */
 static void compute_d_group(const void *vargs, int64_t blk, int64_t y, int64_t z,
                             void *scratch) {
   const compute_d_args *a = vargs;
   const int64_t r0 = blk * TG_ATTN_D_ROWS_PER_GROUP;
   const int64_t r1 =
       r0 + TG_ATTN_D_ROWS_PER_GROUP < a->rows ? r0 + TG_ATTN_D_ROWS_PER_GROUP : a->rows;
-  for (int64_t r = r0; r < r1;) { /* a head's rows at a time */
-    const int64_t bh = r / a->qL, end = (bh + 1) * a->qL < r1 ? (bh + 1) * a->qL : r1;
-    const int64_t head = tg_attn_offset(a->Os, bh / a->H, bh % a->H, 0);
-    for (int64_t i = r % a->qL; r < end; r++, i++) {
-      const int64_t at = head + i * a->Os[2];
-      if (a->t == TG_DTYPE_F32)
-        a->D_out[r] = a->ops->dot_f32((const float *)a->O + at, (const float *)a->dO + at, a->D);
-      else
-        a->D_out[r] = a->ops->dot_bf16((const tg_bf16 *)a->O + at, (const tg_bf16 *)a->dO + at,
-                                       a->D);
-    }
+  const int heads_inner = a->Os[1] < a->Os[2];
+  const int64_t per_batch = a->H * a->qL;
+  for (int64_t r = r0; r < r1; r++) {
+    const int64_t b = r / per_batch, in_b = r % per_batch;
+    const int64_t h = heads_inner ? in_b % a->H : in_b / a->qL;
+    const int64_t i = heads_inner ? in_b / a->H : in_b % a->qL;
+    const int64_t at = tg_attn_offset(a->Os, b, h, i);
+    float *out = a->D_out + (b * a->H + h) * a->qL + i; /* D_vec [B, H, qL] */
+    if (a->t == TG_DTYPE_F32)
+      *out = a->ops->dot_f32((const float *)a->O + at, (const float *)a->dO + at, a->D);
+    else
+      *out = a->ops->dot_bf16((const tg_bf16 *)a->O + at, (const tg_bf16 *)a->dO + at, a->D);
   }
 }
 
