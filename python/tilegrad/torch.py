@@ -72,7 +72,7 @@ from ._torch_paths import (HAVE_CUSTOM_OPS, _autocast_cast, _check_cpu, _custom_
 # the step's memory-bound kernels (RoPE, SwiGLU/GeGLU) and the fused linear
 # cross-entropy (the LM head and the loss in chunks), re-exported
 from ._torch_lce import causal_lm_loss, linear_cross_entropy
-from ._torch_step import apply_rotary_pos_emb, geglu, rope, swiglu
+from ._torch_step import apply_rotary_pos_emb, geglu, glu_linear, rope, swiglu
 # packed sequences (flash_attn_varlen_func), re-exported
 from ._torch_varlen import varlen_attention
 # block-sparse masks (a torch BlockMask's blocks as varlen documents), re-exported
@@ -81,7 +81,7 @@ from ._torch_flex import flex_attention
 __all__ = ["attention", "scaled_dot_product_attention", "rms_norm", "RMSNorm", "Attention",
            "MultiHeadAttention", "HAVE_CUSTOM_OPS", "ring_attention", "ring_shard",
            "ring_unshard", "ring_positions", "rope", "apply_rotary_pos_emb", "swiglu", "geglu",
-           "linear_cross_entropy", "causal_lm_loss", "varlen_attention", "flex_attention"]
+           "glu_linear", "linear_cross_entropy", "causal_lm_loss", "varlen_attention", "flex_attention"]
 
 Tensor = torch.Tensor
 

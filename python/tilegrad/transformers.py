@@ -698,14 +698,25 @@ def _use_rope(model: torch.nn.Module) -> int:
 
 
 def _glu_forward(kind: str, fused: bool):
+    """The gated MLP's forward on the fused unit. A plain nn.Linear
+    down_proj runs with it as tt.glu_linear (the product formed again in
+    the backward, not kept); any other module there (an adapter, a
+    quantized layer, hooks) is called as it is, on tt.swiglu / tt.geglu."""
     glu = tt.swiglu if kind == "swiglu" else tt.geglu
+    act = "silu" if kind == "swiglu" else "gelu_tanh"
+
+    def down(self, gate, up):
+        d = self.down_proj
+        if type(d) is torch.nn.Linear and not (d._forward_hooks or d._forward_pre_hooks):
+            return tt.glu_linear(gate, up, d.weight, d.bias, act=act)
+        return d(glu(gate, up))
     if fused:   # Phi-3: gate_up_proj(x) = [gate | up]
         def forward(self, hidden_states):
             gate, up = self.gate_up_proj(hidden_states).chunk(2, dim=-1)
-            return self.down_proj(glu(gate, up))
+            return down(self, gate, up)
     else:
         def forward(self, x):
-            return self.down_proj(glu(self.gate_proj(x), self.up_proj(x)))
+            return down(self, self.gate_proj(x), self.up_proj(x))
     return forward
 
 

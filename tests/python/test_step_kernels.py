@@ -1,5 +1,5 @@
 """The training step's other kernels through torch and transformers:
-tilegrad.torch.rope / apply_rotary_pos_emb / swiglu / geglu against float64
+tilegrad.torch.rope / apply_rotary_pos_emb / swiglu / geglu / glu_linear against float64
 references and autograd, and tilegrad.transformers.use_tilegrad_kernels on
 tiny configs of each family it knows (2 layers, hidden 64, 4 query over 2
 kv heads, vocab 96, batch 2 x 37 tokens) against the same model unpatched.
@@ -205,6 +205,67 @@ def test_glu_refusals():
         tt.geglu(torch.randn(3, 4, dtype=torch.float64), torch.randn(3, 4, dtype=torch.float64))
 
 
+@pytest.mark.parametrize("kind", ["swiglu", "geglu"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_glu_linear_matches_float64_and_autograd(kind, bias):
+    """F.linear(glu(gate, up), W, b) with the product formed again in the
+    backward: float32 against float64 (the bound above on each output: the
+    GLU's few roundings, then a float32 GEMM of K = 50 terms: 50 u more of
+    the absolute sums, inside the stated 2e-6 max|b| at these sizes)."""
+    g = torch.Generator().manual_seed(23 + bias)
+    gate = (torch.randn(2, 37, 50, generator=g) * 4).requires_grad_(True)
+    up = torch.randn(2, 37, 50, generator=g).requires_grad_(True)
+    w = (torch.randn(24, 50, generator=g) / 7).requires_grad_(True)
+    b = torch.randn(24, generator=g).requires_grad_(True) if bias else None
+    act = "silu" if kind == "swiglu" else "gelu_tanh"
+    out = tt.glu_linear(gate, up, w, b, act=act)
+    leaves64 = [t.detach().double().requires_grad_(True) for t in (gate, up, w) + ((b,) if bias else ())]
+    ref = torch.nn.functional.linear(_glu_ref(kind, *leaves64[:2]), *leaves64[2:])
+    assert out.dtype == torch.float32 and _max_rel(out, ref) <= F64_RTOL
+    dout = torch.randn(out.shape, generator=g)
+    out.backward(dout)
+    ref.backward(dout.double())
+    for t, t64 in zip((gate, up, w) + ((b,) if bias else ()), leaves64):
+        assert _max_rel(t.grad, t64.grad) <= F64_RTOL
+
+
+def test_glu_linear_keeps_no_product_and_matches_unfused_bf16():
+    """bf16: the same GEMMs as swiglu then F.linear (same bits here), and the
+    backward keeps gate, up and W, not the [rows, cols] product."""
+    g = torch.Generator().manual_seed(31)
+    gate_up = torch.randn(3, 40, 2 * 64, generator=g).bfloat16()
+    w = (torch.randn(32, 64, generator=g) / 8).bfloat16()
+    ins = [gate_up.clone().requires_grad_(True), w.clone().requires_grad_(True)]
+    ref_ins = [gate_up.clone().requires_grad_(True), w.clone().requires_grad_(True)]
+    saved = []
+
+    def pack(t):
+        saved.append(tuple(t.shape))
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = tt.glu_linear(*ins[0].chunk(2, dim=-1), ins[1])
+    assert (3, 40, 64) in saved and (32, 64) in saved, saved
+    assert saved.count((3, 40, 64)) == 2, saved          # gate and up, no product
+    ref = torch.nn.functional.linear(tt.swiglu(*ref_ins[0].chunk(2, dim=-1)), ref_ins[1])
+    assert out.dtype == torch.bfloat16 and torch.equal(out, ref)
+    dout = torch.randn(out.shape, generator=g).bfloat16()
+    out.backward(dout)
+    ref.backward(dout)
+    for a, c in zip(ins, ref_ins):
+        assert torch.equal(a.grad, c.grad)
+
+
+def test_glu_linear_refusals():
+    with pytest.raises(ValueError, match="weight"):
+        tt.glu_linear(torch.randn(3, 4), torch.randn(3, 4), torch.randn(5, 3))
+    with pytest.raises(ValueError, match="bias"):
+        tt.glu_linear(torch.randn(3, 4), torch.randn(3, 4), torch.randn(5, 4), torch.randn(4))
+    with pytest.raises(ValueError, match="act"):
+        tt.glu_linear(torch.randn(3, 4), torch.randn(3, 4), torch.randn(5, 4), act="relu")
+    with pytest.raises(TypeError, match="one dtype"):
+        tt.glu_linear(torch.randn(3, 4), torch.randn(3, 4), torch.randn(5, 4).bfloat16())
+
+
 def test_ops_compile_without_graph_breaks():
     if not tt.HAVE_CUSTOM_OPS:
         pytest.skip(f"torch {torch.__version__} < 2.4: no custom ops")
@@ -213,14 +274,17 @@ def test_ops_compile_without_graph_breaks():
     gate, up = torch.randn(7, 24, generator=g, requires_grad=True), torch.randn(7, 24, generator=g)
     cos, sin = _tables(1, 7, 16, seed=2)
 
+    w = torch.randn(5, 24, generator=g, requires_grad=True)
+
     def f(x, gate, up):
         return (tt.rope(x, cos, sin).sum() + tt.swiglu(gate, up).sum()
-                + tt.geglu(gate, up).sum())
+                + tt.geglu(gate, up).sum() + tt.glu_linear(gate, up, w).sum())
 
     got = torch.compile(f, fullgraph=True, backend="aot_eager")(x, gate, up)
     assert torch.allclose(got, f(x, gate, up))
     for op, args in ((torch.ops.tilegrad.rope_fwd, (x, cos, sin, False, 1, 0)),
-                     (torch.ops.tilegrad.glu_fwd, (gate, up, 0, 0))):
+                     (torch.ops.tilegrad.glu_fwd, (gate, up, 0, 0)),
+                     (torch.ops.tilegrad.glu_linear_fwd, (gate, up, w, None, 0, 0))):
         torch.library.opcheck(op, args)
 
 
