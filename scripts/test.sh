@@ -114,6 +114,8 @@ for n in 1 2; do build/tilegrad bench --section attn --shapes '1,2,1,64,32,1' --
 python3 bench/scaling_ratio.py build/smoke/attn-1.txt build/smoke/attn-2.txt >/dev/null
 TILEGRAD_LIB="$PWD/build/libtilegrad.so" "$tv/bin/python" bench/lce_bench.py --T 64 --hidden 32 \
   --vocab 1000 --runs 1 --steps 1 --threads 1 >/dev/null
+TILEGRAD_LIB="$PWD/build/libtilegrad.so" "$tv/bin/python" bench/step_memory.py --config qwen2.5-0.5b \
+  --layers 1 --seq 32 --threads 1 --backends sdpa,all >/dev/null
 TILEGRAD_LIB="$PWD/build/libtilegrad.so" "$tv/bin/python" bench/train_model.py --quick --steps 3 \
   --threads 1 --profile-steps 1 --json build/smoke/train-quick.json >/dev/null
 
