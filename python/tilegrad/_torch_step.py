@@ -309,37 +309,26 @@ else:
     rope_fwd = rope_bwd = glu_fwd = glu_bwd = glu_linear_fwd = glu_linear_bwd = None
 
 
-class _RopeFunction(torch.autograd.Function):
-    @staticmethod
+def _function(name: str, save, impl, grads, bwd_impl):
+    """An autograd Function over impl: the forward saves what save(ctx,
+    inputs) keeps and returns impl(*inputs), the backward returns
+    grads(bwd_impl, ctx, dout): the custom ops' autograd, without the
+    dispatcher."""
     def forward(ctx, *inputs):
-        _rope_save(ctx, inputs)
-        return _rope_fwd_impl(*inputs)
+        save(ctx, inputs)
+        return impl(*inputs)
 
-    @staticmethod
-    def backward(ctx, dy):
-        return _rope_grads(_rope_bwd_impl, ctx, dy)
-
-
-class _GLUFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, *inputs):
-        _glu_save(ctx, inputs)
-        return _glu_fwd_impl(*inputs)
-
-    @staticmethod
-    def backward(ctx, dy):
-        return _glu_grads(_glu_bwd_impl, ctx, dy)
-
-
-class _GLULinearFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, *inputs):
-        _glu_linear_save(ctx, inputs)
-        return _glu_linear_fwd_impl(*inputs)
-
-    @staticmethod
     def backward(ctx, dout):
-        return _glu_linear_grads(_glu_linear_bwd_impl, ctx, dout)
+        return grads(bwd_impl, ctx, dout)
+    return type(name, (torch.autograd.Function,),
+                {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+
+
+_RopeFunction = _function("_RopeFunction", _rope_save, _rope_fwd_impl, _rope_grads,
+                          _rope_bwd_impl)
+_GLUFunction = _function("_GLUFunction", _glu_save, _glu_fwd_impl, _glu_grads, _glu_bwd_impl)
+_GLULinearFunction = _function("_GLULinearFunction", _glu_linear_save, _glu_linear_fwd_impl,
+                               _glu_linear_grads, _glu_linear_bwd_impl)
 
 
 # ---------------------------------------------------------------------------

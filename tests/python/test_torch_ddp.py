@@ -144,6 +144,32 @@ def free_port():
         return s.getsockname()[1]
 
 
+def start_gloo_worker(rank, N, port, lib_path):
+    """A spawned rank's start (test_torch_ring.py, test_transformers_cp.py):
+    one thread, float32 defaults (the workers draw inputs as the parent
+    does), the parent's library, and a gloo group on loopback."""
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    torch.set_default_dtype(torch.float32)
+    import torch.distributed as dist
+    from tilegrad import capi
+    assert os.path.samefile(capi.library().path, lib_path), (capi.library().path, lib_path)
+    dist.init_process_group("gloo", rank=rank, world_size=N,
+                            timeout=datetime.timedelta(seconds=60))
+    return dist
+
+
+def catch(fn):
+    """fn()'s error as "Class: message" (None without one): a worker's bad
+    calls, checked by the parent."""
+    try:
+        fn()
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
 def gloo_on_loopback():
     """Skips the test where torch has no torch.distributed or no gloo; pins
     gloo to loopback where there is one (it picks its interface from the

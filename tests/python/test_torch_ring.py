@@ -79,7 +79,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="the torch front needs PyTorch")
 import tilegrad.torch as tt  # noqa: E402
 from tilegrad import ring  # noqa: E402
-from test_torch_ddp import free_port, gloo_on_loopback  # noqa: E402
+from test_torch_ddp import catch as _catch, free_port, gloo_on_loopback, \
+    start_gloo_worker  # noqa: E402
 from test_torch_attn_variants import bounds, ref_variants  # noqa: E402
 from test_torch_wrappers import F64, SAFETY, U32, UBF, check, ref_attention, \
     sum_group  # noqa: E402
@@ -186,14 +187,6 @@ def _run_case(name, N, r, group=None):
     return o.detach(), q.grad, k.grad, v.grad
 
 
-def _catch(fn):
-    try:
-        fn()
-    except Exception as e:     # the message and class, checked by the parent
-        return f"{type(e).__name__}: {e}"
-    return None
-
-
 def _errors(N, r):
     """Bad calls every rank makes together; their messages."""
     q, k, v, _ = (_shard(x, "f32-causal-zigzag-gqa4", N, r)
@@ -216,15 +209,7 @@ def _errors(N, r):
 
 
 def _worker(rank, N, port, out_dir, lib_path):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    torch.set_default_dtype(torch.float32)     # _inputs draws as the parent does
-    import torch.distributed as dist
-    from tilegrad import capi
-    assert os.path.samefile(capi.library().path, lib_path), (capi.library().path, lib_path)
-    dist.init_process_group("gloo", rank=rank, world_size=N,
-                            timeout=datetime.timedelta(seconds=60))
+    dist = start_gloo_worker(rank, N, port, lib_path)
     try:
         res = {"cases": {}, "bytes": {}}
         for name in CASES:
@@ -629,15 +614,7 @@ def _doc_errors(N, r):
 
 
 def _docs_worker(rank, N, port, out_dir, lib_path):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    torch.set_default_dtype(torch.float32)
-    import torch.distributed as dist
-    from tilegrad import capi
-    assert os.path.samefile(capi.library().path, lib_path), (capi.library().path, lib_path)
-    dist.init_process_group("gloo", rank=rank, world_size=N,
-                            timeout=datetime.timedelta(seconds=60))
+    dist = start_gloo_worker(rank, N, port, lib_path)
     try:
         res = {"cases": {}, "bytes": {}}
         for name in DOC_CASES:

@@ -31,7 +31,6 @@ sharded ones) raise ValueError on every rank naming the wrong rank; a
 padding mask is refused (NotImplementedError) on every rank before the ring
 sends anything; blocks do not nest. Skipped without transformers or gloo.
 """
-import datetime
 import os
 import sys
 import time
@@ -42,7 +41,8 @@ torch = pytest.importorskip("torch", reason="the torch front needs PyTorch")
 transformers = pytest.importorskip("transformers")
 import tilegrad.transformers as tgt  # noqa: E402
 from tilegrad import ring  # noqa: E402
-from test_torch_ddp import free_port, gloo_on_loopback  # noqa: E402
+from test_torch_ddp import catch as _catch, free_port, gloo_on_loopback, \
+    start_gloo_worker  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("float32_default_dtype")
 
@@ -92,24 +92,8 @@ def _step(model, **kwargs):
     return loss.item(), _grads(model)
 
 
-def _catch(fn):
-    try:
-        fn()
-    except Exception as e:     # the message and class, checked by the parent
-        return f"{type(e).__name__}: {e}"
-    return None
-
-
 def _worker(rank, N, port, out_dir, lib_path):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    torch.set_default_dtype(torch.float32)
-    import torch.distributed as dist
-    from tilegrad import capi
-    assert os.path.samefile(capi.library().path, lib_path), (capi.library().path, lib_path)
-    dist.init_process_group("gloo", rank=rank, world_size=N,
-                            timeout=datetime.timedelta(seconds=60))
+    dist = start_gloo_worker(rank, N, port, lib_path)
     try:
         model = _model()
         res = {}
