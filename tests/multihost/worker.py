@@ -149,11 +149,14 @@ def cmd_ring(a):
         mine.update({"docs " + name: T._run_docs(name, N, rank, deterministic=True)
                      for name in RING_DOCS})
         runs.append(mine)
+    cp = _context_parallel_steps()
     every = [None] * N if rank == 0 else None
-    dist.gather_object(runs, every, dst=0)
+    dist.gather_object((runs, cp), every, dst=0)
     dist.barrier()
     if rank != 0:
         return
+    cp_worst = _check_context_parallel([e[1] for e in every])
+    every = [e[0] for e in every]
     worst = {}
     for name in RING_CASES:
         layout = T.CASES[name][2]
@@ -189,7 +192,52 @@ def cmd_ring(a):
     atomic_save(f"{len(RING_CASES)} cases + {len(RING_VARIANTS)} variant + {len(RING_DOCS)} "
                 "packed-document cases (vs one-process varlen_attention) within bounds "
                 f"(worst error/bound {worst[w]:.2g}, {w}); two deterministic runs: the same "
-                f"bits ({hashes[0]})", os.path.join(OUT, "ring.result"))
+                f"bits ({hashes[0]}); context parallel, a 2-layer Llama through "
+                "tilegrad.transformers.context_parallel: loss and gradients within 2^-14 of one "
+                "process (worst / bound: " + ", ".join(f"{n} {x:.2g}" for n, x in cp_worst.items())
+                + ")", os.path.join(OUT, "ring.result"))
+
+
+# context parallel: test_transformers_cp's model and batches across the hosts
+CP_SCENARIOS = ("zigzag", "packed-zigzag", "packed-contiguous")
+
+
+def _context_parallel_steps():
+    """This host's (loss, gradients) of each scenario under context_parallel."""
+    import tilegrad.transformers as tgt
+    import test_transformers_cp as C
+    model = C._model()
+    res = {}
+    for name in CP_SCENARIOS:
+        layout = C.SCENARIOS[name][0]
+        ids, labels, cu = C._batch(name)
+        inputs = tgt.context_parallel_inputs(ids, labels, layout=layout, cu_seqlens=cu)
+        with tgt.context_parallel(layout=layout, cu_seqlens=cu):
+            res[name] = C._step(model, **inputs)
+    return res
+
+
+def _check_context_parallel(hosts):
+    """The hosts' summed losses and gradients against one process on the
+    whole batch (test_transformers_cp's bound) -> {scenario: worst / bound}."""
+    import torch
+    from tilegrad import ring
+    import test_transformers_cp as C
+    model = C._model()
+    worst = {}
+    for name in CP_SCENARIOS:
+        ids, labels, cu = C._batch(name)
+        kwargs = dict(input_ids=ids, labels=labels)
+        if cu is not None:
+            kwargs["position_ids"] = ring._doc_positions(torch.arange(C.S), cu.tolist())[None]
+        ref_loss, ref_grads = C._step(model, **kwargs)
+        loss = sum(h[name][0] for h in hosts)
+        assert abs(loss - ref_loss) <= C.TOL * abs(ref_loss), (name, loss, ref_loss)
+        ratios = {n: C._ratio(sum(h[name][1][n] for h in hosts), g) for n, g in ref_grads.items()}
+        w = max(ratios, key=ratios.get)
+        assert ratios[w] <= 1.0, f"context parallel {name}: {w} off by {ratios[w]:.3g} x bound"
+        worst[name] = ratios[w]
+    return worst
 
 
 # ---------------------------------------------------------------------------
