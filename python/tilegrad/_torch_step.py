@@ -372,13 +372,18 @@ def apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor,
             rope(k, cos, sin, unsqueeze_dim=unsqueeze_dim))
 
 
-def _glu(name: str, gate: Tensor, up: Tensor, threads: Optional[int]) -> Tensor:
-    _check_cpu(gate, up)
+def _glu_inputs(name: str, gate: Tensor, up: Tensor) -> Tuple[Tensor, Tensor]:
+    """gate and up in their promoted dtype, which the kernels must take."""
     dtype = torch.promote_types(gate.dtype, up.dtype)
     if dtype not in _DTYPES:
         raise TypeError(f"{name}: gate {gate.dtype}, up {up.dtype}: the kernels take float32 "
                         "or bfloat16")
-    gate, up = gate.to(dtype), up.to(dtype)
+    return gate.to(dtype), up.to(dtype)
+
+
+def _glu(name: str, gate: Tensor, up: Tensor, threads: Optional[int]) -> Tensor:
+    _check_cpu(gate, up)
+    gate, up = _glu_inputs(name, gate, up)
     act = GLU_ACTS["silu" if name == "swiglu" else "gelu_tanh"]
     return _forward(glu_fwd, _GLUFunction, _glu_fwd_impl, (gate, up),
                     (gate, up, act, _threads_arg(threads)), single=True)
@@ -408,11 +413,7 @@ def glu_linear(gate: Tensor, up: Tensor, weight: Tensor, bias: Optional[Tensor] 
     _check_cpu(gate, up, weight, bias)
     if act not in GLU_ACTS:
         raise ValueError(f"glu_linear: act must be one of {sorted(GLU_ACTS)}, got {act!r}")
-    dtype = torch.promote_types(gate.dtype, up.dtype)
-    if dtype not in _DTYPES:
-        raise TypeError(f"glu_linear: gate {gate.dtype}, up {up.dtype}: the kernels take "
-                        "float32 or bfloat16")
-    gate, up = gate.to(dtype), up.to(dtype)
+    gate, up = _glu_inputs("glu_linear", gate, up)
     if bias is None:
         gate, up, weight = _autocast_cast(gate, up, weight)
     else:

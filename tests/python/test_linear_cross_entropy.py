@@ -146,6 +146,7 @@ def _bf16_bounds(h, w, b, y, cap, against):
     unfused loss in bf16), elementwise: the module docstring's derivation."""
     W = 2.0 ** -8
     two = against == "unfused"
+    paths = 2 if two else 1                           # the paths whose roundings count
     hd = h.reshape(-1, h.shape[-1]).to(torch.bfloat16).double()
     wd = w.to(torch.bfloat16).double()
     bd = None if b is None else b.to(torch.bfloat16).double()
@@ -154,9 +155,9 @@ def _bf16_bounds(h, w, b, y, cap, against):
     d = float(keep.sum())
     z = F.linear(hd, wd, bd)
     A = F.linear(hd.abs(), wd.abs(), None if bd is None else bd.abs())
-    dz = (2 if two else 1) * (W * z.abs() + hd.shape[1] * U * A)
+    dz = paths * (W * z.abs() + hd.shape[1] * U * A)
     if cap is None:
-        zeta, s, ds, dzeta, r = z, torch.ones_like(z), torch.zeros_like(z), dz, 2 * W if two else W
+        zeta, s, ds, dzeta, r = z, torch.ones_like(z), torch.zeros_like(z), dz, paths * W
     else:
         t = torch.tanh(z / cap)
         zeta, s, ds = cap * t, 1 - t * t, 0.77 * dz / cap
@@ -171,9 +172,9 @@ def _bf16_bounds(h, w, b, y, cap, against):
     dg = dg + r * (g + dg)
     ga = (g + dg) * keep[:, None]                     # ignored tokens: no gradient
     dg = dg * keep[:, None]
-    dh = dg @ wd.abs() + (2 if two else 1) * W * ga @ wd.abs()
-    dW = dg.t() @ hd.abs() + (3 if two else 2) * W * ga.t() @ hd.abs()
-    db = dg.sum(0) + (2 if two else 1) * W * ga.sum(0)
+    dh = dg @ wd.abs() + paths * W * ga @ wd.abs()
+    dW = dg.t() @ hd.abs() + (paths + 1) * W * ga.t() @ hd.abs()   # + the fused chunks' partials
+    db = dg.sum(0) + paths * W * ga.sum(0)
     loss = float((2 * delta.squeeze(1) * keep).sum()) / d + 4 * U
     return loss, [dh.reshape(h.shape), dW, db]
 
