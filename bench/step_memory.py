@@ -27,9 +27,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
 from train_model_parts import (  # noqa: E402
-    CONFIGS, config_kwargs, cpu_has_bf16_unit, cpu_model, describe, layers_run)
+    CONFIGS, build_model, cpu_has_bf16_unit, cpu_model, describe, layers_run)
 
 BACKENDS = ("sdpa", "tg", "all")
+#: the causal LMs (the loss is the model's own, labels = the input ids)
+CAUSAL = sorted(n for n, c in CONFIGS.items() if c["family"] != "bert")
 
 
 def _gib(kib):
@@ -39,18 +41,13 @@ def _gib(kib):
 def worker(args):
     """One backend's step in this process -> a JSON line on stdout."""
     import torch
-    import transformers
     torch.set_num_threads(args.threads)
-    layers, _ = layers_run(args.config, args.layers)
-    family = CONFIGS[args.config]["family"]
-    cfg = transformers.AutoConfig.for_model(family, **config_kwargs(args.config, layers))
-    torch.manual_seed(0)
     impl = "sdpa" if args.worker == "sdpa" else "tilegrad"
     if impl == "tilegrad":
         import tilegrad.transformers as tgtr
-    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=impl)
+    model = build_model(args.config, layers_run(args.config, args.layers)[0], impl, seed=0)
     replaced = tgtr.use_tilegrad_kernels(model) if args.worker == "all" else {}
-    ids = torch.randint(0, cfg.vocab_size, (1, args.seq))
+    ids = torch.randint(0, model.config.vocab_size, (1, args.seq))
     built = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t0 = time.perf_counter()
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.dtype == "bf16"):
@@ -64,7 +61,7 @@ def worker(args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", default="qwen2.5-0.5b", choices=sorted(CONFIGS))
+    ap.add_argument("--config", default="qwen2.5-0.5b", choices=CAUSAL)
     ap.add_argument("--seq", type=int, default=4096)
     ap.add_argument("--layers", type=int, default=0,
                     help="layers (0: the config's own, reduced as train_model.py reduces it)")

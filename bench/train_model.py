@@ -115,10 +115,9 @@ import traceback
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from train_model_parts import (  # noqa: E402  (bench/ on the path first)
-    BACKENDS, CATEGORIES, CHECKED, CONFIGS, DEFAULT_BACKENDS, REAL, breakdown, config_kwargs,
-    cpu_has_bf16_unit, cpu_model, dense_packed_mask, describe, layers_run, make_batches,
-    openmp_report, packed_rows, plot,
-    replaced_categories)
+    BACKENDS, CATEGORIES, CHECKED, CONFIGS, DEFAULT_BACKENDS, REAL, breakdown, build_model,
+    config_kwargs, cpu_has_bf16_unit, cpu_model, dense_packed_mask, describe, layers_run,
+    make_batches, openmp_report, packed_rows, plot, replaced_categories)
 
 
 # --------------------------------------------------------------- the worker
@@ -160,17 +159,7 @@ def _worker(conn, cfg):
     info["openmp"] = openmp_report(torch, tg_lib)
 
     family = CONFIGS[name]["family"]
-    cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
-           "gemma2": transformers.Gemma2Config, "bert": transformers.BertConfig}[family]
-    # this model's own config object (from_config writes attn_implementation into it)
-    config = cls(**config_kwargs(name, layers_run(name, cfg["layers"])[0]))
-    auto = (transformers.AutoModelForSequenceClassification if family == "bert"
-            else transformers.AutoModelForCausalLM)
-    torch.manual_seed(cfg["seed"])
-    model = auto.from_config(config, attn_implementation=attn, dtype=torch.float32)
-    if model.config._attn_implementation != attn:
-        raise RuntimeError(f"transformers runs {model.config._attn_implementation!r}, not {attn!r}")
-    model.train()
+    model = build_model(name, layers_run(name, cfg["layers"])[0], attn, cfg["seed"])
     init_hash, seen = hashlib.sha256(), set()
     for _, p in sorted(model.state_dict().items()):
         if p.data_ptr() not in seen:             # tied weights once

@@ -118,6 +118,27 @@ def config_kwargs(name, layers):
     return kw
 
 
+def build_model(name, layers, attn, seed):
+    """Config `name`'s model with random weights (seed), float32, in training
+    mode, from a config object of its own (from_config writes
+    attn_implementation into it) with `layers` layers (layers_run's count),
+    on transformers' `attn` attention; raises where transformers runs
+    another. BERT: sequence classification, else a causal LM."""
+    import torch
+    import transformers
+    family = CONFIGS[name]["family"]
+    cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+           "gemma2": transformers.Gemma2Config, "bert": transformers.BertConfig}[family]
+    config = cls(**config_kwargs(name, layers))
+    auto = (transformers.AutoModelForSequenceClassification if family == "bert"
+            else transformers.AutoModelForCausalLM)
+    torch.manual_seed(seed)
+    model = auto.from_config(config, attn_implementation=attn, dtype=torch.float32)
+    if model.config._attn_implementation != attn:
+        raise RuntimeError(f"transformers runs {model.config._attn_implementation!r}, not {attn!r}")
+    return model.train()
+
+
 def layers_run(name, override):
     """(layers trained, why): --layers, the config's reduction, or in full."""
     spec = CONFIGS[name]
