@@ -255,6 +255,23 @@ def test_glu_linear_keeps_no_product_and_matches_unfused_bf16():
         assert torch.equal(a.grad, c.grad)
 
 
+def test_glu_linear_nan_reaches_what_it_touches():
+    """A NaN gate element: its row of the output and its column of dW are
+    NaN, everything else finite."""
+    g = torch.Generator().manual_seed(37)
+    gate = torch.randn(5, 8, generator=g)
+    gate[0, 3] = float("nan")
+    gate.requires_grad_(True)
+    up = torch.randn(5, 8, generator=g, requires_grad=True)
+    w = torch.randn(4, 8, generator=g, requires_grad=True)
+    out = tt.glu_linear(gate, up, w)
+    assert torch.isnan(out[0]).all() and torch.isfinite(out[1:]).all()
+    out.backward(torch.ones_like(out))
+    assert torch.isnan(w.grad[:, 3]).all()
+    assert torch.isfinite(w.grad[:, [0, 1, 2, 4, 5, 6, 7]]).all()
+    assert torch.isfinite(gate.grad[1:]).all() and torch.isfinite(up.grad[1:]).all()
+
+
 def test_glu_linear_refusals():
     with pytest.raises(ValueError, match="weight"):
         tt.glu_linear(torch.randn(3, 4), torch.randn(3, 4), torch.randn(5, 3))
