@@ -32,7 +32,8 @@ import torch
 
 from . import capi as _capi
 from ._torch_common import _context, _ptr, _threads_arg
-from ._torch_paths import HAVE_CUSTOM_OPS, _autocast_cast, _check_cpu, _custom_op, _forward
+from ._torch_paths import (HAVE_CUSTOM_OPS, _autocast_cast, _check_cpu, _custom_op,
+                           _direct, _forward)
 
 Tensor = torch.Tensor
 
@@ -142,6 +143,20 @@ def _chunk_loss_c(ctx, z: Tensor, y: Tensor, divisor: float, ignore_index: int,
 _BF16_KERNEL = True
 
 
+def _master(hidden: Tensor, t: Tensor) -> bool:
+    """Is t a float32 master weight (or bias) of bf16 hidden states, as
+    autocast leaves them? The op casts it for the GEMMs and returns its
+    gradient in float32."""
+    return hidden.dtype == torch.bfloat16 and t.dtype == torch.float32
+
+
+#: Rows of dW per bf16 GEMM of a chunk's dW before its float32 sum (the
+#: from-the-second-chunk path): a [rows, H] bf16 buffer instead of one of
+#: [V, H] (at V 151936, H 896: 7.3 MB against 272 MB). Each element of dW is
+#: one dot over the chunk's tokens whichever rows a GEMM takes.
+_DW_ROWS = 4096
+
+
 def _need_lce_args(hidden: Tensor, weight: Tensor, labels: Tensor, bias: Optional[Tensor],
                    divisor: Optional[Tensor]) -> None:
     """Shapes and dtypes the op needs (checked on every op call: a direct
@@ -157,9 +172,9 @@ def _need_lce_args(hidden: Tensor, weight: Tensor, labels: Tensor, bias: Optiona
         raise ValueError(f"{op}: bias must have shape ({weight.shape[0]},), got "
                          f"{tuple(bias.shape)}")
     for name, t in (("weight", weight), ("bias", bias)):
-        if t is not None and t.dtype != hidden.dtype:
-            raise TypeError(f"{op}: {name} must have hidden's dtype {hidden.dtype}, got "
-                            f"{t.dtype}")
+        if t is not None and t.dtype != hidden.dtype and not _master(hidden, t):
+            raise TypeError(f"{op}: {name} must have hidden's dtype {hidden.dtype} (or be "
+                            f"float32 beside bfloat16 hidden), got {t.dtype}")
     if hidden.dtype not in (torch.float32, torch.bfloat16, torch.float64):
         raise TypeError(f"{op}: hidden must be float32, bfloat16 or float64, got {hidden.dtype}")
     if divisor is not None and divisor.numel() != 1:
@@ -206,11 +221,16 @@ def _lce_fwd_impl(hidden: Tensor, weight: Tensor, labels: Tensor, bias: Optional
     db = torch.zeros((V,) if want_db and bias is not None else (0,), dtype=acc_dt)
     if kept == 0:        # nothing to learn from: torch's 0/0 = nan for a mean, 0 for a sum
         loss = math.nan if d == 0 else 0.0
-        dw = torch.zeros((V, H) if want_dw else (0,), dtype=dt)
+        dw = torch.zeros((V, H) if want_dw else (0,), dtype=weight.dtype)
         return (torch.tensor(loss, dtype=loss_dt), dh, dw,
                 db.to(bias.dtype if bias is not None else dt))
     ctx = _context(threads, False) if dt != torch.float64 else None
-    hidden, weight = hidden.contiguous(), weight.contiguous()
+    hidden = hidden.contiguous()
+    w_dt, b_dt = weight.dtype, None if bias is None else bias.dtype
+    # float32 master weights of bf16 hidden states: cast here, for the
+    # GEMMs only (this copy is not kept: the backward needs no weight)
+    weight = weight.to(dt).contiguous()
+    bias = None if bias is None else bias.to(dt)
     labels = labels.contiguous()
     wt = weight.t()
     total = 0.0
@@ -263,18 +283,24 @@ def _lce_fwd_impl(hidden: Tensor, weight: Tensor, labels: Tensor, bias: Optional
                     if c1 < N:
                         dw = dw.to(acc_dt)
                 elif dt == torch.bfloat16:
+                    # dW's rows in slices, each through a small bf16 buffer
                     if dw_part is None:
-                        dw_part = torch.empty((V, H), dtype=dt)
-                    dw.add_(torch.mm(g.t(), h, out=dw_part))
+                        dw_part = torch.empty((min(V, _DW_ROWS), H), dtype=dt)
+                    for r0 in range(0, V, _DW_ROWS):
+                        r1 = min(V, r0 + _DW_ROWS)
+                        dw[r0:r1].add_(torch.mm(g[:, r0:r1].t(), h, out=dw_part[:r1 - r0]))
                 else:
                     dw.addmm_(g.t(), h)
             if db.numel():
                 db.add_(g.sum(0, dtype=acc_dt))
+    # the chunk buffers freed before dW's cast to its dtype (the op's peak)
+    z = g = t = None
+    del zbuf, dw_part, weight, wt
     loss = torch.tensor(total, dtype=loss_dt)
     if dw is None:       # every chunk ignored but for rows outside all chunks: none
-        dw = torch.zeros((V, H), dtype=dt)
-    return (loss, dh, dw.to(dt) if dw.dtype != dt else dw,
-            db.to(bias.dtype) if db.numel() and db.dtype != bias.dtype else db)
+        dw = torch.zeros((V, H), dtype=w_dt)
+    return (loss, dh, dw.to(w_dt) if dw.dtype != w_dt else dw,
+            db.to(b_dt) if db.numel() and db.dtype != b_dt else db)
 
 
 def _lce_fwd_fake(hidden, weight, labels, bias, divisor, ignore_index, reduction_sum,
@@ -284,12 +310,23 @@ def _lce_fwd_fake(hidden, weight, labels, bias, divisor, ignore_index, reduction
     N, H = hidden.shape
     V = weight.shape[0]
     return (hidden.new_empty((), dtype=loss_dt), hidden.new_empty((N, H) if want_dh else (0,)),
-            hidden.new_empty((V, H) if want_dw else (0,)),
-            hidden.new_empty((V,) if want_db and bias is not None else (0,)))
+            weight.new_empty((V, H) if want_dw else (0,)),
+            (bias if bias is not None else hidden).new_empty(
+                (V,) if want_db and bias is not None else (0,)))
 
 
 def _lce_save(ctx, dh: Tensor, dw: Tensor, db: Tensor) -> None:
     ctx.save_for_backward(dh, dw, db)
+
+
+def _scaled(grad: Tensor, dloss: Tensor) -> Tensor:
+    """grad * dloss; grad itself for the usual dloss of exactly 1
+    (``loss.backward()``), so a [V, H] weight gradient is handed to the
+    weight's .grad as it is (autograd takes it over once this node's saved
+    tensors are released) and not copied next to itself."""
+    if _direct(grad, dloss) and dloss.numel() == 1 and float(dloss) == 1.0:
+        return grad
+    return grad * dloss.to(grad.dtype)
 
 
 def _lce_grads(ctx, dloss: Tensor):
@@ -297,8 +334,8 @@ def _lce_grads(ctx, dloss: Tensor):
     dh, dw, db = ctx.saved_tensors
     need = tuple(ctx.needs_input_grad) + (False,) * 14
     gh = dh * dloss.to(dh.dtype) if need[0] and dh.numel() else None
-    gw = dw * dloss.to(dw.dtype) if need[1] and dw.numel() else None
-    gb = db * dloss.to(db.dtype) if need[3] and db.numel() else None
+    gw = _scaled(dw, dloss) if need[1] and dw.numel() else None
+    gb = _scaled(db, dloss) if need[3] and db.numel() else None
     return (gh, gw, None, gb) + (None,) * 10
 
 
@@ -361,11 +398,15 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor,
 
     dtypes: float32 and bfloat16 run the C kernel (bfloat16 logits chunks
     read and their gradients written in bf16 by the kernel, computed in
-    f32); float64 computes each chunk's loss in float64 torch ops. Under CPU
-    autocast hidden, weight and bias are cast to its dtype first, as
-    ``F.linear`` would, and the loss is that of the bf16 logits upcast to
-    float32 (HF's ``logits.float()``). The loss is float32 (float64 for
-    float64 inputs); the gradients come back in the inputs' dtypes.
+    f32); float64 computes each chunk's loss in float64 torch ops. weight
+    and bias have hidden's dtype, or are float32 beside bfloat16 hidden (a
+    mixed-precision model's master weights: cast inside for the GEMMs, no
+    copy kept, dW summed and returned in float32). Under CPU autocast hidden
+    is cast to its dtype, as ``F.linear`` would, and float32 weights stay
+    masters, so the logits and the loss are those of ``F.linear`` under
+    autocast upcast to float32 (HF's ``logits.float()``). The loss is
+    float32 (float64 for float64 inputs); the gradients come back in the
+    inputs' dtypes.
 
     chunk_size: tokens per chunk (None: from the vocabulary, see
     ``_auto_chunk``); threads: the C kernel's (None: torch's).
@@ -413,14 +454,17 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor,
     if chunk_size is not None and (isinstance(chunk_size, bool) or int(chunk_size) < 1):
         raise ValueError(f"linear_cross_entropy: chunk_size must be None or >= 1, got "
                          f"{chunk_size}")
-    if bias is None:
-        hidden, weight = _autocast_cast(hidden, weight)
-    else:
-        hidden, weight, bias = _autocast_cast(hidden, weight, bias)
+    # under autocast hidden is cast; float32 master weights (and bias) stay:
+    # the op casts them for its GEMMs, keeps no copy and returns their
+    # gradients in float32, as through autocast's cast
+    hidden, = _autocast_cast(hidden)
+    weight, bias = (t if t is None or _master(hidden, t) else _autocast_cast(t)[0]
+                    for t in (weight, bias))
     for name, t in (("weight", weight), ("bias", bias)):
-        if t is not None and t.dtype != hidden.dtype:
+        if t is not None and t.dtype != hidden.dtype and not _master(hidden, t):
             raise TypeError(f"linear_cross_entropy: hidden ({hidden.dtype}) and {name} "
-                            f"({t.dtype}) must have one dtype (as F.linear)")
+                            f"({t.dtype}) must have one dtype (as F.linear), or float32 "
+                            "weights beside bfloat16 hidden")
     if hidden.dtype not in (torch.float32, torch.bfloat16, torch.float64):
         raise TypeError(f"linear_cross_entropy: float32, bfloat16 or float64 inputs, got "
                         f"{hidden.dtype}")

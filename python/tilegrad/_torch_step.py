@@ -226,17 +226,27 @@ def _need_glu_linear(op: str, gate: Tensor, up: Tensor, weight: Tensor,
     if bias is not None and tuple(bias.shape) != (weight.shape[0],):
         raise ValueError(f"{op}: bias must have shape ({weight.shape[0]},), got "
                          f"{tuple(bias.shape)}")
-    for name, t in (("weight", weight), ("bias", bias)):
-        if t is not None and t.dtype != gate.dtype:
-            raise TypeError(f"{op}: {name} is {t.dtype}, gate {gate.dtype}: one dtype (as "
-                            "F.linear)")
+    if weight.dtype != gate.dtype and not _master(gate, weight):
+        raise TypeError(f"{op}: weight is {weight.dtype}, gate {gate.dtype}: one dtype (as "
+                        "F.linear), or float32 weights beside bfloat16 gate")
+    if bias is not None and bias.dtype != weight.dtype:
+        raise TypeError(f"{op}: bias is {bias.dtype}, weight {weight.dtype}: one dtype")
+
+
+def _master(gate: Tensor, weight: Tensor) -> bool:
+    """Is weight a float32 master weight of bf16 activations, as autocast
+    leaves them? glu_linear casts it for its GEMMs (the copy not kept for the
+    backward, which casts again) and returns its gradient in float32."""
+    return gate.dtype == torch.bfloat16 and weight.dtype == torch.float32
 
 
 def _glu_linear_fwd_impl(gate: Tensor, up: Tensor, weight: Tensor, bias: Optional[Tensor],
                          act: int, threads: int) -> Tensor:
     _need_glu_linear("tilegrad::glu_linear_fwd", gate, up, weight, bias, act)
+    dt = gate.dtype
     with torch.autocast("cpu", enabled=False):       # (inputs cast already)
-        return torch.nn.functional.linear(_glu_fwd_impl(gate, up, act, threads), weight, bias)
+        return torch.nn.functional.linear(_glu_fwd_impl(gate, up, act, threads), weight.to(dt),
+                                          None if bias is None else bias.to(dt))
 
 
 def _glu_linear_fwd_fake(gate, up, weight, bias, act, threads):
@@ -252,21 +262,22 @@ def _glu_linear_bwd_impl(dout: Tensor, gate: Tensor, up: Tensor, weight: Tensor,
     if tuple(dout.shape) != tuple(gate.shape[:-1]) + (out,):
         raise ValueError(f"tilegrad::glu_linear_bwd: dout {tuple(dout.shape)} must be "
                          f"{tuple(gate.shape[:-1]) + (out,)}")
-    d2 = dout.to(gate.dtype).reshape(-1, out)
+    dt = gate.dtype
+    d2 = dout.to(dt).reshape(-1, out)
     with torch.autocast("cpu", enabled=False):
         y = _glu_fwd_impl(gate, up, act, threads).reshape(-1, cols)
-        dweight = d2.t().mm(y)                          # [out, cols]
-        dy = d2.mm(weight).reshape(gate.shape)          # d(product)
+        dweight = d2.t().mm(y).to(weight.dtype)         # [out, cols]
+        dy = d2.mm(weight.to(dt)).reshape(gate.shape)   # d(product)
     del y
-    dbias = d2.sum(0) if want_db else gate.new_zeros((0,))
+    dbias = d2.sum(0).to(weight.dtype) if want_db else gate.new_zeros((0,))
     dgate, dup = _glu_bwd_impl(dy, gate, up, act, threads)
     return dgate, dup, dweight, dbias
 
 
 def _glu_linear_bwd_fake(dout, gate, up, weight, want_db, act, threads):
     return (torch.empty(gate.shape, dtype=gate.dtype), torch.empty(gate.shape, dtype=gate.dtype),
-            torch.empty(weight.shape, dtype=gate.dtype),
-            gate.new_empty((weight.shape[0],) if want_db else (0,)))
+            torch.empty(weight.shape, dtype=weight.dtype),
+            weight.new_empty((weight.shape[0],)) if want_db else gate.new_empty((0,)))
 
 
 def _glu_linear_save(ctx, inputs) -> None:
@@ -408,16 +419,20 @@ def glu_linear(gate: Tensor, up: Tensor, weight: Tensor, bias: Optional[Tensor] 
     forms it again from gate and up (one more GLU pass) for weight's
     gradient. Saves gate, up and weight, where swiglu followed by F.linear
     keeps the product too: at Qwen2.5-0.5B's widths and 4096 tokens, 40 MB
-    a layer in bf16. The GEMMs are torch's, as F.linear's; under CPU
-    autocast gate, up, weight and bias are cast as F.linear casts them."""
+    a layer in bf16. The GEMMs are torch's, as F.linear's. weight and bias
+    have gate's dtype, or are float32 beside bfloat16 gate and up (master
+    weights: cast for the GEMMs, the copy not kept, the gradients float32).
+    Under CPU autocast gate and up are cast as F.linear casts them, and
+    float32 weights stay masters: the same bits as F.linear under
+    autocast."""
     _check_cpu(gate, up, weight, bias)
     if act not in GLU_ACTS:
         raise ValueError(f"glu_linear: act must be one of {sorted(GLU_ACTS)}, got {act!r}")
     gate, up = _glu_inputs("glu_linear", gate, up)
-    if bias is None:
-        gate, up, weight = _autocast_cast(gate, up, weight)
-    else:
-        gate, up, weight, bias = _autocast_cast(gate, up, weight, bias)
+    gate, up = _autocast_cast(gate, up)
+    # float32 master weights stay float32 (cast inside, no copy kept)
+    if not _master(gate, weight):
+        weight, bias = (None if t is None else _autocast_cast(t)[0] for t in (weight, bias))
     return _forward(glu_linear_fwd, _GLULinearFunction, _glu_linear_fwd_impl,
                     (gate, up, weight, bias),
                     (gate, up, weight, bias, GLU_ACTS[act], _threads_arg(threads)), single=True)

@@ -72,6 +72,7 @@ from ._torch_paths import (HAVE_CUSTOM_OPS, _autocast_cast, _check_cpu, _custom_
 # the step's memory-bound kernels (RoPE, SwiGLU/GeGLU) and the fused linear
 # cross-entropy (the LM head and the loss in chunks), re-exported
 from ._torch_lce import causal_lm_loss, linear_cross_entropy
+from ._torch_linear import linear
 from ._torch_step import apply_rotary_pos_emb, geglu, glu_linear, rope, swiglu
 # packed sequences (flash_attn_varlen_func), re-exported
 from ._torch_varlen import varlen_attention
@@ -81,7 +82,8 @@ from ._torch_flex import flex_attention
 __all__ = ["attention", "scaled_dot_product_attention", "rms_norm", "RMSNorm", "Attention",
            "MultiHeadAttention", "HAVE_CUSTOM_OPS", "ring_attention", "ring_shard",
            "ring_unshard", "ring_positions", "rope", "apply_rotary_pos_emb", "swiglu", "geglu",
-           "glu_linear", "linear_cross_entropy", "causal_lm_loss", "varlen_attention", "flex_attention"]
+           "glu_linear", "linear_cross_entropy", "causal_lm_loss", "varlen_attention",
+           "flex_attention", "linear", "Linear"]
 
 Tensor = torch.Tensor
 
@@ -739,6 +741,18 @@ class RMSNorm(torch.nn.Module):
     def extra_repr(self) -> str:
         return (f"{self.normalized_shape}, eps={self.eps}, "
                 f"elementwise_affine={self.elementwise_affine}")
+
+
+class Linear(torch.nn.Linear):
+    """``torch.nn.Linear`` whose forward is :func:`linear`: under CPU
+    autocast no bf16 copy of the weight is kept for the backward, and
+    layers reading one input in a row share its cast. The same parameters,
+    state dict and bits; an ``nn.Linear`` becomes one in place with
+    ``module.__class__ = tilegrad.torch.Linear``, as
+    :func:`tilegrad.transformers.use_tilegrad_kernels` does."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        return linear(input, self.weight, self.bias)
 
 
 class Attention(torch.nn.Module):

@@ -58,8 +58,8 @@ sequence); docs/RING.md has the recipe.
 :func:`use_tilegrad_rms_norm` (off unless called) swaps the RMSNorm modules
 of the supported families for tilegrad's ``rms_norm`` op;
 :func:`use_tilegrad_kernels` (off unless called) puts every step kernel
-into one model: RoPE, SwiGLU / GeGLU, RMSNorm and the fused linear
-cross-entropy.
+into one model: RoPE, SwiGLU / GeGLU, RMSNorm, the fused linear
+cross-entropy and linear layers that keep no bf16 weight copies.
 """
 import contextlib
 import contextvars
@@ -641,20 +641,23 @@ def use_tilegrad_rms_norm(model: torch.nn.Module) -> int:
 #: transformers' ForCausalLMLoss. Granite (logits_scaling) and Cohere
 #: (logit_scale) scale their logits in the forward and are not listed.
 _STEP_FAMILIES = {
-    "llama": {"rope", "swiglu", "rms_norm", "fused_linear_cross_entropy"},
-    "mistral": {"rope", "swiglu", "rms_norm", "fused_linear_cross_entropy"},
-    "qwen2": {"rope", "swiglu", "rms_norm", "fused_linear_cross_entropy"},
-    "qwen3": {"rope", "swiglu", "rms_norm", "fused_linear_cross_entropy"},
-    "olmo2": {"rope", "swiglu", "fused_linear_cross_entropy"},
-    "gemma2": {"rope", "geglu", "rms_norm", "fused_linear_cross_entropy"},
-    "gemma3_text": {"rope", "geglu", "rms_norm", "fused_linear_cross_entropy"},
-    "phi": {"rope", "fused_linear_cross_entropy"},
-    "phi3": {"rope", "swiglu", "fused_linear_cross_entropy"},
+    "llama": {"rope", "swiglu", "rms_norm", "fused_linear_cross_entropy", "linear"},
+    "mistral": {"rope", "swiglu", "rms_norm", "fused_linear_cross_entropy", "linear"},
+    "qwen2": {"rope", "swiglu", "rms_norm", "fused_linear_cross_entropy", "linear"},
+    "qwen3": {"rope", "swiglu", "rms_norm", "fused_linear_cross_entropy", "linear"},
+    "olmo2": {"rope", "swiglu", "fused_linear_cross_entropy", "linear"},
+    "gemma2": {"rope", "geglu", "rms_norm", "fused_linear_cross_entropy", "linear"},
+    "gemma3_text": {"rope", "geglu", "rms_norm", "fused_linear_cross_entropy", "linear"},
+    "phi": {"rope", "fused_linear_cross_entropy", "linear"},
+    "phi3": {"rope", "swiglu", "fused_linear_cross_entropy", "linear"},
     # encoders: LayerNorm, an ungated erf GELU, absolute positions, a small
-    # classification head: no step kernel fits (attention: attn_implementation)
-    "bert": set(),
-    "roberta": set(),
+    # classification head: only the linear layers (attention: attn_implementation)
+    "bert": {"linear"},
+    "roberta": {"linear"},
 }
+
+#: the linear layers use_tilegrad_kernels(linear=True) turns into tt.Linear
+_PLAIN_LINEARS = (torch.nn.Linear, tt.Linear)
 
 #: MLP activations by class name -> the gated unit they make
 _GLU_ACTS = {"SiLUActivation": "swiglu", "SiLU": "swiglu", "GELUTanh": "geglu",
@@ -707,7 +710,7 @@ def _glu_forward(kind: str, fused: bool):
 
     def down(self, gate, up):
         d = self.down_proj
-        if type(d) is torch.nn.Linear and not (d._forward_hooks or d._forward_pre_hooks):
+        if type(d) in _PLAIN_LINEARS and not (d._forward_hooks or d._forward_pre_hooks):
             return tt.glu_linear(gate, up, d.weight, d.bias, act=act)
         return d(glu(gate, up))
     if fused:   # Phi-3: gate_up_proj(x) = [gate | up]
@@ -735,6 +738,18 @@ def _use_glu(model: torch.nn.Module, kinds) -> Dict[str, int]:
             m.forward = _glu_forward(kind, fused).__get__(m)
             counts[kind] += 1
     return counts
+
+
+def _use_linear(model: torch.nn.Module) -> int:
+    """Make every plain ``nn.Linear`` of ``model`` (the type itself, not a
+    subclass: a quantized or adapted layer keeps its own) a
+    :class:`tilegrad.torch.Linear`, in place -> the number made."""
+    n = 0
+    for m in model.modules():
+        if type(m) is torch.nn.Linear:
+            m.__class__ = tt.Linear
+            n += 1
+    return n
 
 
 def _output_without_logits(out, loss):
@@ -789,7 +804,8 @@ def _step_forward(model: torch.nn.Module, original, kernels: frozenset):
 def use_tilegrad_kernels(model: torch.nn.Module, *, rope: bool = True,
                          cross_entropy: bool = False,
                          fused_linear_cross_entropy: bool = True, rms_norm: bool = True,
-                         swiglu: bool = True, geglu: bool = True) -> Dict[str, int]:
+                         swiglu: bool = True, geglu: bool = True,
+                         linear: bool = True) -> Dict[str, int]:
     """Put tilegrad's step kernels into ``model`` (a transformers model of a
     family in ``_STEP_FAMILIES``), the way Liger's
     ``apply_liger_kernel_to_llama(rope, cross_entropy,
@@ -807,7 +823,12 @@ def use_tilegrad_kernels(model: torch.nn.Module, *, rope: bool = True,
       (:func:`tilegrad.torch.causal_lm_loss`: the label shift,
       ``ignore_index``, ``num_items_in_batch``, Gemma's final softcap, tied
       embeddings, a bias) and returns ``logits=None``; without labels the
-      forward is transformers' own.
+      forward is transformers' own;
+    * ``linear``: every plain ``nn.Linear`` becomes a
+      :class:`tilegrad.torch.Linear` (no bf16 weight copies kept for the
+      backward under autocast, one input cast shared by q, k and v and by
+      gate and up: the same bits). Not one of Liger's arguments: its
+      kernels keep bf16 weights on the GPU.
 
     Modules and weights stay (same state dict); the rotary and loss kernels
     are in force inside this model's own ``forward`` only, so other models
@@ -830,7 +851,7 @@ def use_tilegrad_kernels(model: torch.nn.Module, *, rope: bool = True,
             f"use_tilegrad_kernels: model_type {model_type!r} ({type(model).__name__}) is not "
             f"one of the families it knows: {sorted(_STEP_FAMILIES)}")
     asked = {k for k, on in (("rope", rope), ("swiglu", swiglu), ("geglu", geglu),
-                             ("rms_norm", rms_norm),
+                             ("rms_norm", rms_norm), ("linear", linear),
                              ("fused_linear_cross_entropy", fused_linear_cross_entropy)) if on}
     todo = asked & fits
     if getattr(model, "_tilegrad_kernels", None) is not None:
@@ -850,6 +871,8 @@ def use_tilegrad_kernels(model: torch.nn.Module, *, rope: bool = True,
         done.update(_use_glu(model, glu))
     if "rms_norm" in todo:
         done["rms_norm"] = use_tilegrad_rms_norm(model)
+    if "linear" in todo:
+        done["linear"] = _use_linear(model)
     kernels = frozenset(k for k in todo if k in ("rope", "fused_linear_cross_entropy"))
     if kernels:
         model.forward = _step_forward(model, model.forward, kernels)

@@ -445,7 +445,7 @@ def test_use_tilegrad_kernels_refusals():
     bert = transformers.BertForSequenceClassification(transformers.BertConfig(
         vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
         intermediate_size=64))
-    assert tgt.use_tilegrad_kernels(bert) == {}
+    assert tgt.use_tilegrad_kernels(bert) == {"linear": 8}  # q, k, v, 3 dense, pooler, classifier
     gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(
         vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2))
     with pytest.raises(NotImplementedError, match="'gpt2'"):
