@@ -394,7 +394,12 @@ enum { ATTN_BQ_BF16 = ATTN_BQ, ATTN_BK_BF16 = ATTN_BK };
  * (lent Xeon, D 64-512, 2 and 16 threads, 3 rounds), where vdpbf16ps
  * peaks at half the FMA rate: three bf16 products per f32 product at half
  * the rate cannot win (where vdpbf16ps reached twice the FMA's FLOP rate,
- * three parts would still take 1.5x the FMA GEMM's instructions). */
+ * three parts would still take 1.5x the FMA GEMM's instructions). On
+ * Zen 5 (2-core EPYC, family 26), whose vdpbf16ps does run at twice the
+ * FMA's FLOP rate (877 against 463 GFLOP/s at 2 threads), three parts from
+ * D 8 took 1.26-1.51x the backward's and 1.18-1.39x the forward's time
+ * (D 64-512, full and causal, 9 paired calls at 2 threads, 5 at 1:
+ * bench/results/zen5/ab-exact-parts-avx512bf16.txt): the FMA GEMM stays. */
 #if defined(TG_ISA_WITH_AMX)
 enum { EXACT_PARTS_MIN_D_FWD = 64, EXACT_PARTS_MIN_D_BWD = 64 };
 #else

@@ -116,6 +116,8 @@ TILEGRAD_LIB="$PWD/build/libtilegrad.so" TILEGRAD_CLI="$PWD/build/tilegrad" bash
 TILEGRAD_LIB="$PWD/build/libtilegrad.so" "$tv/bin/python" bench/op_overhead.py --threads 1 --pairs 1 --shapes '1,1,1,16,64,1' >/dev/null
 for n in 1 2; do build/tilegrad bench --section attn --shapes '1,2,1,64,32,1' --reps 1 --threads $n >build/smoke/attn-$n.txt; done
 python3 bench/scaling_ratio.py build/smoke/attn-1.txt build/smoke/attn-2.txt >/dev/null
+python3 bench/head_dims.py --tilegrad build/tilegrad --threads 1 --rounds 1 --reps 1 --isa portable \
+  --shape '1,1,1,32,{D},1' --dims 64-96:8 >/dev/null
 TILEGRAD_LIB="$PWD/build/libtilegrad.so" "$tv/bin/python" bench/lce_bench.py --T 64 --hidden 32 \
   --vocab 1000 --runs 1 --steps 1 --threads 1 >/dev/null
 TILEGRAD_LIB="$PWD/build/libtilegrad.so" "$tv/bin/python" bench/step_memory.py --config qwen2.5-0.5b \
