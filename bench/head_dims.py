@@ -68,14 +68,16 @@ def main():
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
     print(f"CPU {cpu}; {args.threads} threads; {args.precision} mode; shape {args.shape}; "
           f"GFLOP/s: medians over {args.rounds} rounds of each run's median of {args.reps} calls")
-    print(f"D 72-152 against the nearest multiple of 32 (target >= 0.90)")
+    print("D 72-152 against the nearest multiple of 32 (target >= 0.90)")
     for (t, p), by_d in rates.items():
         med = {d: statistics.median(v) for d, v in by_d.items()}
         ratios = {d: nearest_multiple_ratio(med, d) for d in dims if d % 32}
         inside = [ratios[d] for d in ratios if 72 <= d <= 152 and ratios[d] is not None]
-        worst = min((d for d in ratios if ratios[d] is not None), key=lambda d: ratios[d])
-        print(f"\n{t} {p}: D 72-152 {min(inside):.2f}-{max(inside):.2f}; worst D {worst} "
-              f"{ratios[worst]:.2f}")
+        known = [d for d in ratios if ratios[d] is not None]
+        span = f"{min(inside):.2f}-{max(inside):.2f}" if inside else "none in the range"
+        worst = min(known, key=lambda d: ratios[d]) if known else None
+        print(f"\n{t} {p}: D 72-152 {span}" +
+              (f"; worst D {worst} {ratios[worst]:.2f}" if known else ""))
         print("  D      " + " ".join(f"{d:>6}" for d in dims))
         print("  GFLOP/s" + " ".join(f"{med[d]:6.0f}" for d in dims))
         print("  ratio  " + " ".join(f"{ratios[d]:6.2f}" if d in ratios and ratios[d] else
