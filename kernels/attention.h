@@ -429,4 +429,38 @@ static inline int64_t tg_attn_hidden_left(const tg_attn_problem *pr, int64_t i, 
   return n < 0 ? 0 : (n > nk ? nk : n);
 }
 
+/* The row blocks of a tile's products: the rows [r0, r0 + rows) of the
+ * q-tile and the first `keys` keys of the key tile they take. */
+typedef struct {
+  int64_t r0, rows, keys;
+} tg_attn_rows;
+
+/* A tile that the causal diagonal crosses: the first rows of the q-tile at
+ * q0 (nq rows) see fewer of the key tile's nk keys from k0 than its last
+ * rows do. Where its first half sees none of the last
+ * TG_ATTN_SPLIT_MIN_KEYS keys or more, the tile's products run as two row
+ * blocks, the top one over the keys it sees alone (its P and dS past them
+ * are 0: a key hidden by the causal rule is no dependency of its row,
+ * docs/KERNELS.md "NaN and +-inf"); else as one block. The top block is
+ * half the rows rounded down to a multiple of 8 (any count is correct; 8
+ * keeps the GEMMs' row blocks whole on most tables: ops.h gemm_mr, the AMX
+ * tiles' 16). One block without causality or with softcap (its score rows
+ * read every key of the tile). Shape alone decides, never the threads.
+ * Packed rows of short documents meet such a tile once per q-tile:
+ * documents of 512 in 4096 spend a fifth of their tiles on the diagonal,
+ * one document of 4096 a thirtieth. Returns the number of blocks in out. */
+enum { TG_ATTN_SPLIT_MIN_KEYS = 16 };
+static inline int tg_attn_row_blocks(const tg_attn_problem *pr, int64_t q0, int64_t nq,
+                                     int64_t k0, int64_t nk, tg_attn_rows out[2]) {
+  out[0] = (tg_attn_rows){0, nq, nk};
+  const int64_t top = nq / 16 * 8;
+  if (!pr->causal || pr->softcap != 0.0f || top == 0) return 1;
+  int64_t end = tg_attn_key_end(pr, q0, top) - k0; /* keys the top rows see */
+  if (end < 0) end = 0;
+  if (nk - end < TG_ATTN_SPLIT_MIN_KEYS) return 1;
+  out[0] = (tg_attn_rows){0, top, end};
+  out[1] = (tg_attn_rows){top, nq - top, nk};
+  return 2;
+}
+
 #endif /* TG_ATTENTION_H */

@@ -322,17 +322,28 @@ static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_
   float *const dS_tile = bf16_products ? w->dS : w->dS + col; /* [nq, nk] */
   const int64_t ld = bf16_products ? BK : w->ld_ds;
 
-  if (a->plan.bf16_dot) { /* the bf16 rows of Q and dO in place, K^T and V^T in pairs */
-    const tg_bf16 *Qr = (const tg_bf16 *)a->Q + tg_attn_offset(pr->Qs, b, h, q0);
-    const tg_bf16 *dOr = (const tg_bf16 *)a->dO + tg_attn_offset(pr->Os, b, h, q0);
-    ops->mm_bf16_pairs((int)nq, (int)nk, (int)D, Qr, pr->Qs[2], (const uint32_t *)t->KT, BK,
-                       w->S, BK, 0);
-    ops->mm_bf16_pairs((int)nq, (int)nk, (int)Dv, dOr, pr->Os[2], (const uint32_t *)t->VT, BK,
-                       dS_tile, ld, 0);
-  } else {
-    ops->mm_nn((int)nq, (int)nk, (int)D, w->Q, D, t->KT, BK, w->S, BK, 0);   /* Q.K^T  */
-    ops->mm_nn((int)nq, (int)nk, (int)Dv, w->dO, Dv, t->VT, BK, dS_tile, ld, 0); /* dO.V^T */
+  /* on the diagonal, the top rows over their keys alone: their P and dS
+   * past them are written 0 below, never computed */
+  tg_attn_rows blk[2];
+  const int n_blk = tg_attn_row_blocks(pr, q0, nq, k0, nk, blk);
+  for (int r = 0; r < n_blk; r++) {
+    const int64_t r0 = blk[r].r0, rows = blk[r].rows, keys = blk[r].keys;
+    if (keys == 0) continue;
+    if (a->plan.bf16_dot) { /* the bf16 rows of Q and dO in place, K^T and V^T in pairs */
+      const tg_bf16 *Qr = (const tg_bf16 *)a->Q + tg_attn_offset(pr->Qs, b, h, q0 + r0);
+      const tg_bf16 *dOr = (const tg_bf16 *)a->dO + tg_attn_offset(pr->Os, b, h, q0 + r0);
+      ops->mm_bf16_pairs((int)rows, (int)keys, (int)D, Qr, pr->Qs[2], (const uint32_t *)t->KT,
+                         BK, w->S + r0 * BK, BK, 0);
+      ops->mm_bf16_pairs((int)rows, (int)keys, (int)Dv, dOr, pr->Os[2], (const uint32_t *)t->VT,
+                         BK, dS_tile + r0 * ld, ld, 0);
+    } else {
+      ops->mm_nn((int)rows, (int)keys, (int)D, w->Q + r0 * D, D, t->KT, BK, w->S + r0 * BK, BK,
+                 0); /* Q.K^T */
+      ops->mm_nn((int)rows, (int)keys, (int)Dv, w->dO + r0 * Dv, Dv, t->VT, BK,
+                 dS_tile + r0 * ld, ld, 0); /* dO.V^T */
+    }
   }
+  const int64_t top = n_blk == 2 ? blk[1].r0 : 0, top_keys = blk[0].keys;
   if (pr->drop.threshold) { /* dP -> dP o keep / (1 - p) */
     tg_attn_dropout_tile(ops, &pr->drop, pr, b, h, q0, nq, k0, nk, w->keep, BK);
     tg_attn_dropout_apply(w->keep, BK, dS_tile, ld, nq, nk, pr->drop.scale);
@@ -356,7 +367,9 @@ static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_
       if (lo < nk)
         ops->attn_prob_row(P + lo, nk - lo, n_vis > lo ? n_vis - lo : 0, pr->scale,
                            mrow ? tg_attn_at(pr->in, mrow, k0 + lo) : NULL, pr->in, Li);
-      ops->attn_ds_row(dS, P, nk, Drow[i], pr->scale);
+      const int64_t n_ds = i < top ? top_keys : nk; /* (the top block's dP stops there) */
+      ops->attn_ds_row(dS, P, n_ds, Drow[i], pr->scale);
+      memset(dS + n_ds, 0, sizeof(float) * (size_t)(nk - n_ds));
       continue;
     }
     float tanh_row[TG_ATTN_MAX_TILE]; /* softcap: d(c tanh(x/c))/dx = 1 - tanh^2 */
@@ -391,8 +404,15 @@ static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_
     tg_attn_round_bf16(dS_tile, nq, nk, ld);
     tg_attn_round_bf16(w->S, nq, nk, BK);
   }
-  ops->mm_tn_acc((int)nk, (int)D, (int)nq, dS_tile, ld, w->Q, D, t->dK, D); /* dS^T.Q */
-  ops->mm_tn_acc((int)nk, (int)Dv, (int)nq, w->S, BK, w->dO, Dv, t->dV, Dv); /* P^T.dO */
+  /* on the diagonal, keys past the top block's over the bottom rows alone */
+  for (int64_t k_lo = 0, r = 0; r < n_blk; k_lo = blk[r++].keys) {
+    const int64_t r0 = blk[r].r0, keys = blk[r].keys - k_lo, rows = nq - r0;
+    if (keys == 0) continue;
+    ops->mm_tn_acc((int)keys, (int)D, (int)rows, dS_tile + r0 * ld + k_lo, ld, w->Q + r0 * D, D,
+                   t->dK + k_lo * D, D); /* dS^T.Q */
+    ops->mm_tn_acc((int)keys, (int)Dv, (int)rows, w->S + r0 * BK + k_lo, BK, w->dO + r0 * Dv, Dv,
+                   t->dV + k_lo * Dv, Dv); /* P^T.dO */
+  }
 }
 
 /* dQ [nq, D] (row stride ldq) (+)= dS . K over kn keys from the chunk's key

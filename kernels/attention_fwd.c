@@ -291,12 +291,22 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h_kv, int64_t b, voi
       fwd_qtile *t = &w.q[s];
       if (k0 >= t->key_end) continue; /* (causal: the q-tile sees no key of this tile) */
       const int64_t nq = t->nq, nkt = t->key_end - k0 < nk ? t->key_end - k0 : nk;
-      if (a->bf16_dot) /* Q's bf16 rows in place */
-        ops->mm_bf16_pairs((int)nq, (int)nkt, (int)D,
-                           (const tg_bf16 *)a->Q + tg_attn_offset(pr->Qs, b, t->h, t->q0), pr->Qs[2],
-                           (const uint32_t *)w.KT, BK, w.S, BK, 0); /* Q.K^T */
-      else
-        ops->mm_nn((int)nq, (int)nkt, (int)D, t->Q, D, w.KT, BK, w.S, BK, 0); /* Q.K^T */
+      /* on the diagonal, the top rows over their keys alone (the score rows
+       * never read the others: they write -inf, then P = 0, there) */
+      tg_attn_rows blk[2];
+      const int n_blk = tg_attn_row_blocks(pr, t->q0, nq, k0, nkt, blk);
+      for (int r = 0; r < n_blk; r++) {
+        const int64_t r0 = blk[r].r0, rows = blk[r].rows, keys = blk[r].keys;
+        if (keys == 0) continue;
+        if (a->bf16_dot) /* Q's bf16 rows in place */
+          ops->mm_bf16_pairs((int)rows, (int)keys, (int)D,
+                             (const tg_bf16 *)a->Q + tg_attn_offset(pr->Qs, b, t->h, t->q0 + r0),
+                             pr->Qs[2], (const uint32_t *)w.KT, BK, w.S + r0 * BK, BK,
+                             0); /* Q.K^T */
+        else
+          ops->mm_nn((int)rows, (int)keys, (int)D, t->Q + r0 * D, D, w.KT, BK, w.S + r0 * BK, BK,
+                     0); /* Q.K^T */
+      }
       fwd_softmax_tile(a, t, w.S, b, k0, nkt, P16);
       if (pr->drop.threshold) { /* P -> P o keep; l and m keep the dropped weights */
         tg_attn_dropout_tile(ops, &pr->drop, pr, b, t->h, t->q0, nq, k0, nkt, w.keep, BK);
@@ -306,12 +316,21 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h_kv, int64_t b, voi
         if (!P16)
           ops->f32_to_bf16_split(nq, nkt, w.S, BK, TG_SPLIT_ROWS, w.P_parts[0], w.P_parts[1],
                                  w.P_parts[2], BK);
-        tg_attn_mm_parts(pr, ops, nq, Dv, nkt + nkt % 2, w.P_parts, BK, (const uint32_t *)w.V,
-                         Dv, t->acc, Dv, 1); /* acc += P.V */
+        for (int r = 0; r < n_blk; r++) { /* (a block's odd key count: its next P is 0) */
+          const int64_t r0 = blk[r].r0, keys = blk[r].keys;
+          uint16_t *parts[3];
+          for (int i = 0; i < 3; i++) parts[i] = w.P_parts[i] ? w.P_parts[i] + r0 * BK : NULL;
+          if (keys)
+            tg_attn_mm_parts(pr, ops, blk[r].rows, Dv, keys + keys % 2, parts, BK,
+                             (const uint32_t *)w.V, Dv, t->acc + r0 * Dv, Dv, 1); /* acc += P.V */
+        }
         continue;
       }
       if (a->products == TG_PRODUCTS_F32_ROUNDED) tg_attn_round_bf16(w.S, nq, nkt, BK);
-      ops->mm_nn((int)nq, (int)Dv, (int)nkt, w.S, BK, V, ldv, t->acc, Dv, 1); /* acc += P.V */
+      for (int r = 0; r < n_blk; r++)
+        if (blk[r].keys)
+          ops->mm_nn((int)blk[r].rows, (int)Dv, (int)blk[r].keys, w.S + blk[r].r0 * BK, BK, V, ldv,
+                     t->acc + blk[r].r0 * Dv, Dv, 1); /* acc += P.V */
     }
   }
   for (int64_t s = 0; s < n_tiles; s++) fwd_finish(a, &w.q[s], b, w.V); /* (w.V free now) */
