@@ -422,16 +422,31 @@ static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_
  * gives the bits of one product per tile: the f32 GEMM and one bf16 part
  * add along k in that order and keep C in f32 between k steps, whether in
  * registers or in memory; two or three parts run as terms, each tile's
- * parts in turn (tg_attn_mm_terms). With first the rows are written. */
-static void bwd_dq(const bwd_args *a, int64_t nq, int64_t kn, int64_t slot, int64_t col,
-                   const ktile_scratch *t, float *dQ, int64_t ldq, int first, bwd_scratch *w) {
+ * parts in turn (tg_attn_mm_terms). With first the rows are written. The
+ * q-tile starts at row q0, the last key tile at key k_last: on the f32 GEMM
+ * a last tile that the causal diagonal crosses gives the top rows of the
+ * q-tile fewer keys (tg_attn_row_blocks; their dS past them is 0). */
+static void bwd_dq(const bwd_args *a, int64_t q0, int64_t nq, int64_t kn, int64_t k_last,
+                   int64_t slot, int64_t col, const ktile_scratch *t, float *dQ, int64_t ldq,
+                   int first, bwd_scratch *w) {
   const tg_attn_problem *pr = &a->pr;
+  const int64_t BK = a->plan.BK;
   if (a->plan.products != TG_PRODUCTS_BF16_DOT) {
-    a->ops->mm_nn((int)nq, (int)pr->D, (int)kn, w->dS + col, w->ld_ds, t->K, pr->D, dQ, ldq,
-                  !first);
+    const int64_t nk_last = kn - (kn - 1) / BK * BK; /* (the tiles before it are whole) */
+    tg_attn_rows blk[2];
+    const int n_blk = tg_attn_row_blocks(pr, q0, nq, k_last, nk_last, blk);
+    for (int r = 0; r < n_blk; r++) {
+      const int64_t r0 = blk[r].r0, keys = kn - nk_last + blk[r].keys;
+      if (keys == 0) { /* rows that see none of these keys */
+        for (int64_t i = r0; first && i < r0 + blk[r].rows; i++)
+          memset(dQ + i * ldq, 0, sizeof(float) * (size_t)pr->D);
+        continue;
+      }
+      a->ops->mm_nn((int)blk[r].rows, (int)pr->D, (int)keys, w->dS + col + r0 * w->ld_ds,
+                    w->ld_ds, t->K, pr->D, dQ + r0 * ldq, ldq, !first);
+    }
     return;
   }
-  const int64_t BK = a->plan.BK;
   const int n_parts = tg_attn_parts(pr);
   if (n_parts == 1) { /* one run along k; an odd kn: a 0 pads dS and K */
     uint16_t *dSp[3];
@@ -822,8 +837,8 @@ static void bwd_group_kv(const void *vargs, int64_t x, int64_t b, int64_t range,
                      &w);
             if (dq_now) { /* dQ over the tiles [js, j] */
               const int64_t js = dq_over_chunk ? q->j0 : j;
-              bwd_dq(a, q->nq, (j - js) * BK + nk, s, col - (j - js) * BK, &w.kt[js], q->dq,
-                     q->ld, js == q->j_first, &w);
+              bwd_dq(a, q->q0, q->nq, (j - js) * BK + nk, k0, s, col - (j - js) * BK,
+                     &w.kt[js], q->dq, q->ld, js == q->j_first, &w);
               if (j == q->j1 - 1 && q->last_chunk && dq_to_bf16(a))
                 rows_to_bf16(a->ops, q->dq, q->ld,
                              a->dQ16 + tg_attn_offset(pr->dQs, b, q->h, q->q0), q->ld, q->nq, D);
@@ -932,7 +947,7 @@ static void bwd_group_atomic(const void *vargs, int64_t x, int64_t h, int64_t b,
       memset(t->dV, 0, sizeof(float) * (size_t)(nk * Dv));
     }
     bwd_pair(a, b, h, q0, nq, k0, nk, 0, 0, NULL, D, t, &w);
-    bwd_dq(a, nq, nk, 0, 0, t, w.dQ, D, 0, &w);
+    bwd_dq(a, q0, nq, nk, k0, 0, 0, t, w.dQ, D, 0, &w);
     if (bf16_products) bwd_dkv_bf16(a, nk, 0, 1, nq, 1, t, &w);
     put_dkv(a, a->dK + tg_attn_offset(pr->dKs, b, h_kv, k0), pr->dKs[2], t->dK, nk, D,
             ROWS_ADD_ATOMIC);
