@@ -289,6 +289,11 @@ static inline void tg_attn_mm_terms(const tg_isa_ops *ops, int n, const tg_bf16_
                        accumulate || i);
 }
 
+/* The bf16 parts buffers[i] (NULL past the part count) from element col on. */
+static inline void tg_attn_parts_at(uint16_t *const buffers[3], int64_t col, uint16_t *out[3]) {
+  for (int i = 0; i < 3; i++) out[i] = buffers[i] ? buffers[i] + col : NULL;
+}
+
 /* TG_PRODUCTS_BF16_DOT: C [M, N] (ldc) (+)= X . Bp, X given as its
  * tg_attn_parts bf16 parts (hi, lo, lo2: tg_attn_mm_terms' order), rows
  * of Kp (even) columns, stride ldx; Bp [Kp/2, N] pairs

@@ -292,15 +292,10 @@ static void load_ktile(const bwd_args *a, int64_t b, int64_t h_kv, int64_t k0, i
   tg_attn_load_rows(a->ops, pr->in, Vh, pr->Vs[2], k0, nk, pr->Dv, t->dV, t->VT, a->plan.BK);
 }
 
-/* The bf16 parts buffers[i] (NULL past the part count) from column col on. */
-static void parts_at(uint16_t *const buffers[3], int64_t col, uint16_t *out[3]) {
-  for (int i = 0; i < 3; i++) out[i] = buffers[i] ? buffers[i] + col : NULL;
-}
-
 /* Unit slot `slot`'s dS parts from column col (its rows [BQ, ld_ds]). */
 static void slot_ds_parts(const bwd_args *a, const bwd_scratch *w, int64_t slot, int64_t col,
                           uint16_t *out[3]) {
-  parts_at(w->dS_parts, slot * a->plan.BQ * w->ld_ds + col, out);
+  tg_attn_parts_at(w->dS_parts, slot * a->plan.BQ * w->ld_ds + col, out);
 }
 
 /* The pair body for loaded tiles (the key tile's side in t, the q-tile's in
@@ -393,8 +388,8 @@ static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_
     const int layout = transposed ? TG_SPLIT_ROW_PAIRS : TG_SPLIT_TRANSPOSED;
     uint16_t *dSp[3], *dSk[3], *Pk[3];
     slot_ds_parts(a, w, slot, col, dSp);
-    parts_at(w->dS_dkv, at, dSk);
-    parts_at(w->P_dkv, at, Pk);
+    tg_attn_parts_at(w->dS_dkv, at, dSk);
+    tg_attn_parts_at(w->P_dkv, at, Pk);
     ops->f32_to_bf16_split(nq, nk, dS_tile, ld, TG_SPLIT_ROWS, dSp[0], dSp[1], dSp[2], w->ld_ds);
     ops->f32_to_bf16_split(nq, nk, dS_tile, ld, layout, dSk[0], dSk[1], dSk[2], ldd);
     ops->f32_to_bf16_split(nq, nk, w->S, BK, layout, Pk[0], Pk[1], Pk[2], ldd);
@@ -475,7 +470,7 @@ static void dkv_product_t(const bwd_args *a, int64_t M, int64_t nk, int64_t s0, 
                           const float *XT, uint16_t *const pairs[3], float *C, int first) {
   const int64_t BQ = a->plan.BQ, BK = a->plan.BK;
   uint16_t *Y[3];
-  parts_at(pairs, s0 * BQ * BK, Y);
+  tg_attn_parts_at(pairs, s0 * BQ * BK, Y);
   tg_bf16_term terms[3];
   const int n = tg_attn_parts(&a->pr);
   for (int i = 0; i < n; i++)
@@ -506,8 +501,8 @@ static void bwd_dkv_bf16(const bwd_args *a, int64_t nk, int64_t s0, int64_t s1,
     return;
   }
   uint16_t *dSt[3], *Pt[3];
-  parts_at(w->dS_dkv, col, dSt);
-  parts_at(w->P_dkv, col, Pt);
+  tg_attn_parts_at(w->dS_dkv, col, dSt);
+  tg_attn_parts_at(w->P_dkv, col, Pt);
   tg_attn_mm_parts(pr, a->ops, nk, pr->D, rows, dSt, ldt,
                    (const uint32_t *)w->Q + col / 2 * pr->D, pr->D, t->dK, pr->D,
                    !first); /* dS^T.Q */

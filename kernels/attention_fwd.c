@@ -319,7 +319,7 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h_kv, int64_t b, voi
         for (int r = 0; r < n_blk; r++) { /* (a block's odd key count: its next P is 0) */
           const int64_t r0 = blk[r].r0, keys = blk[r].keys;
           uint16_t *parts[3];
-          for (int i = 0; i < 3; i++) parts[i] = w.P_parts[i] ? w.P_parts[i] + r0 * BK : NULL;
+          tg_attn_parts_at(w.P_parts, r0 * BK, parts);
           if (keys)
             tg_attn_mm_parts(pr, ops, blk[r].rows, Dv, keys + keys % 2, parts, BK,
                              (const uint32_t *)w.V, Dv, t->acc + r0 * Dv, Dv, 1); /* acc += P.V */
