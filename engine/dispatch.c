@@ -82,44 +82,65 @@ tg_status tg_dispatch(tg_ctx *ctx, int64_t nx, int64_t ny, int64_t nz,
   return TG_OK;
 }
 
-/* The flattened items: first[i] is grid i's first, first[n] the total. */
+/* The items in rank order (tg_dispatch_grids). With the grids sorted by
+ * item count, most first (order[j]: the j-th; sizes s_0 >= s_1 >= ...),
+ * ranks [s_c, s_{c-1}) hold c grids' items each (s_n = 0): segment j holds
+ * c = n - j grids, ranks from rank0[j], its first item at start[j]. */
 typedef struct {
   const tg_grid *grids;
-  const int64_t *first;
+  const int64_t *order, *start, *rank0;
   int64_t n;
 } grid_list;
 
+static int64_t grid_items(const tg_grid *g) { return g->nx * g->ny * g->nz; }
+
 static void run_item(const grid_list *l, int64_t g, void *scratch) {
-  int64_t lo = 0, hi = l->n - 1; /* the grid holding item g: first[lo] <= g < first[lo + 1] */
+  int64_t lo = 0, hi = l->n - 1; /* the last segment with start[lo] <= g */
   while (lo < hi) {
     const int64_t mid = (lo + hi + 1) / 2;
-    if (l->first[mid] <= g) lo = mid;
+    if (l->start[mid] <= g) lo = mid;
     else hi = mid - 1;
   }
-  const tg_grid *gr = &l->grids[lo];
-  const int64_t i = g - l->first[lo], x = i % gr->nx, yz = i / gr->nx;
+  const int64_t c = l->n - lo, off = g - l->start[lo];
+  const tg_grid *gr = &l->grids[l->order[off % c]];
+  const int64_t i = l->rank0[lo] + off / c, x = i % gr->nx, yz = i / gr->nx;
   gr->fn(gr->args, x, yz % gr->ny, yz / gr->ny, scratch);
+}
+
+/* Insertion sort of the grid indices by item count, most first, stable
+ * (a call's grids are its documents, already heaviest first). */
+static void sort_by_items(const tg_grid *grids, int64_t n, int64_t *order) {
+  for (int64_t i = 0; i < n; i++) {
+    const int64_t id = order[i] = i, items = grid_items(&grids[i]);
+    int64_t j = i;
+    for (; j > 0 && grid_items(&grids[order[j - 1]]) < items; j--) order[j] = order[j - 1];
+    order[j] = id;
+  }
 }
 
 tg_status tg_dispatch_grids(tg_ctx *ctx, const tg_grid *grids, int64_t n,
                             size_t scratch_bytes) {
   if (n <= 0) return TG_OK;
-  if ((uint64_t)n > SIZE_MAX / sizeof(int64_t) - 1)
+  if ((uint64_t)n > SIZE_MAX / (3 * sizeof(int64_t)))
     return tg_fail(ctx, TG_ERR_OVERFLOW, "engine: %lld grids overflow", (long long)n);
-  int64_t *first = tg_mem_alloc(sizeof(int64_t) * (size_t)(n + 1), 64);
-  if (!first)
-    return tg_fail(ctx, TG_ERR_NO_MEMORY, "engine: cannot allocate the list of %lld grids",
-                   (long long)n);
-  first[0] = 0;
+  int64_t total = 0;
   for (int64_t i = 0; i < n; i++) {
     int64_t items;
     if (!tg_mul_ok(&items, 3, grids[i].nx, grids[i].ny, grids[i].nz) ||
-        __builtin_add_overflow(first[i], items, &first[i + 1])) {
-      tg_mem_free(first);
+        __builtin_add_overflow(total, items, &total))
       return tg_fail(ctx, TG_ERR_OVERFLOW, "engine: the grids' items overflow");
-    }
   }
-  const int64_t total = first[n];
+  int64_t *order = tg_mem_alloc(sizeof(int64_t) * 3 * (size_t)n, 64);
+  if (!order)
+    return tg_fail(ctx, TG_ERR_NO_MEMORY, "engine: cannot allocate the list of %lld grids",
+                   (long long)n);
+  int64_t *start = order + n, *rank0 = start + n;
+  sort_by_items(grids, n, order);
+  for (int64_t j = 0, at = 0; j < n; j++) {
+    const int64_t c = n - j, lo = j ? grid_items(&grids[order[c]]) : 0;
+    start[j] = at, rank0[j] = lo;
+    at += c * (grid_items(&grids[order[c - 1]]) - lo); /* ranks [lo, s_{c-1}) */
+  }
   const int nthreads = total <= 1 ? 1 : tg_threads(ctx);
   const size_t stride = tg_align64(scratch_bytes);
   size_t bytes;
@@ -128,10 +149,10 @@ tg_status tg_dispatch_grids(tg_ctx *ctx, const tg_grid *grids, int64_t n,
     st = tg_fail(ctx, TG_ERR_OVERFLOW, "engine: scratch size overflows");
   if (st == TG_OK) st = reserve_scratch(ctx, bytes);
   if (st != TG_OK || total == 0) {
-    tg_mem_free(first);
+    tg_mem_free(order);
     return st;
   }
-  const grid_list l = {grids, first, n};
+  const grid_list l = {grids, order, start, rank0, n};
   char *const base = ctx->scratch;
   if (nthreads == 1) {
     for (int64_t g = 0; g < total; g++) run_item(&l, g, base);
@@ -143,6 +164,6 @@ tg_status tg_dispatch_grids(tg_ctx *ctx, const tg_grid *grids, int64_t n,
       for (int64_t g = 0; g < total; g++) run_item(&l, g, mine);
     }
   }
-  tg_mem_free(first);
+  tg_mem_free(order);
   return TG_OK;
 }

@@ -148,10 +148,16 @@ tg_status tg_dispatch(tg_ctx *ctx, int64_t nx, int64_t ny, int64_t nz,
                       size_t scratch_bytes, tg_group_fn fn, const void *args);
 
 /* Several grids in one OpenMP loop (varlen attention: one grid per
- * document): every (x, y, z) of every grid, grid after grid in the order
- * given, on one team in dynamic order; scratch_bytes must cover every
- * grid's fn. Callers put the costly grids first, so the short ones fill
- * the cores at the end. TG_ERR_NO_MEMORY with nothing run, as tg_dispatch. */
+ * document): every (x, y, z) of every grid on one team in dynamic order;
+ * scratch_bytes must cover every grid's fn. The items are handed out rank
+ * by rank: item r of each grid (r counted as tg_dispatch counts, x
+ * fastest) before item r + 1 of any, the grids of most items first (ties
+ * in the order given). Callers order each grid's items heaviest first, so
+ * the heaviest items of every grid start first and the light ones fill the
+ * cores at the end. (Grid after grid, eight documents of 512 keys, each a
+ * run from heavy to light items, left 16 threads waiting for 10-13% of the
+ * backward on the lent Xeon.) TG_ERR_NO_MEMORY with nothing run, as
+ * tg_dispatch. */
 typedef struct {
   int64_t nx, ny, nz;
   tg_group_fn fn;

@@ -410,6 +410,19 @@ static tg_grid fwd_grid(const fwd_args *a) {
   return (tg_grid){(a->pr.gqa * a->n_qtiles + a->FQ - 1) / a->FQ, a->pr.H_kv, a->pr.B, fwd_group, a};
 }
 
+/* Varlen: the same items with the kv head varying fastest (x = kv head,
+ * y = item, z = batch), so that tg_dispatch_grids, which hands out every
+ * document's items rank by rank, starts every head's heaviest items first. */
+static void fwd_group_heads_inner(const void *vargs, int64_t h_kv, int64_t x, int64_t b,
+                                  void *scratch) {
+  fwd_group(vargs, x, h_kv, b, scratch);
+}
+
+static tg_grid varlen_fwd_grid(const fwd_args *a) {
+  const tg_grid g = fwd_grid(a);
+  return (tg_grid){g.ny, g.nx, g.nz, fwd_group_heads_inner, a};
+}
+
 static size_t fwd_args_scratch(const fwd_args *a) {
   return fwd_scratch_bytes(a->pr.D, a->pr.Dv, a->BQ, a->BK, a->FQ,
                            tg_attn_part_buffers(&a->pr, a->products));
@@ -510,7 +523,7 @@ tg_status tg_attn_varlen_fwd(tg_ctx *ctx, tg_dtype dtype, const void *Q, const v
     a->O = (char *)O + (size_t)(d->q0 * pr.Os[2]) * oe;
     a->L = L + d->q0;
     a->mask = docs->mask ? tg_attn_at(pr.in, docs->mask, d->mask0) : NULL;
-    grids[n++] = fwd_grid(a);
+    grids[n++] = varlen_fwd_grid(a);
     const size_t b = fwd_args_scratch(a);
     scratch = b > scratch ? b : scratch;
   }

@@ -10,7 +10,8 @@
  *  - several contexts in several threads at once give the same bits as
  *    serial runs;
  *  - the work plans count the process's CPUs even where OpenMP has bound
- *    the initial thread to one place (ctest's test_threads.bound).
+ *    the initial thread to one place (ctest's test_threads.bound);
+ *  - tg_dispatch_grids runs every item once, rank by rank across the grids.
  */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
 #include <stdio.h>
@@ -145,6 +146,73 @@ static void test_ctx_plan_cpus(void **state) {
   tg_ctx_destroy(ctx);
 }
 
+/* tg_dispatch_grids: every item of every grid runs once, at 1-3 threads;
+ * on one thread in rank order, item r of every grid (the grids of most
+ * items first, ties in the order given) before item r + 1 of any. Grids of
+ * unequal, equal and no items. */
+enum { GRIDS = 5, MAX_ITEMS = 8 };
+typedef struct {
+  int id;
+  int64_t nx, ny;
+  int *counts;      /* [GRIDS][MAX_ITEMS] */
+  int *seq, *at;    /* one thread: (grid, item) in the order run */
+} grid_probe;
+
+static void count_item(const void *args, int64_t x, int64_t y, int64_t z, void *scratch) {
+  (void)scratch;
+  const grid_probe *g = args;
+  const int64_t item = x + g->nx * (y + g->ny * z);
+#pragma omp atomic
+  g->counts[g->id * MAX_ITEMS + item]++;
+  if (omp_get_num_threads() == 1) {
+    g->seq[2 * *g->at] = g->id, g->seq[2 * *g->at + 1] = (int)item;
+    ++*g->at;
+  }
+}
+
+static void test_dispatch_grids_order(void **state) {
+  (void)state;
+  const int64_t dims[GRIDS][3] = {{2, 1, 3}, {0, 4, 1}, {4, 2, 1}, {6, 1, 1}, {1, 1, 1}};
+  int counts[GRIDS * MAX_ITEMS], seq[2 * GRIDS * MAX_ITEMS], at = 0;
+  grid_probe probes[GRIDS];
+  tg_grid grids[GRIDS];
+  int items[GRIDS], total = 0;
+  for (int i = 0; i < GRIDS; i++) {
+    probes[i] = (grid_probe){i, dims[i][0], dims[i][1], counts, seq, &at};
+    grids[i] = (tg_grid){dims[i][0], dims[i][1], dims[i][2], count_item, &probes[i]};
+    items[i] = (int)(dims[i][0] * dims[i][1] * dims[i][2]);
+    total += items[i];
+  }
+  /* the expected order: the grids by items, most first, stable; then rank by rank */
+  int order[GRIDS], want[2 * GRIDS * MAX_ITEMS], n = 0;
+  for (int i = 0; i < GRIDS; i++) order[i] = i;
+  for (int i = 1; i < GRIDS; i++)
+    for (int j = i; j > 0 && items[order[j - 1]] < items[order[j]]; j--) {
+      const int t = order[j];
+      order[j] = order[j - 1], order[j - 1] = t;
+    }
+  for (int r = 0; r < MAX_ITEMS; r++)
+    for (int i = 0; i < GRIDS; i++)
+      if (r < items[order[i]]) want[n++] = order[i], want[n++] = r;
+  assert_int_equal(n, 2 * total);
+  tg_ctx *ctx = NULL;
+  assert_int_equal(tg_ctx_create(&ctx), TG_OK);
+  for (int threads = 1; threads <= 3; threads++) {
+    assert_int_equal(tg_ctx_set_threads(ctx, threads), TG_OK);
+    memset(counts, 0, sizeof counts);
+    at = 0;
+    assert_int_equal(tg_dispatch_grids(ctx, grids, GRIDS, 64), TG_OK);
+    for (int i = 0; i < GRIDS; i++)
+      for (int k = 0; k < MAX_ITEMS; k++)
+        assert_int_equal(counts[i * MAX_ITEMS + k], k < items[i] ? 1 : 0);
+    if (threads == 1) {
+      assert_int_equal(at, total);
+      assert_memory_equal(seq, want, sizeof(int) * 2 * (size_t)total);
+    }
+  }
+  tg_ctx_destroy(ctx);
+}
+
 /* A transpose big enough to take a while (tens of ms), on a given context. */
 enum { TR_ROWS = 1536, TR_COLS = 2048 };
 typedef struct {
@@ -268,6 +336,7 @@ int main(void) {
       cmocka_unit_test(test_default_within_openmp),
       cmocka_unit_test(test_plan_cpus_all_places),
       cmocka_unit_test(test_ctx_plan_cpus),
+      cmocka_unit_test(test_dispatch_grids_order),
       cmocka_unit_test(test_context_busy),
       cmocka_unit_test(test_contexts_in_parallel),
   };
