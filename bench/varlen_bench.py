@@ -15,7 +15,11 @@ turns call by call (medians):
                 (what transformers' sdpa backend runs on a packed row)
 
 bf16 inputs where the CPU has a bf16 unit, else float32 (--dtype).
-Reports ms per fwd+bwd and the ratios; --json writes the rows.
+Reports ms per fwd+bwd and the ratios; --json writes the rows. Every call
+allocates its outputs, as training does, and where malloc has handed the
+freed tensors' pages back to the kernel it faults them in again (on the
+lent Xeon's glibc 2.39, about 1700 faults a fwd+bwd of L 4096): the header
+line shows GLIBC_TUNABLES, which sets how malloc keeps freed memory.
 
   TILEGRAD_LIB=build/libtilegrad.so python3 bench/varlen_bench.py --threads 2
 """
@@ -130,7 +134,8 @@ def main():
           f"({torch.backends.cpu.get_cpu_capability()}); tilegrad table {tilegrad.Context().isa}; "
           f"{torch.get_num_threads()} threads; "
           f"H {args.heads}/{args.kv_heads}, D {args.head_dim}, {args.dtype}; medians of "
-          f"{args.reps} alternating fwd+bwd calls, ms")
+          f"{args.reps} alternating fwd+bwd calls, ms; "
+          f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '(unset)')}")
     print(f"{'row':>6} {'documents':>22} " + " ".join(f"{n:>10}" for n in args.methods) +
           "   one-doc/varlen  sdpa-dense/varlen  tg-dense/varlen")
     rows = []

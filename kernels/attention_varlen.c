@@ -8,8 +8,8 @@
  * cu_seqlens_q[d] and cu_seqlens_k[d], and L's head stride total_q (L is
  * [H, total_q]). Its work items are those of that problem, so tiles outside
  * every document do not exist; attention_fwd.c and attention_bwd.c put all
- * documents' items in one loop (tg_dispatch_grids), the costliest
- * document's first.
+ * documents' items in one loop (tg_dispatch_grids: rank by rank across the
+ * documents, within a rank the documents of most items first).
  */
 #include <math.h>
 #include <stdlib.h>
