@@ -56,7 +56,7 @@ cmake --build build -j"$jobs" >/dev/null
 cc -O2 -std=c11 -D_POSIX_C_SOURCE=200809L -Wall -Wextra -Werror -Iinclude \
   bench/ab_calls/ab_calls.c -ldl -lm -o build/ab_calls
 build/ab_calls "$PWD/build/libtilegrad.so" "$PWD/build/libtilegrad.so" 2 bf16 1 '1,2,1,64,32,1' >/dev/null
-build/ab_calls "$PWD/build/libtilegrad.so" "$PWD/build/libtilegrad.so" 3 exact bits '1,3,1,70,64,1' >/dev/null
+build/ab_calls "$PWD/build/libtilegrad.so" "$PWD/build/libtilegrad.so" 3 exact bits '1,3,1,70,64,1;1,4,2,200,64,1,48' >/dev/null
 
 stage consumers "install: find_package and pkg-config consumers"
 bash tests/consumer/check.sh
