@@ -352,7 +352,6 @@ typedef struct {
   int64_t n_ranges, range_tiles; /* KV schedule: key ranges per kv head */
   int64_t chunk_tiles;           /* KV schedule: key tiles resident at once */
   int64_t dq_elems;              /* B * H * qL * D: one dQ partial */
-  int64_t dq_units;              /* B * H * n_qtiles: the q units (finish_dq's counters) */
   int64_t n_qgroups;             /* KV schedule: query groups per (range, kv head) */
   int64_t dk_elems, dv_elems;    /* B * H_kv * kL * D, * Dv: one group's dK, dV part */
   int64_t dkv_units;             /* KV schedule: q units per dK, dV product (1 unless
@@ -365,8 +364,7 @@ tg_attn_bwd_plan tg_attn_bwd_plan_make(const tg_attn_problem *pr, const tg_isa_o
 
 /* Backward, KV schedule (attention_bwd.c): dQ writes through pr->dQs, dK
  * and dV accumulate through pr->dKs; L, D_vec [B, H, qL]. `workspace` holds
- * tg_attn_bwd_workspace_bytes(plan) bytes (the dQ partials and their
- * counters, the dK, dV parts; may be NULL
+ * tg_attn_bwd_workspace_bytes(plan) bytes (the dQ partials; may be NULL
  * when that is 0), plan = tg_attn_bwd_plan_make(pr, ctx->ops,
  * tg_ctx_plan_cpus(ctx)). Bitwise the same for every thread count in
  * deterministic mode (the plan then never follows it). */

@@ -102,14 +102,10 @@ typedef struct {
   float *dQ_partial; /* KV schedule: [plan.n_ranges - 1][B, H, qL, D] */
   float *dK_partial; /* KV schedule: [plan.n_qgroups - 1][B, H_kv, kL, D] */
   float *dV_partial; /* KV schedule: [plan.n_qgroups - 1][B, H_kv, kL, Dv] */
-  /* KV schedule with several key ranges: per q unit [B, H, n_qtiles], how
-   * many of its ranges have put their dQ rows (finish_dq) */
-  atomic_int *dq_ranges_done;
   /* bf16 gradients (tg_attn_train_bwd_step; NULL: f32 into dQ, dK, dV),
    * through pr.dQs, dKs, dVs, written as the last sums of their rows are:
-   * dQ as range 0 finishes a q unit's rows (one key range) or as the last
-   * of its ranges does (finish_dq; dQ holds range 0's f32 sums either
-   * way), dK, dV from
+   * dQ as range 0 finishes a q unit's rows (one key range) or by the pass
+   * after the ranges (dQ holds range 0's f32 sums either way), dK, dV from
    * the key tiles' sums (one query group: dK, dV unused) or by the pass
    * after the groups (dK, dV then hold group 0's f32 sums). */
   uint16_t *dQ16, *dK16, *dV16;
@@ -704,29 +700,6 @@ static int range_visible(const bwd_args *a, int64_t range, int64_t q0, int64_t n
   return first < end;
 }
 
-/* KV schedule with several key ranges: range `range` has put its dQ rows of
- * q unit (b, h, q0) (range 0 counts whether it sees the q-tile or wrote it
- * zeros). The last of the ranges that do to get there adds the partials of
- * ranges 1.. into range 0's rows, in range order (a partial's rows that
- * its range never wrote are skipped), then rounds them into dQ16 for bf16
- * gradients. Which thread that is changes no bit: the sums' order is
- * fixed. The counter's acquire-release update makes the other ranges'
- * rows visible to it. */
-static void finish_dq(const bwd_args *a, int64_t b, int64_t h, int64_t q0) {
-  const int64_t BQ = a->plan.BQ, nq = tile_rows(a->pr.qL, q0, BQ);
-  int64_t ranges = 1;
-  for (int64_t r = 1; r < a->plan.n_ranges; r++) ranges += range_visible(a, r, q0, nq);
-  atomic_int *done = &a->dq_ranges_done[(b * a->pr.H + h) * a->plan.n_qtiles + q0 / BQ];
-  if (atomic_fetch_add_explicit(done, 1, memory_order_acq_rel) + 1 < ranges) return;
-  int64_t ld, ld_r;
-  float *dq = dq_rows(a, 0, b, h, q0, &ld);
-  for (int64_t r = 1; r < a->plan.n_ranges; r++)
-    if (range_visible(a, r, q0, nq))
-      put_rows(dq, ld, dq_rows(a, r, b, h, q0, &ld_r), nq, a->pr.D, ROWS_ADD);
-  if (a->dQ16)
-    rows_to_bf16(a->ops, dq, ld, a->dQ16 + tg_attn_offset(a->pr.dQs, b, h, q0), ld, nq, a->pr.D);
-}
-
 /* KV schedule: a q unit of a batch (bwd_group_kv): its query head, rows
  * [q0, q0 + nq), the chunk's key tiles [j0, j1) it sees (j_first: the
  * range's first it sees, relative to the chunk), its dQ rows (row stride ld). */
@@ -777,8 +750,6 @@ static void bwd_group_kv(const void *vargs, int64_t x, int64_t b, int64_t range,
       put_rows(dq, ld, NULL, nq, D, ROWS_WRITE);
       if (dq_to_bf16(a))
         rows_to_bf16(a->ops, dq, ld, a->dQ16 + tg_attn_offset(pr->dQs, b, h, q0), ld, nq, D);
-      else if (a->plan.n_ranges > 1)
-        finish_dq(a, b, h, q0);
     }
   /* the key tiles of the range that the group sees: the others' dK, dV
    * sums would be 0 */
@@ -866,8 +837,6 @@ static void bwd_group_kv(const void *vargs, int64_t x, int64_t b, int64_t range,
               if (j == q->j1 - 1 && q->last_chunk && dq_to_bf16(a))
                 rows_to_bf16(a->ops, q->dq, q->ld,
                              a->dQ16 + tg_attn_offset(pr->dQs, b, q->h, q->q0), q->ld, q->nq, D);
-              else if (j == q->j1 - 1 && q->last_chunk && a->plan.n_ranges > 1)
-                finish_dq(a, b, q->h, q->q0);
             }
             if (pr->compensated) { /* this q-tile's part into the sums; t->dK, t->dV = 0 */
               a->ops->add_compensated_f32(t->dK_sum, t->dK_comp, t->dK, nk * D);
@@ -930,6 +899,23 @@ static void bwd_group_sum_dkv(const void *vargs, int64_t kt, int64_t h_kv, int64
   }
 }
 
+/* KV schedule, second pass: dQ += the partials of ranges 1.. in range order,
+ * one q-tile (x) of query head y, batch z at a time (a partial's rows that
+ * its range never wrote are skipped), then rounded into dQ16 for bf16
+ * gradients (one range: dq_to_bf16 did it). */
+static void bwd_group_sum_dq(const void *vargs, int64_t qt, int64_t h, int64_t b,
+                             void *scratch) {
+  const bwd_args *a = vargs;
+  const int64_t BQ = a->plan.BQ, q0 = qt * BQ, nq = tile_rows(a->pr.qL, q0, BQ);
+  int64_t ld, ld_r;
+  float *dq = dq_rows(a, 0, b, h, q0, &ld);
+  for (int64_t r = 1; r < a->plan.n_ranges; r++)
+    if (range_visible(a, r, q0, nq))
+      put_rows(dq, ld, dq_rows(a, r, b, h, q0, &ld_r), nq, a->pr.D, ROWS_ADD);
+  if (a->dQ16)
+    rows_to_bf16(a->ops, dq, ld, a->dQ16 + tg_attn_offset(a->pr.dQs, b, h, q0), ld, nq, a->pr.D);
+}
+
 /* ATOMIC schedule: x = q-tile (heaviest causal tiles first), y = query head,
  * z = batch. */
 static void bwd_group_atomic(const void *vargs, int64_t x, int64_t h, int64_t b,
@@ -970,8 +956,7 @@ static void bwd_group_atomic(const void *vargs, int64_t x, int64_t h, int64_t b,
 }
 
 /* KV schedule: key ranges per kv head (see TG_ATTN_ITEMS_PER_CPU), from the
- * shape and the planned CPUs (pl->cpus); sets pl->range_tiles, n_ranges, dq_elems,
- * dq_units. */
+ * shape and the planned CPUs (pl->cpus); sets pl->range_tiles, n_ranges, dq_elems. */
 static void plan_ranges(tg_attn_bwd_plan *pl, const tg_attn_problem *pr) {
   const int64_t heads = pr->B * pr->H_kv;
   const int64_t dq_bytes = pr->B * pr->H * pr->qL * pr->D * (int64_t)sizeof(float);
@@ -986,7 +971,6 @@ static void plan_ranges(tg_attn_bwd_plan *pl, const tg_attn_problem *pr) {
   pl->range_tiles = (pl->n_ktiles + ranges - 1) / ranges;
   pl->n_ranges = (pl->n_ktiles + pl->range_tiles - 1) / pl->range_tiles;
   pl->dq_elems = pr->B * pr->H * pr->qL * pr->D;
-  pl->dq_units = pr->B * pr->H * pl->n_qtiles;
 }
 
 /* KV schedule: query groups per (key range, kv head) when the key ranges
@@ -1111,18 +1095,12 @@ tg_attn_bwd_plan tg_attn_bwd_plan_make(const tg_attn_problem *pr, const tg_isa_o
   return pl;
 }
 
-/* The q units' counters of finish_dq, with several key ranges. */
-static int64_t dq_counters(const tg_attn_bwd_plan *plan) {
-  return plan->n_ranges > 1 ? plan->dq_units : 0;
-}
-
 size_t tg_attn_bwd_workspace_bytes(const tg_attn_bwd_plan *plan) {
   /* dQ partials and dK, dV parts together <= TG_ATTN_PARTIALS_BUDGET bytes
-   * by plan_ranges' and plan_qgroups' caps; then finish_dq's counters */
+   * by plan_ranges' and plan_qgroups' caps */
   return (size_t)((plan->n_ranges - 1) * plan->dq_elems +
                   (plan->n_qgroups - 1) * (plan->dk_elems + plan->dv_elems)) *
-             sizeof(float) +
-         (size_t)dq_counters(plan) * sizeof(atomic_int);
+         sizeof(float);
 }
 
 static bwd_args make_args(const tg_attn_problem *pr, const tg_isa_ops *ops,
@@ -1130,17 +1108,13 @@ static bwd_args make_args(const tg_attn_problem *pr, const tg_isa_ops *ops,
   return (bwd_args){.pr = *pr, .ops = ops, .plan = *plan};
 }
 
-/* The KV schedule's dQ partials, then dK parts, then dV parts, then
- * finish_dq's counters (zeroed), carved from workspace (NULL: none of them). */
+/* The KV schedule's dQ partials, then dK parts, then dV parts, carved
+ * from workspace (NULL: none of them). */
 static void kv_partials(bwd_args *a, void *workspace) {
   if (!workspace) return;
   a->dQ_partial = workspace;
   a->dK_partial = a->dQ_partial + (a->plan.n_ranges - 1) * a->plan.dq_elems;
   a->dV_partial = a->dK_partial + (a->plan.n_qgroups - 1) * a->plan.dk_elems;
-  float *const end = a->dV_partial + (a->plan.n_qgroups - 1) * a->plan.dv_elems;
-  a->dq_ranges_done = (atomic_int *)(void *)end;
-  for (int64_t i = 0; i < dq_counters(&a->plan); i++)
-    atomic_init(&a->dq_ranges_done[i], 0);
 }
 
 /* The KV schedule's first pass, and the scratch its items take. */
@@ -1151,13 +1125,16 @@ static size_t kv_scratch(const bwd_args *a) {
   return bwd_scratch_bytes(&a->pr, &a->plan, a->plan.chunk_tiles, a->pr.compensated);
 }
 
-/* The second pass (no scratch), after the first: the dK, dV parts' sums
- * with several query groups (the dQ partials' are finish_dq's, in the first).
- * Writes 0 or 1 grid into g; returns how many. */
-static int kv_sum_grids(const bwd_args *a, tg_grid g[1]) {
-  if (a->plan.n_qgroups == 1) return 0;
-  g[0] = (tg_grid){a->plan.n_ktiles, a->pr.H_kv, a->pr.B, bwd_group_sum_dkv, a};
-  return 1;
+/* The second passes (no scratch), after the first: the dQ partials' sums
+ * with several key ranges, the dK, dV parts' with several query groups.
+ * Writes up to 2 grids into g; returns how many. */
+static int kv_sum_grids(const bwd_args *a, tg_grid g[2]) {
+  int n = 0;
+  if (a->plan.n_ranges > 1)
+    g[n++] = (tg_grid){a->plan.n_qtiles, a->pr.H, a->pr.B, bwd_group_sum_dq, a};
+  if (a->plan.n_qgroups > 1)
+    g[n++] = (tg_grid){a->plan.n_ktiles, a->pr.H_kv, a->pr.B, bwd_group_sum_dkv, a};
+  return n;
 }
 
 /* The KV schedule on prepared args (inputs, outputs set); workspace as
@@ -1166,10 +1143,11 @@ static tg_status run_kv(tg_ctx *ctx, bwd_args *a, void *workspace) {
   kv_partials(a, workspace);
   const tg_grid first = kv_grid(a);
   tg_status st = tg_dispatch(ctx, first.nx, first.ny, first.nz, kv_scratch(a), bwd_group_kv, a);
-  /* The second pass needs no scratch: it cannot fail once the first wrote. */
-  tg_grid sums[1];
-  if (st == TG_OK && kv_sum_grids(a, sums))
-    st = tg_dispatch(ctx, sums[0].nx, sums[0].ny, sums[0].nz, 0, sums[0].fn, a);
+  /* The second passes need no scratch: they cannot fail once the first wrote. */
+  tg_grid sums[2];
+  const int n = kv_sum_grids(a, sums);
+  for (int i = 0; i < n && st == TG_OK; i++)
+    st = tg_dispatch(ctx, sums[i].nx, sums[i].ny, sums[i].nz, 0, sums[i].fn, a);
   return st;
 }
 
@@ -1385,7 +1363,7 @@ static tg_status varlen_bwd(tg_ctx *ctx, const char *fn, int step, tg_dtype dtyp
     if ((st = tg_attn_varlen_check_alias(ctx, fn, docs, &pr, &dl, outs, TG_LEN(outs)))) goto done;
   }
   args = tg_mem_alloc(sizeof(bwd_args) * (size_t)dl.n, 64);
-  grids = tg_mem_alloc(sizeof(tg_grid) * (size_t)dl.n, 64);
+  grids = tg_mem_alloc(sizeof(tg_grid) * 3 * (size_t)dl.n, 64);
   if (!args || !grids) {
     st = tg_fail(ctx, TG_ERR_NO_MEMORY, "%s: cannot allocate the plans of %lld documents", fn,
                  (long long)dl.n);
