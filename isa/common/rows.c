@@ -39,7 +39,7 @@ float TG_NAME(dot_bf16)(const uint16_t *restrict a, const uint16_t *restrict b,
   if (CVT_W)
     for (; i + LANES <= n; i += LANES) {
       float fa[LANES], fb[LANES];
-      for (int c = 0; c < LANES; c += (CVT_W ? CVT_W : LANES)) {
+      for (int c = 0; c < LANES; c += CVT_W) {
         bf16_widen_block(a + i + c, fa + c);
         bf16_widen_block(b + i + c, fb + c);
       }
