@@ -17,9 +17,8 @@ turns call by call (medians):
 bf16 inputs where the CPU has a bf16 unit, else float32 (--dtype).
 Reports ms per fwd+bwd and the ratios; --json writes the rows. Every call
 allocates its outputs, as training does, and where malloc has handed the
-freed tensors' pages back to the kernel it faults them in again (on the
-lent Xeon's glibc 2.39, about 1700 faults a fwd+bwd of L 4096): the header
-line shows GLIBC_TUNABLES, which sets how malloc keeps freed memory.
+freed tensors' pages back to the kernel it faults them in again: the
+header line shows GLIBC_TUNABLES, which sets how malloc keeps freed memory.
 
   TILEGRAD_LIB=build/libtilegrad.so python3 bench/varlen_bench.py --threads 2
 """
