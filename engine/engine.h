@@ -156,8 +156,8 @@ tg_status tg_dispatch(tg_ctx *ctx, int64_t nx, int64_t ny, int64_t nz,
  * the heaviest items of every grid start first and the light ones fill the
  * cores at the end. (Grid after grid, eight documents of 512 keys, each a
  * run from heavy to light items, left 16 threads waiting for 10-13% of the
- * backward on the lent Xeon.) TG_ERR_NO_MEMORY with nothing run, as
- * tg_dispatch. */
+ * backward on the 16-core Xeon: bench/results/xeon16-amx/packed/README.md.)
+ * TG_ERR_NO_MEMORY with nothing run, as tg_dispatch. */
 typedef struct {
   int64_t nx, ny, nz;
   tg_group_fn fn;

@@ -34,8 +34,9 @@ float TG_NAME(dot_bf16)(const uint16_t *restrict a, const uint16_t *restrict b,
   int64_t i = 0;
   /* Widened by the simd_<isa>.h blocks where there are any: gcc 13 leaves
    * the shift-and-memcpy loop below scalar (the backward's D pass, one dot
-   * per row of O and dO, was 5-6% of a packed row's backward on the lent
-   * Xeon). Lane l sums the elements i with i % LANES = l either way. */
+   * per row of O and dO, was 5-6% of a packed row's backward on the 16-core
+   * Xeon, bench/results/xeon16-amx/packed/README.md). Lane l sums the
+   * elements i with i % LANES = l either way. */
   if (CVT_W)
     for (; i + LANES <= n; i += LANES) {
       float fa[LANES], fb[LANES];
