@@ -9,6 +9,7 @@
  * cost (causal attention) just as tasks would.
  */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <omp.h>
@@ -107,21 +108,23 @@ static void run_item(const grid_list *l, int64_t g, void *scratch) {
   gr->fn(gr->args, x, yz % gr->ny, yz / gr->ny, scratch);
 }
 
-/* Insertion sort of the grid indices by item count, most first, stable
- * (a call's grids are its documents, already heaviest first). */
-static void sort_by_items(const tg_grid *grids, int64_t n, int64_t *order) {
-  for (int64_t i = 0; i < n; i++) {
-    const int64_t id = order[i] = i, items = grid_items(&grids[i]);
-    int64_t j = i;
-    for (; j > 0 && grid_items(&grids[order[j - 1]]) < items; j--) order[j] = order[j - 1];
-    order[j] = id;
-  }
+/* A grid's item count and its index in the call, as sorted (by_items). */
+typedef struct {
+  int64_t items, index;
+} grid_key;
+
+/* Most items first; ties in the order given (a call's documents, heaviest
+ * first). */
+static int by_items(const void *a, const void *b) {
+  const grid_key *x = a, *y = b;
+  if (x->items != y->items) return x->items > y->items ? -1 : 1;
+  return (x->index > y->index) - (x->index < y->index);
 }
 
 tg_status tg_dispatch_grids(tg_ctx *ctx, const tg_grid *grids, int64_t n,
                             size_t scratch_bytes) {
   if (n <= 0) return TG_OK;
-  if ((uint64_t)n > SIZE_MAX / (3 * sizeof(int64_t)))
+  if ((uint64_t)n > SIZE_MAX / (5 * sizeof(int64_t)))
     return tg_fail(ctx, TG_ERR_OVERFLOW, "engine: %lld grids overflow", (long long)n);
   int64_t total = 0;
   for (int64_t i = 0; i < n; i++) {
@@ -130,16 +133,19 @@ tg_status tg_dispatch_grids(tg_ctx *ctx, const tg_grid *grids, int64_t n,
         __builtin_add_overflow(total, items, &total))
       return tg_fail(ctx, TG_ERR_OVERFLOW, "engine: the grids' items overflow");
   }
-  int64_t *order = tg_mem_alloc(sizeof(int64_t) * 3 * (size_t)n, 64);
-  if (!order)
+  /* [n] grid keys (sorted), then order, start, rank0 [n] each */
+  grid_key *keys = tg_mem_alloc(sizeof(int64_t) * 5 * (size_t)n, 64);
+  if (!keys)
     return tg_fail(ctx, TG_ERR_NO_MEMORY, "engine: cannot allocate the list of %lld grids",
                    (long long)n);
-  int64_t *start = order + n, *rank0 = start + n;
-  sort_by_items(grids, n, order);
+  int64_t *order = (int64_t *)(void *)(keys + n), *start = order + n, *rank0 = start + n;
+  for (int64_t i = 0; i < n; i++) keys[i] = (grid_key){grid_items(&grids[i]), i};
+  qsort(keys, (size_t)n, sizeof *keys, by_items);
+  for (int64_t j = 0; j < n; j++) order[j] = keys[j].index;
   for (int64_t j = 0, at = 0; j < n; j++) {
-    const int64_t c = n - j, lo = j ? grid_items(&grids[order[c]]) : 0;
+    const int64_t c = n - j, lo = j ? keys[c].items : 0;
     start[j] = at, rank0[j] = lo;
-    at += c * (grid_items(&grids[order[c - 1]]) - lo); /* ranks [lo, s_{c-1}) */
+    at += c * (keys[c - 1].items - lo); /* ranks [lo, s_{c-1}) */
   }
   const int nthreads = total <= 1 ? 1 : tg_threads(ctx);
   const size_t stride = tg_align64(scratch_bytes);
@@ -149,7 +155,7 @@ tg_status tg_dispatch_grids(tg_ctx *ctx, const tg_grid *grids, int64_t n,
     st = tg_fail(ctx, TG_ERR_OVERFLOW, "engine: scratch size overflows");
   if (st == TG_OK) st = reserve_scratch(ctx, bytes);
   if (st != TG_OK || total == 0) {
-    tg_mem_free(order);
+    tg_mem_free(keys);
     return st;
   }
   const grid_list l = {grids, order, start, rank0, n};
@@ -164,6 +170,6 @@ tg_status tg_dispatch_grids(tg_ctx *ctx, const tg_grid *grids, int64_t n,
       for (int64_t g = 0; g < total; g++) run_item(&l, g, mine);
     }
   }
-  tg_mem_free(order);
+  tg_mem_free(keys);
   return TG_OK;
 }
