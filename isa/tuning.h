@@ -361,7 +361,10 @@ enum { ATTN_BQ_BF16 = ATTN_BQ, ATTN_BK_BF16 = ATTN_BK };
  * the forward (O += P.V), resp. the backward (dQ, dK, dV), each f32 operand
  * as three bf16 parts (hi + lo + lo2 = x exactly: f32_to_bf16_split), so
  * only the order and rounding of the f32 sums differ from the f32 GEMM
- * (docs/KERNELS.md, precision modes). 0: never (the f32 FMA GEMM). The amx
+ * (docs/KERNELS.md, precision modes); the forward's P takes split mode's
+ * two (kernels/attention.h, tg_attn_parts), and the forward's figures
+ * below were taken with three, which cost more. 0: never (the f32 FMA
+ * GEMM). The amx
  * table, on the lent Xeon (16 cores; the forward's and the backward step's
  * times with three parts over those with the f32 GEMM, medians of 4
  * rotating rounds, bench/results/xeon16-amx/README.md, "Exact mode on

@@ -218,9 +218,9 @@ static inline int tg_attn_bf16_dot(const tg_attn_problem *pr, const tg_isa_ops *
  *                units, products exact in f32 either way);
  *   BF16_DOT:    P and dS as bf16 rows on mm_bf16_pairs, the other operand
  *                packed in row pairs: one part (hi) in BF16 mode, two (hi,
- *                lo) in SPLIT, three (hi, lo, lo2: all of x) in EXACT where
- *                the table's exact_parts_min_d says it is faster (by D, per
- *                pass). */
+ *                lo) in SPLIT, in EXACT where the table's exact_parts_min_d
+ *                says it is faster (by D, per pass) three (hi, lo, lo2: all
+ *                of x), or two for the forward's P (tg_attn_parts). */
 typedef enum { TG_PRODUCTS_F32, TG_PRODUCTS_F32_ROUNDED, TG_PRODUCTS_BF16_DOT } tg_attn_products;
 typedef enum { TG_ATTN_PASS_FWD, TG_ATTN_PASS_BWD } tg_attn_pass;
 
@@ -236,15 +236,21 @@ static inline tg_attn_products tg_attn_products_of(const tg_attn_problem *pr,
   return pr->precision == TG_ATTN_PRECISION_BF16 ? TG_PRODUCTS_F32_ROUNDED : TG_PRODUCTS_F32;
 }
 
-/* TG_PRODUCTS_BF16_DOT: how many bf16 parts each P or dS operand takes. */
-static inline int tg_attn_parts(const tg_attn_problem *pr) {
-  return pr->precision == TG_ATTN_PRECISION_BF16    ? 1
-         : pr->precision == TG_ATTN_PRECISION_SPLIT ? 2
-                                                    : 3;
+/* TG_PRODUCTS_BF16_DOT: how many bf16 parts each P or dS operand of the
+ * pass takes: one in bf16 mode, two in split mode; in exact mode three
+ * (hi + lo + lo2 hold x exactly) in the backward, and split mode's two for
+ * the forward's P: O is stored in bf16, whose rounding (2^-9) lies 2^7
+ * above their 2^-16 per term, and a third part's pass would be a quarter
+ * of the forward's tile products (docs/KERNELS.md, "Precision modes"). */
+static inline int tg_attn_parts(const tg_attn_problem *pr, tg_attn_pass pass) {
+  if (pr->precision == TG_ATTN_PRECISION_BF16) return 1;
+  if (pr->precision == TG_ATTN_PRECISION_SPLIT || pass == TG_ATTN_PASS_FWD) return 2;
+  return 3;
 }
 /* The bf16 part buffers per P or dS operand a work item's scratch holds. */
-static inline int tg_attn_part_buffers(const tg_attn_problem *pr, tg_attn_products products) {
-  return products == TG_PRODUCTS_BF16_DOT ? tg_attn_parts(pr) : 0;
+static inline int tg_attn_part_buffers(const tg_attn_problem *pr, tg_attn_products products,
+                                       tg_attn_pass pass) {
+  return products == TG_PRODUCTS_BF16_DOT ? tg_attn_parts(pr, pass) : 0;
 }
 
 /* The tiles of the forward and backward: the table's attn_bq x attn_bk, or
@@ -298,11 +304,11 @@ static inline void tg_attn_parts_at(uint16_t *const buffers[3], int64_t col, uin
  * tg_attn_parts bf16 parts (hi, lo, lo2: tg_attn_mm_terms' order), rows
  * of Kp (even) columns, stride ldx; Bp [Kp/2, N] pairs
  * (pack_bf16_row_pairs), stride ldb. */
-static inline void tg_attn_mm_parts(const tg_attn_problem *pr, const tg_isa_ops *ops, int64_t M,
-                                    int64_t N, int64_t Kp, uint16_t *const parts[3],
-                                    int64_t ldx, const uint32_t *Bp, int64_t ldb, float *C,
-                                    int64_t ldc, int accumulate) {
-  const int n = tg_attn_parts(pr);
+static inline void tg_attn_mm_parts(const tg_attn_problem *pr, tg_attn_pass pass,
+                                    const tg_isa_ops *ops, int64_t M, int64_t N, int64_t Kp,
+                                    uint16_t *const parts[3], int64_t ldx, const uint32_t *Bp,
+                                    int64_t ldb, float *C, int64_t ldc, int accumulate) {
+  const int n = tg_attn_parts(pr, pass);
   tg_bf16_term terms[3];
   for (int i = 0; i < n; i++) terms[i] = (tg_bf16_term){parts[i], Bp, (int)Kp};
   tg_attn_mm_terms(ops, n, terms, M, N, ldx, ldb, C, ldc, accumulate);

@@ -179,7 +179,7 @@ static size_t ktile_bytes(int64_t D, int64_t Dv, int64_t BK, int compensated) {
 static size_t carve(void *base, const tg_attn_problem *pr, const tg_attn_bwd_plan *plan,
                     int64_t chunk, int compensated, bwd_scratch *w) {
   const int64_t D = pr->D, Dv = pr->Dv, BQ = plan->BQ, BK = plan->BK;
-  const int n_parts = tg_attn_part_buffers(pr, plan->products);
+  const int n_parts = tg_attn_part_buffers(pr, plan->products, TG_ATTN_PASS_BWD);
   /* dS columns: the chunk's key tiles and 64 bytes, so that its rows are
    * not a power of two apart (which would put a product's A rows in a few
    * L1 sets) */
@@ -442,12 +442,12 @@ static void bwd_dq(const bwd_args *a, int64_t q0, int64_t nq, int64_t kn, int64_
     }
     return;
   }
-  const int n_parts = tg_attn_parts(pr);
+  const int n_parts = tg_attn_parts(pr, TG_ATTN_PASS_BWD);
   if (n_parts == 1) { /* one run along k; an odd kn: a 0 pads dS and K */
     uint16_t *dSp[3];
     slot_ds_parts(a, w, slot, col, dSp);
-    tg_attn_mm_parts(pr, a->ops, nq, pr->D, kn + kn % 2, dSp, w->ld_ds, (const uint32_t *)t->K,
-                     pr->D, dQ, ldq, !first);
+    tg_attn_mm_parts(pr, TG_ATTN_PASS_BWD, a->ops, nq, pr->D, kn + kn % 2, dSp, w->ld_ds,
+                     (const uint32_t *)t->K, pr->D, dQ, ldq, !first);
     return;
   }
   tg_bf16_term terms[3 * TG_ATTN_MAX_CHUNK_TILES];
@@ -472,7 +472,7 @@ static void dkv_product_t(const bwd_args *a, int64_t M, int64_t nk, int64_t s0, 
   uint16_t *Y[3];
   tg_attn_parts_at(pairs, s0 * BQ * BK, Y);
   tg_bf16_term terms[3];
-  const int n = tg_attn_parts(&a->pr);
+  const int n = tg_attn_parts(&a->pr, TG_ATTN_PASS_BWD);
   for (int i = 0; i < n; i++)
     terms[i] = (tg_bf16_term){(const uint16_t *)(const void *)XT + s0 * BQ,
                               (const uint32_t *)(const void *)Y[i], (int)rows};
@@ -503,10 +503,10 @@ static void bwd_dkv_bf16(const bwd_args *a, int64_t nk, int64_t s0, int64_t s1,
   uint16_t *dSt[3], *Pt[3];
   tg_attn_parts_at(w->dS_dkv, col, dSt);
   tg_attn_parts_at(w->P_dkv, col, Pt);
-  tg_attn_mm_parts(pr, a->ops, nk, pr->D, rows, dSt, ldt,
+  tg_attn_mm_parts(pr, TG_ATTN_PASS_BWD, a->ops, nk, pr->D, rows, dSt, ldt,
                    (const uint32_t *)w->Q + col / 2 * pr->D, pr->D, t->dK, pr->D,
                    !first); /* dS^T.Q */
-  tg_attn_mm_parts(pr, a->ops, nk, pr->Dv, rows, Pt, ldt,
+  tg_attn_mm_parts(pr, TG_ATTN_PASS_BWD, a->ops, nk, pr->Dv, rows, Pt, ldt,
                    (const uint32_t *)w->dO + col / 2 * pr->Dv, pr->Dv, t->dV, pr->Dv,
                    !first); /* P^T.dO */
 }
@@ -1063,7 +1063,7 @@ static void plan_dkv_units(tg_attn_bwd_plan *pl, const tg_attn_problem *pr) {
     return;
   }
   if (pr->D < TG_ATTN_DKV_MIN_D) return;
-  const int64_t unit_k = pl->BQ * tg_attn_parts(pr);
+  const int64_t unit_k = pl->BQ * tg_attn_parts(pr, TG_ATTN_PASS_BWD);
   const int64_t units = (TG_ATTN_DKV_K + unit_k - 1) / unit_k;
   pl->dkv_units = units < TG_ATTN_MAX_DKV_UNITS ? units : TG_ATTN_MAX_DKV_UNITS;
 }

@@ -36,8 +36,8 @@
  *
  * Precision modes (tg_attn_products): bf16 and split mode, and exact mode
  * where the table's exact_parts_min_d says so, run acc += P.V on the bf16
- * parts of P (1, 2 or 3: tg_attn_parts) against V's rows in pairs; l sums
- * the f32 P. bf16 mode's one part comes from the exp rows themselves
+ * parts of P (1 or 2: tg_attn_parts; exact mode takes split mode's two)
+ * against V's rows in pairs; l sums the f32 P. bf16 mode's one part comes from the exp rows themselves
  * (attn_exp_sum_bf16_row) where no dropout has to zero entries of P first.
  *
  * tg_attn_forward is the loop itself, on a validated problem with bf16 or
@@ -236,12 +236,12 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h_kv, int64_t b, voi
   const tg_isa_ops *ops = a->ops;
   const int64_t BQ = a->BQ, BK = a->BK;
   fwd_scratch w = fwd_carve(scratch, pr->D, pr->Dv, BQ, BK, a->FQ,
-                            tg_attn_part_buffers(pr, a->products));
+                            tg_attn_part_buffers(pr, a->products, TG_ATTN_PASS_FWD));
   tg_attn_dot_begin(ops, a->bf16_dot);
   const int64_t D = pr->D, Dv = pr->Dv, n_units = pr->gqa * a->n_qtiles;
   /* bf16 mode without dropout: the exp rows write P's one part themselves */
-  uint16_t *P16 = a->products == TG_PRODUCTS_BF16_DOT && tg_attn_parts(pr) == 1 &&
-                          !pr->drop.threshold
+  uint16_t *P16 = a->products == TG_PRODUCTS_BF16_DOT &&
+                          tg_attn_parts(pr, TG_ATTN_PASS_FWD) == 1 && !pr->drop.threshold
                       ? w.P_parts[0]
                       : NULL;
   /* the item's q units (the last items, the heaviest under causality, first) */
@@ -321,8 +321,9 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h_kv, int64_t b, voi
           uint16_t *parts[3];
           tg_attn_parts_at(w.P_parts, r0 * BK, parts);
           if (keys)
-            tg_attn_mm_parts(pr, ops, blk[r].rows, Dv, keys + keys % 2, parts, BK,
-                             (const uint32_t *)w.V, Dv, t->acc + r0 * Dv, Dv, 1); /* acc += P.V */
+            tg_attn_mm_parts(pr, TG_ATTN_PASS_FWD, ops, blk[r].rows, Dv, keys + keys % 2, parts,
+                             BK, (const uint32_t *)w.V, Dv, t->acc + r0 * Dv, Dv,
+                             1); /* acc += P.V */
         }
         continue;
       }
@@ -425,7 +426,7 @@ static tg_grid varlen_fwd_grid(const fwd_args *a) {
 
 static size_t fwd_args_scratch(const fwd_args *a) {
   return fwd_scratch_bytes(a->pr.D, a->pr.Dv, a->BQ, a->BK, a->FQ,
-                           tg_attn_part_buffers(&a->pr, a->products));
+                           tg_attn_part_buffers(&a->pr, a->products, TG_ATTN_PASS_FWD));
 }
 
 tg_status tg_attn_forward(tg_ctx *ctx, const tg_attn_problem *pr, const void *Q,

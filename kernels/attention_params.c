@@ -230,6 +230,6 @@ int tg_testing_attn_bf16_parts(tg_isa isa, tg_attn_precision precision, int D, i
   const tg_isa_ops *ops = tg_isa_table(isa);
   if (!ops) return -1;
   const tg_attn_problem pr = {.in = TG_DTYPE_BF16, .precision = precision, .D = D};
-  return tg_attn_part_buffers(
-      &pr, tg_attn_products_of(&pr, ops, backward ? TG_ATTN_PASS_BWD : TG_ATTN_PASS_FWD));
+  const tg_attn_pass pass = backward ? TG_ATTN_PASS_BWD : TG_ATTN_PASS_FWD;
+  return tg_attn_part_buffers(&pr, tg_attn_products_of(&pr, ops, pass), pass);
 }

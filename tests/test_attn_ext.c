@@ -45,9 +45,11 @@
  *
  * With bf16 inputs, where a table runs the products that take P or dS
  * (O += P.V; dQ, dK, dV) on its bf16 unit as p bf16 parts of each f32
- * operand (tg_testing_attn_bf16_parts: p = 3 in exact mode on amx from some
- * head dim on, hi + lo + lo2 = P exactly; 2 in split mode; 1 in bf16 mode),
- * every such sum adds p passes of its terms: kL, n become p kL, p n in the
+ * operand (tg_testing_attn_bf16_parts: p = 3 in exact mode's backward on
+ * amx from some head dim on, hi + lo + lo2 = P exactly, and 2 in its
+ * forward, split mode's hi + lo, whose u_P = 2^-16 the forward's bound then
+ * takes; 2 in split mode; 1 in bf16 mode), every such sum adds p passes of
+ * its terms: kL, n become p kL, p n in the
  * gammas above (a bound on the f32 GEMM too, so the reference takes the
  * largest p of the tables under test), and the unit flushes subnormal parts
  * and results to zero: 2^-126 absolute per operand and per product (the

@@ -140,8 +140,8 @@ static attn_key score(const attn_problem *pb, int64_t b, int64_t h, int64_t i, i
  *   eps = 2E + 2u(T + 2) + 2uR + gamma(passes kL + n_sink) + u_P
  * (E = max score bound, R = max |s - mx| over the keys and the sink; every
  * rescale exp(m_old - m_new) adds u|dm| + 2u and the dm add up to <= R; u_P
- * the precision mode's; n_sink = 1 with a sink, its e^{s_h} one more term;
- * passes = the bf16 parts P.V runs in, each pass over the keys adding kL
+ * the precision mode's forward one, u_P_fwd; n_sink = 1 with a sink, its
+ * e^{s_h} one more term; passes = the bf16 parts P.V runs in, each pass over the keys adding kL
  * terms to the f32 sums, 1 on the f32 GEMM).
  *   O: e_O = 2((eps + e_r)(sum_k w z|V| + |O|) + u|O|), e_r = 3u with
  *      dropout (1/(1-p) rounded in f32: 2u; O * it: u). Stored in bf16,
@@ -169,7 +169,8 @@ static attn_key score(const attn_problem *pb, int64_t b, int64_t h, int64_t i, i
 /* Whether the pass's products may flush subnormal operands and results (a
  * precision mode, or parts on a bf16 unit). */
 static int attn_flushes(const attn_problem *pb, int backward) {
-  return pb->u_P > 0 || (backward ? pb->parts_bwd : pb->parts_fwd) > 0;
+  return (backward ? pb->u_P_bwd : pb->u_P_fwd) > 0 ||
+         (backward ? pb->parts_bwd : pb->parts_fwd) > 0;
 }
 /* How many times its K terms a sum of the pass's products adds (parts). */
 static double attn_passes(const attn_problem *pb, int backward) {
@@ -213,7 +214,7 @@ static void forward_row(attn_problem *pb, const attn_row *r, double mx) {
     }
   const double T = (double)((kL + 15) / 16 + has_sink);
   const double eps = 2 * E + (T + 2) * 2 * U + 2 * U * R +
-                     gam(attn_passes(pb, 0) * (double)kL + has_sink) + pb->u_P;
+                     gam(attn_passes(pb, 0) * (double)kL + has_sink) + pb->u_P_fwd;
   const double e_r = pb->keep ? 3 * U : 0;
   double underflow = 0; /* sum_k z_k max_d |V_k| */
   int64_t terms = 0;
@@ -249,8 +250,8 @@ static void forward_row(attn_problem *pb, const attn_row *r, double mx) {
  * error terms sum e_dS|K| + gamma(kL) sum|dS K| (dQ), sum e_dS|Q| and sum
  * e_Pz|dO| (dK, dV); the gamma terms of dK and dV need the whole column, so
  * their sums of |terms| go to sK, sV. With dropout e_Pz = z e_P + 3u P z
- * (else e_P). In a precision mode P z and dS enter the products with u_P of
- * relative error more, and the bf16 dot units flush parts below 2^-126 to
+ * (else e_P). In a precision mode P z and dS enter the products with
+ * u_P_bwd of relative error more, and the bf16 dot units flush parts below 2^-126 to
  * zero: an absolute error of up to 2^-126 per P or dS operand, which a
  * relative bound does not cover; every product that lands in the subnormal
  * range carries eta more (attn_eta, at the forward). A subnormal P (a sink
@@ -270,8 +271,8 @@ static void accumulate_row(attn_problem *pb, const attn_row *r, double *sK, doub
     const double dS = r->dS[k], Pz = r->P[k] * r->z[k];
     double dSe = r->dSe[k], Pze = r->z[k] * r->Pe[k] + (pb->keep ? 3 * U * Pz : 0);
     if (flush) {
-      Pze = Pze + pb->u_P * Pz + tiny;
-      dSe = dSe + pb->u_P * fabs(dS) + tiny; /* dS as a product operand */
+      Pze = Pze + pb->u_P_bwd * Pz + tiny;
+      dSe = dSe + pb->u_P_bwd * fabs(dS) + tiny; /* dS as a product operand */
     }
     for (int64_t d = 0; d < D; d++) {
       const double kd = Kk[d], qd = Qi[d];
@@ -421,10 +422,10 @@ void attn_build_v(attn_problem *pb, const attn_cfg *c, const attn_variants *v,
   pb->c = *c;
   pb->v = *v;
   pb->bf16 = s->bf16;
-  pb->u_P = !s->bf16                                       ? 0.0
-            : s->precision == TG_ATTN_PRECISION_SPLIT ? 0x1.0p-16
-            : s->precision == TG_ATTN_PRECISION_BF16  ? BF16_U
-                                                      : 0.0;
+  pb->u_P_bwd = !s->bf16                                     ? 0.0
+                : s->precision == TG_ATTN_PRECISION_SPLIT ? 0x1.0p-16
+                : s->precision == TG_ATTN_PRECISION_BF16  ? BF16_U
+                                                          : 0.0;
   if (s->bf16) {
     tg_isa isas[TU_MAX_ISAS];
     const int nisa = tu_isas(isas);
@@ -435,6 +436,9 @@ void attn_build_v(attn_problem *pb, const attn_cfg *c, const attn_variants *v,
       pb->parts_bwd = b > pb->parts_bwd ? b : pb->parts_bwd;
     }
   }
+  /* exact mode's forward on two parts (split mode's hi + lo) */
+  pb->u_P_fwd = s->precision == TG_ATTN_PRECISION_EXACT && pb->parts_fwd == 2 ? 0x1.0p-16
+                                                                             : pb->u_P_bwd;
   tg_attn_params *p = &pb->p;
   assert_int_equal(tg_attn_params_init(p, c->B, c->H, c->H_kv, c->qL, c->kL, c->D,
                                        (float)(1.0 / sqrt(c->D))),

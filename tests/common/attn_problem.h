@@ -240,9 +240,11 @@ struct attn_problem {
   uint8_t *keep;                 /* [B,H,qL,kL] with dropout; else NULL */
   int bf16;                      /* attn_suite.bf16 */
   /* the precision mode's relative error per term of the products that take
-   * P or dS: 0 exact, 2^-16 split (hi + lo misses x by at most bf16's unit
-   * roundoff of x - hi, itself at most 2^-8 |x|), 2^-8 bf16 (one rounding) */
-  double u_P;
+   * P or dS, in the forward and the backward: 0 exact, 2^-16 split (hi + lo
+   * misses x by at most bf16's unit roundoff of x - hi, itself at most 2^-8
+   * |x|), 2^-8 bf16 (one rounding); exact mode's forward split's where a
+   * table under test runs it on two parts (parts_fwd) */
+  double u_P_fwd, u_P_bwd;
   /* With bf16 inputs, the most bf16 parts per P or dS operand any table
    * under test splits those products into, in the forward and the backward
    * (tg_testing_attn_bf16_parts; 0: all run them on the f32 GEMM). parts
