@@ -219,7 +219,7 @@ typedef struct {
   double ms_med, ms_min;                    /* whole step */
   double gflops, pct_fma, pct_ceil;
   int finite; /* dQ, dK, dV all finite after the last rep */
-  double gflop_fwd, ms_fwd_med, ms_fwd_min, gflops_fwd, pct_fma_fwd; /* forward */
+  double gflop_fwd, ms_fwd_med, ms_fwd_min, gflops_fwd, pct_fma_fwd, pct_ceil_fwd; /* fwd */
 } attn_result;
 
 /* The (i, k) pairs of one head whose score is visible: with a window W,
@@ -937,9 +937,10 @@ static double lw_share(double ms_window, const tg_bench_shape *w, double ms_caus
   return ms_window / (ms_causal * visible_pairs(w) / visible_pairs(c));
 }
 
-/* The step's ceilings: `base`, and from head dim parts_min_d on (0: none)
- * `parts`, where exact mode runs its P and dS products as three bf16 parts
- * on the table's bf16 unit. */
+/* The step's (or the forward's) ceilings: `base`, and from head dim
+ * parts_min_d on (0: none) `parts`, where exact mode runs its P and dS
+ * products as bf16 parts on the table's bf16 unit (three in the step, two
+ * for the forward's P). */
 typedef struct {
   double base, parts;
   int parts_min_d;
@@ -953,7 +954,8 @@ static double ceiling_at(const step_ceilings *c, int64_t D) {
  * (cli/outfile.h): a failed or interrupted write leaves path as it was. */
 static int write_json(const char *path, const tg_bench_opts *o, const char *cpu,
                       const char *isa, int threads, int plan_cpus, const tg_peaks *pk,
-                      const step_ceilings *ceil, const attn_result *ar, int na,
+                      const step_ceilings *ceil, const step_ceilings *fwd_ceil,
+                      const attn_result *ar, int na,
                       const mem_result *mr, int nm) {
   tg_outset out;
   char err[NPY_ERR_LEN];
@@ -1008,6 +1010,11 @@ static int write_json(const char *path, const tg_bench_opts *o, const char *cpu,
   fprintf(f, ",\n    \"attn_parts_min_d\": %d,\n    \"attn_ceiling_parts_gflops\": ",
           ceil->parts_min_d);
   json_num(f, ceil->parts_min_d > 0 ? ceil->parts : 0.0);
+  fprintf(f, ",\n    \"attn_fwd_ceiling_gflops\": ");
+  json_num(f, fwd_ceil->base);
+  fprintf(f, ",\n    \"attn_fwd_parts_min_d\": %d,\n    \"attn_fwd_ceiling_parts_gflops\": ",
+          fwd_ceil->parts_min_d);
+  json_num(f, fwd_ceil->parts_min_d > 0 ? fwd_ceil->parts : 0.0);
   fprintf(f, ",\n    \"attn_ceiling_def\": \"%s\"\n  },\n",
           o->precision == TG_ATTN_PRECISION_BF16    ? "unit (all products at the table's bf16 unit)"
           : o->precision == TG_ATTN_PRECISION_SPLIT ? "unit / 1.6 (split: 0.4 + 2 x 0.6 of F)"
@@ -1058,6 +1065,8 @@ static int write_json(const char *path, const tg_bench_opts *o, const char *cpu,
     json_num(f, r->gflops_fwd);
     fprintf(f, ", \"pct_fma_peak\": ");
     json_num(f, r->pct_fma_fwd);
+    fprintf(f, ", \"pct_ceiling\": ");
+    json_num(f, r->pct_ceil_fwd);
     fprintf(f, "}}");
   }
   fprintf(f, "%s],\n", na ? "\n    " : "");
@@ -1248,10 +1257,16 @@ int tg_bench_main(const tg_bench_opts *o) {
   unit.bf16_gflops = amx_table ? pk.amx_gflops : bf16_dot_table ? pk.bf16_gflops : 0.0;
   step_ceilings ceil = {tg_peaks_attn_ceiling(&unit, o->precision, 0),
                         tg_peaks_attn_ceiling(&unit, o->precision, 1), 0};
+  step_ceilings fwd_ceil = {tg_peaks_attn_fwd_ceiling(&unit, o->precision, 0),
+                            tg_peaks_attn_fwd_ceiling(&unit, o->precision, 1), 0};
   if (o->precision == TG_ATTN_PRECISION_EXACT && unit.bf16_gflops > 0)
-    for (int D = 8; D <= 512 && !ceil.parts_min_d; D += 8) /* the library's own rule */
-      if (tg_testing_attn_bf16_parts(tg_ctx_get_isa(ctx), o->precision, D, 1) == 3)
+    for (int D = 8; D <= 512; D += 8) { /* the library's own rule */
+      const tg_isa table = tg_ctx_get_isa(ctx);
+      if (!ceil.parts_min_d && tg_testing_attn_bf16_parts(table, o->precision, D, 1) > 0)
         ceil.parts_min_d = D;
+      if (!fwd_ceil.parts_min_d && tg_testing_attn_bf16_parts(table, o->precision, D, 0) > 0)
+        fwd_ceil.parts_min_d = D;
+    }
 
   printf("tilegrad bench %d.%d.%d\n", TG_VERSION_MAJOR, TG_VERSION_MINOR, TG_VERSION_PATCH);
   printf("cpu:      %s    (work plans sized for %d CPUs: tg_ctx_plan_cpus)\n", cpu,
@@ -1288,6 +1303,14 @@ int tg_bench_main(const tg_bench_opts *o) {
   if (ceil.parts_min_d)
     printf("  from D %-3d ceil  %8.1f GFLOP/s  (exact mode's three bf16 parts: 0.4 F + 3 x 0.6 F "
            "at the bf16 unit)\n", ceil.parts_min_d, ceil.parts);
+  static const char *const fwd_how[] = {"0.5 F at the bf16 unit + 0.5 F at FMA",
+                                         "0.5 F + 2 x 0.5 F at the bf16 unit",
+                                         "all F at the bf16 unit"};
+  printf("  forward ceil     %8.1f GFLOP/s  (Q.K^T and P.V: %s)\n", fwd_ceil.base,
+         unit.bf16_gflops > 0 ? fwd_how[o->precision] : "all F at FMA");
+  if (fwd_ceil.parts_min_d)
+    printf("  from D %-3d ceil  %8.1f GFLOP/s  (the forward, exact mode's P.V on two bf16 parts: "
+           "%s)\n", fwd_ceil.parts_min_d, fwd_ceil.parts, fwd_how[TG_ATTN_PRECISION_SPLIT]);
   fflush(stdout);
 
   /* --- attention backward -------------------------------------------------- */
@@ -1319,6 +1342,8 @@ int tg_bench_main(const tg_bench_opts *o) {
       } else {
         r->pct_fma = pk.fma_gflops > 0 ? 100.0 * r->gflops / pk.fma_gflops : 0.0;
         r->pct_fma_fwd = pk.fma_gflops > 0 ? 100.0 * r->gflops_fwd / pk.fma_gflops : 0.0;
+        const double cf = ceiling_at(&fwd_ceil, r->s.D);
+        r->pct_ceil_fwd = cf > 0 ? 100.0 * r->gflops_fwd / cf : 0.0;
         const double c = ceiling_at(&ceil, r->s.D);
         r->pct_ceil = c > 0 ? 100.0 * r->gflops / c : 0.0;
         printf("%-3d %-30s %9.2f %10.2f %10.2f %9.1f %7.1f %7.1f%s\n", i + 1, sh, r->gflop,
@@ -1330,15 +1355,15 @@ int tg_bench_main(const tg_bench_opts *o) {
     printf("\nFlashAttention-2 training forward (O bf16 and L), same shapes and inputs, "
            "timed alone;\nFLOP = 4*B*H*L^2*D (x0.5 causal), with a window W: "
            "4*B*H*D*(visible pairs)\n");
-    printf("%-3s %-30s %9s %10s %10s %9s %7s\n", "#", "B,H,Hkv,L,D,mask", "GFLOP", "ms(med)",
-           "ms(min)", "GFLOP/s", "%FMA");
+    printf("%-3s %-30s %9s %10s %10s %9s %7s %7s\n", "#", "B,H,Hkv,L,D,mask", "GFLOP", "ms(med)",
+           "ms(min)", "GFLOP/s", "%FMA", "%ceil");
     for (int i = 0; i < na; i++) {
       const attn_result *r = &ar[i];
       char sh[64];
       fmt_shape(sh, sizeof sh, &r->s);
       if (r->ok)
-        printf("%-3d %-30s %9.2f %10.2f %10.2f %9.1f %7.1f\n", i + 1, sh, r->gflop_fwd,
-               r->ms_fwd_med, r->ms_fwd_min, r->gflops_fwd, r->pct_fma_fwd);
+        printf("%-3d %-30s %9.2f %10.2f %10.2f %9.1f %7.1f %7.1f\n", i + 1, sh, r->gflop_fwd,
+               r->ms_fwd_med, r->ms_fwd_min, r->gflops_fwd, r->pct_fma_fwd, r->pct_ceil_fwd);
       else
         printf("%-3d %-30s %9.2f  FAILED (see above)\n", i + 1, sh, r->gflop_fwd);
     }
@@ -1383,8 +1408,8 @@ int tg_bench_main(const tg_bench_opts *o) {
   }
 
   if (o->json) {
-    if (write_json(o->json, o, cpu, isa, threads, tg_ctx_plan_cpus(ctx), &pk, &ceil, ar, na, mr,
-                   nm) != 0) {
+    if (write_json(o->json, o, cpu, isa, threads, tg_ctx_plan_cpus(ctx), &pk, &ceil, &fwd_ceil,
+                   ar, na, mr, nm) != 0) {
       fprintf(stderr, "tilegrad bench: cannot write %s\n", o->json);
       rc = 1;
     } else {

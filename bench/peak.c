@@ -436,3 +436,15 @@ double tg_peaks_attn_ceiling(const tg_peaks *p, tg_attn_precision mode, int exac
   if (exact_parts) return p->bf16_gflops / 2.2;
   return 1.0 / (0.4 / p->bf16_gflops + 0.6 / p->fma_gflops);
 }
+
+double tg_peaks_attn_fwd_ceiling(const tg_peaks *p, tg_attn_precision mode, int exact_parts) {
+  if (p->fma_gflops <= 0) return 0.0;
+  if (p->bf16_gflops <= 0) return p->fma_gflops;
+  /* of the forward's two products (as many FLOPs each), Q.K^T always runs
+   * on the bf16 unit; O += P.V there too in bf16 mode, twice (hi and lo)
+   * in split mode and in exact mode where the table runs it on parts
+   * (split's two), else on the FMA units */
+  if (mode == TG_ATTN_PRECISION_BF16) return p->bf16_gflops;
+  if (mode == TG_ATTN_PRECISION_SPLIT || exact_parts) return p->bf16_gflops / 1.5;
+  return 1.0 / (0.5 / p->bf16_gflops + 0.5 / p->fma_gflops);
+}

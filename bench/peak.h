@@ -72,4 +72,11 @@ int tg_peaks_measure(tg_peaks *out, int threads, size_t triad_array_bytes);
  * is no bf16 unit. */
 double tg_peaks_attn_ceiling(const tg_peaks *p, tg_attn_precision mode, int exact_parts);
 
+/* The forward's (tg_attn_train_fwd: Q.K^T and P.V, 4*B*H*qL*kL*D FLOPs)
+ * ceiling likewise: exact, half at the bf16 unit and half at the FMA peak,
+ * or, with exact_parts (the table runs P.V on bf16 parts at that D: split
+ * mode's two), all at the bf16 unit with P.V twice (bf16 / 1.5), as split;
+ * bf16, all once. */
+double tg_peaks_attn_fwd_ceiling(const tg_peaks *p, tg_attn_precision mode, int exact_parts);
+
 #endif /* TG_BENCH_PEAK_H */

@@ -31,10 +31,12 @@ median of --reps timed runs after one warm-up.
             model's backward pays: the same call, plus PyTorch's dispatch and
             the returned gradients' allocation, as on torch's side).
 
-Throughput is 10*B*H*L^2*D FLOP (x0.5 causal) over the median time, also
-given as a fraction of the ceilings `tilegrad bench --section peaks` measures
-on this machine at the same thread count: the f32 FMA peak, and the issue's
-ceiling of the table and precision mode (--precision; `tilegrad bench --precision`).
+Throughput is 10*B*H*L^2*D FLOP (x0.5 causal) over the median time (the
+forward with --forward: 4*B*H*L^2*D), also given as a fraction of the
+ceilings `tilegrad bench --section peaks` measures on this machine at the
+same thread count: the f32 FMA peak, and the ceiling of the table and
+precision mode (--precision; `tilegrad bench --precision`) for the step,
+or with --forward for the forward.
 
 Sliding windows (--windowed, or a 7th field W in --shapes): the timed step
 is the forward *and* the backward, on both sides, since SDPA takes a window
@@ -172,12 +174,12 @@ def parse_dtypes(text):
     return names
 
 
-def measure_peaks(threads, isa, precision):
+def measure_peaks(threads, isa, precision, forward=False):
     """The CLI's ceilings at `threads` (GFLOP/s): the f32 FMA peak and the
-    FA-2 step's ceiling for tilegrad's table `isa` in `precision` mode (the
-    table's bf16 unit, if any, for the products the mode puts there), as a
-    function of the head dim D (exact mode's three bf16 parts from some D
-    on, where the table has them)."""
+    FA-2 step's ceiling (with `forward`, the forward's) for tilegrad's table
+    `isa` in `precision` mode (the table's bf16 unit, if any, for the
+    products the mode puts there), as a function of the head dim D (exact
+    mode's bf16 parts from some D on, where the table has them)."""
     exe = os.environ.get("TILEGRAD_CLI") or os.path.join(REPO, "build", "tilegrad")
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         subprocess.run([exe, "bench", "--section", "peaks", "--threads", str(threads),
@@ -185,8 +187,9 @@ def measure_peaks(threads, isa, precision):
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         with open(f.name) as jf:
             peaks = json.load(jf)["peaks"]
-    base, min_d = peaks["attn_ceiling_gflops"], peaks.get("attn_parts_min_d", 0)
-    parts = peaks.get("attn_ceiling_parts_gflops", 0)
+    key = "attn_fwd" if forward else "attn"
+    base, min_d = peaks[f"{key}_ceiling_gflops"], peaks.get(f"{key}_parts_min_d", 0)
+    parts = peaks.get(f"{key}_ceiling_parts_gflops", 0)
     return peaks["fma_f32_gflops"], lambda D: parts if min_d and D >= min_d else base
 
 
@@ -646,9 +649,10 @@ def main():
     for threads in thread_counts:
         torch.set_num_threads(threads)
         ctx.threads = threads
-        fma, ceil_at = measure_peaks(threads, ctx.isa, args.precision)
+        fma, ceil_at = measure_peaks(threads, ctx.isa, args.precision, args.forward)
         ceils = sorted({ceil_at(s[4]) for s in shapes})
-        print(f"\n{threads} thread(s): f32 FMA peak {fma:.1f} GFLOP/s, {args.precision}-mode ceiling "
+        print(f"\n{threads} thread(s): f32 FMA peak {fma:.1f} GFLOP/s, {args.precision}-mode "
+              f"{'forward ' if args.forward else ''}ceiling "
               f"{' / '.join(f'{c:.1f}' for c in ceils)} GFLOP/s (by D); "
               f"times in ms, speedup = faster torch / tilegrad "
               f"(medians; best: fastest runs), "
