@@ -391,7 +391,11 @@ enum { ATTN_BQ_BF16 = ATTN_BQ, ATTN_BK_BF16 = ATTN_BK };
  * ab-exact-parts-from-8-vs-from-96-128.txt, two runs): from D 64 the
  * backward takes 0.79-0.84x and the forward 0.88-0.93x the time at D 64,
  * the forward 0.83-0.85x at D 96; at D 32 both lose (1.08-1.18x). So both
- * passes from 64.
+ * passes from 64. With the forward's two parts (lent Xeon, paired calls,
+ * 9 pairs at 16 threads and 7 at 2, bench/results/xeon16-amx/paired-calls/
+ * exact-fwd-two-parts.txt, second set): from D 8 against from D 64, the
+ * forward took 0.86-0.92x the time at D 32, 0.80-0.84x at D 48 and 0.78x
+ * at D 56, at D 16 0.97-1.03x; so the forward from 32.
  * The avx512bf16 table keeps the FMA GEMM at every D: three parts on its
  * vdpbf16ps took 2.1-3.7x the backward's and 2.0-3.2x the forward's time
  * (lent Xeon, D 64-512, 2 and 16 threads, 3 rounds), where vdpbf16ps
@@ -404,7 +408,7 @@ enum { ATTN_BQ_BF16 = ATTN_BQ, ATTN_BK_BF16 = ATTN_BK };
  * (D 64-512, full and causal, 9 paired calls at 2 threads, 5 at 1:
  * bench/results/zen5/ab-exact-parts-avx512bf16.txt): the FMA GEMM stays. */
 #if defined(TG_ISA_WITH_AMX)
-enum { EXACT_PARTS_MIN_D_FWD = 64, EXACT_PARTS_MIN_D_BWD = 64 };
+enum { EXACT_PARTS_MIN_D_FWD = 32, EXACT_PARTS_MIN_D_BWD = 64 };
 #else
 enum { EXACT_PARTS_MIN_D_FWD = 0, EXACT_PARTS_MIN_D_BWD = 0 };
 #endif

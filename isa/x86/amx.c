@@ -23,7 +23,9 @@
  * below N (2 x 2, 2 x 1, 1 x 2 or 1 x 1 of them).
  *
  * Edges. Nothing outside A[M, K], Bp[K/2, N] and C[M, N] is read or written:
- * a tile that would reach past them (rows >= M, columns >= N, k >= K) is
+ * a block whose rows and columns are 16 or 32 each runs in place on the
+ * tiles it has (a head dim of 80 or 112 leaves a 16-wide one); a tile that
+ * would reach past them (rows >= M, columns >= N, k >= K) is
  * staged through a zero-padded buffer on the stack instead, with AVX-512
  * masked loads (which do not touch the masked-off bytes), and C of an edge
  * block likewise, its valid part stored back through a mask. The k padding
@@ -171,9 +173,9 @@ static inline void amx_dot(int two_r, int two_c) {
   if (two_r && two_c) _tile_dpbf16ps(3, 5, 7);
 }
 
-/* A block of C of rows x cols (1..32 each; 32 x 32: wholly inside C, run in
- * place), rows from i and columns from j of the terms' A and B (C points
- * at the block): tmm0-3. C (+)= A_0 . B_0 + ... + A_{n-1} . B_{n-1}, group
+/* A block of C of rows x cols (1..32 each; 16 or 32 of both: whole tiles
+ * inside C, run in place), rows from i and columns from j of the terms' A
+ * and B (C points at the block): tmm0-3. C (+)= A_0 . B_0 + ... + A_{n-1} . B_{n-1}, group
  * by group (amx_group_end), each group k step by k step: per 32 k, each of
  * its terms in turn, the shared operand's tiles loaded once for all of
  * them. Each element of C sees the same TDPBF16PS sequence whatever the
@@ -182,7 +184,11 @@ static void amx_block(int rows, int cols, int n, const tg_bf16_term *terms, int6
                       int64_t j, int64_t lda, int64_t ldb, float *C, int64_t ldc,
                       int accumulate) {
   const int two_r = rows > AMX_R, two_c = cols > AMX_R;
-  const int whole_c = rows == 32 && cols == 32;
+  /* whole tiles: the block's rows and columns fill its tiles (16 or 32
+   * each), so they load and store in place; else they go through the
+   * zero-padded buffers */
+  const int whole_r = rows % AMX_R == 0, whole_cols = cols % AMX_R == 0;
+  const int whole_c = whole_r && whole_cols;
   _Alignas(64) float c[32 * 32];
   _Alignas(64) uint16_t a[2 * AMX_R * AMX_KC]; /* a staged A step [32][32] */
   _Alignas(64) uint32_t b[AMX_R * 32];         /* a staged B step [16][32] */
@@ -205,14 +211,14 @@ static void amx_block(int rows, int cols, int n, const tg_bf16_term *terms, int6
     const int K = terms[g].K;
     for (int k = 0; k < K; k += AMX_KC) {
       const int kc = K - k < AMX_KC ? K - k : AMX_KC;
-      const int a_in_place = rows == 32 && kc == AMX_KC, b_in_place = cols == 32 && kc == AMX_KC;
+      const int a_in_place = whole_r && kc == AMX_KC, b_in_place = whole_cols && kc == AMX_KC;
       /* the operand the group's terms share loads once for the k step */
       for (int t = g; t < e; t++) {
         if (t == g || !shared_a) {
           const uint16_t *A = terms[t].A + i * lda + k;
           if (a_in_place) {
             AMX_LOAD(4, A, 2 * lda);
-            AMX_LOAD(5, A + 16 * lda, 2 * lda);
+            if (two_r) AMX_LOAD(5, A + 16 * lda, 2 * lda);
           } else {
             uint16_t *s = a;
             amx_stage_a(s, two_r ? 2 * AMX_R : AMX_R, A, lda, rows, kc);
@@ -224,7 +230,7 @@ static void amx_block(int rows, int cols, int n, const tg_bf16_term *terms, int6
           const uint32_t *B = terms[t].Bp + j + (int64_t)(k / 2) * ldb;
           if (b_in_place) {
             AMX_LOAD(6, B, 4 * ldb);
-            AMX_LOAD(7, B + 16, 4 * ldb);
+            if (two_c) AMX_LOAD(7, B + 16, 4 * ldb);
           } else {
             uint32_t *s = b;
             amx_stage_b(s, B, ldb, kc / 2, cols);
