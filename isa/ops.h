@@ -48,6 +48,12 @@ typedef struct {
    * (vcvtneps2bf16; the tables whose bf16 products read a subnormal part
    * as 0 anyway) */
   int split_ftz;
+  /* The k step of mm_bf16_pairs' blocks (the amx table's tiles: 32); 0:
+   * none beyond the pairs. A K that is no multiple of it runs its last step
+   * through zero-padded copies of the operands at every block of C, so
+   * the attention pads S's and dP's K to it in its own copies instead
+   * (kernels/attention.h, tg_attn_k_padded). */
+  int bf16_k_step;
 
   /* C[M,N] = A[M,K] . B[K,N]          (accumulate == 0)
    * C[M,N] += A[M,K] . B[K,N]         (accumulate != 0) */

@@ -209,6 +209,30 @@ static inline int tg_attn_bf16_dot(const tg_attn_problem *pr, const tg_isa_ops *
   return pr->in == TG_DTYPE_BF16 && ops->mm_bf16_pairs != NULL;
 }
 
+/* With tg_attn_bf16_dot: the K that S = Q.K^T (d = D) or dP = dO.V^T (d =
+ * Dv) runs with, d rounded up to the table's bf16_k_step where d > the
+ * step and no multiple of it (amx: D 72-152 between the multiples of 32).
+ * The rows of Q, dO then go through zero-padded copies [rows, Kp] and
+ * K^T, V^T's pairs gain zero rows up to Kp / 2, so every block of the
+ * products runs its last k step in place: the same TDPBF16PS steps on the
+ * same values as the staged step the table would run (zeros past d on
+ * both sides), so the same bits. d > the step keeps Kp < 2d: the copies
+ * fit the buffers of d f32 columns. */
+static inline int64_t tg_attn_k_padded(const tg_isa_ops *ops, int64_t d) {
+  const int64_t s = ops->bf16_k_step;
+  return s > 0 && d > s && d % s ? (d + s - 1) / s * s : d;
+}
+
+/* rows [n, d] of bf16 at stride lds -> dst [n, kp] with zeros in columns
+ * [d, kp) (tg_attn_k_padded's copies). */
+static inline void tg_attn_copy_padded(const tg_bf16 *src, int64_t lds, int64_t n, int64_t d,
+                                       int64_t kp, tg_bf16 *dst) {
+  for (int64_t r = 0; r < n; r++) {
+    memcpy(dst + r * kp, src + r * lds, sizeof(tg_bf16) * (size_t)d);
+    memset(dst + r * kp + d, 0, sizeof(tg_bf16) * (size_t)(kp - d));
+  }
+}
+
 /* How the products that take P or dS as an operand (O += P.V; dQ += dS.K,
  * dK += dS^T.Q, dV += P^T.dO) run, from the precision mode and the table:
  *   F32:         f32 P and dS, f32 GEMM (float32 inputs; EXACT, and SPLIT on
@@ -353,6 +377,8 @@ typedef struct {
   int64_t BQ, BK;                /* tiles (tg_attn_bq, tg_attn_bk) */
   int cpus;                      /* planned for (KV schedule: ranges, query groups) */
   int bf16_dot;                  /* tg_attn_bf16_dot: K^T, V^T packed as bf16 pairs */
+  int64_t Kq, Kv;                /* bf16_dot: S's and dP's K (tg_attn_k_padded of D,
+                                  * Dv; else D, Dv) */
   tg_attn_products products;     /* of dQ, dK, dV (precision mode) */
   int64_t n_qtiles, n_ktiles;
   int64_t n_ranges, range_tiles; /* KV schedule: key ranges per kv head */

@@ -153,6 +153,10 @@ typedef struct {
    * D]). */
   uint16_t *dS_parts[3], *dS_dkv[3], *P_dkv[3];
   uint32_t *row_pairs; /* plan.dkv_transposed: [BQ / 2, max(D, Dv)] */
+  /* plan.bf16_dot with S's or dP's K padded (tg_attn_k_padded: Kq of D,
+   * Kv of Dv): the U units' Q, dO rows [U BQ, Kq], [U BQ, Kv] with zeros
+   * past D, Dv (unit s from row s BQ); else NULL, the rows read in place */
+  tg_bf16 *Q_padded, *dO_padded;
   /* the chunk's K rows are contiguous (kt[j].K follows kt[j - 1].K): the
    * B of the dQ product over several key tiles */
   ktile_scratch kt[TG_ATTN_MAX_CHUNK_TILES];
@@ -209,6 +213,8 @@ static size_t carve(void *base, const tg_attn_problem *pr, const tg_attn_bwd_pla
   }
   if (plan->dkv_transposed)
     TG_CARVE(w->row_pairs, uint32_t, 2 * (size_t)(BQ * (D > Dv ? D : Dv)));
+  if (plan->Kq != D) TG_CARVE(w->Q_padded, tg_bf16, 2 * (size_t)(U * BQ * plan->Kq));
+  if (plan->Kv != Dv) TG_CARVE(w->dO_padded, tg_bf16, 2 * (size_t)(U * BQ * plan->Kv));
   float *K_chunk = NULL;
   TG_CARVE(K_chunk, float, ktile_buf_bytes(0, D, Dv, BK) * (size_t)chunk);
   for (int64_t j = 0; j < chunk; j++) {
@@ -251,6 +257,12 @@ static void load_qtile(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int6
   const tg_attn_problem *pr = &a->pr;
   const tg_bf16 *Q = (const tg_bf16 *)a->Q + tg_attn_offset(pr->Qs, b, h, q0);
   const tg_bf16 *dO = (const tg_bf16 *)a->dO + tg_attn_offset(pr->Os, b, h, q0);
+  if (w->Q_padded) /* S's operand, padded (bwd_pair) */
+    tg_attn_copy_padded(Q, pr->Qs[2], nq, pr->D, a->plan.Kq,
+                        w->Q_padded + slot * a->plan.BQ * a->plan.Kq);
+  if (w->dO_padded) /* dP's */
+    tg_attn_copy_padded(dO, pr->Os[2], nq, pr->Dv, a->plan.Kv,
+                        w->dO_padded + slot * a->plan.BQ * a->plan.Kv);
   if (a->plan.dkv_transposed) {
     load_transposed(a, Q, pr->Qs[2], nq, pr->D, slot, w->Q, w);
     load_transposed(a, dO, pr->Os[2], nq, pr->Dv, slot, w->dO, w);
@@ -283,8 +295,14 @@ static void load_ktile(const bwd_args *a, int64_t b, int64_t h_kv, int64_t k0, i
                                   (uint32_t *)t->K, pr->D);
     else
       tg_attn_load_rows(a->ops, pr->in, Kh, pr->Ks[2], k0, nk, pr->D, t->K, NULL, 0);
-    tg_attn_pack_pairs(a->ops, Kh, pr->Ks[2], k0, nk, pr->D, (uint32_t *)t->KT, a->plan.BK);
-    tg_attn_pack_pairs(a->ops, Vh, pr->Vs[2], k0, nk, pr->Dv, (uint32_t *)t->VT, a->plan.BK);
+    const int64_t BK = a->plan.BK;
+    tg_attn_pack_pairs(a->ops, Kh, pr->Ks[2], k0, nk, pr->D, (uint32_t *)t->KT, BK);
+    tg_attn_pack_pairs(a->ops, Vh, pr->Vs[2], k0, nk, pr->Dv, (uint32_t *)t->VT, BK);
+    /* zero pairs up to S's and dP's padded K */
+    memset((uint32_t *)t->KT + pr->D / 2 * BK, 0,
+           sizeof(uint32_t) * (size_t)((a->plan.Kq - pr->D) / 2 * BK));
+    memset((uint32_t *)t->VT + pr->Dv / 2 * BK, 0,
+           sizeof(uint32_t) * (size_t)((a->plan.Kv - pr->Dv) / 2 * BK));
     return;
   }
   tg_attn_load_rows(a->ops, pr->in, Kh, pr->Ks[2], k0, nk, pr->D, t->K, t->KT, a->plan.BK);
@@ -324,13 +342,19 @@ static void bwd_pair(const bwd_args *a, int64_t b, int64_t h, int64_t q0, int64_
   for (int r = 0; r < n_blk; r++) {
     const int64_t r0 = blk[r].r0, rows = blk[r].rows, keys = blk[r].keys;
     if (keys == 0) continue;
-    if (a->plan.bf16_dot) { /* the bf16 rows of Q and dO in place, K^T and V^T in pairs */
-      const tg_bf16 *Qr = (const tg_bf16 *)a->Q + tg_attn_offset(pr->Qs, b, h, q0 + r0);
-      const tg_bf16 *dOr = (const tg_bf16 *)a->dO + tg_attn_offset(pr->Os, b, h, q0 + r0);
-      ops->mm_bf16_pairs((int)rows, (int)keys, (int)D, Qr, pr->Qs[2], (const uint32_t *)t->KT,
-                         BK, w->S + r0 * BK, BK, 0);
-      ops->mm_bf16_pairs((int)rows, (int)keys, (int)Dv, dOr, pr->Os[2], (const uint32_t *)t->VT,
-                         BK, dS_tile + r0 * ld, ld, 0);
+    if (a->plan.bf16_dot) { /* the bf16 rows of Q and dO in place (or padded: Kq, Kv),
+                             * K^T and V^T in pairs */
+      const int64_t Kq = a->plan.Kq, Kv = a->plan.Kv, at = slot * a->plan.BQ + r0;
+      const tg_bf16 *Qr = w->Q_padded
+                              ? w->Q_padded + at * Kq
+                              : (const tg_bf16 *)a->Q + tg_attn_offset(pr->Qs, b, h, q0 + r0);
+      const tg_bf16 *dOr = w->dO_padded
+                               ? w->dO_padded + at * Kv
+                               : (const tg_bf16 *)a->dO + tg_attn_offset(pr->Os, b, h, q0 + r0);
+      ops->mm_bf16_pairs((int)rows, (int)keys, (int)Kq, Qr, w->Q_padded ? Kq : pr->Qs[2],
+                         (const uint32_t *)t->KT, BK, w->S + r0 * BK, BK, 0);
+      ops->mm_bf16_pairs((int)rows, (int)keys, (int)Kv, dOr, w->dO_padded ? Kv : pr->Os[2],
+                         (const uint32_t *)t->VT, BK, dS_tile + r0 * ld, ld, 0);
     } else {
       ops->mm_nn((int)rows, (int)keys, (int)D, w->Q + r0 * D, D, t->KT, BK, w->S + r0 * BK, BK,
                  0); /* Q.K^T */
@@ -1081,6 +1105,8 @@ tg_attn_bwd_plan tg_attn_bwd_plan_make(const tg_attn_problem *pr, const tg_isa_o
                          .BK = tg_attn_bk(pr, ops),
                          .bf16_dot = tg_attn_bf16_dot(pr, ops),
                          .products = tg_attn_products_of(pr, ops, TG_ATTN_PASS_BWD)};
+  pl.Kq = pl.bf16_dot ? tg_attn_k_padded(ops, pr->D) : pr->D;
+  pl.Kv = pl.bf16_dot ? tg_attn_k_padded(ops, pr->Dv) : pr->Dv;
   pl.n_qtiles = (pr->qL + pl.BQ - 1) / pl.BQ;
   pl.n_ktiles = (pr->kL + pl.BK - 1) / pl.BK;
   plan_ranges(&pl, pr);

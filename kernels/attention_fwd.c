@@ -59,6 +59,8 @@ typedef struct {
   int64_t BQ, BK; /* tiles: fwd_q_tile, fwd_key_tile */
   int64_t FQ;     /* q units per work item: fwd_q_tiles */
   int bf16_dot;   /* tg_attn_bf16_dot: S = Q.K^T on bf16 pairs, KT holds pairs */
+  int64_t Kp;     /* bf16_dot: S's K (tg_attn_k_padded of D; > D: Q's rows in the
+                   * q units' Q, padded, and KT's pairs padded with zero rows) */
   tg_attn_products products; /* of acc += P.V (precision mode) */
   int64_t n_qtiles;
 } fwd_args;
@@ -254,9 +256,12 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h_kv, int64_t b, voi
     t->nq = pr->qL - t->q0 < BQ ? pr->qL - t->q0 : BQ;
     t->key_end = tg_attn_key_end(pr, t->q0, t->nq);
     key_end = t->key_end > key_end ? t->key_end : key_end;
-    if (!a->bf16_dot) /* (the bf16 dot reads Q's rows in place) */
+    if (!a->bf16_dot) /* (the bf16 dot reads Q's rows in place, or padded) */
       tg_attn_load_rows(ops, pr->in, tg_attn_at(pr->in, a->Q, tg_attn_offset(pr->Qs, b, t->h, 0)),
                         pr->Qs[2], t->q0, t->nq, D, t->Q, NULL, 0);
+    else if (a->Kp != D)
+      tg_attn_copy_padded((const tg_bf16 *)a->Q + tg_attn_offset(pr->Qs, b, t->h, t->q0),
+                          pr->Qs[2], t->nq, D, a->Kp, (tg_bf16 *)(void *)t->Q);
     for (int64_t i = 0; i < t->nq; i++) {
       t->m[i] = -INFINITY;
       t->l[i] = 0.0f;
@@ -280,8 +285,10 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h_kv, int64_t b, voi
     } else {
       tg_attn_load_rows(ops, pr->in, Vh, pr->Vs[2], k0, nk, Dv, w.V, NULL, 0);
     }
-    if (a->bf16_dot) /* K^T in pairs */
+    if (a->bf16_dot) { /* K^T in pairs, zero pairs up to Kp */
       tg_attn_pack_pairs(ops, Kh, pr->Ks[2], k0, nk, D, (uint32_t *)w.KT, BK);
+      memset((uint32_t *)w.KT + D / 2 * BK, 0, sizeof(uint32_t) * (size_t)((a->Kp - D) / 2 * BK));
+    }
     else if (pr->in == TG_DTYPE_F32) /* f32 rows transposed in place */
       ops->transpose_f32(nk, D, (const float *)Kh + k0 * pr->Ks[2], pr->Ks[2], w.KT, BK, 0);
     else
@@ -298,11 +305,13 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h_kv, int64_t b, voi
       for (int r = 0; r < n_blk; r++) {
         const int64_t r0 = blk[r].r0, rows = blk[r].rows, keys = blk[r].keys;
         if (keys == 0) continue;
-        if (a->bf16_dot) /* Q's bf16 rows in place */
-          ops->mm_bf16_pairs((int)rows, (int)keys, (int)D,
-                             (const tg_bf16 *)a->Q + tg_attn_offset(pr->Qs, b, t->h, t->q0 + r0),
-                             pr->Qs[2], (const uint32_t *)w.KT, BK, w.S + r0 * BK, BK,
-                             0); /* Q.K^T */
+        if (a->bf16_dot) /* Q's bf16 rows in place, or padded */
+          ops->mm_bf16_pairs(
+              (int)rows, (int)keys, (int)a->Kp,
+              a->Kp != D ? (const tg_bf16 *)(const void *)t->Q + r0 * a->Kp
+                         : (const tg_bf16 *)a->Q + tg_attn_offset(pr->Qs, b, t->h, t->q0 + r0),
+              a->Kp != D ? a->Kp : pr->Qs[2], (const uint32_t *)w.KT, BK, w.S + r0 * BK, BK,
+              0); /* Q.K^T */
         else
           ops->mm_nn((int)rows, (int)keys, (int)D, t->Q + r0 * D, D, w.KT, BK, w.S + r0 * BK, BK,
                      0); /* Q.K^T */
@@ -401,6 +410,7 @@ static int64_t fwd_key_tile(const tg_attn_problem *pr, const tg_isa_ops *ops) {
 static fwd_args fwd_make(const tg_ctx *ctx, const tg_attn_problem *pr, int threads) {
   fwd_args a = {.pr = *pr, .ops = ctx->ops, .BQ = fwd_q_tile(pr, ctx->ops),
                 .BK = fwd_key_tile(pr, ctx->ops), .bf16_dot = tg_attn_bf16_dot(pr, ctx->ops),
+                .Kp = tg_attn_bf16_dot(pr, ctx->ops) ? tg_attn_k_padded(ctx->ops, pr->D) : pr->D,
                 .products = tg_attn_products_of(pr, ctx->ops, TG_ATTN_PASS_FWD)};
   a.n_qtiles = (pr->qL + a.BQ - 1) / a.BQ;
   a.FQ = fwd_q_tiles(pr, ctx->ops, a.BQ, a.n_qtiles, threads);

@@ -23,6 +23,7 @@ const tg_isa_ops TG_NAME(tg_isa_ops) = {
 #if defined(TG_ISA_WITH_AMX) /* the bf16 x bf16 products on tiles, x86/amx.c */
     .mm_bf16_pairs = TG_NAME(mm_bf16_pairs_amx),
     .mm_bf16_terms = TG_NAME(mm_bf16_terms_amx),
+    .bf16_k_step = 32,
     .bf16_dot_begin = TG_NAME(bf16_dot_begin_amx),
     .bf16_dot_end = TG_NAME(bf16_dot_end_amx),
     .pack_bf16_pairs = TG_NAME(pack_bf16_pairs),

@@ -35,7 +35,9 @@
  * stored. (Head dims between the multiples of 32 are such edges: D 72 is a
  * K % 32 of 8 in S = Q.K^T and an N % 32 of 8 in O = P.V. Staged with
  * memset and memcpy per tile, and the edge blocks run tile by tile, exact
- * mode's D 72 backward ran at 0.59x D 64's GFLOP/s on the lent Xeon.)
+ * mode's D 72 backward ran at 0.59x D 64's GFLOP/s on the lent Xeon. The
+ * attention now pads S's and dP's K to the step itself, the table's
+ * bf16_k_step: kernels/attention.h, tg_attn_k_padded.)
  *
  * The configuration is loaded at the start of every call (another library
  * on this thread, e.g. oneDNN under PyTorch, may have loaded its own since
