@@ -60,6 +60,15 @@ void tg_testing_attn_dkv_units(int units);
  * while one runs. */
 void tg_testing_attn_dkv_transposed(int mode);
 
+/* The attention as if every table with bf16 dot products stepped its k
+ * by `step` (even, > 0): S's and dP's K then padded to it in the
+ * kernels' own copies where D or Dv is above it and no multiple of it, as
+ * on the amx table (its tile step, 32); step <= 0 restores each table's
+ * own (kernels/attention.h, tg_attn_k_padded). The suites use it to run
+ * the padded path on tables other than amx. Set it between calls, not
+ * while one runs. */
+void tg_testing_attn_k_step(int step);
+
 /* How the attention's products that take P or dS (O += P.V; dQ, dK, dV)
  * run with bf16 inputs of head dim D on table `isa` in `precision` mode,
  * in the forward (backward = 0) or the backward: the number of bf16 parts

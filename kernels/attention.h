@@ -218,8 +218,10 @@ static inline int tg_attn_bf16_dot(const tg_attn_problem *pr, const tg_isa_ops *
  * same values as the staged step the table would run (zeros past d on
  * both sides), so the same bits. d > the step keeps Kp < 2d: the copies
  * fit the buffers of d f32 columns. */
+extern atomic_int tg_attn_testing_k_step; /* tg_testing_attn_k_step; 0: the table's */
 static inline int64_t tg_attn_k_padded(const tg_isa_ops *ops, int64_t d) {
-  const int64_t s = ops->bf16_k_step;
+  const int forced = atomic_load_explicit(&tg_attn_testing_k_step, memory_order_relaxed);
+  const int64_t s = forced > 0 ? forced : ops->bf16_k_step;
   return s > 0 && d > s && d % s ? (d + s - 1) / s * s : d;
 }
 

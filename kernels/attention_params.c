@@ -226,6 +226,12 @@ tg_status tg_attn_check_alias_bwd(tg_ctx *ctx, const char *fn, const tg_attn_pro
   return tg_check_alias(ctx, fn, bufs, TG_LEN(bufs));
 }
 
+atomic_int tg_attn_testing_k_step;
+
+void tg_testing_attn_k_step(int step) {
+  atomic_store(&tg_attn_testing_k_step, step > 0 ? step : 0);
+}
+
 int tg_testing_attn_bf16_parts(tg_isa isa, tg_attn_precision precision, int D, int backward) {
   const tg_isa_ops *ops = tg_isa_table(isa);
   if (!ops) return -1;
