@@ -364,8 +364,7 @@ enum { ATTN_BQ_BF16 = ATTN_BQ, ATTN_BK_BF16 = ATTN_BK };
  * (docs/KERNELS.md, precision modes); the forward's P takes split mode's
  * two (kernels/attention.h, tg_attn_parts), and the forward's figures
  * below were taken with three, which cost more. 0: never (the f32 FMA
- * GEMM). The amx
- * table, on the lent Xeon (16 cores; the forward's and the backward step's
+ * GEMM). The amx table, on the lent Xeon (16 cores; the forward's and the backward step's
  * times with three parts over those with the f32 GEMM, medians of 4
  * rotating rounds, bench/results/xeon16-amx/README.md, "Exact mode on
  * AMX, and the forward's key tiles"): forward at 16 / 2 threads D 64 1.00-1.10 / 1.07, D 128 0.88 /

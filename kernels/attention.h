@@ -209,9 +209,10 @@ static inline int tg_attn_bf16_dot(const tg_attn_problem *pr, const tg_isa_ops *
   return pr->in == TG_DTYPE_BF16 && ops->mm_bf16_pairs != NULL;
 }
 
-/* With tg_attn_bf16_dot: the K that S = Q.K^T (d = D) or dP = dO.V^T (d =
- * Dv) runs with, d rounded up to the table's bf16_k_step where d > the
- * step and no multiple of it (amx: D 72-152 between the multiples of 32).
+/* The K that S = Q.K^T (d = D) or dP = dO.V^T (d = Dv) runs with on the
+ * bf16 unit (tg_attn_bf16_dot; d without it): d rounded up to the table's
+ * bf16_k_step where d > the step and no multiple of it (amx: D 72-152
+ * between the multiples of 32).
  * The rows of Q, dO then go through zero-padded copies [rows, Kp] and
  * K^T, V^T's pairs gain zero rows up to Kp / 2, so every block of the
  * products runs its last k step in place: the same TDPBF16PS steps on the
@@ -219,7 +220,9 @@ static inline int tg_attn_bf16_dot(const tg_attn_problem *pr, const tg_isa_ops *
  * both sides), so the same bits. d > the step keeps Kp < 2d: the copies
  * fit the buffers of d f32 columns. */
 extern atomic_int tg_attn_testing_k_step; /* tg_testing_attn_k_step; 0: the table's */
-static inline int64_t tg_attn_k_padded(const tg_isa_ops *ops, int64_t d) {
+static inline int64_t tg_attn_k_padded(const tg_attn_problem *pr, const tg_isa_ops *ops,
+                                       int64_t d) {
+  if (!tg_attn_bf16_dot(pr, ops)) return d;
   const int forced = atomic_load_explicit(&tg_attn_testing_k_step, memory_order_relaxed);
   const int64_t s = forced > 0 ? forced : ops->bf16_k_step;
   return s > 0 && d > s && d % s ? (d + s - 1) / s * s : d;
@@ -379,8 +382,7 @@ typedef struct {
   int64_t BQ, BK;                /* tiles (tg_attn_bq, tg_attn_bk) */
   int cpus;                      /* planned for (KV schedule: ranges, query groups) */
   int bf16_dot;                  /* tg_attn_bf16_dot: K^T, V^T packed as bf16 pairs */
-  int64_t Kq, Kv;                /* bf16_dot: S's and dP's K (tg_attn_k_padded of D,
-                                  * Dv; else D, Dv) */
+  int64_t Kq, Kv;                /* S's and dP's K (tg_attn_k_padded of D, Dv) */
   tg_attn_products products;     /* of dQ, dK, dV (precision mode) */
   int64_t n_qtiles, n_ktiles;
   int64_t n_ranges, range_tiles; /* KV schedule: key ranges per kv head */

@@ -1105,8 +1105,8 @@ tg_attn_bwd_plan tg_attn_bwd_plan_make(const tg_attn_problem *pr, const tg_isa_o
                          .BK = tg_attn_bk(pr, ops),
                          .bf16_dot = tg_attn_bf16_dot(pr, ops),
                          .products = tg_attn_products_of(pr, ops, TG_ATTN_PASS_BWD)};
-  pl.Kq = pl.bf16_dot ? tg_attn_k_padded(ops, pr->D) : pr->D;
-  pl.Kv = pl.bf16_dot ? tg_attn_k_padded(ops, pr->Dv) : pr->Dv;
+  pl.Kq = tg_attn_k_padded(pr, ops, pr->D);
+  pl.Kv = tg_attn_k_padded(pr, ops, pr->Dv);
   pl.n_qtiles = (pr->qL + pl.BQ - 1) / pl.BQ;
   pl.n_ktiles = (pr->kL + pl.BK - 1) / pl.BK;
   plan_ranges(&pl, pr);

@@ -37,8 +37,9 @@
  * Precision modes (tg_attn_products): bf16 and split mode, and exact mode
  * where the table's exact_parts_min_d says so, run acc += P.V on the bf16
  * parts of P (1 or 2: tg_attn_parts; exact mode takes split mode's two)
- * against V's rows in pairs; l sums the f32 P. bf16 mode's one part comes from the exp rows themselves
- * (attn_exp_sum_bf16_row) where no dropout has to zero entries of P first.
+ * against V's rows in pairs; l sums the f32 P. bf16 mode's one part comes
+ * from the exp rows themselves (attn_exp_sum_bf16_row) where no dropout has
+ * to zero entries of P first.
  *
  * tg_attn_forward is the loop itself, on a validated problem with bf16 or
  * f32 inputs; kernel 10 (causal_attention.c) runs it on f32 token-major
@@ -59,8 +60,8 @@ typedef struct {
   int64_t BQ, BK; /* tiles: fwd_q_tile, fwd_key_tile */
   int64_t FQ;     /* q units per work item: fwd_q_tiles */
   int bf16_dot;   /* tg_attn_bf16_dot: S = Q.K^T on bf16 pairs, KT holds pairs */
-  int64_t Kp;     /* bf16_dot: S's K (tg_attn_k_padded of D; > D: Q's rows in the
-                   * q units' Q, padded, and KT's pairs padded with zero rows) */
+  int64_t Kp;     /* S's K (tg_attn_k_padded of D; > D: Q's rows in the q units'
+                   * Q, padded, and KT's pairs padded with zero rows) */
   tg_attn_products products; /* of acc += P.V (precision mode) */
   int64_t n_qtiles;
 } fwd_args;
@@ -288,11 +289,11 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h_kv, int64_t b, voi
     if (a->bf16_dot) { /* K^T in pairs, zero pairs up to Kp */
       tg_attn_pack_pairs(ops, Kh, pr->Ks[2], k0, nk, D, (uint32_t *)w.KT, BK);
       memset((uint32_t *)w.KT + D / 2 * BK, 0, sizeof(uint32_t) * (size_t)((a->Kp - D) / 2 * BK));
-    }
-    else if (pr->in == TG_DTYPE_F32) /* f32 rows transposed in place */
+    } else if (pr->in == TG_DTYPE_F32) { /* f32 rows transposed in place */
       ops->transpose_f32(nk, D, (const float *)Kh + k0 * pr->Ks[2], pr->Ks[2], w.KT, BK, 0);
-    else
+    } else {
       tg_attn_load_rows(ops, pr->in, Kh, pr->Ks[2], k0, nk, D, w.K, w.KT, BK);
+    }
 
     for (int64_t s = 0; s < n_tiles; s++) {
       fwd_qtile *t = &w.q[s];
@@ -305,16 +306,17 @@ static void fwd_group(const void *vargs, int64_t x, int64_t h_kv, int64_t b, voi
       for (int r = 0; r < n_blk; r++) {
         const int64_t r0 = blk[r].r0, rows = blk[r].rows, keys = blk[r].keys;
         if (keys == 0) continue;
-        if (a->bf16_dot) /* Q's bf16 rows in place, or padded */
-          ops->mm_bf16_pairs(
-              (int)rows, (int)keys, (int)a->Kp,
-              a->Kp != D ? (const tg_bf16 *)(const void *)t->Q + r0 * a->Kp
-                         : (const tg_bf16 *)a->Q + tg_attn_offset(pr->Qs, b, t->h, t->q0 + r0),
-              a->Kp != D ? a->Kp : pr->Qs[2], (const uint32_t *)w.KT, BK, w.S + r0 * BK, BK,
-              0); /* Q.K^T */
-        else
+        if (a->bf16_dot) { /* Q's bf16 rows in place, or padded */
+          const int padded = a->Kp != D;
+          const tg_bf16 *Qr = padded ? (const tg_bf16 *)(const void *)t->Q + r0 * a->Kp
+                                     : (const tg_bf16 *)a->Q +
+                                           tg_attn_offset(pr->Qs, b, t->h, t->q0 + r0);
+          ops->mm_bf16_pairs((int)rows, (int)keys, (int)a->Kp, Qr, padded ? a->Kp : pr->Qs[2],
+                             (const uint32_t *)w.KT, BK, w.S + r0 * BK, BK, 0); /* Q.K^T */
+        } else {
           ops->mm_nn((int)rows, (int)keys, (int)D, t->Q + r0 * D, D, w.KT, BK, w.S + r0 * BK, BK,
                      0); /* Q.K^T */
+        }
       }
       fwd_softmax_tile(a, t, w.S, b, k0, nkt, P16);
       if (pr->drop.threshold) { /* P -> P o keep; l and m keep the dropped weights */
@@ -410,7 +412,7 @@ static int64_t fwd_key_tile(const tg_attn_problem *pr, const tg_isa_ops *ops) {
 static fwd_args fwd_make(const tg_ctx *ctx, const tg_attn_problem *pr, int threads) {
   fwd_args a = {.pr = *pr, .ops = ctx->ops, .BQ = fwd_q_tile(pr, ctx->ops),
                 .BK = fwd_key_tile(pr, ctx->ops), .bf16_dot = tg_attn_bf16_dot(pr, ctx->ops),
-                .Kp = tg_attn_bf16_dot(pr, ctx->ops) ? tg_attn_k_padded(ctx->ops, pr->D) : pr->D,
+                .Kp = tg_attn_k_padded(pr, ctx->ops, pr->D),
                 .products = tg_attn_products_of(pr, ctx->ops, TG_ATTN_PASS_FWD)};
   a.n_qtiles = (pr->qL + a.BQ - 1) / a.BQ;
   a.FQ = fwd_q_tiles(pr, ctx->ops, a.BQ, a.n_qtiles, threads);

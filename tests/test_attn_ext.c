@@ -378,6 +378,14 @@ static void test_f32_accuracy_target(void **state) {
 /* --- bitwise relations ------------------------------------------------------ */
 static int same_bits(const void *a, const void *b, size_t bytes) { return !memcmp(a, b, bytes); }
 
+/* a[e] == b[e] for every e, as values: -0 and +0 equal, NaN where the
+ * other is NaN. */
+static int same_values(const float *a, const float *b, int64_t n) {
+  for (int64_t e = 0; e < n; e++)
+    if (!(a[e] == b[e] || (a[e] != a[e] && b[e] != b[e]))) return 0;
+  return 1;
+}
+
 /* dQ, dK, dV of two steps are the same bits. */
 static void assert_same_grads(const attn_problem *pb, const ext_out *a, const ext_out *b) {
   assert_true(same_bits(a->dQ, b->dQ, sizeof(float) * pb->nQ));
@@ -521,11 +529,6 @@ static void test_dkv_transposed_same_bits(void **state) {
  * (1 and 3 threads) and the ATOMIC one (1). The "chunks" problem at D 40
  * (K 64), 72 (96) and 136 (160); TG_TEST_SHORT (qemu): D 40. On a table
  * without the bf16 unit nothing is padded. */
-static int same_values(const float *a, const float *b, int64_t n) {
-  for (int64_t e = 0; e < n; e++)
-    if (!(a[e] == b[e] || (a[e] != a[e] && b[e] != b[e]))) return 0;
-  return 1;
-}
 static void test_k_padded_same_values(void **state) {
   tu_rng r = tu_rng_make(tu_seed() + 16);
   static const int dims[] = {40, 72, 136};
@@ -559,10 +562,8 @@ static void test_k_padded_same_values(void **state) {
  * -0 and +0 equal), dQ the same bits. */
 static void assert_same_grad_values(const attn_problem *pb, const ext_out *a, const ext_out *b) {
   assert_true(same_bits(a->dQ, b->dQ, sizeof(float) * pb->nQ));
-  for (int64_t e = 0; e < pb->nKout; e++) {
-    assert_true(a->dK[e] == b->dK[e] || (a->dK[e] != a->dK[e] && b->dK[e] != b->dK[e]));
-    assert_true(a->dV[e] == b->dV[e] || (a->dV[e] != a->dV[e] && b->dV[e] != b->dV[e]));
-  }
+  assert_true(same_values(a->dK, b->dK, pb->nKout));
+  assert_true(same_values(a->dV, b->dV, pb->nKout));
 }
 
 /* TG_ATTN_OPT_DKV_WRITE: dK, dV written, not accumulated. NaN-filled

@@ -177,10 +177,10 @@ static inline void amx_dot(int two_r, int two_c) {
 
 /* A block of C of rows x cols (1..32 each; 16 or 32 of both: whole tiles
  * inside C, run in place), rows from i and columns from j of the terms' A
- * and B (C points at the block): tmm0-3. C (+)= A_0 . B_0 + ... + A_{n-1} . B_{n-1}, group
- * by group (amx_group_end), each group k step by k step: per 32 k, each of
- * its terms in turn, the shared operand's tiles loaded once for all of
- * them. Each element of C sees the same TDPBF16PS sequence whatever the
+ * and B (C points at the block): tmm0-3. C (+)= A_0 . B_0 + ... + A_{n-1}
+ * . B_{n-1}, group by group (amx_group_end), each group k step by k step:
+ * per 32 k, each of its terms in turn, the shared operand's tiles loaded
+ * once for all of them. Each element of C sees the same TDPBF16PS sequence whatever the
  * block's size: an edge block's bits are those of a whole one. */
 static void amx_block(int rows, int cols, int n, const tg_bf16_term *terms, int64_t i,
                       int64_t j, int64_t lda, int64_t ldb, float *C, int64_t ldc,
